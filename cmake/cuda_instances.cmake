@@ -1,0 +1,64 @@
+# The CUDA backend: host-side glue plus one kernel instance per translation unit.
+# Instance files live in src/cuda/instances/ (written by tools/gen_instances.py); this file picks
+# the ones the options ask for and writes instance_table.inc, an X-macro list of exactly those,
+# from which src/cuda/dispatch.cu builds its table. A request no compiled instance serves gets a
+# clear kUnsupported error at run time.
+
+set(_inst_dir ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/instances)
+set(_table "")
+set(_sm80_sources "")
+set(_sm90_sources "")
+
+foreach(dt IN LISTS FUSEDATTN_DTYPES)
+  foreach(hd IN LISTS FUSEDATTN_HEAD_DIMS)
+    foreach(mask IN LISTS FUSEDATTN_MASKS)
+      foreach(dir fwd bwd)
+        set(f ${_inst_dir}/sm80_${dir}_${dt}_d${hd}_${mask}.cu)
+        if(EXISTS ${f})
+          list(APPEND _sm80_sources ${f})
+          string(APPEND _table "FUSEDATTN_INSTANCE(sm80, ${dir}, ${dt}, ${hd}, ${mask})\n")
+        endif()
+      endforeach()
+      list(FIND FUSEDATTN_SM90_HEAD_DIMS ${hd} _is90)
+      set(f ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}.cu)
+      if(FUSEDATTN_SM90 AND _is90 GREATER -1 AND EXISTS ${f})
+        list(APPEND _sm90_sources ${f})
+        string(APPEND _table "FUSEDATTN_INSTANCE(sm90, fwd, ${dt}, ${hd}, ${mask})\n")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+
+set(_gen_dir ${CMAKE_CURRENT_BINARY_DIR}/generated)
+file(CONFIGURE OUTPUT ${_gen_dir}/instance_table.inc CONTENT "${_table}")
+
+set(_cuda_flags -Xptxas=-v --expt-relaxed-constexpr -lineinfo)
+set(_sm80_gencode "")
+foreach(a IN LISTS FUSEDATTN_SM80_ARCHS)
+  list(APPEND _sm80_gencode -gencode=arch=compute_80,code=sm_${a})
+endforeach()
+
+# Kernels built from sm80 instructions, compiled for every architecture in FUSEDATTN_SM80_ARCHS.
+# Non-instance CUDA sources (host glue, small helper kernels) are picked up by folder.
+file(GLOB _glue CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/*.cu ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm80/*.cu)
+file(GLOB _sm90_glue CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/sm90/*.cu)
+add_library(fusedattn_cuda_sm80 OBJECT ${_sm80_sources} ${_glue})
+set_target_properties(fusedattn_cuda_sm80 PROPERTIES CUDA_ARCHITECTURES OFF)
+target_compile_options(fusedattn_cuda_sm80 PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags} ${_sm80_gencode}>)
+target_include_directories(fusedattn_cuda_sm80 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include
+  ${CMAKE_CURRENT_SOURCE_DIR}/src ${_gen_dir})
+target_compile_definitions(fusedattn_cuda_sm80 PRIVATE $<$<BOOL:${FUSEDATTN_SM90}>:FUSEDATTN_HAVE_SM90=1>)
+target_link_libraries(fusedattn PRIVATE fusedattn_cuda_sm80 CUDA::cudart_static)
+
+# Hopper-only kernels (wgmma, setmaxnreg) need the arch-specific sm_90a target.
+if(FUSEDATTN_SM90 AND _sm90_sources)
+  add_library(fusedattn_cuda_sm90 OBJECT ${_sm90_sources} ${_sm90_glue})
+  set_target_properties(fusedattn_cuda_sm90 PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(fusedattn_cuda_sm90 PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags} -gencode=arch=compute_90a,code=sm_90a>)
+  target_include_directories(fusedattn_cuda_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include
+    ${CMAKE_CURRENT_SOURCE_DIR}/src ${_gen_dir})
+  target_link_libraries(fusedattn PRIVATE fusedattn_cuda_sm90 CUDA::cuda_driver)
+endif()
+target_link_libraries(fusedattn PRIVATE CUDA::cudart_static)
+target_compile_definitions(fusedattn PRIVATE FUSEDATTN_WITH_CUDA=1)

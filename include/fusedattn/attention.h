@@ -1,0 +1,72 @@
+// The public, torch-free entry points of fusedattn.
+//
+// Layouts (any strides, the last dimension contiguous):
+//   dense:  q [B, Sq, Hq, D], k/v [B, Sk, Hkv, D], out like q, lse fp32 [B, Hq, Sq]
+//   varlen: q [total_q, Hq, D], k/v [total_k, Hkv, D], out like q, lse fp32 [Hq, total_q],
+//           with int32 cu_seqlens_q/k of B+1 monotone offsets (Options) on the tensors' device.
+// Semantics follow flash_attn 2.x: softmax(q k^T * scale) v with the natural-log LSE saved;
+// causal and windows are aligned to the bottom-right corner when Sq != Sk; query head h reads
+// KV head h / (Hq / Hkv). A fully masked query row gives out = 0 and lse = -inf.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fusedattn/error.h"
+#include "fusedattn/tensor.h"
+
+namespace fusedattn {
+
+enum class Backend : int8_t { kAuto, kCPU, kCUDA };
+const char* backend_name(Backend backend);
+
+struct Options {
+  std::optional<float> softmax_scale;  // default 1/sqrt(D)
+  bool causal = false;
+  // Sliding window: query i (bottom-right aligned) sees keys j with
+  //   i + Sk - Sq - window_left <= j <= i + Sk - Sq + window_right;  -1 = unbounded on that side.
+  // causal == true is the same as window_right = 0.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  // Variable-length batches: both empty for dense tensors, both set for packed ones: int32
+  // vectors of B+1 non-decreasing offsets starting at 0, on the tensors' device.
+  TensorView cu_seqlens_q;
+  TensorView cu_seqlens_k;
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_k = 0;
+  Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides
+  void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream
+  int num_threads = 0;               // CPU backend threads; 0 = hardware concurrency
+};
+
+struct ForwardArgs {
+  TensorView q, k, v;
+  TensorView out;  // written
+  TensorView lse;  // written, fp32; may be left empty when not needed
+  Options options;
+};
+
+struct BackwardArgs {
+  TensorView dout, q, k, v, out, lse;
+  TensorView dq, dk, dv;  // written; dk/dv are summed over the query heads of a GQA group
+  Options options;
+  bool deterministic = false;  // bit-identical results run to run (slower on the GPU)
+  // Scratch for the CUDA backend (dq accumulator, delta): backward_workspace_bytes() bytes on the
+  // tensors' device. Null: the library allocates it on the stream itself.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
+void forward(const ForwardArgs& args);
+void backward(const BackwardArgs& args);
+
+// Bytes of scratch the chosen backend needs for this backward call (0 for the CPU backend).
+std::size_t backward_workspace_bytes(const BackwardArgs& args);
+
+// True when this build has the CUDA backend and a usable GPU is present.
+bool cuda_available();
+// "CPU (N threads)" or the GPU's name.
+std::string device_name(Backend backend);
+
+}  // namespace fusedattn

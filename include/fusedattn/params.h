@@ -1,0 +1,97 @@
+// The torch-free parameter block every backend consumes: pointers, int64 strides in elements,
+// sizes, and the mask folded into one window. Built once by the API layer after validation, so
+// kernels never re-check arguments and never see Options or TensorView.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedattn/tensor.h"
+
+namespace fusedattn {
+
+// Strides of one [batch, row, head, dim] operand. For varlen operands batch_stride is 0 and the
+// row of sequence b starts at cu_seqlens[b].
+struct OperandStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // may be null: the caller did not ask for it
+  OperandStrides q_stride, k_stride, v_stride, o_stride;
+  int64_t lse_batch_stride = 0;  // 0 for varlen (rows are then indexed by cu_seqlens_q)
+  int64_t lse_head_stride = 0;   // the row stride of lse is always 1
+
+  DType dtype = DType::kFloat16;
+  int batch = 0;     // number of sequences
+  int heads_q = 0;
+  int heads_kv = 0;  // heads_q % heads_kv == 0
+  int head_dim = 0;
+  int64_t seqlen_q = 0;  // dense: the length; varlen: max_seqlen_q
+  int64_t seqlen_k = 0;
+  const int32_t* cu_seqlens_q = nullptr;  // varlen only, on the tensors' device
+  const int32_t* cu_seqlens_k = nullptr;
+
+  float scale = 0.f;       // softmax scale
+  float scale_log2 = 0.f;  // scale * log2(e): kernels use exp2
+  // Window after folding causal in (causal => window_right = 0); -1 = unbounded.
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  bool is_masked() const { return window_left >= 0 || window_right >= 0; }
+
+  Device device{};
+  void* stream = nullptr;
+  int num_threads = 0;
+};
+
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  OperandStrides do_stride, dq_stride, dk_stride, dv_stride;
+  bool deterministic = false;
+  void* workspace = nullptr;  // backend scratch, backward_workspace_bytes() long
+  std::size_t workspace_bytes = 0;
+};
+
+#if defined(__CUDACC__)
+#define FUSEDATTN_HD __host__ __device__ __forceinline__
+#else
+#define FUSEDATTN_HD inline
+#endif
+
+// Per-sequence lengths and offsets, the same rule on every backend.
+struct SeqInfo {
+  int64_t q_start, k_start;  // first row of sequence b in the packed tensor (0 for dense)
+  int64_t len_q, len_k;
+};
+
+// cu_seqlens must be readable where this runs (host memory for the CPU backend).
+FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
+  if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.seqlen_k};
+  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
+  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0};
+}
+
+// The keys query row i (0-based within its sequence) may see: [lo, hi], empty when lo > hi.
+// Windows are aligned to the bottom-right corner: row i lines up with key i + len_k - len_q.
+struct KeyRange {
+  int64_t lo, hi;
+};
+FUSEDATTN_HD KeyRange key_range(const FwdParams& p, int64_t i, int64_t len_q, int64_t len_k) {
+  const int64_t diag = i + len_k - len_q;
+  int64_t lo = p.window_left >= 0 ? diag - p.window_left : 0;
+  int64_t hi = p.window_right >= 0 ? diag + p.window_right : len_k - 1;
+  if (lo < 0) lo = 0;
+  if (hi > len_k - 1) hi = len_k - 1;
+  return {lo, hi};
+}
+
+}  // namespace fusedattn

@@ -1,0 +1,46 @@
+// Entry points: validate, pick the backend, run. Backends never see unvalidated arguments.
+#include "fusedattn/attention.h"
+
+#include <thread>
+
+#include "api/validate.h"
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+
+namespace fusedattn {
+
+void forward(const ForwardArgs& args) {
+  FwdParams params;
+  Backend backend;
+  if (!detail::make_fwd_params(args, params, backend)) return;
+  if (backend == Backend::kCUDA)
+    cuda::forward(params);
+  else
+    cpu::forward(params);
+}
+
+void backward(const BackwardArgs& args) {
+  BwdParams params;
+  Backend backend;
+  if (!detail::make_bwd_params(args, params, backend)) return;
+  if (backend == Backend::kCUDA)
+    cuda::backward(params);
+  else
+    cpu::backward(params);
+}
+
+std::size_t backward_workspace_bytes(const BackwardArgs& args) {
+  BwdParams params;
+  Backend backend;
+  if (!detail::make_bwd_params(args, params, backend)) return 0;
+  return backend == Backend::kCUDA ? cuda::backward_workspace_bytes(params) : 0;
+}
+
+bool cuda_available() { return cuda::available(); }
+
+std::string device_name(Backend backend) {
+  if (backend == Backend::kCUDA) return cuda::device_name(0);
+  return "CPU (" + std::to_string(std::thread::hardware_concurrency()) + " threads)";
+}
+
+}  // namespace fusedattn

@@ -1,0 +1,308 @@
+#include "api/validate.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_backend.h"
+
+namespace fusedattn::detail {
+namespace {
+
+[[noreturn]] void fail(ErrorCode code, const std::string& arg, const std::string& msg) {
+  throw Error(code, arg, msg);
+}
+
+std::string shape_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+// Every tensor argument: present, the expected rank, non-negative sizes, contiguous last dim.
+void check_tensor(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.data == nullptr && t.numel() != 0)
+    fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (t.rank != rank)
+    fail(ErrorCode::kShapeMismatch, name,
+         "expected rank " + std::to_string(rank) + " " + layout + ", got rank " + std::to_string(t.rank));
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] < 0)
+      fail(ErrorCode::kInvalidArgument, name, "negative size " + std::to_string(t.shape[d]) +
+                                                  " in dimension " + std::to_string(d));
+  if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
+    fail(ErrorCode::kLayout, name,
+         "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
+}
+
+void check_same_shape(const TensorView& a, const char* an, const TensorView& b, const char* bn) {
+  for (int d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d])
+      fail(ErrorCode::kShapeMismatch, an, "shape " + shape_str(a) + " must equal " + bn + "'s " + shape_str(b));
+}
+
+void check_dtype(const TensorView& t, const char* name, DType want, const char* want_name) {
+  if (t.dtype != want)
+    fail(ErrorCode::kDtypeMismatch, name,
+         std::string("dtype ") + dtype_name(t.dtype) + " must match " + want_name + " (" + dtype_name(want) + ")");
+}
+
+void check_device(const TensorView& t, const char* name, const Device& want) {
+  if (t.device != want)
+    fail(ErrorCode::kDeviceMismatch, name, "is on a different device than q; all tensors must share one device");
+}
+
+// The CUDA kernels load 16-byte vectors: base pointers and all non-unit strides must allow that.
+void check_cuda_alignment(const TensorView& t, const char* name) {
+  const int64_t elems = kCudaAlignBytes / static_cast<int64_t>(dtype_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignBytes != 0)
+    fail(ErrorCode::kLayout, name, "the CUDA backend needs a 16-byte aligned data pointer");
+  for (int d = 0; d + 1 < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % elems != 0)
+      fail(ErrorCode::kLayout, name,
+           "the CUDA backend needs every stride to be a multiple of " + std::to_string(elems) +
+               " elements (16 bytes); stride of dimension " + std::to_string(d) + " is " + std::to_string(t.stride[d]));
+}
+
+OperandStrides strides_of(const TensorView& t, bool varlen) {
+  // dense [B, S, H, D] or varlen [total, H, D]
+  if (varlen) return {0, t.stride[0], t.stride[1]};
+  return {t.stride[0], t.stride[1], t.stride[2]};
+}
+
+// Reads cu_seqlens (copying it to the host for CUDA tensors) and checks it: starts at 0, never
+// decreases, no sequence longer than the declared maximum, no offset past the packed rows.
+void check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int64_t total, int64_t max_len,
+                      const char* max_name, Backend backend, const Device& device, void* stream) {
+  std::vector<int32_t> host(static_cast<size_t>(batch + 1));
+  if (backend == Backend::kCUDA)
+    cuda::copy_to_host(host.data(), cu.data, host.size() * sizeof(int32_t), device.index, stream);
+  else
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<const int32_t*>(cu.data)[i];
+  if (host[0] != 0) fail(ErrorCode::kInvalidArgument, name, "must start at 0, got " + std::to_string(host[0]));
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{host[b + 1]} - host[b];
+    if (len < 0)
+      fail(ErrorCode::kInvalidArgument, name,
+           "must be non-decreasing; entry " + std::to_string(b + 1) + " (" + std::to_string(host[b + 1]) +
+               ") is below entry " + std::to_string(b) + " (" + std::to_string(host[b]) + ")");
+    if (len > max_len)
+      fail(ErrorCode::kInvalidArgument, max_name,
+           "is " + std::to_string(max_len) + " but sequence " + std::to_string(b) + " has length " + std::to_string(len));
+  }
+  if (host[batch] > total)
+    fail(ErrorCode::kShapeMismatch, name,
+         "last entry " + std::to_string(host[batch]) + " exceeds the packed tensor's " + std::to_string(total) + " rows");
+}
+
+void check_cu_tensor(const TensorView& cu, const char* name, const Device& device) {
+  if (cu.rank != 1) fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of batch + 1 offsets");
+  if (cu.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(cu.dtype));
+  if (cu.shape[0] < 1) fail(ErrorCode::kShapeMismatch, name, "must hold at least one offset (batch + 1 entries)");
+  if (cu.data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (cu.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  if (cu.shape[0] > 1 && cu.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
+}
+
+// Everything shared by forward and backward, from the forward-side tensors.
+// Returns false for a valid no-op.
+bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* out,
+                 const TensorView& lse, const Options& opt, bool lse_required, FwdParams& p, Backend& backend) {
+  const bool varlen = !opt.cu_seqlens_q.empty() || !opt.cu_seqlens_k.empty();
+  if (varlen && (opt.cu_seqlens_q.empty() || opt.cu_seqlens_k.empty()))
+    fail(ErrorCode::kInvalidArgument, opt.cu_seqlens_q.empty() ? "cu_seqlens_q" : "cu_seqlens_k",
+         "variable-length calls need both cu_seqlens_q and cu_seqlens_k");
+  const int rank = varlen ? 3 : 4;
+  const char* layout = varlen ? "[total_tokens, heads, head_dim]" : "[batch, seqlen, heads, head_dim]";
+  check_tensor(q, "q", rank, layout);
+  check_tensor(k, "k", rank, layout);
+  check_tensor(v, "v", rank, layout);
+  check_same_shape(v, "v", k, "k");
+  if (out) {
+    check_tensor(*out, "out", rank, layout);
+    check_same_shape(*out, "out", q, "q");
+  }
+
+  if (q.dtype == DType::kFloat8E4M3 || q.dtype == DType::kFloat8E5M2)
+    fail(ErrorCode::kUnsupported, "q", "fp8 inputs are reserved and not supported yet; use fp16, bf16 or fp32");
+  if (q.dtype == DType::kInt32) fail(ErrorCode::kDtypeMismatch, "q", "must be fp16, bf16 or fp32, got int32");
+  check_dtype(k, "k", q.dtype, "q");
+  check_dtype(v, "v", q.dtype, "q");
+  if (out) check_dtype(*out, "out", q.dtype, "q");
+
+  const Device device = q.device;
+  check_device(k, "k", device);
+  check_device(v, "v", device);
+  if (out) check_device(*out, "out", device);
+  backend = choose_backend(opt.backend, device);
+
+  const int64_t hq = q.shape[rank - 2], hkv = k.shape[rank - 2], d = q.shape[rank - 1];
+  if (k.shape[rank - 1] != d)
+    fail(ErrorCode::kShapeMismatch, "k", "head_dim " + std::to_string(k.shape[rank - 1]) + " must equal q's " + std::to_string(d));
+  if (!varlen && k.shape[0] != q.shape[0])
+    fail(ErrorCode::kShapeMismatch, "k", "batch " + std::to_string(k.shape[0]) + " must equal q's " + std::to_string(q.shape[0]));
+  if (hkv == 0 && hq != 0)
+    fail(ErrorCode::kInvalidArgument, "k", "has 0 heads while q has " + std::to_string(hq));
+  if (hkv != 0 && hq % hkv != 0)
+    fail(ErrorCode::kShapeMismatch, "q", "number of heads (" + std::to_string(hq) +
+                                             ") must be a multiple of the KV heads (" + std::to_string(hkv) + ")");
+  if (opt.window_left < -1)
+    fail(ErrorCode::kInvalidArgument, "window_left", "must be -1 (unbounded) or >= 0, got " + std::to_string(opt.window_left));
+  if (opt.window_right < -1)
+    fail(ErrorCode::kInvalidArgument, "window_right", "must be -1 (unbounded) or >= 0, got " + std::to_string(opt.window_right));
+  if (opt.causal && opt.window_right > 0)
+    fail(ErrorCode::kInvalidArgument, "window_right", "must be -1 or 0 when causal is set (causal means window_right = 0)");
+  if (opt.softmax_scale && !std::isfinite(*opt.softmax_scale))
+    fail(ErrorCode::kInvalidArgument, "softmax_scale", "must be finite");
+
+  int64_t batch, sq, sk;
+  if (varlen) {
+    check_cu_tensor(opt.cu_seqlens_q, "cu_seqlens_q", device);
+    check_cu_tensor(opt.cu_seqlens_k, "cu_seqlens_k", device);
+    if (opt.cu_seqlens_k.shape[0] != opt.cu_seqlens_q.shape[0])
+      fail(ErrorCode::kShapeMismatch, "cu_seqlens_k", "must have as many entries as cu_seqlens_q (" +
+                                                          std::to_string(opt.cu_seqlens_q.shape[0]) + ")");
+    if (opt.max_seqlen_q < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_q", "must be >= 0");
+    if (opt.max_seqlen_k < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_k", "must be >= 0");
+    batch = opt.cu_seqlens_q.shape[0] - 1;
+    sq = opt.max_seqlen_q;
+    sk = opt.max_seqlen_k;
+  } else {
+    batch = q.shape[0];
+    sq = q.shape[1];
+    sk = k.shape[1];
+  }
+
+  // lse: dense [B, Hq, Sq], varlen [Hq, total_q]; fp32.
+  if (!lse.empty()) {
+    const int lrank = varlen ? 2 : 3;
+    check_tensor(lse, "lse", lrank, varlen ? "[heads, total_q]" : "[batch, heads, seqlen_q]");
+    check_dtype(lse, "lse", DType::kFloat32, "fp32");
+    check_device(lse, "lse", device);
+    const bool ok = varlen ? (lse.shape[0] == hq && lse.shape[1] == q.shape[0])
+                           : (lse.shape[0] == batch && lse.shape[1] == hq && lse.shape[2] == sq);
+    if (!ok)
+      fail(ErrorCode::kShapeMismatch, "lse",
+           "shape " + shape_str(lse) + " must be " +
+               (varlen ? "[" + std::to_string(hq) + ", " + std::to_string(q.shape[0]) + "]"
+                       : "[" + std::to_string(batch) + ", " + std::to_string(hq) + ", " + std::to_string(sq) + "]"));
+  } else if (lse_required) {
+    fail(ErrorCode::kInvalidArgument, "lse", "is required by backward (the forward's softmax_lse)");
+  }
+
+  p = FwdParams{};
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out ? out->data : nullptr;
+  p.lse = lse.empty() ? nullptr : static_cast<float*>(lse.data);
+  p.q_stride = strides_of(q, varlen);
+  p.k_stride = strides_of(k, varlen);
+  p.v_stride = strides_of(v, varlen);
+  if (out) p.o_stride = strides_of(*out, varlen);
+  if (!lse.empty()) {
+    p.lse_batch_stride = varlen ? 0 : lse.stride[0];
+    p.lse_head_stride = varlen ? lse.stride[0] : lse.stride[1];
+  }
+  p.dtype = q.dtype;
+  p.batch = static_cast<int>(batch);
+  p.heads_q = static_cast<int>(hq);
+  p.heads_kv = static_cast<int>(hkv);
+  p.head_dim = static_cast<int>(d);
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.device = device;
+  p.stream = opt.stream;
+  p.num_threads = opt.num_threads;
+  p.scale = opt.softmax_scale ? *opt.softmax_scale : (d > 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : 1.0f);
+  p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * M_LOG2E);
+  p.window_left = opt.window_left;
+  p.window_right = opt.causal ? 0 : opt.window_right;
+
+  const bool noop = batch == 0 || hq == 0 || (varlen ? q.shape[0] == 0 : sq == 0);
+  if (noop) return false;
+  if (d < 1 || d > kMaxHeadDim)
+    fail(ErrorCode::kUnsupported, "head_dim", "got " + std::to_string(d) + "; supported: " +
+                                                  (backend == Backend::kCUDA ? cuda::supported_head_dims()
+                                                                             : std::string("1..256 on the CPU backend")));
+  if (backend == Backend::kCUDA) {
+    if (p.dtype == DType::kFloat32)
+      fail(ErrorCode::kUnsupported, "q", "the CUDA backend supports fp16 and bf16; got fp32 (use the CPU backend)");
+    if (!cuda::supports_head_dim(p.head_dim))
+      fail(ErrorCode::kUnsupported, "head_dim", "got " + std::to_string(d) + "; the CUDA backend supports " +
+                                                    cuda::supported_head_dims());
+    check_cuda_alignment(q, "q");
+    check_cuda_alignment(k, "k");
+    check_cuda_alignment(v, "v");
+    if (out) check_cuda_alignment(*out, "out");
+  }
+  if (varlen) {
+    check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q", backend, device, opt.stream);
+    check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k", backend, device, opt.stream);
+    p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
+    p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
+  }
+  return true;
+}
+
+}  // namespace
+
+Backend choose_backend(Backend requested, const Device& device) {
+  const bool on_gpu = device.type == DeviceType::kCUDA;
+  switch (requested) {
+    case Backend::kAuto: break;
+    case Backend::kCPU:
+      if (on_gpu) fail(ErrorCode::kDeviceMismatch, "backend", "cpu was requested but the tensors are on a CUDA device");
+      break;
+    case Backend::kCUDA:
+      if (!on_gpu) fail(ErrorCode::kDeviceMismatch, "backend", "cuda was requested but the tensors are in host memory");
+      break;
+  }
+  if (on_gpu && !cuda::available())
+    fail(ErrorCode::kBackendUnavailable, "backend",
+         "the tensors are on a CUDA device but this build has no CUDA backend or no GPU is visible");
+  return on_gpu ? Backend::kCUDA : Backend::kCPU;
+}
+
+bool make_fwd_params(const ForwardArgs& a, FwdParams& p, Backend& backend) {
+  return fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*lse_required=*/false, p, backend);
+}
+
+bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
+  p = BwdParams{};
+  FwdParams& base = p;
+  const bool work = fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*lse_required=*/true, base, backend);
+  const bool varlen = !a.options.cu_seqlens_q.empty();
+  const int rank = varlen ? 3 : 4;
+  const char* layout = varlen ? "[total_tokens, heads, head_dim]" : "[batch, seqlen, heads, head_dim]";
+  struct Grad {
+    const TensorView& t;
+    const char* name;
+    const TensorView& like;
+    const char* like_name;
+  };
+  const Grad grads[] = {{a.dout, "dout", a.q, "q"}, {a.dq, "dq", a.q, "q"}, {a.dk, "dk", a.k, "k"}, {a.dv, "dv", a.v, "v"}};
+  for (const Grad& g : grads) {
+    check_tensor(g.t, g.name, rank, layout);
+    check_same_shape(g.t, g.name, g.like, g.like_name);
+    check_dtype(g.t, g.name, a.q.dtype, "q");
+    check_device(g.t, g.name, a.q.device);
+  }
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.do_stride = strides_of(a.dout, varlen);
+  p.dq_stride = strides_of(a.dq, varlen);
+  p.dk_stride = strides_of(a.dk, varlen);
+  p.dv_stride = strides_of(a.dv, varlen);
+  p.deterministic = a.deterministic;
+  p.workspace = a.workspace;
+  p.workspace_bytes = a.workspace_bytes;
+  if (work && backend == Backend::kCUDA)
+    for (const Grad& g : grads) check_cuda_alignment(g.t, g.name);
+  return work;
+}
+
+}  // namespace fusedattn::detail

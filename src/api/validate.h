@@ -1,0 +1,22 @@
+// Argument validation: turns ForwardArgs/BackwardArgs into the params block a backend consumes,
+// or throws fusedattn::Error naming the argument at fault. Nothing here touches tensor data
+// except cu_seqlens, which is read (copied to the host for a CUDA call) to check monotonicity.
+#pragma once
+
+#include "fusedattn/attention.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::detail {
+
+// The backend that will run a call whose tensors live on `device`.
+Backend choose_backend(Backend requested, const Device& device);
+
+// Returns false when the call is a valid no-op (zero batch, zero heads or zero query rows).
+bool make_fwd_params(const ForwardArgs& args, FwdParams& params, Backend& backend);
+bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backend);
+
+constexpr int kMaxHeadDim = 256;
+// Alignment the CUDA kernels' 16-byte vector loads need, for pointers and for strides.
+constexpr int kCudaAlignBytes = 16;
+
+}  // namespace fusedattn::detail

@@ -1,0 +1,13 @@
+// The CPU backend: the FlashAttention-2 algorithm itself (tiled, online softmax, LSE saved),
+// multithreaded over (batch, head, query block). Inputs are validated by src/api before these
+// are called; sizes may be zero-length on the key side (every row then fully masked).
+#pragma once
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cpu {
+
+void forward(const FwdParams& params);
+void backward(const BwdParams& params);
+
+}  // namespace fusedattn::cpu

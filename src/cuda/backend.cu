@@ -1,0 +1,98 @@
+// Host side of the CUDA backend: device queries, the device guard, workspace, dispatch.
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.cuh"
+#include "cuda/dispatch.h"
+#include "cuda/sm80/bwd_workspace.h"
+
+namespace fusedattn::cuda {
+namespace {
+
+// Runs a call on the tensors' device and restores the caller's current device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (index != previous_) FUSEDATTN_CUDA_CHECK(cudaSetDevice(index));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+void compute_capability(int index, int& major, int& minor) {
+  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
+  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+}
+
+}  // namespace
+
+bool available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) return "unknown CUDA device";
+  return prop.name;
+}
+
+bool supports_head_dim(int head_dim) { return has_head_dim(head_dim); }
+
+std::string supported_head_dims() {
+  return "multiples of 8 up to the largest compiled instance (compiled: " + compiled_head_dims() + ")";
+}
+
+void copy_to_host(void* dst, const void* src, std::size_t bytes, int index, void* stream) {
+  DeviceGuard guard(index);
+  auto s = static_cast<cudaStream_t>(stream);
+  FUSEDATTN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void forward(const FwdParams& params) {
+  DeviceGuard guard(params.device.index);
+  int major = 0, minor = 0;
+  compute_capability(params.device.index, major, minor);
+  choose_forward(params, major, minor).fn(params);
+  FUSEDATTN_CHECK_LAUNCH();
+}
+
+std::size_t backward_workspace_bytes(const BwdParams& params) { return sm80::bwd_workspace_bytes(params); }
+
+void backward(const BwdParams& params) {
+  DeviceGuard guard(params.device.index);
+  int major = 0, minor = 0;
+  compute_capability(params.device.index, major, minor);
+  const BwdFn fn = choose_backward(params, major, minor);
+  BwdParams p = params;
+  const std::size_t need = sm80::bwd_workspace_bytes(p);
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  void* owned = nullptr;
+  if (p.workspace == nullptr) {
+    // Stream-ordered allocation: freed after the kernels that use it, without a device sync.
+    FUSEDATTN_CUDA_CHECK(cudaMallocAsync(&owned, need, stream));
+    p.workspace = owned;
+    p.workspace_bytes = need;
+  } else if (p.workspace_bytes < need) {
+    throw Error(ErrorCode::kInvalidArgument, "workspace",
+                "needs " + std::to_string(need) + " bytes (backward_workspace_bytes), got " +
+                    std::to_string(p.workspace_bytes));
+  }
+  try {
+    fn(p);
+    FUSEDATTN_CHECK_LAUNCH();
+  } catch (...) {
+    if (owned) cudaFreeAsync(owned, stream);
+    throw;
+  }
+  if (owned) FUSEDATTN_CUDA_CHECK(cudaFreeAsync(owned, stream));
+}
+
+}  // namespace fusedattn::cuda

@@ -1,0 +1,26 @@
+// The CUDA backend as seen from the host-side API layer. Compiled from src/cuda/*.cu when nvcc is
+// present, otherwise from src/cuda/cuda_stub.cpp, whose functions report kBackendUnavailable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda {
+
+// True when the build has CUDA kernels and the runtime sees at least one device.
+bool available();
+std::string device_name(int device_index);
+// Head dims the kernels of this build accept (any multiple of 8 up to the largest instance).
+bool supports_head_dim(int head_dim);
+std::string supported_head_dims();
+// Copies `bytes` from device to host on `stream` and waits (used to validate cu_seqlens).
+void copy_to_host(void* dst, const void* src, std::size_t bytes, int device_index, void* stream);
+
+void forward(const FwdParams& params);
+std::size_t backward_workspace_bytes(const BwdParams& params);
+void backward(const BwdParams& params);
+
+}  // namespace fusedattn::cuda

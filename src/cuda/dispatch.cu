@@ -1,0 +1,128 @@
+// The dispatch table, built from instance_table.inc (written by CMake from the options): one
+// line per compiled instance. Choosing is a scan of a few dozen entries, negligible per call.
+#include "cuda/dispatch.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/kinds.h"
+#include "fusedattn/error.h"
+
+namespace fusedattn::cuda {
+
+// Each architecture's launchers; explicit instantiations live in src/cuda/instances/.
+namespace sm80 {
+template <typename Element, int kHeadDim, MaskKind kMask> void run_fwd(const FwdParams&);
+template <typename Element, int kHeadDim, MaskKind kMask> void run_bwd(const BwdParams&);
+}  // namespace sm80
+namespace sm90 {
+template <typename Element, int kHeadDim, MaskKind kMask> void run_fwd(const FwdParams&);
+}  // namespace sm90
+
+namespace {
+
+struct Entry {
+  int arch;  // 80 or 90
+  bool backward;
+  DType dtype;
+  int head_dim;
+  MaskKind mask;
+  FwdFn fwd;
+  BwdFn bwd;
+};
+
+#define FUSEDATTN_ELEM_fp16 __half
+#define FUSEDATTN_ELEM_bf16 __nv_bfloat16
+#define FUSEDATTN_DTYPE_fp16 DType::kFloat16
+#define FUSEDATTN_DTYPE_bf16 DType::kBFloat16
+#define FUSEDATTN_MASK_full MaskKind::kFull
+#define FUSEDATTN_MASK_window MaskKind::kWindow
+#define FUSEDATTN_ARCH_sm80 80
+#define FUSEDATTN_ARCH_sm90 90
+#define FUSEDATTN_FN_fwd(arch, dt, hd, mask) \
+  &arch::run_fwd<FUSEDATTN_ELEM_##dt, hd, FUSEDATTN_MASK_##mask>, nullptr
+#define FUSEDATTN_FN_bwd(arch, dt, hd, mask) \
+  nullptr, &arch::run_bwd<FUSEDATTN_ELEM_##dt, hd, FUSEDATTN_MASK_##mask>
+#define FUSEDATTN_IS_BWD_fwd false
+#define FUSEDATTN_IS_BWD_bwd true
+#define FUSEDATTN_INSTANCE(arch, dir, dt, hd, mask)                                             \
+  Entry{FUSEDATTN_ARCH_##arch, FUSEDATTN_IS_BWD_##dir, FUSEDATTN_DTYPE_##dt, hd, FUSEDATTN_MASK_##mask, \
+        FUSEDATTN_FN_##dir(arch, dt, hd, mask)},
+
+const Entry kTable[] = {
+#include "instance_table.inc"
+};
+
+MaskKind mask_of(const FwdParams& p) { return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull; }
+
+// The smallest compiled head dim >= the request (head dims run on the next larger instance).
+const Entry* find(int arch, bool backward, const FwdParams& p) {
+  const Entry* best = nullptr;
+  for (const Entry& e : kTable) {
+    if (e.arch != arch || e.backward != backward || e.dtype != p.dtype || e.mask != mask_of(p)) continue;
+    if (e.head_dim < p.head_dim) continue;
+    if (!best || e.head_dim < best->head_dim) best = &e;
+  }
+  return best;
+}
+
+[[noreturn]] void no_instance(const FwdParams& p, const char* what) {
+  throw Error(ErrorCode::kUnsupported, "head_dim",
+              std::string("no compiled ") + what + " kernel for " + dtype_name(p.dtype) + " head_dim " +
+                  std::to_string(p.head_dim) + "; this build has head dims " + compiled_head_dims() +
+                  " (configure with -DFUSEDATTN_FULL=ON for all)");
+}
+
+// FUSEDATTN_DISABLE_SM90=1 forces the portable path (for A/B measurements and as an escape hatch).
+bool sm90_allowed() {
+  const char* env = std::getenv("FUSEDATTN_DISABLE_SM90");
+  return !(env && env[0] == '1');
+}
+
+// The Hopper forward kernel's feature limits; requests outside them use the portable path.
+bool sm90_supports(const FwdParams& p) { return p.cu_seqlens_q == nullptr; }
+
+}  // namespace
+
+FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
+  if (cc_major < 8)
+    throw Error(ErrorCode::kUnsupported, "device",
+                "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
+                    std::to_string(cc_minor));
+  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p))
+    if (const Entry* e = find(90, false, p)) return {e->fwd, "sm90", e->head_dim};
+  if (const Entry* e = find(80, false, p)) return {e->fwd, "sm80", e->head_dim};
+  no_instance(p, "forward");
+}
+
+BwdFn choose_backward(const BwdParams& p, int cc_major, int cc_minor) {
+  if (cc_major < 8)
+    throw Error(ErrorCode::kUnsupported, "device",
+                "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
+                    std::to_string(cc_minor));
+  if (const Entry* e = find(80, true, p)) return e->bwd;
+  no_instance(p, "backward");
+}
+
+bool has_head_dim(int head_dim) {
+  for (const Entry& e : kTable)
+    if (e.head_dim >= head_dim && head_dim % 8 == 0) return true;
+  return false;
+}
+
+std::string compiled_head_dims() {
+  std::string s;
+  int last = 0;
+  for (int d = 8; d <= 256; d += 8)
+    for (const Entry& e : kTable)
+      if (e.head_dim == d && d != last) {
+        s += (s.empty() ? "" : ", ") + std::to_string(d);
+        last = d;
+      }
+  return s.empty() ? "none" : s;
+}
+
+}  // namespace fusedattn::cuda

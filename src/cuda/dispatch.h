@@ -1,0 +1,23 @@
+// (arch, dtype, head dim, mask kind) -> the compiled kernel instance that serves a request.
+#pragma once
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda {
+
+using FwdFn = void (*)(const FwdParams&);
+using BwdFn = void (*)(const BwdParams&);
+
+struct FwdChoice {
+  FwdFn fn = nullptr;
+  const char* arch = "";   // "sm80" or "sm90"
+  int instance_head_dim = 0;
+};
+
+// Throws kUnsupported naming what no compiled instance covers.
+FwdChoice choose_forward(const FwdParams& params, int cc_major, int cc_minor);
+BwdFn choose_backward(const BwdParams& params, int cc_major, int cc_minor);
+bool has_head_dim(int head_dim);
+std::string compiled_head_dims();
+
+}  // namespace fusedattn::cuda
