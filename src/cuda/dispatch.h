@@ -1,6 +1,8 @@
 // (arch, dtype, head dim, mask kind) -> the compiled kernel instance that serves a request.
 #pragma once
 
+#include <string>
+
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda {
