@@ -54,6 +54,19 @@ void reference_backward(const Problem& p, Tensors& t);
 void plain_forward(const Problem& p, DType dtype, Tensors& t);
 void plain_backward(const Problem& p, DType dtype, Tensors& t);
 
+// One query row (sequence b, query head h, row i within the sequence) of the forward, for checks
+// that sample rows of problems too large for the full reference. Reads t.q, t.k, t.v only.
+struct RowResult {
+  std::vector<double> out;  // head_dim values
+  double lse = 0;
+};
+RowResult reference_forward_row(const Problem& p, const Tensors& t, int b, int h, int64_t i);
+RowResult plain_forward_row(const Problem& p, DType dtype, const Tensors& t, int b, int h, int64_t i);
+
+// Canonical positions of row (b, h, i) in out (first of head_dim values) and in lse.
+int64_t out_offset(const Problem& p, int b, int h, int64_t i);
+int64_t lse_offset(const Problem& p, int b, int h, int64_t i);
+
 // Rounds a double through `dtype` and back (fp16/bf16 round-to-nearest-even, fp32).
 double round_to(DType dtype, double x);
 
@@ -70,7 +83,13 @@ class HostTensor {
   // With layout kBHSD and rank 4, memory is ordered [B,H,S,D] and the view's strides permuted.
   HostTensor(DType dtype, std::vector<int64_t> shape, Layout layout = Layout::kBSHD);
   TensorView view();
+  // The same view over another copy of these bytes (a device buffer in the GPU tests).
+  TensorView view_at(void* data, Device device) const;
   void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  Layout layout() const { return layout_; }
   std::size_t nbytes() const { return bytes_.size(); }
   int64_t numel() const;
   void fill(const std::vector<double>& canonical);  // canonical order in, memory order stored
@@ -78,6 +97,8 @@ class HostTensor {
   void poison();                                    // NaN everywhere (fp types)
 
  private:
+  std::vector<int64_t> memory_order() const;  // memory index of each canonical index
+
   DType dtype_ = DType::kFloat32;
   std::vector<int64_t> shape_;
   Layout layout_ = Layout::kBSHD;

@@ -1,0 +1,332 @@
+// The float64 reference and the plain same-dtype implementation. Deliberately naive: for every
+// (sequence, query head) the scores of each query row are materialised over the keys it may see,
+// then softmax, then the weighted sum. The mask rule is written out here from the API's contract
+// (attention.h: bottom-right aligned windows, causal == window_right 0) rather than reusing
+// params.h, so that a mistake there shows up as a test failure instead of being copied.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "reference/reference.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Where sequence b lives in the canonical tensors.
+struct Seq {
+  int64_t q_start, k_start;  // first packed row
+  int64_t len_q, len_k;
+};
+
+Seq seq_of(const Problem& p, int b) {
+  if (!p.varlen()) return {b * p.seqlen_q, b * p.seqlen_k, p.seqlen_q, p.seqlen_k};
+  int64_t q0 = 0, k0 = 0;
+  for (int i = 0; i < b; ++i) {
+    q0 += p.lens_q[i];
+    k0 += p.lens_k[i];
+  }
+  return {q0, k0, p.lens_q[b], p.lens_k[b]};
+}
+
+// Keys [lo, hi] visible to query row i. The window is centred on the diagonal key
+// i + len_k - len_q, so the last query row always lines up with the last key.
+struct Visible {
+  int64_t lo, hi;
+  bool empty() const { return lo > hi; }
+};
+
+Visible visible_keys(const Problem& p, int64_t i, int64_t len_q, int64_t len_k) {
+  const int64_t right = p.causal ? 0 : p.window_right;
+  const int64_t diagonal = i + len_k - len_q;
+  Visible v{0, len_k - 1};
+  if (p.window_left >= 0) v.lo = std::max(v.lo, diagonal - p.window_left);
+  if (right >= 0) v.hi = std::min(v.hi, diagonal + right);
+  return v;
+}
+
+int kv_head_of(const Problem& p, int h) { return h / (p.heads_q / p.heads_kv); }
+
+int64_t q_offset(const Problem& p, int64_t row, int h) { return (row * p.heads_q + h) * int64_t{p.head_dim}; }
+int64_t k_offset(const Problem& p, int64_t row, int hk) { return (row * p.heads_kv + hk) * int64_t{p.head_dim}; }
+
+int64_t lse_size(const Problem& p) { return p.total_q() * p.heads_q; }
+int64_t q_size(const Problem& p) { return p.total_q() * p.heads_q * int64_t{p.head_dim}; }
+int64_t k_size(const Problem& p) { return p.total_k() * p.heads_kv * int64_t{p.head_dim}; }
+
+// ---- float64 -----------------------------------------------------------------------------------
+
+// Scores of row i against its visible keys, scaled: s[j - lo].
+std::vector<double> scores(const Problem& p, const Tensors& t, const Seq& s, int h, int64_t i, const Visible& vis) {
+  const int D = p.head_dim;
+  const double scale = p.scale();
+  const double* q = &t.q[q_offset(p, s.q_start + i, h)];
+  std::vector<double> out;
+  for (int64_t j = vis.lo; j <= vis.hi; ++j) {
+    const double* k = &t.k[k_offset(p, s.k_start + j, kv_head_of(p, h))];
+    double dot = 0;
+    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
+    out.push_back(scale * dot);
+  }
+  return out;
+}
+
+RowResult forward_row(const Problem& p, const Tensors& t, const Seq& s, int h, int64_t i) {
+  const int D = p.head_dim;
+  RowResult r{std::vector<double>(D, 0.0), kNegInf};
+  const Visible vis = visible_keys(p, i, s.len_q, s.len_k);
+  if (vis.empty()) return r;  // fully masked: out 0, lse -inf
+  const std::vector<double> sc = scores(p, t, s, h, i, vis);
+  // The max is only a shift for exp's range; a NaN score is skipped here but still reaches
+  // the sum and the output below, which is what confines NaN to the rows that see it.
+  double m = kNegInf;
+  for (double x : sc) m = std::max(m, x);
+  double sum = 0;
+  std::vector<double> e(sc.size());
+  for (size_t j = 0; j < sc.size(); ++j) sum += e[j] = std::exp(sc[j] - m);
+  for (size_t j = 0; j < sc.size(); ++j) {
+    const double* v = &t.v[k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), kv_head_of(p, h))];
+    for (int d = 0; d < D; ++d) r.out[d] += e[j] / sum * v[d];
+  }
+  r.lse = m + std::log(sum);
+  return r;
+}
+
+// ---- plain, in the storage dtype -----------------------------------------------------------------
+
+// A plain implementation's row: fp32 accumulation, every matmul result rounded to dtype.
+struct PlainRow {
+  std::vector<float> p;  // rounded probabilities over the visible keys
+  std::vector<double> out;
+  double lse;
+  Visible vis;
+};
+
+PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s, int h, int64_t i) {
+  const int D = p.head_dim;
+  const float scale = p.scale();
+  PlainRow r{{}, std::vector<double>(D, 0.0), kNegInf, visible_keys(p, i, s.len_q, s.len_k)};
+  if (r.vis.empty()) return r;
+  const double* q = &t.q[q_offset(p, s.q_start + i, h)];
+  const int hk = kv_head_of(p, h);
+  std::vector<float> sc;
+  for (int64_t j = r.vis.lo; j <= r.vis.hi; ++j) {
+    const double* k = &t.k[k_offset(p, s.k_start + j, hk)];
+    float acc = 0;
+    for (int d = 0; d < D; ++d) acc += static_cast<float>(round_to(dtype, q[d])) * static_cast<float>(round_to(dtype, k[d]));
+    sc.push_back(static_cast<float>(round_to(dtype, acc * scale)));
+  }
+  float m = -std::numeric_limits<float>::infinity();
+  for (float x : sc) m = std::max(m, x);
+  float sum = 0;
+  std::vector<float> e(sc.size());
+  for (size_t j = 0; j < sc.size(); ++j) sum += e[j] = std::exp(sc[j] - m);
+  r.p.resize(sc.size());
+  for (size_t j = 0; j < sc.size(); ++j) r.p[j] = static_cast<float>(round_to(dtype, e[j] / sum));
+  std::vector<float> acc(D, 0.f);
+  for (size_t j = 0; j < sc.size(); ++j) {
+    const double* v = &t.v[k_offset(p, s.k_start + r.vis.lo + static_cast<int64_t>(j), hk)];
+    for (int d = 0; d < D; ++d) acc[d] += r.p[j] * static_cast<float>(round_to(dtype, v[d]));
+  }
+  for (int d = 0; d < D; ++d) r.out[d] = round_to(dtype, acc[d]);
+  r.lse = static_cast<float>(m + std::log(sum));
+  return r;
+}
+
+}  // namespace
+
+// ---- Problem ---------------------------------------------------------------------------------
+
+int64_t Problem::total_q() const {
+  if (!varlen()) return batch * seqlen_q;
+  int64_t n = 0;
+  for (int64_t l : lens_q) n += l;
+  return n;
+}
+
+int64_t Problem::total_k() const {
+  if (!varlen()) return batch * seqlen_k;
+  int64_t n = 0;
+  for (int64_t l : lens_k) n += l;
+  return n;
+}
+
+namespace {
+std::vector<int32_t> offsets(int batch, const std::vector<int64_t>& lens, int64_t dense_len, bool varlen) {
+  std::vector<int32_t> cu(static_cast<size_t>(batch) + 1, 0);
+  for (int b = 0; b < batch; ++b) cu[b + 1] = static_cast<int32_t>(cu[b] + (varlen ? lens[b] : dense_len));
+  return cu;
+}
+}  // namespace
+
+std::vector<int32_t> Problem::cu_seqlens_q() const { return offsets(batch, lens_q, seqlen_q, varlen()); }
+std::vector<int32_t> Problem::cu_seqlens_k() const { return offsets(batch, lens_k, seqlen_k, varlen()); }
+
+int64_t Problem::max_seqlen_q() const {
+  if (!varlen()) return seqlen_q;
+  return lens_q.empty() ? 0 : *std::max_element(lens_q.begin(), lens_q.end());
+}
+
+int64_t Problem::max_seqlen_k() const {
+  if (!varlen()) return seqlen_k;
+  return lens_k.empty() ? 0 : *std::max_element(lens_k.begin(), lens_k.end());
+}
+
+// The same float the API computes, so reference and backend scale by the identical value.
+float Problem::scale() const {
+  if (softmax_scale != 0.f) return softmax_scale;
+  return head_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : 1.0f;
+}
+
+std::string Problem::str() const {
+  std::ostringstream s;
+  s << "B" << batch << " H" << heads_q << "/" << heads_kv;
+  if (varlen()) {
+    s << " varlen q[";
+    for (size_t b = 0; b < lens_q.size(); ++b) s << (b ? "," : "") << lens_q[b];
+    s << "] k[";
+    for (size_t b = 0; b < lens_k.size(); ++b) s << (b ? "," : "") << lens_k[b];
+    s << "]";
+  } else {
+    s << " Sq" << seqlen_q << " Sk" << seqlen_k;
+  }
+  s << " D" << head_dim;
+  if (causal) s << " causal";
+  if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
+  if (softmax_scale != 0.f) s << " scale " << softmax_scale;
+  return s.str();
+}
+
+int64_t out_offset(const Problem& p, int b, int h, int64_t i) { return q_offset(p, seq_of(p, b).q_start + i, h); }
+
+int64_t lse_offset(const Problem& p, int b, int h, int64_t i) {
+  if (p.varlen()) return h * p.total_q() + seq_of(p, b).q_start + i;
+  return (int64_t{b} * p.heads_q + h) * p.seqlen_q + i;
+}
+
+// ---- entry points ----------------------------------------------------------------------------
+
+RowResult reference_forward_row(const Problem& p, const Tensors& t, int b, int h, int64_t i) {
+  return forward_row(p, t, seq_of(p, b), h, i);
+}
+
+RowResult plain_forward_row(const Problem& p, DType dtype, const Tensors& t, int b, int h, int64_t i) {
+  PlainRow r = plain_row(p, dtype, t, seq_of(p, b), h, i);
+  return {std::move(r.out), r.lse};
+}
+
+void reference_forward(const Problem& p, Tensors& t) {
+  t.out.assign(q_size(p), 0.0);
+  t.lse.assign(lse_size(p), kNegInf);
+  for (int b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < s.len_q; ++i) {
+        const RowResult r = forward_row(p, t, s, h, i);
+        std::copy(r.out.begin(), r.out.end(), t.out.begin() + q_offset(p, s.q_start + i, h));
+        t.lse[lse_offset(p, b, h, i)] = r.lse;
+      }
+  }
+}
+
+void plain_forward(const Problem& p, DType dtype, Tensors& t) {
+  t.out.assign(q_size(p), 0.0);
+  t.lse.assign(lse_size(p), kNegInf);
+  for (int b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < s.len_q; ++i) {
+        const PlainRow r = plain_row(p, dtype, t, s, h, i);
+        std::copy(r.out.begin(), r.out.end(), t.out.begin() + q_offset(p, s.q_start + i, h));
+        t.lse[lse_offset(p, b, h, i)] = r.lse;
+      }
+  }
+}
+
+// dS = P o (dP - delta) with P = softmax(S) recomputed in double, delta_i = sum_j P_ij dP_ij;
+// dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK/dV accumulate over a GQA group's heads.
+void reference_backward(const Problem& p, Tensors& t) {
+  const int D = p.head_dim;
+  const double scale = p.scale();
+  t.dq.assign(q_size(p), 0.0);
+  t.dk.assign(k_size(p), 0.0);
+  t.dv.assign(k_size(p), 0.0);
+  for (int b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    for (int h = 0; h < p.heads_q; ++h) {
+      const int hk = kv_head_of(p, h);
+      for (int64_t i = 0; i < s.len_q; ++i) {
+        const Visible vis = visible_keys(p, i, s.len_q, s.len_k);
+        if (vis.empty()) continue;  // P = 0: this row contributes no gradient
+        const RowResult fwd = forward_row(p, t, s, h, i);
+        const std::vector<double> sc = scores(p, t, s, h, i, vis);
+        const int64_t qo = q_offset(p, s.q_start + i, h);
+        const double* q = &t.q[qo];
+        const double* dout = &t.dout[qo];
+        std::vector<double> prob(sc.size()), dp(sc.size());
+        double delta = 0;
+        for (size_t j = 0; j < sc.size(); ++j) {
+          const double* v = &t.v[k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), hk)];
+          prob[j] = std::exp(sc[j] - fwd.lse);
+          double dot = 0;
+          for (int d = 0; d < D; ++d) dot += dout[d] * v[d];
+          dp[j] = dot;
+          delta += prob[j] * dot;
+        }
+        for (size_t j = 0; j < sc.size(); ++j) {
+          const int64_t ko = k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), hk);
+          const double ds = prob[j] * (dp[j] - delta);
+          for (int d = 0; d < D; ++d) {
+            t.dq[qo + d] += scale * ds * t.k[ko + d];
+            t.dk[ko + d] += scale * ds * q[d];
+            t.dv[ko + d] += prob[j] * dout[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The same in the storage dtype: each matmul (dP, dS, dQ, dK, dV) accumulates in fp32 and is
+// rounded once to dtype; delta = rowsum(dO o O) in fp32 from the plain forward's rounded O.
+void plain_backward(const Problem& p, DType dtype, Tensors& t) {
+  const int D = p.head_dim;
+  const float scale = p.scale();
+  std::vector<float> dq(q_size(p), 0.f), dk(k_size(p), 0.f), dv(k_size(p), 0.f);
+  auto rd = [dtype](double x) { return static_cast<float>(round_to(dtype, x)); };
+  for (int b = 0; b < p.batch; ++b) {
+    const Seq s = seq_of(p, b);
+    for (int h = 0; h < p.heads_q; ++h) {
+      const int hk = kv_head_of(p, h);
+      for (int64_t i = 0; i < s.len_q; ++i) {
+        const PlainRow fwd = plain_row(p, dtype, t, s, h, i);
+        if (fwd.vis.empty()) continue;
+        const int64_t qo = q_offset(p, s.q_start + i, h);
+        float delta = 0;
+        for (int d = 0; d < D; ++d) delta += rd(t.dout[qo + d]) * static_cast<float>(fwd.out[d]);
+        for (size_t j = 0; j < fwd.p.size(); ++j) {
+          const int64_t ko = k_offset(p, s.k_start + fwd.vis.lo + static_cast<int64_t>(j), hk);
+          float dp = 0;
+          for (int d = 0; d < D; ++d) dp += rd(t.dout[qo + d]) * rd(t.v[ko + d]);
+          const float ds = rd(fwd.p[j] * (rd(dp) - delta));
+          for (int d = 0; d < D; ++d) {
+            dq[qo + d] += ds * rd(t.k[ko + d]);
+            dk[ko + d] += ds * rd(t.q[qo + d]);
+            dv[ko + d] += fwd.p[j] * rd(t.dout[qo + d]);
+          }
+        }
+      }
+    }
+  }
+  auto finish = [&](const std::vector<float>& acc, float factor, std::vector<double>& dst) {
+    dst.resize(acc.size());
+    for (size_t n = 0; n < acc.size(); ++n) dst[n] = round_to(dtype, factor * acc[n]);
+  };
+  finish(dq, scale, t.dq);
+  finish(dk, scale, t.dk);
+  finish(dv, 1.0f, t.dv);
+}
+
+}  // namespace fusedattn::testing

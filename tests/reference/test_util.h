@@ -1,0 +1,206 @@
+// GoogleTest helpers shared by the CPU and GPU suites: reproducible fresh inputs per check, host
+// tensors for one problem, and ForwardArgs/BackwardArgs built from them.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference/reference.h"
+
+namespace fusedattn::testing {
+
+// A generator seeded from the running test's full name and a per-test counter: every call gives
+// different inputs (fresh per check), and a rerun of the same test sees the same sequence.
+inline std::mt19937_64 fresh_rng() {
+  constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+  constexpr uint64_t kFnvPrime = 1099511628211ull;
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "no-test";
+  static std::map<std::string, uint64_t> counters;
+  uint64_t h = kFnvOffset;  // FNV-1a: stable across compilers, unlike std::hash
+  for (unsigned char c : name) h = (h ^ c) * kFnvPrime;
+  return std::mt19937_64(h + counters[name]++);
+}
+
+// Standard deviation of the inputs unless a test says otherwise.
+constexpr double kDefaultStddev = 1.0;
+
+// Host tensors of one problem in one dtype and layout, plus their values in double.
+struct HostCase {
+  Problem problem;
+  DType dtype = DType::kFloat16;
+  Layout layout = Layout::kBSHD;
+  Tensors values;  // inputs as rounded to dtype (q, k, v, dout), canonical order
+  HostTensor q, k, v, out, lse, dout, dq, dk, dv;
+  HostTensor cu_q, cu_k;  // int32 offsets, varlen only
+};
+
+inline std::vector<int64_t> q_shape(const Problem& p) {
+  if (p.varlen()) return {p.total_q(), p.heads_q, p.head_dim};
+  return {p.batch, p.seqlen_q, p.heads_q, p.head_dim};
+}
+inline std::vector<int64_t> k_shape(const Problem& p) {
+  if (p.varlen()) return {p.total_k(), p.heads_kv, p.head_dim};
+  return {p.batch, p.seqlen_k, p.heads_kv, p.head_dim};
+}
+inline std::vector<int64_t> lse_shape(const Problem& p) {
+  if (p.varlen()) return {p.heads_q, p.total_q()};
+  return {p.batch, p.heads_q, p.seqlen_q};
+}
+
+inline int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+// Fresh N(0, stddev) q, k, v, dout rounded to dtype; out, lse and the gradients poisoned.
+inline HostCase make_case(const Problem& p, DType dtype, Layout layout, std::mt19937_64& rng,
+                          double stddev = kDefaultStddev) {
+  HostCase c;
+  c.problem = p;
+  c.dtype = dtype;
+  c.layout = p.varlen() ? Layout::kBSHD : layout;  // packed tensors have one layout only
+  const auto qs = q_shape(p), ks = k_shape(p);
+  c.q = HostTensor(dtype, qs, c.layout);
+  c.k = HostTensor(dtype, ks, c.layout);
+  c.v = HostTensor(dtype, ks, c.layout);
+  c.out = HostTensor(dtype, qs, c.layout);
+  c.dout = HostTensor(dtype, qs, c.layout);
+  c.dq = HostTensor(dtype, qs, c.layout);
+  c.dk = HostTensor(dtype, ks, c.layout);
+  c.dv = HostTensor(dtype, ks, c.layout);
+  c.lse = HostTensor(DType::kFloat32, lse_shape(p));
+  c.values.q = randn(rng, product(qs), stddev, dtype);
+  c.values.k = randn(rng, product(ks), stddev, dtype);
+  c.values.v = randn(rng, product(ks), stddev, dtype);
+  c.values.dout = randn(rng, product(qs), stddev, dtype);
+  c.q.fill(c.values.q);
+  c.k.fill(c.values.k);
+  c.v.fill(c.values.v);
+  c.dout.fill(c.values.dout);
+  for (HostTensor* t : {&c.out, &c.lse, &c.dq, &c.dk, &c.dv}) t->poison();
+  if (p.varlen()) {
+    const int64_t entries = int64_t{p.batch} + 1;
+    c.cu_q = HostTensor(DType::kInt32, {entries});
+    c.cu_k = HostTensor(DType::kInt32, {entries});
+    const auto cq = p.cu_seqlens_q(), ck = p.cu_seqlens_k();
+    c.cu_q.fill(std::vector<double>(cq.begin(), cq.end()));
+    c.cu_k.fill(std::vector<double>(ck.begin(), ck.end()));
+  }
+  return c;
+}
+
+// Re-encodes c.values' inputs into the host tensors (after a test edits them, e.g. adds a NaN).
+inline void refill_inputs(HostCase& c) {
+  c.q.fill(c.values.q);
+  c.k.fill(c.values.k);
+  c.v.fill(c.values.v);
+  c.dout.fill(c.values.dout);
+}
+
+// Options for a problem; cu_q/cu_k are the offset tensors' views (empty for dense problems).
+inline Options options_for(const Problem& p, TensorView cu_q = {}, TensorView cu_k = {}) {
+  Options o;
+  if (p.softmax_scale != 0.f) o.softmax_scale = p.softmax_scale;
+  o.causal = p.causal;
+  o.window_left = p.window_left;
+  o.window_right = p.window_right;
+  if (p.varlen()) {
+    o.cu_seqlens_q = cu_q;
+    o.cu_seqlens_k = cu_k;
+    o.max_seqlen_q = p.max_seqlen_q();
+    o.max_seqlen_k = p.max_seqlen_k();
+  }
+  return o;
+}
+
+inline ForwardArgs forward_args(HostCase& c) {
+  ForwardArgs a;
+  a.q = c.q.view();
+  a.k = c.k.view();
+  a.v = c.v.view();
+  a.out = c.out.view();
+  a.lse = c.lse.view();
+  a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view()) : options_for(c.problem);
+  return a;
+}
+
+// Backward args; out and lse are whatever c.out / c.lse hold (run the forward first).
+inline BackwardArgs backward_args(HostCase& c) {
+  BackwardArgs a;
+  a.dout = c.dout.view();
+  a.q = c.q.view();
+  a.k = c.k.view();
+  a.v = c.v.view();
+  a.out = c.out.view();
+  a.lse = c.lse.view();
+  a.dq = c.dq.view();
+  a.dk = c.dk.view();
+  a.dv = c.dv.view();
+  a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view()) : options_for(c.problem);
+  return a;
+}
+
+// Runs fn and returns the fusedattn::Error it throws; fails the test when it throws nothing.
+template <typename Fn>
+std::optional<Error> error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected a fusedattn::Error, nothing was thrown";
+  return std::nullopt;
+}
+
+// |got - ref| <= atol + rtol |ref| everywhere (NaN/Inf must match exactly); returns a gtest result
+// naming the worst position.
+inline ::testing::AssertionResult all_close(const std::vector<double>& got, const std::vector<double>& ref,
+                                            double atol, double rtol) {
+  if (got.size() != ref.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " vs reference " << ref.size();
+  int64_t bad = 0, worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = got[i], b = ref[i];
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      const bool same = (std::isnan(a) && std::isnan(b)) || a == b;
+      if (!same) {
+        ++bad;
+        if (worst_excess != INFINITY) worst = static_cast<int64_t>(i);
+        worst_excess = INFINITY;
+      }
+      continue;
+    }
+    const double excess = std::fabs(a - b) - (atol + rtol * std::fabs(b));
+    if (excess > 0) {
+      ++bad;
+      if (excess > worst_excess) {
+        worst_excess = excess;
+        worst = static_cast<int64_t>(i);
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << got.size() << " values outside atol " << atol
+                                       << " + rtol " << rtol << "; worst at " << worst << ": got " << got[worst]
+                                       << ", reference " << ref[worst];
+}
+
+// The 2x rule as a gtest assertion.
+inline ::testing::AssertionResult obeys_2x_rule(const std::vector<double>& got, const std::vector<double>& plain,
+                                                const std::vector<double>& ref, double atol) {
+  std::string message;
+  if (within_2x_rule(got, plain, ref, atol, &message)) return ::testing::AssertionSuccess() << message;
+  return ::testing::AssertionFailure() << message;
+}
+
+}  // namespace fusedattn::testing
