@@ -1,0 +1,87 @@
+// Scratch memory of the sm80 backward pass, carved from BwdParams::workspace.
+//
+// Everything is indexed per (sequence b, query head h, query row i within the sequence), with the
+// row count padded to kBwdRowPad so that every kernel can load whole query blocks of lse/delta
+// without bounds checks. Varlen batches use max_seqlen_q as the per-sequence row count, so the
+// size is an upper bound on total_q rows (cu_seqlens live on the device and are not read here).
+//
+//   lse2    fp32 [B, Hq, rows]          lse * log2(e); +inf for padding rows and for lse = -inf
+//                                       (fully masked rows), so exp2(s - lse2) is 0 there.
+//   delta   fp32 [B, Hq, rows]          rowsum(dO o O), the softmax-backward correction
+//   dq_acc  fp32 [B, Hq, rows, dq_pitch] dQ accumulated across KV blocks (unscaled)
+//   dq_sem  int32 [B, Hq, rows / kBwdSemRows, kBwdMaxColSplit]  deterministic mode only: how many
+//           KV blocks have already added their share into that query block of dq_acc.
+//
+// O(B*H*S) + O(B*H*S*D) bytes; nothing quadratic in the sequence length.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm80 {
+
+constexpr int64_t kBwdRowPad = 128;        // query rows per (b, h) round up to this (>= every kBlockM)
+constexpr int64_t kBwdSemRows = 16;        // one dq semaphore per this many query rows
+constexpr int64_t kBwdMaxColSplit = 2;     // head-dim column halves with their own semaphores
+constexpr int64_t kBwdDqPitchMultiple = 8; // dq_acc rows start 32-byte aligned (8 floats)
+constexpr std::size_t kBwdBufferAlign = 256;
+
+struct BwdWorkspaceLayout {
+  int64_t rows = 0;      // padded query rows per (b, h)
+  int64_t dq_pitch = 0;  // floats per dq_acc row
+  std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0;  // byte offsets
+  std::size_t total = 0;
+};
+
+inline std::size_t bwd_align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
+
+inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
+  BwdWorkspaceLayout w;
+  const int64_t sq = p.seqlen_q > 0 ? p.seqlen_q : 1;
+  w.rows = (sq + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
+  w.dq_pitch = (p.head_dim + kBwdDqPitchMultiple - 1) / kBwdDqPitchMultiple * kBwdDqPitchMultiple;
+  const auto bh = static_cast<std::size_t>(p.batch > 0 ? p.batch : 0) * static_cast<std::size_t>(p.heads_q > 0 ? p.heads_q : 0);
+  const std::size_t row_floats = bh * static_cast<std::size_t>(w.rows);
+  std::size_t at = 0;
+  w.lse2 = at;
+  at = bwd_align_up(at + row_floats * sizeof(float), kBwdBufferAlign);
+  w.delta = at;
+  at = bwd_align_up(at + row_floats * sizeof(float), kBwdBufferAlign);
+  w.dq_acc = at;
+  at = bwd_align_up(at + row_floats * static_cast<std::size_t>(w.dq_pitch) * sizeof(float), kBwdBufferAlign);
+  w.dq_sem = at;
+  if (p.deterministic)
+    at = bwd_align_up(at + row_floats / kBwdSemRows * kBwdMaxColSplit * sizeof(int32_t), kBwdBufferAlign);
+  w.total = at;
+  return w;
+}
+
+// Bytes of BwdParams::workspace the sm80 backward needs for this call.
+inline std::size_t bwd_workspace_bytes(const BwdParams& p) { return bwd_workspace_layout(p).total; }
+
+// The typed view the kernels take by value.
+struct BwdWorkspace {
+  float* lse2;
+  float* delta;
+  float* dq_acc;
+  int32_t* dq_sem;  // null unless deterministic
+  int64_t rows;
+  int64_t dq_pitch;
+
+  // First padded row of (b, h) in lse2/delta; multiply by dq_pitch for dq_acc.
+  FUSEDATTN_HD int64_t row_base(const FwdParams& p, int b, int h) const {
+    return (static_cast<int64_t>(b) * p.heads_q + h) * rows;
+  }
+};
+
+inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
+  const BwdWorkspaceLayout w = bwd_workspace_layout(p);
+  auto* base = static_cast<unsigned char*>(p.workspace);
+  return {reinterpret_cast<float*>(base + w.lse2), reinterpret_cast<float*>(base + w.delta),
+          reinterpret_cast<float*>(base + w.dq_acc),
+          p.deterministic ? reinterpret_cast<int32_t*>(base + w.dq_sem) : nullptr, w.rows, w.dq_pitch};
+}
+
+}  // namespace fusedattn::cuda::sm80
