@@ -1,0 +1,10 @@
+// Tile sizes of the CPU backend. A 64 x 64 score tile (16 KiB) plus the Q/K/V/O tiles of a
+// head_dim 64 problem fit in L1/L2 together; the compute loops vectorise along the 64-wide rows.
+#pragma once
+
+namespace fusedattn::cpu {
+
+inline constexpr int kBlockQ = 64;  // query rows per task (forward, dQ pass)
+inline constexpr int kBlockK = 64;  // keys per inner tile (and per task of the dK/dV pass)
+
+}  // namespace fusedattn::cpu
