@@ -1,0 +1,185 @@
+// The sm80 FlashAttention-2 backward main kernel (mma.sync + ldmatrix + cp.async).
+//
+// One CTA owns KV block n of (sequence b, KV head kvh) and keeps its dK and dV in registers while
+// it walks over every (query head of the GQA group, query block that sees block n); so dK/dV of a
+// group are summed without atomics and K/V are never expanded. Warp w owns key rows
+// [16w, 16w + 16) and works on transposed scores, which keeps P and dS in registers for dV and dK:
+//
+//   S^T  = K Q^T                      (warp: 16 keys x kBlockM queries)
+//   P^T  = exp2(S^T * scale_log2 - lse2[query])      lse2 = +inf for rows without keys => P = 0
+//   dP^T = V dO^T
+//   dS^T = P^T o (dP^T - delta[query])
+//   dV  += P^T dO       dK += dS^T Q  (A operand straight from the C fragments above)
+//   dQ  += dS K         (dS^T goes through shared memory to a warp grid over [kBlockM x D];
+//                        fp32 atomics into the workspace, or ordered adds when deterministic)
+//
+// dK is scaled by the softmax scale once at the end; dQ is scaled by the convert kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/kinds.h"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/sm80/bwd_mask.h"
+#include "cuda/sm80/bwd_shared.cuh"
+#include "cuda/sm80/bwd_tile_io.cuh"
+#include "cuda/sm80/bwd_warp_mma.cuh"
+
+namespace fusedattn::cuda::sm80 {
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
+    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws) {
+  using T = BwdTile<kHeadDim>;
+  using Shared = BwdShared<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch, kOutDim = T::kOutDim;
+  constexpr int kQueryTiles = kBlockM / kMmaCols;  // n8 tiles of a warp's S^T row block
+  constexpr int kOutTiles = kOutDim / kMmaCols;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
+
+  BwdCoords cta;
+  cta.n = blockIdx.x;
+  cta.split = blockIdx.y % T::kColSplit;
+  cta.kvh = blockIdx.y / T::kColSplit;
+  cta.b = blockIdx.z;
+  cta.group = p.heads_q / p.heads_kv;
+  cta.seq = seq_info(p, cta.b);
+  const int64_t key0 = cta.n * kBlockN;
+  const int col0 = cta.split * kOutDim;  // first output column of this CTA
+  // Varlen grids cover max_seqlen_k; a column half past head_dim has nothing to write.
+  if (key0 >= cta.seq.len_k || col0 >= p.head_dim) return;
+  cta.m_blocks = query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+  cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * (cta.m_blocks.end - cta.m_blocks.begin);
+
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
+  const int warp_key0 = warp * kMmaRows;  // this warp's first key row inside the block
+
+  const uint32_t smem_k = ptx::smem_addr(smem.k), smem_v = ptx::smem_addr(smem.v);
+  const uint32_t smem_ds = ptx::smem_addr(smem.ds);
+
+  // Issues the cp.async copies of iteration `it`'s Q, dO, lse2 and delta into buffer `stage`.
+  auto load_query_block = [&](int64_t it, int stage) {
+    const int h = cta.head_of(it);
+    const int64_t row0 = cta.m_of(it) * kBlockM;
+    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
+        ptx::smem_addr(smem.q[stage]), operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, h),
+        p.q_stride.row, row0, cta.seq.len_q, p.head_dim);
+    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
+        ptx::smem_addr(smem.dout[stage]), operand_base<Element>(p.dout, p.do_stride, cta.b, cta.seq.q_start, h),
+        p.do_stride.row, row0, cta.seq.len_q, p.head_dim);
+    const int64_t ws_row = ws.row_base(p, cta.b, h) + row0;
+    load_floats_async<kBlockM, T::kThreads>(smem.lse2[stage], ws.lse2 + ws_row, threadIdx.x);
+    load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
+  };
+
+  float acc_dk[kOutTiles][4] = {}, acc_dv[kOutTiles][4] = {};
+
+  if (cta.iterations > 0) {
+    load_tile_async<kBlockN, kHeadDim, kPitch, T::kThreads>(
+        smem_k, operand_base<Element>(p.k, p.k_stride, cta.b, cta.seq.k_start, cta.kvh), p.k_stride.row, key0,
+        cta.seq.len_k, p.head_dim);
+    load_tile_async<kBlockN, kHeadDim, kPitch, T::kThreads>(
+        smem_v, operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start, cta.kvh), p.v_stride.row, key0,
+        cta.seq.len_k, p.head_dim);
+    load_query_block(0, 0);
+    ptx::cp_async_commit();
+  }
+
+  for (int64_t it = 0; it < cta.iterations; ++it) {
+    const int stage = T::kStages == 2 ? static_cast<int>(it % 2) : 0;
+    if (T::kStages == 1 && it > 0) {
+      __syncthreads();  // every warp is done with the single Q/dO buffer of the last iteration
+      load_query_block(it, 0);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<0>();
+    // The current buffer has landed for every thread, and every warp has finished the previous
+    // iteration: its dQ reads of dS and (two stages) its reads of the buffer refilled below.
+    __syncthreads();
+    if (T::kStages == 2 && it + 1 < cta.iterations) {
+      load_query_block(it + 1, stage ^ 1);
+      ptx::cp_async_commit();
+    }
+
+    const int h = cta.head_of(it);
+    const int64_t m = cta.m_of(it);
+    const uint32_t smem_q = ptx::smem_addr(smem.q[stage]), smem_do = ptx::smem_addr(smem.dout[stage]);
+    const float* lse2 = smem.lse2[stage];
+    const float* delta = smem.delta[stage];
+
+    // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
+    float pt[kQueryTiles][4];
+    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, warp_key0, smem_q);
+    const bool masked = block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q,
+                                         cta.seq.len_k);
+#pragma unroll
+    for (int j = 0; j < kQueryTiles; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + j * kMmaCols + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = exp2f(fmaf(pt[j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+        if (masked) {
+          const int64_t key = key0 + warp_key0 + g + e / 2 * 8;
+          const int64_t row = m * kBlockM + j * kMmaCols + 2 * t + e % 2;
+          const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
+                                                          : key < cta.seq.len_k;
+          if (!visible) pv = 0.f;
+        }
+        pt[j][e] = pv;
+      }
+    }
+    // dV += P^T dO (this CTA's output columns).
+    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, col0);
+
+    // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
+    float dst[kQueryTiles][4];
+    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, warp_key0, smem_do);
+#pragma unroll
+    for (int j = 0; j < kQueryTiles; ++j) {
+      const float2 d2 = *reinterpret_cast<const float2*>(delta + j * kMmaCols + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[j][e] = pt[j][e] * (dst[j][e] - (e % 2 ? d2.y : d2.x));
+    }
+    // dK += dS^T Q.
+    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, col0);
+
+    // Hand dS^T to the dQ warp grid through shared memory, rounded like the dK operand. The
+    // swizzle makes these 32-bit stores conflict free: the 8 rows g hit 8 different chunks.
+#pragma unroll
+    for (int j = 0; j < kQueryTiles; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(&smem.ds[swizzle_offset(warp_key0 + g + half * 8, j * kMmaCols + 2 * t, T::kDsPitch)]) =
+            pack2<Element>(dst[j][2 * half], dst[j][2 * half + 1]);
+    __syncthreads();
+
+    // dQ[kBlockM x kOutDim] += dS K over this block's keys.
+    const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
+    const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = col0 + dq_wn * T::kDqCols;
+    float dq[T::kDqRows / kMmaRows][T::kDqCols / kMmaCols][4];
+    warp_gemm_atb<T::kDqRows / kMmaRows, T::kDqCols, kBlockN, T::kDsPitch, kPitch, Element>(dq, smem_ds, dq_row0,
+                                                                                           smem_k, dq_col0);
+    float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
+    const int64_t row0 = m * kBlockM + dq_row0;
+    if (ws.dq_sem == nullptr) {
+      atomic_add_dq(dq_rows, ws.dq_pitch, row0, dq_col0, dq, cta.seq.len_q, p.head_dim);
+    } else {
+      int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + m * kBlockM) / kBwdSemRows * kBwdMaxColSplit + cta.split;
+      const int64_t first = first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+      ordered_add_dq(dq_rows, ws.dq_pitch, row0, dq_col0, dq, cta.seq.len_q, p.head_dim, sem,
+                     static_cast<int32_t>(cta.n - first));
+    }
+  }
+
+  // Keys that no query sees keep their zero accumulators: dK = dV = 0 there.
+  const int64_t key_row0 = key0 + warp_key0;
+  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start, cta.kvh));
+  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start, cta.kvh));
+  store_warp_rows(dk, p.dk_stride.row, key_row0, col0, acc_dk, p.scale, cta.seq.len_k, p.head_dim);
+  store_warp_rows(dv, p.dv_stride.row, key_row0, col0, acc_dv, 1.f, cta.seq.len_k, p.head_dim);
+}
+
+}  // namespace fusedattn::cuda::sm80

@@ -1,0 +1,78 @@
+// The backward's view of the attention mask: which query blocks a KV block must visit, which
+// (query block, KV block) pairs need element-wise masking, and the element-wise rule itself.
+// Everything derives from key_range() in fusedattn/params.h (bottom-right aligned windows), so
+// the kernels agree with every other backend. Host/device so the CPU can check it by brute force.
+#pragma once
+
+#include <cstdint>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm80 {
+
+// A half-open range of block indices.
+struct BlockRange {
+  int64_t begin, end;
+  FUSEDATTN_HD bool empty() const { return begin >= end; }
+};
+
+// Query rows [first, last] that see at least one key of [key_first, key_last]. Row i sees keys
+// [lo(i), hi(i)] with lo and hi non-decreasing in i, so the answer is an interval: hi(i) >=
+// key_first bounds it below, lo(i) <= key_last above. Any row inside also has lo(i) <= hi(i),
+// so rows without keys never appear. Empty when first > last.
+struct RowRange {
+  int64_t first, last;
+};
+FUSEDATTN_HD RowRange rows_seeing_keys(const FwdParams& p, int64_t key_first, int64_t key_last, int64_t len_q,
+                                       int64_t len_k) {
+  const int64_t offset = len_k - len_q;  // row i lines up with key i + offset
+  int64_t first = p.window_right >= 0 ? key_first - offset - p.window_right : 0;
+  int64_t last = p.window_left >= 0 ? key_last - offset + p.window_left : len_q - 1;
+  if (first < 0) first = 0;
+  if (last > len_q - 1) last = len_q - 1;
+  return {first, last};
+}
+
+// Query blocks (of block_m rows) that KV block n (of block_n keys) contributes to.
+FUSEDATTN_HD BlockRange query_blocks_of_kv_block(const FwdParams& p, int64_t n, int block_m, int block_n,
+                                                 int64_t len_q, int64_t len_k) {
+  const int64_t key_first = n * block_n;
+  const int64_t key_last = key_first + block_n - 1 < len_k - 1 ? key_first + block_n - 1 : len_k - 1;
+  if (key_first > key_last || len_q <= 0) return {0, 0};
+  const RowRange r = rows_seeing_keys(p, key_first, key_last, len_q, len_k);
+  if (r.first > r.last) return {0, 0};
+  return {r.first / block_m, r.last / block_m + 1};
+}
+
+// The first KV block that contributes to query block m (the deterministic mode adds the
+// contributions of KV blocks in increasing order, starting from this one). Rows without keys
+// only sit at the ends of the row range; the first row of the block that has keys is the
+// later of the block's first row and the first row seeing key 0.
+FUSEDATTN_HD int64_t first_kv_block_of_query_block(const FwdParams& p, int64_t m, int block_m, int block_n,
+                                                   int64_t len_q, int64_t len_k) {
+  const RowRange with_keys = rows_seeing_keys(p, 0, len_k - 1, len_q, len_k);
+  int64_t row = m * block_m;
+  if (row < with_keys.first) row = with_keys.first;
+  return key_range(p, row, len_q, len_k).lo / block_n;
+}
+
+// True when some (row, key) pair of the block is masked: keys past len_k, or a window edge cutting
+// through it. Rows past len_q need no mask: their lse2 is +inf, so P = 0 there anyway.
+FUSEDATTN_HD bool block_needs_mask(const FwdParams& p, bool windowed, int64_t m, int64_t n, int block_m, int block_n,
+                                   int64_t len_q, int64_t len_k) {
+  const int64_t key_first = n * block_n, key_last = key_first + block_n - 1;
+  if (key_last > len_k - 1) return true;
+  if (!windowed) return false;
+  const int64_t row_first = m * block_m;
+  const int64_t row_last = row_first + block_m - 1 < len_q - 1 ? row_first + block_m - 1 : len_q - 1;
+  // lo/hi are monotone: the last row has the largest lo, the first row the smallest hi.
+  return key_range(p, row_last, len_q, len_k).lo > key_first || key_range(p, row_first, len_q, len_k).hi < key_last;
+}
+
+// Element-wise rule: may query row i see key j? (the window test of key_range, unclipped)
+FUSEDATTN_HD bool key_visible(const FwdParams& p, int64_t i, int64_t j, int64_t len_q, int64_t len_k) {
+  const int64_t diag = i + len_k - len_q;
+  return j < len_k && (p.window_left < 0 || j >= diag - p.window_left) && (p.window_right < 0 || j <= diag + p.window_right);
+}
+
+}  // namespace fusedattn::cuda::sm80

@@ -1,0 +1,45 @@
+// Shared-memory layout of the sm80 backward kernel and the per-CTA problem coordinates.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm80/bwd_mask.h"
+#include "cuda/sm80/bwd_tile.h"
+#include "cuda/sm80/bwd_workspace.h"
+
+namespace fusedattn::cuda::sm80 {
+
+// Every 16-bit tile is stored row-major with the XOR swizzle of cuda/common/swizzle.cuh. K and V
+// stay for the whole CTA; Q, dO, lse2 and delta are double-buffered per query block when
+// kStages == 2; dS^T ([key][query]) is the hand-off from the per-warp dS to the dQ warp grid.
+template <typename Element, int kHeadDim>
+struct BwdShared {
+  using T = BwdTile<kHeadDim>;
+  alignas(16) Element k[T::kBlockN * T::kPitch];
+  alignas(16) Element v[T::kBlockN * T::kPitch];
+  alignas(16) Element q[T::kStages][T::kBlockM * T::kPitch];
+  alignas(16) Element dout[T::kStages][T::kBlockM * T::kPitch];
+  alignas(16) Element ds[T::kBlockN * T::kDsPitch];
+  alignas(16) float lse2[T::kStages][T::kBlockM];
+  alignas(16) float delta[T::kStages][T::kBlockM];
+};
+
+// The sm80 per-CTA opt-in shared-memory limit (A100; H100 allows more): the table must fit it.
+constexpr int kSm80MaxSharedBytes = 163 * 1024;
+
+// Where one CTA works: KV block n of (sequence b, KV head kvh), output column half `split`,
+// looping over the group's query heads and the query blocks that see the KV block.
+struct BwdCoords {
+  int b, kvh, split, group;
+  int64_t n;
+  SeqInfo seq;
+  BlockRange m_blocks;
+  int64_t iterations;  // group * |m_blocks|
+
+  FUSEDATTN_HD int head_of(int64_t it) const {
+    return kvh * group + static_cast<int>(it / (m_blocks.end - m_blocks.begin));
+  }
+  FUSEDATTN_HD int64_t m_of(int64_t it) const { return m_blocks.begin + it % (m_blocks.end - m_blocks.begin); }
+};
+
+}  // namespace fusedattn::cuda::sm80
