@@ -1,0 +1,77 @@
+// The command line: GNU long flags (--flag=value or --flag value), parsed into CliArgs, then
+// resolved against the backend's defaults into the RunConfig the tool executes.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "fusedattn/attention.h"
+
+namespace fusedattn::cli {
+
+// Memory order of q/k/v/out: flash_attn's (batch, seq, heads, dim) or (batch, heads, seq, dim).
+enum class Layout { kBSHD, kBHSD };
+const char* layout_name(Layout layout);
+
+// A command line the tool cannot accept: main prints the message and the usage, exits 2.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr uint64_t kDefaultSeed = 20240601;
+constexpr int64_t kDefaultCheckRows = 64;
+
+// What was given; anything unset takes the chosen backend's default in resolve().
+struct CliArgs {
+  std::optional<int64_t> batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  std::optional<DType> dtype;
+  Layout layout = Layout::kBSHD;
+  Backend backend = Backend::kAuto;
+  std::optional<int64_t> iters, warmup;
+  bool backward = false;
+  int64_t threads = 0;
+  uint64_t seed = kDefaultSeed;
+  int64_t check_rows = kDefaultCheckRows;
+  bool peers_naive = false;
+  bool help = false;
+};
+
+// Everything one run needs, every value decided.
+struct RunConfig {
+  Backend backend = Backend::kCPU;  // kCPU or kCUDA, never kAuto
+  int batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t seqlen_q = 0, seqlen_k = 0;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  DType dtype = DType::kFloat32;
+  Layout layout = Layout::kBSHD;
+  int iters = 0, warmup = 0;
+  bool backward = false;
+  int threads = 0;  // host threads: the CPU backend's, the check's and the naive peer's
+  uint64_t seed = kDefaultSeed;
+  int64_t check_rows = 0;
+  bool peers_naive = false;
+
+  bool on_device() const { return backend == Backend::kCUDA; }
+  double softmax_scale() const;
+  // "B1 H8/8 Sq1024 Sk1024 D64"
+  std::string shape_str() const;
+  // "none", "causal", "window(128,0)", "causal+window(128,0)"
+  std::string mask_str() const;
+};
+
+// Throws UsageError for an unknown flag, a missing or malformed value, or a value out of range.
+CliArgs parse_args(int argc, const char* const* argv);
+
+// Picks the backend (auto: CUDA when fusedattn::cuda_available()) and fills the defaults: a
+// workload that runs in seconds on 2 CPU cores, or a bigger one on a GPU.
+RunConfig resolve(const CliArgs& args, bool cuda_available);
+
+std::string usage();
+
+}  // namespace fusedattn::cli

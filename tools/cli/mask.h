@@ -1,0 +1,26 @@
+// The keys a query row sees, written from the API's documented semantics (fusedattn/attention.h:
+// bottom-right aligned; causal means window_right = 0; -1 = unbounded) rather than by calling the
+// library's key_range(), so the tool's check would also catch a mistake there.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cli_options.h"
+
+namespace fusedattn::cli {
+
+struct KeySpan {
+  int64_t lo, hi;  // inclusive; empty when lo > hi (a fully masked row)
+  int64_t size() const { return hi >= lo ? hi - lo + 1 : 0; }
+};
+
+inline KeySpan visible_keys(const RunConfig& c, int64_t i) {
+  const int64_t diag = i + c.seqlen_k - c.seqlen_q;
+  const int64_t right = c.causal ? 0 : c.window_right;
+  const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(diag - c.window_left, 0) : 0;
+  const int64_t hi = right >= 0 ? std::min(diag + right, c.seqlen_k - 1) : c.seqlen_k - 1;
+  return {lo, hi};
+}
+
+}  // namespace fusedattn::cli

@@ -1,0 +1,24 @@
+// One run of the tool: inputs, the checked call, warmup, timed iterations, the check, the peer.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "check.h"
+#include "cli_options.h"
+#include "naive.h"
+
+namespace fusedattn::cli {
+
+struct RunResult {
+  std::string device;
+  double median_ms = 0;
+  double tflops = 0;  // FlashAttention convention, see attention_flops()
+  CheckReport check;
+  std::optional<NaiveTiming> naive;
+};
+
+// Throws fusedattn::Error for anything the library or the CUDA runtime rejects.
+RunResult run(const RunConfig& config);
+
+}  // namespace fusedattn::cli

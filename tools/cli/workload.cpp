@@ -1,0 +1,210 @@
+#include "workload.h"
+
+#include <random>
+
+#include "mask.h"
+#include "numeric.h"
+#include "parallel.h"
+
+namespace fusedattn::cli {
+namespace {
+
+// All-ones bytes are NaN in fp16, bf16 and fp32 alike (exponent all ones, mantissa non-zero), so
+// one byte fill poisons any dtype, on the host and through cudaMemset.
+constexpr unsigned char kNaNByte = 0xFF;
+
+// Inputs are generated in chunks with independent engines, so any thread count gives the same data.
+constexpr int64_t kRandomChunk = int64_t{1} << 16;
+
+// Distinct streams of the user's seed for each operand (SplitMix64 finaliser as the mixer).
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+enum Stream : uint64_t { kStreamQ = 1, kStreamK, kStreamV, kStreamDout };
+
+std::size_t byte_size(int64_t elements, DType dtype) { return static_cast<std::size_t>(elements) * dtype_size(dtype); }
+
+}  // namespace
+
+Operand::Operand(DType dtype, Layout layout, int64_t batch, int64_t seqlen, int64_t heads, int64_t head_dim,
+                 bool on_device)
+    : dtype_(dtype),
+      shape_{batch, seqlen, heads, head_dim},
+      buffer_(byte_size(batch * seqlen * heads * head_dim, dtype), on_device) {
+  stride_[3] = 1;
+  if (layout == Layout::kBSHD) {
+    stride_[2] = head_dim;
+    stride_[1] = heads * head_dim;
+    stride_[0] = seqlen * heads * head_dim;
+  } else {
+    stride_[1] = head_dim;
+    stride_[2] = seqlen * head_dim;
+    stride_[0] = heads * seqlen * head_dim;
+  }
+  if (on_device) mirror_.resize(buffer_.bytes());
+}
+
+const void* Operand::host() const { return buffer_.on_device() ? mirror_.data() : buffer_.data(); }
+
+TensorView Operand::view() const {
+  TensorView t;
+  t.data = buffer_.data();
+  t.dtype = dtype_;
+  t.rank = 4;
+  for (int d = 0; d < 4; ++d) {
+    t.shape[d] = shape_[d];
+    t.stride[d] = stride_[d];
+  }
+  t.device = buffer_.on_device() ? Device{DeviceType::kCUDA, 0} : Device{DeviceType::kCPU, 0};
+  return t;
+}
+
+void Operand::randomize(uint64_t seed, int threads) {
+  // Storage order does not matter for i.i.d. values, so fill the bytes linearly.
+  void* dst = buffer_.on_device() ? static_cast<void*>(mirror_.data()) : buffer_.data();
+  const int64_t n = static_cast<int64_t>(buffer_.bytes() / dtype_size(dtype_));
+  const int64_t chunks = (n + kRandomChunk - 1) / kRandomChunk;
+  parallel_for(chunks, threads, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      std::mt19937_64 engine(mix(seed ^ mix(static_cast<uint64_t>(c))));
+      std::normal_distribution<double> normal(0.0, 1.0);
+      const int64_t stop = std::min(n, (c + 1) * kRandomChunk);
+      for (int64_t i = c * kRandomChunk; i < stop; ++i) numeric::store(dtype_, dst, i, normal(engine));
+    }
+  });
+  if (buffer_.on_device()) buffer_.upload(mirror_.data());
+}
+
+void Operand::poison() { buffer_.fill_bytes(kNaNByte); }
+
+void Operand::fetch() {
+  if (buffer_.on_device()) buffer_.download(mirror_.data());
+}
+
+void Operand::read_row(int64_t b, int64_t s, int64_t h, double* dst) const {
+  const int64_t base = b * stride_[0] + s * stride_[1] + h * stride_[2];
+  for (int64_t d = 0; d < shape_[3]; ++d) dst[d] = numeric::load(dtype_, host(), base + d);
+}
+
+LseTensor::LseTensor(int64_t batch, int64_t heads, int64_t seqlen, bool on_device)
+    : batch_(batch),
+      heads_(heads),
+      seqlen_(seqlen),
+      buffer_(byte_size(batch * heads * seqlen, DType::kFloat32), on_device),
+      host_(static_cast<size_t>(batch * heads * seqlen)) {}
+
+TensorView LseTensor::view() const {
+  const Device device = buffer_.on_device() ? Device{DeviceType::kCUDA, 0} : Device{DeviceType::kCPU, 0};
+  return TensorView::contiguous(buffer_.data(), DType::kFloat32, {batch_, heads_, seqlen_}, device);
+}
+
+void LseTensor::poison() { buffer_.fill_bytes(kNaNByte); }
+
+void LseTensor::fetch() { buffer_.download(host_.data()); }
+
+Workload::Workload(const RunConfig& c)
+    : config(c),
+      q(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device()),
+      k(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device()),
+      v(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device()),
+      out(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device()),
+      lse(c.batch, c.heads_q, c.seqlen_q, c.on_device()) {
+  if (!c.backward) return;
+  dout = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
+  dq = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
+  dk = Operand(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device());
+  dv = Operand(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device());
+}
+
+Options Workload::options() const {
+  Options o;
+  o.causal = config.causal;
+  o.window_left = config.window_left;
+  o.window_right = config.window_right;
+  o.backend = config.backend;
+  o.num_threads = config.threads;
+  return o;
+}
+
+ForwardArgs Workload::forward_args() const {
+  ForwardArgs a;
+  a.q = q.view();
+  a.k = k.view();
+  a.v = v.view();
+  a.out = out.view();
+  a.lse = lse.view();
+  a.options = options();
+  return a;
+}
+
+BackwardArgs Workload::backward_args() const {
+  BackwardArgs a;
+  a.dout = dout.view();
+  a.q = q.view();
+  a.k = k.view();
+  a.v = v.view();
+  a.out = out.view();
+  a.lse = lse.view();
+  a.dq = dq.view();
+  a.dk = dk.view();
+  a.dv = dv.view();
+  a.options = options();
+  a.workspace = workspace.data();
+  a.workspace_bytes = workspace.bytes();
+  return a;
+}
+
+void Workload::randomize() {
+  const int threads = resolve_threads(config.threads);
+  q.randomize(mix(config.seed + kStreamQ), threads);
+  k.randomize(mix(config.seed + kStreamK), threads);
+  v.randomize(mix(config.seed + kStreamV), threads);
+  if (config.backward) dout.randomize(mix(config.seed + kStreamDout), threads);
+}
+
+void Workload::poison_forward_outputs() {
+  out.poison();
+  lse.poison();
+}
+
+void Workload::poison_backward_outputs() {
+  dq.poison();
+  dk.poison();
+  dv.poison();
+}
+
+void Workload::fetch_forward_outputs() {
+  out.fetch();
+  lse.fetch();
+}
+
+void Workload::fetch_backward_outputs() {
+  dq.fetch();
+  dk.fetch();
+  dv.fetch();
+}
+
+void Workload::allocate_workspace() {
+  const std::size_t bytes = backward_workspace_bytes(backward_args());
+  workspace = BackendBuffer(bytes, config.on_device());
+}
+
+double attention_flops(const RunConfig& c) {
+  constexpr double kFlopsPerPairPerDim = 4.0;  // QK^T and PV: one multiply-add (2 flops) each
+  constexpr double kBackwardFactor = 2.5;      // five matmuls instead of two
+  const double heads = static_cast<double>(c.batch) * c.heads_q;
+  double pairs = static_cast<double>(c.seqlen_q) * static_cast<double>(c.seqlen_k);
+  if (c.window_left >= 0 || (!c.causal && c.window_right >= 0)) {
+    pairs = 0;
+    for (int64_t i = 0; i < c.seqlen_q; ++i) pairs += static_cast<double>(visible_keys(c, i).size());
+  } else if (c.causal) {
+    pairs /= 2;
+  }
+  const double forward = kFlopsPerPairPerDim * heads * pairs * c.head_dim;
+  return c.backward ? kBackwardFactor * forward : forward;
+}
+
+}  // namespace fusedattn::cli
