@@ -1,0 +1,174 @@
+// The fusedattn operators for torch: schemas, and one device-generic kernel per op registered for
+// both CPU and CUDA (fusedattn picks its backend from the tensors' device). Outputs and the
+// backward workspace come from torch's caching allocator (at::empty); kernels run on the caller's
+// current stream under a device guard, so multi-GPU code behaves like any torch op.
+//
+// Fake (meta) kernels and autograd are registered from Python (python/fusedattn/_ops.py); the
+// output shapes and strides below must stay identical to the fake ones there.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <tuple>
+
+#include "fusedattn/attention.h"
+#include "torch_views.h"
+
+namespace fusedattn::torch_binding {
+namespace {
+
+constexpr const char* kDenseLayout = "[batch, seqlen, heads, head_dim]";
+constexpr const char* kVarlenLayout = "[total_tokens, heads, head_dim]";
+constexpr int64_t kDenseRank = 4;
+constexpr int64_t kVarlenRank = 3;
+
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// softmax_lse: [batch, heads, seqlen_q] for dense q, [heads, total_q] for packed q (flash_attn's).
+at::Tensor empty_lse(const at::Tensor& q, bool varlen) {
+  const auto options = q.options().dtype(at::kFloat);
+  return varlen ? at::empty({q.size(1), q.size(0)}, options) : at::empty({q.size(0), q.size(2), q.size(1)}, options);
+}
+
+void set_varlen(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  options.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
+  options.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
+  options.max_seqlen_q = max_seqlen_q;
+  options.max_seqlen_k = max_seqlen_k;
+}
+
+std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               Options options, bool varlen) {
+  // Same strides as q (a BHSD-laid-out q gives a BHSD-laid-out out): no layout change, no copy.
+  at::Tensor out = at::empty_like(q);
+  at::Tensor lse = empty_lse(q, varlen);
+  ForwardArgs args;
+  args.q = to_view(q, "q");
+  args.k = to_view(k, "k");
+  args.v = to_view(v, "v");
+  args.out = to_view(out, "out");
+  args.lse = to_view(lse, "softmax_lse");
+  args.options = options;
+  forward(args);
+  return {out, lse};
+}
+
+Grads run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& out, const at::Tensor& lse, Options options, bool deterministic) {
+  at::Tensor dq = at::empty_like(q);
+  at::Tensor dk = at::empty_like(k);
+  at::Tensor dv = at::empty_like(v);
+  BackwardArgs args;
+  args.dout = to_view(dout, "dout");
+  args.q = to_view(q, "q");
+  args.k = to_view(k, "k");
+  args.v = to_view(v, "v");
+  args.out = to_view(out, "out");
+  args.lse = to_view(lse, "softmax_lse");
+  args.dq = to_view(dq, "dq");
+  args.dk = to_view(dk, "dk");
+  args.dv = to_view(dv, "dv");
+  args.options = options;
+  args.deterministic = deterministic;
+  // Scratch from torch's caching allocator rather than the library's own stream-ordered malloc:
+  // it is reused across calls and counted in torch.cuda.memory_allocated().
+  const std::size_t bytes = backward_workspace_bytes(args);
+  at::Tensor workspace;
+  if (bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+    args.workspace = workspace.data_ptr();
+    args.workspace_bytes = bytes;
+  }
+  backward(args);
+  return {dq, dk, dv};
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                                       int64_t window_right, bool /*deterministic: read by autograd only*/) {
+  return translate_errors([&] {
+    expect_rank(q, "q", kDenseRank, kDenseLayout);
+    c10::DeviceGuard guard(q.device());
+    return run_forward(q, k, v, make_options(q.device(), softmax_scale, causal, window_left, window_right),
+                       /*varlen=*/false);
+  });
+}
+
+Grads bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+          const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
+          int64_t window_left, int64_t window_right, bool deterministic) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(q.device());
+    return run_backward(dout, q, k, v, out, softmax_lse,
+                        make_options(q.device(), softmax_scale, causal, window_left, window_right), deterministic);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                              const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                                              int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                              std::optional<double> softmax_scale, bool causal,
+                                              int64_t window_left, int64_t window_right,
+                                              bool /*deterministic: read by autograd only*/) {
+  return translate_errors([&] {
+    expect_rank(q, "q", kVarlenRank, kVarlenLayout);
+    c10::DeviceGuard guard(q.device());
+    Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
+    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    return run_forward(q, k, v, options, /*varlen=*/true);
+  });
+}
+
+Grads varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& cu_seqlens_q,
+                 const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                 std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                 bool deterministic) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(q.device());
+    Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
+    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    return run_backward(dout, q, k, v, out, softmax_lse, options, deterministic);
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(fusedattn, m) {
+  // Where the fake kernels live: torch names this module when a fake kernel is missing.
+  m.set_python_module("fusedattn._ops");
+  m.def(
+      "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, int window_right, "
+      "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float? softmax_scale, "
+      "bool causal, int window_left, int window_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def(
+      "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
+      "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
+      "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+  m.def(
+      "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
+      "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
+      "int window_left, int window_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+// fusedattn chooses its backend from the tensors' device, so the same kernels serve both keys.
+TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
+  m.impl("fwd", &fwd);
+  m.impl("bwd", &bwd);
+  m.impl("varlen_fwd", &varlen_fwd);
+  m.impl("varlen_bwd", &varlen_bwd);
+}
+
+TORCH_LIBRARY_IMPL(fusedattn, CUDA, m) {
+  m.impl("fwd", &fwd);
+  m.impl("bwd", &bwd);
+  m.impl("varlen_fwd", &varlen_fwd);
+  m.impl("varlen_bwd", &varlen_bwd);
+}
+
+}  // namespace fusedattn::torch_binding

@@ -1,0 +1,77 @@
+#include "torch_views.h"
+
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+namespace fusedattn::torch_binding {
+namespace {
+
+DType to_dtype(at::ScalarType type, const char* name) {
+  switch (type) {
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat: return DType::kFloat32;
+    case at::kInt: return DType::kInt32;
+    default:
+      TORCH_CHECK_VALUE(false, "fusedattn: ", name, ": dtype ", type,
+                        " is not supported; use float16, bfloat16 or float32 (int32 for cu_seqlens)");
+  }
+}
+
+Device to_device(const c10::Device& device, const char* name) {
+  if (device.is_cpu()) return {DeviceType::kCPU, 0};
+  if (device.is_cuda()) return {DeviceType::kCUDA, device.index()};
+  TORCH_CHECK_VALUE(false, "fusedattn: ", name, ": tensors on ", device,
+                    " are not supported; use CPU or CUDA tensors");
+}
+
+}  // namespace
+
+TensorView to_view(const at::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.defined(), "fusedattn: ", name, ": expected a tensor, got None");
+  TORCH_CHECK_VALUE(t.dim() <= kMaxRank, "fusedattn: ", name, ": rank ", t.dim(), " exceeds the maximum ",
+                    kMaxRank);
+  TensorView view;
+  view.data = t.data_ptr();
+  view.dtype = to_dtype(t.scalar_type(), name);
+  view.device = to_device(t.device(), name);
+  view.rank = static_cast<int>(t.dim());
+  for (int d = 0; d < view.rank; ++d) {
+    view.shape[d] = t.size(d);
+    view.stride[d] = t.stride(d);
+  }
+  return view;
+}
+
+void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
+  TORCH_CHECK_VALUE(t.dim() == rank, "fusedattn: ", name, ": expected rank ", rank, " ", layout, ", got rank ",
+                    t.dim(), " with shape ", t.sizes());
+}
+
+Options make_options(const c10::Device& device, std::optional<double> softmax_scale, bool causal,
+                     int64_t window_left, int64_t window_right) {
+  Options options;
+  if (softmax_scale) options.softmax_scale = static_cast<float>(*softmax_scale);
+  options.causal = causal;
+  options.window_left = window_left;
+  options.window_right = window_right;
+  if (device.is_cuda()) {
+    // The stream torch's caller is on (torch.cuda.current_stream()), as a cudaStream_t: kernels
+    // must be ordered with the surrounding torch work and with the caching allocator's reuse.
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
+    options.stream = impl->getStream(device).native_handle();
+  }
+  return options;
+}
+
+void rethrow_as_torch_error(const Error& e) {
+  switch (e.code()) {
+    case ErrorCode::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, "fusedattn: ", e.what());
+    case ErrorCode::kBackendUnavailable:
+    case ErrorCode::kRuntime: TORCH_CHECK(false, "fusedattn: ", e.what());
+    default: TORCH_CHECK_VALUE(false, "fusedattn: ", e.what());
+  }
+}
+
+}  // namespace fusedattn::torch_binding

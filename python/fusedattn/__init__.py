@@ -1,0 +1,30 @@
+"""fusedattn for PyTorch: fused attention kernels behind flash_attn's Python API.
+
+    import fusedattn
+    out = fusedattn.flash_attn_func(q, k, v, causal=True)   # (batch, seqlen, heads, dim)
+
+The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}.
+"""
+from ._ops import ops
+from .flash_attn_interface import (
+    attention,
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "ops",
+]
