@@ -36,8 +36,11 @@ inline float exp2_approx(float x) {
   const float shifted = xc + kRoundMagic;
   const float n = shifted - kRoundMagic;
   const float f = xc - n;  // in [-1/2, 1/2]
-  float poly = coefficient(kDegree);
-  for (int k = kDegree - 1; k >= 0; --k) poly = poly * f + coefficient(k);
+  // Horner, written out: a loop here would stop the caller's loop from being vectorised.
+  static_assert(kDegree == 7, "the Horner chain below spells out degree 7");
+  const float poly =
+      ((((((coefficient(7) * f + coefficient(6)) * f + coefficient(5)) * f + coefficient(4)) * f + coefficient(3)) * f +
+        coefficient(2)) * f + coefficient(1)) * f + coefficient(0);
   // The integer n, read from the mantissa bits (no float->int conversion, which NaN would make UB).
   // Unsigned arithmetic wraps, so even a NaN's bits cannot overflow; n + bias is in [1, 254].
   const uint32_t biased = std::bit_cast<uint32_t>(shifted) - std::bit_cast<uint32_t>(kRoundMagic) + kFloatBias;

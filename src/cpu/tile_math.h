@@ -1,6 +1,7 @@
-// The dense loops of the CPU backend on contiguous float tiles. Each innermost loop runs along a
-// contiguous row and is no reduction, so -O3 vectorises it without -ffast-math; reductions use
-// a fixed set of lanes, so results are identical run to run and thread to thread.
+// The dense loops of the CPU backend on contiguous float tiles. The three tile products are
+// register-blocked on 4-wide vectors (simd.h) along contiguous rows, so no product is a
+// horizontal reduction; the row reductions use a fixed set of lanes. Every sum is folded in a
+// fixed order, so results are identical run to run and thread to thread.
 //
 // Notation: rows index query rows of a tile, cols index keys, dim the head dimension. A `ranges`
 // array gives, per query row, the key columns [begin, end) it may see; entries outside are never
@@ -10,87 +11,110 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/config.h"
 #include "cpu/mask.h"
+#include "cpu/simd.h"
 
 namespace fusedattn::cpu {
 
-inline constexpr int kLanes = 8;        // independent partial sums/maxima of a row reduction
-inline constexpr int kRowsPerPass = 4;  // query rows sharing one pass over a transposed tile
-inline constexpr int kKeysPerPass = 4;  // key rows folded into an accumulator row per pass
+inline constexpr int kLanes = 8;  // independent partial sums/maxima of a row reduction
 
-// s[r * lds + j] = sum_d a[r * dim + d] * bt[d * ldb + j] for r < rows, j < cols.
-// (S = Q K^T with K pre-transposed, or dP = dO V^T with V pre-transposed.)
-inline void matmul_transposed_b(const float* a, int rows, int dim, const float* bt, int ldb, int cols, float* s,
-                                int lds) {
-  int r = 0;
-  for (; r + kRowsPerPass <= rows; r += kRowsPerPass) {
-    float* __restrict s0 = s + int64_t{r} * lds;
-    float* __restrict s1 = s0 + lds;
-    float* __restrict s2 = s1 + lds;
-    float* __restrict s3 = s2 + lds;
-    const float* a0 = a + int64_t{r} * dim;
-    for (int j = 0; j < cols; ++j) s0[j] = s1[j] = s2[j] = s3[j] = 0.f;
-    for (int d = 0; d < dim; ++d) {
-      const float* __restrict b = bt + int64_t{d} * ldb;
-      const float x0 = a0[d], x1 = a0[dim + d], x2 = a0[2 * dim + d], x3 = a0[3 * dim + d];
-      for (int j = 0; j < cols; ++j) {
-        s0[j] += x0 * b[j];
-        s1[j] += x1 * b[j];
-        s2[j] += x2 * b[j];
-        s3[j] += x3 * b[j];
-      }
+// Register blocking of the score product: kRowsPerPass x kColsPerPass outputs live in
+// kRowsPerPass * kColsPerPass / kVecWidth = 8 vector registers, plus 2 for the shared K row.
+inline constexpr int kRowsPerPass = 4;
+inline constexpr int kColsPerPass = 2 * kVecWidth;
+// The accumulating products keep up to kChunkVecs vectors of one output row in registers while
+// they fold in every term, so each output element is loaded and stored once per tile.
+inline constexpr int kChunkVecs = 8;
+inline constexpr int kChunk = kChunkVecs * kVecWidth;
+
+static_assert(kBlockK % kColsPerPass == 0, "score tiles are computed kColsPerPass columns at a time");
+
+inline int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+namespace detail {
+template <int kRows>
+inline void score_pass(const float* a, int dim, const float* bt, int ldb, int j, float* s, int lds) {
+  Vec acc[kRows][2] = {};
+  for (int d = 0; d < dim; ++d) {
+    const Vec b0 = load_vec(bt + int64_t{d} * ldb + j), b1 = load_vec(bt + int64_t{d} * ldb + j + kVecWidth);
+    for (int i = 0; i < kRows; ++i) {
+      const Vec x = broadcast(a[int64_t{i} * dim + d]);
+      acc[i][0] += x * b0;
+      acc[i][1] += x * b1;
     }
   }
-  for (; r < rows; ++r) {
-    float* __restrict s0 = s + int64_t{r} * lds;
-    const float* a0 = a + int64_t{r} * dim;
-    for (int j = 0; j < cols; ++j) s0[j] = 0.f;
-    for (int d = 0; d < dim; ++d) {
-      const float* __restrict b = bt + int64_t{d} * ldb;
-      const float x0 = a0[d];
-      for (int j = 0; j < cols; ++j) s0[j] += x0 * b[j];
-    }
+  for (int i = 0; i < kRows; ++i) {
+    store_vec(s + int64_t{i} * lds + j, acc[i][0]);
+    store_vec(s + int64_t{i} * lds + j + kVecWidth, acc[i][1]);
   }
 }
 
-// c[r * dim + :] += sum_{j in ranges[r]} p[r * ldp + j] * b[j * dim + :].
-// (O += P V, dQ += dS K.) Keys are folded in order j = begin, begin + 1, ...; the unrolled form
-// keeps c[r] in registers across kKeysPerPass keys without changing that order.
+// c[0, n) += sum of w * src[0, n) over the terms `for_each_term` yields as (w, src), folded in
+// the order yielded: the same association as the plain loop, just with c held in registers.
+template <class Terms>
+inline void fold_terms(float* c, int n, const Terms& for_each_term) {
+  int d = 0;
+  for (; d + kChunk <= n; d += kChunk) {
+    Vec acc[kChunkVecs];
+    for (int v = 0; v < kChunkVecs; ++v) acc[v] = load_vec(c + d + v * kVecWidth);
+    for_each_term([&](float w, const float* src) {
+      const Vec wv = broadcast(w);
+      for (int v = 0; v < kChunkVecs; ++v) acc[v] += wv * load_vec(src + d + v * kVecWidth);
+    });
+    for (int v = 0; v < kChunkVecs; ++v) store_vec(c + d + v * kVecWidth, acc[v]);
+  }
+  for (; d + kVecWidth <= n; d += kVecWidth) {
+    Vec acc = load_vec(c + d);
+    for_each_term([&](float w, const float* src) { acc += broadcast(w) * load_vec(src + d); });
+    store_vec(c + d, acc);
+  }
+  for (; d < n; ++d) {
+    float acc = c[d];
+    for_each_term([&](float w, const float* src) { acc += w * src[d]; });
+    c[d] = acc;
+  }
+}
+}  // namespace detail
+
+// s[r * lds + j] = sum_d a[r * dim + d] * bt[d * ldb + j] for r < rows, j < cols.
+// (S = Q K^T with K pre-transposed, or dP = dO V^T with V pre-transposed.) Columns are computed
+// in passes of kColsPerPass, so ldb and lds must be >= round_up(cols, kColsPerPass); the extra
+// columns read whatever bt holds there and their scores are never used.
+inline void matmul_transposed_b(const float* a, int rows, int dim, const float* bt, int ldb, int cols, float* s,
+                                int lds) {
+  const int cols_padded = round_up(cols, kColsPerPass);
+  int r = 0;
+  for (; r + kRowsPerPass <= rows; r += kRowsPerPass)
+    for (int j = 0; j < cols_padded; j += kColsPerPass)
+      detail::score_pass<kRowsPerPass>(a + int64_t{r} * dim, dim, bt, ldb, j, s + int64_t{r} * lds, lds);
+  for (; r < rows; ++r)
+    for (int j = 0; j < cols_padded; j += kColsPerPass)
+      detail::score_pass<1>(a + int64_t{r} * dim, dim, bt, ldb, j, s + int64_t{r} * lds, lds);
+}
+
+// c[r * dim + :] += sum_{j in ranges[r]} p[r * ldp + j] * b[j * dim + :], keys folded in order.
+// (O += P V, dQ += dS K.)
 inline void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int rows, const float* b, int dim,
                           float* c) {
   for (int r = 0; r < rows; ++r) {
-    float* __restrict cr = c + int64_t{r} * dim;
     const float* pr = p + int64_t{r} * ldp;
-    int j = ranges[r].begin;
-    const int end = ranges[r].end;
-    for (; j + kKeysPerPass <= end; j += kKeysPerPass) {
-      const float p0 = pr[j], p1 = pr[j + 1], p2 = pr[j + 2], p3 = pr[j + 3];
-      const float* __restrict b0 = b + int64_t{j} * dim;
-      const float* __restrict b1 = b0 + dim;
-      const float* __restrict b2 = b1 + dim;
-      const float* __restrict b3 = b2 + dim;
-      for (int d = 0; d < dim; ++d) cr[d] = cr[d] + p0 * b0[d] + p1 * b1[d] + p2 * b2[d] + p3 * b3[d];
-    }
-    for (; j < end; ++j) {
-      const float p0 = pr[j];
-      const float* __restrict b0 = b + int64_t{j} * dim;
-      for (int d = 0; d < dim; ++d) cr[d] += p0 * b0[d];
-    }
+    const ColRange range = ranges[r];
+    detail::fold_terms(c + int64_t{r} * dim, dim, [&](auto&& term) {
+      for (int j = range.begin; j < range.end; ++j) term(pr[j], b + int64_t{j} * dim);
+    });
   }
 }
 
-// c[j * dim + :] += sum_{r : j in ranges[r]} p[r * ldp + j] * a[r * dim + :] for j < cols.
-// (dV += P^T dO, dK += dS^T Q.) Rows are folded in order r = 0, 1, ... for every key j.
+// c[j * dim + :] += sum_{r : j in ranges[r]} p[r * ldp + j] * a[r * dim + :] for j < cols, rows
+// folded in order. (dV += P^T dO, dK += dS^T Q.)
 inline void accumulate_ptb(const float* p, int ldp, const ColRange* ranges, int rows, const float* a, int dim,
                            int cols, float* c) {
   for (int j = 0; j < cols; ++j) {
-    float* __restrict cj = c + int64_t{j} * dim;
-    for (int r = 0; r < rows; ++r) {
-      if (j < ranges[r].begin || j >= ranges[r].end) continue;
-      const float pj = p[int64_t{r} * ldp + j];
-      const float* __restrict ar = a + int64_t{r} * dim;
-      for (int d = 0; d < dim; ++d) cj[d] += pj * ar[d];
-    }
+    detail::fold_terms(c + int64_t{j} * dim, dim, [&](auto&& term) {
+      for (int r = 0; r < rows; ++r)
+        if (j >= ranges[r].begin && j < ranges[r].end) term(p[int64_t{r} * ldp + j], a + int64_t{r} * dim);
+    });
   }
 }
 
