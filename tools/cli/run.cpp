@@ -43,10 +43,9 @@ RunResult run(const RunConfig& c) {
   const ForwardArgs fwd = w.forward_args();
   const BackwardArgs bwd = c.backward ? w.backward_args() : BackwardArgs{};
   auto call = [&] { c.backward ? backward(bwd) : forward(fwd); };
-  const int total = c.warmup + c.iters;
   for (int i = 0; i < c.warmup; ++i) {
     call();
-    progress.update("warmup", i + 1, total);
+    progress.update("warmup", i + 1, c.warmup);
   }
   CallTimer timer(c.on_device());
   std::vector<double> times;
