@@ -1,0 +1,271 @@
+// The CPU backend at the edges: zero sizes, fully masked rows, large logits, NaN confinement, and
+// bit-identical results run to run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu/cpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr DType kAllDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+constexpr int kHeadDim = 64;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---- zero sizes --------------------------------------------------------------------------------
+
+// A valid call with nothing to compute must return without throwing or touching memory.
+void expect_noop(const Problem& p) {
+  for (DType dtype : kAllDtypes) {
+    SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    EXPECT_NO_THROW(run_forward(c));
+    EXPECT_NO_THROW(run_backward(c));
+  }
+}
+
+TEST(CpuZeroSizes, ZeroBatchIsANoop) { expect_noop(dense(0, 2, 2, 10, 10, kHeadDim)); }
+TEST(CpuZeroSizes, ZeroQueryLengthIsANoop) { expect_noop(dense(2, 2, 2, 0, 10, kHeadDim)); }
+TEST(CpuZeroSizes, ZeroHeadsIsANoop) { expect_noop(dense(2, 0, 0, 10, 10, kHeadDim)); }
+TEST(CpuZeroSizes, VarlenWithNoQueryRowsIsANoop) { expect_noop(packed(2, 2, kHeadDim, {0, 0}, {3, 0})); }
+
+// No keys at all: every query row is fully masked.
+void expect_all_rows_masked(const Problem& p) {
+  for (DType dtype : kAllDtypes) {
+    SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    run_forward(c);
+    for (double x : c.out.to_double()) ASSERT_EQ(x, 0.0);
+    for (double x : c.lse.to_double()) ASSERT_EQ(x, -INFINITY);
+    run_backward(c);
+    for (double x : c.dq.to_double()) ASSERT_EQ(x, 0.0);
+  }
+}
+
+TEST(CpuZeroSizes, ZeroKeyLengthMasksEveryRow) { expect_all_rows_masked(dense(2, 2, 1, 10, 0, kHeadDim)); }
+TEST(CpuZeroSizes, VarlenWithNoKeysMasksEveryRow) { expect_all_rows_masked(packed(2, 2, kHeadDim, {3, 5}, {0, 0})); }
+
+// ---- fully masked rows -------------------------------------------------------------------------
+
+TEST(CpuMaskedRows, CausalWithSqAboveSkGivesZeroAndMinusInf) {
+  // Bottom-right alignment: with Sq = 100, Sk = 30 rows 0..69 see no key.
+  constexpr int64_t kSq = 100, kSk = 30;
+  const Problem p = with_mask(dense(2, 2, 2, kSq, kSk, kHeadDim), true, -1, -1);
+  for (DType dtype : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    HostCase c = check_backward(p, dtype);
+    const auto out = c.out.to_double(), lse = c.lse.to_double(), dq = c.dq.to_double();
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < kSq; ++i) {
+          const bool masked = i < kSq - kSk;
+          const double l = lse[lse_offset(p, b, h, i)];
+          if (masked) {
+            ASSERT_EQ(l, -INFINITY) << "row " << i;
+          } else {
+            ASSERT_TRUE(std::isfinite(l)) << "row " << i;
+          }
+          for (int d = 0; d < kHeadDim; ++d) {
+            const int64_t o = out_offset(p, b, h, i) + d;
+            if (masked) {
+              ASSERT_EQ(out[o], 0.0) << "row " << i;
+              ASSERT_EQ(dq[o], 0.0) << "row " << i;
+            }
+            ASSERT_TRUE(std::isfinite(out[o]) && std::isfinite(dq[o])) << "row " << i;
+          }
+        }
+  }
+}
+
+// ---- large logits --------------------------------------------------------------------------------
+
+// fp32 at large logits: the FA2 formulation evaluates exp2(s * scale_log2 - lse_log2) with both
+// terms near |s| ~ 150 and recomputes P in the backward from the stored lse, so each exponent
+// carries a few fp32 ulps of 150 (~1e-5) where a plain softmax carries one ulp of (s - max).
+// That is the algorithm's precision, not a defect: judge fp32 by relative L2 error instead.
+constexpr double kFp32LargeLogitsRelL2 = 2e-4;
+
+::testing::AssertionResult large_logits_ok(DType dtype, const std::vector<double>& got, const std::vector<double>& plain,
+                                           const std::vector<double>& ref, double atol) {
+  if (dtype != DType::kFloat32) return obeys_2x_rule(got, plain, ref, atol);
+  const ErrorStats e = compare(got, ref);
+  if (e.mismatched_nonfinite == 0 && e.rel_l2 <= kFp32LargeLogitsRelL2) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "rel_l2 " << e.rel_l2 << " (bound " << kFp32LargeLogitsRelL2 << "), max_abs "
+                                       << e.max_abs << ", non-finite mismatches " << e.mismatched_nonfinite;
+}
+
+TEST(CpuLargeLogits, QueryTimesHundredStaysFiniteAndCorrect) {
+  constexpr double kQueryGain = 100.0;
+  for (const Problem& p : {dense(1, 2, 2, 100, 120, kHeadDim), with_mask(dense(1, 2, 1, 120, 100, kHeadDim), true, -1, -1)}) {
+    for (DType dtype : kAllDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      for (double& x : c.values.q) x = round_to(dtype, x * kQueryGain);
+      refill_inputs(c);
+      run_forward(c);
+      run_backward(c);
+      Tensors ref = c.values, plain = c.values;
+      reference_forward(p, ref);
+      reference_backward(p, ref);
+      if (dtype != DType::kFloat32) {
+        plain_forward(p, dtype, plain);
+        plain_backward(p, dtype, plain);
+      }
+      const auto out = c.out.to_double(), lse = c.lse.to_double();
+      for (double x : out) ASSERT_TRUE(std::isfinite(x));
+      for (size_t n = 0; n < lse.size(); ++n) ASSERT_EQ(std::isfinite(lse[n]), std::isfinite(ref.lse[n]));
+      const double atol = atol_for(dtype);
+      EXPECT_TRUE(large_logits_ok(dtype, out, plain.out, ref.out, atol)) << "out";
+      EXPECT_TRUE(large_logits_ok(dtype, lse, plain.lse, ref.lse, kLseAtol)) << "lse";
+      EXPECT_TRUE(large_logits_ok(dtype, c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
+      EXPECT_TRUE(large_logits_ok(dtype, c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
+      // dk = scale dS^T q carries the query's gain.
+      EXPECT_TRUE(large_logits_ok(dtype, c.dk.to_double(), plain.dk, ref.dk, atol * kQueryGain)) << "dk";
+    }
+  }
+}
+
+// ---- NaN confinement -------------------------------------------------------------------------------
+
+// How far a planted NaN spreads within a row that sees it: a NaN score (from q or k) poisons the
+// whole softmax of the row, lse included; a NaN in v only reaches the output column it sits in.
+enum class Spread { kWholeRow, kOneColumn };
+constexpr int kNanColumn = 7;
+
+// Checks row (b, h, i) of out and lse: all finite when `reached` is false, else NaN where
+// `spread` says and finite elsewhere.
+void expect_row(const std::vector<double>& out, const std::vector<double>& lse, const Problem& p, int b, int h,
+                int64_t i, bool reached, Spread spread) {
+  const int64_t o = out_offset(p, b, h, i);
+  for (int d = 0; d < p.head_dim; ++d) {
+    const bool nan_expected = reached && (spread == Spread::kWholeRow || d == kNanColumn);
+    if (nan_expected)
+      ASSERT_TRUE(std::isnan(out[o + d])) << "out (" << b << ", " << h << ", " << i << ", " << d << ") should be NaN";
+    else
+      ASSERT_TRUE(std::isfinite(out[o + d])) << "out (" << b << ", " << h << ", " << i << ", " << d
+                                             << ") should be finite, got " << out[o + d];
+  }
+  const double l = lse[lse_offset(p, b, h, i)];
+  if (reached && spread == Spread::kWholeRow)
+    ASSERT_TRUE(std::isnan(l)) << "lse (" << b << ", " << h << ", " << i << ") should be NaN";
+  else
+    ASSERT_TRUE(std::isfinite(l)) << "lse (" << b << ", " << h << ", " << i << ") should be finite, got " << l;
+}
+
+// Runs the forward with a NaN planted by `plant` and checks that exactly the rows `reaches`
+// names are NaN (as `spread` says) and that every other row still matches the reference.
+template <typename Plant, typename Reaches>
+void check_nan_confinement(const Problem& p, DType dtype, Spread spread, Plant plant, Reaches reaches) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+  plant(c.values);
+  refill_inputs(c);
+  run_forward(c);
+  const auto out = c.out.to_double(), lse = c.lse.to_double();
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seqlen_q; ++i) expect_row(out, lse, p, b, h, i, reaches(b, h, i), spread);
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(p, ref);
+  if (dtype != DType::kFloat32) plain_forward(p, dtype, plain);
+  expect_matches("out", dtype, out, ref.out, plain.out, kFp32OutAtol, kFp32OutRtol, atol_for(dtype), case_name(c));
+}
+
+TEST(CpuNan, NanInOneQueryRowStaysInThatRow) {
+  const Problem p = dense(2, 4, 2, 70, 90, kHeadDim);
+  constexpr int kB = 1, kH = 3;
+  constexpr int64_t kRow = 33;
+  for (DType dtype : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    check_nan_confinement(
+        p, dtype, Spread::kWholeRow, [&](Tensors& t) { t.q[out_offset(p, kB, kH, kRow) + kNanColumn] = kNaN; },
+        [&](int b, int h, int64_t i) { return b == kB && h == kH && i == kRow; });
+  }
+}
+
+// Key row kKey of KV head 0 holds a NaN (in k or in v): with a causal window of width kLeft only
+// rows kKey..kKey+kLeft of the query heads that read KV head 0 see it.
+template <typename Member>
+void check_key_side_nan(Member member, Spread spread) {
+  constexpr int64_t kS = 100, kKey = 40, kLeft = 20;
+  constexpr int kGroup = 2;  // query heads 0 and 1 read KV head 0
+  for (const Problem& p : {with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, -1, -1),
+                           with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, kLeft, -1)}) {
+    for (DType dtype : kAllDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      const int64_t last = p.window_left >= 0 ? kKey + kLeft : kS - 1;
+      const int64_t key_offset = (int64_t{kS} * 1 + kKey) * p.heads_kv * p.head_dim;  // batch 1, KV head 0
+      check_nan_confinement(
+          p, dtype, spread, [&](Tensors& t) { (t.*member)[key_offset + kNanColumn] = kNaN; },
+          [&](int b, int h, int64_t i) { return b == 1 && h < kGroup && i >= kKey && i <= last; });
+    }
+  }
+}
+
+TEST(CpuNan, NanInOneKeyRowReachesExactlyTheRowsThatSeeIt) { check_key_side_nan(&Tensors::k, Spread::kWholeRow); }
+TEST(CpuNan, NanInOneValueRowReachesExactlyTheRowsThatSeeIt) { check_key_side_nan(&Tensors::v, Spread::kOneColumn); }
+
+// ---- determinism -------------------------------------------------------------------------------------
+
+std::vector<unsigned char> bytes_of(const HostTensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+TEST(CpuDeterminism, ForwardAndBackwardAreBitIdenticalRunToRun) {
+  constexpr int kRuns = 3;
+  const Problem p = with_mask(dense(2, 4, 2, 130, 100, kHeadDim), true, 40, -1);
+  for (DType dtype : kAllDtypes) {
+    for (bool deterministic : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + (deterministic ? " deterministic" : ""));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      std::vector<std::vector<unsigned char>> first;
+      for (int run = 0; run < kRuns; ++run) {
+        run_forward(c);
+        run_backward(c, deterministic);
+        std::vector<std::vector<unsigned char>> now{bytes_of(c.out), bytes_of(c.lse), bytes_of(c.dq), bytes_of(c.dk),
+                                                    bytes_of(c.dv)};
+        if (run == 0)
+          first = now;
+        else
+          for (size_t n = 0; n < now.size(); ++n) EXPECT_EQ(now[n], first[n]) << "output " << n << ", run " << run;
+      }
+    }
+  }
+}
+
+TEST(CpuDeterminism, ResultsDoNotDependOnTheThreadCount) {
+  // Each output row is owned by one task, so the partition into threads must not change a bit.
+  const Problem p = with_mask(dense(2, 4, 1, 150, 130, kHeadDim), false, 50, 10);
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, DType::kFloat32, Layout::kBSHD, rng);
+  std::vector<std::vector<unsigned char>> first;
+  for (int threads : {1, 2, 5}) {
+    c.out.poison();
+    c.lse.poison();
+    ForwardArgs fa = forward_args(c);
+    fa.options.num_threads = threads;
+    forward(fa);
+    c.dq.poison();
+    c.dk.poison();
+    c.dv.poison();
+    BackwardArgs ba = backward_args(c);
+    ba.options.num_threads = threads;
+    backward(ba);
+    std::vector<std::vector<unsigned char>> now{bytes_of(c.out), bytes_of(c.lse), bytes_of(c.dq), bytes_of(c.dk),
+                                                bytes_of(c.dv)};
+    if (first.empty())
+      first = now;
+    else
+      for (size_t n = 0; n < now.size(); ++n) EXPECT_EQ(now[n], first[n]) << "output " << n << ", " << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
