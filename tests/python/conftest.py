@@ -1,0 +1,116 @@
+"""Shared helpers for the Python tests: the float64 reference, the plain same-dtype implementation,
+the 2x error rule, fresh random inputs and poisoned outputs."""
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+import fusedattn  # noqa: F401  (loads the operators)
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
+# The CUDA kernels take half precision only; the CPU backend also takes float32.
+DTYPES = {"cpu": (torch.float32, torch.float16, torch.bfloat16), "cuda": (torch.float16, torch.bfloat16)}
+
+
+@pytest.fixture(autouse=True)
+def fresh_seed(request):
+    """Every test draws its own inputs, reproducibly (the seed is derived from the test's id)."""
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs():
+    """Fills every torch.empty (so every output and workspace the operators allocate) with NaN
+    (integers with their maximum) before the kernels run: an element a kernel forgets to write
+    shows up as NaN instead of a lucky zero."""
+    was_on = torch.are_deterministic_algorithms_enabled()
+    was_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    yield
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+    torch.use_deterministic_algorithms(was_on, warn_only=was_warn)
+
+
+def allowed_keys(seqlen_q: int, seqlen_k: int, window_left: int, window_right: int, device) -> torch.Tensor:
+    """[seqlen_q, seqlen_k] bool: which keys each query sees (bottom-right aligned window; -1 = no limit)."""
+    i = torch.arange(seqlen_q, device=device)[:, None]
+    j = torch.arange(seqlen_k, device=device)[None, :]
+    diag = i + seqlen_k - seqlen_q
+    ok = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+    if window_left >= 0:
+        ok &= j >= diag - window_left
+    if window_right >= 0:
+        ok &= j <= diag + window_right
+    return ok
+
+
+def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=torch.float64):
+    """Plain attention and its gradients in `dtype`, on one dense (batch, seqlen, heads, dim) batch.
+
+    Returns out, lse [batch, heads, seqlen_q], dq, dk, dv. Fully masked rows give out = 0, lse = -inf
+    and zero gradients. Used in float64 as the reference and in the inputs' dtype as the "plain
+    same-dtype implementation" of the 2x rule.
+    """
+    group = q.shape[2] // k.shape[2]
+    q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, dim)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = (q @ k.transpose(-1, -2)) * scale
+    s = s.masked_fill(~allowed_keys(q.shape[2], k.shape[2], window_left, window_right, q.device), -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    lse_or_zero = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # no -inf - (-inf)
+    p = torch.exp(s - lse_or_zero[..., None])
+    out = p @ v
+    result = [out.transpose(1, 2), lse]
+    if dout is not None:
+        do = dout.to(dtype).transpose(1, 2)
+        dv = p.transpose(-1, -2) @ do
+        dp = do @ v.transpose(-1, -2)
+        delta = (do * out).sum(-1, keepdim=True)
+        ds = p * (dp - delta) * scale
+        dq = ds @ k
+        dk = ds.transpose(-1, -2) @ q
+
+        def fold(t):  # sum each GQA group's query heads onto its KV head
+            b, h, s_, d = t.shape
+            return t.view(b, h // group, group, s_, d).sum(2).transpose(1, 2)
+
+        result += [dq.transpose(1, 2), fold(dk), fold(dv)]
+    return result
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+# float32: the plain implementation is nearly exact, and a tiled algorithm legitimately sums in a
+# different order; allow the same 1e-5 relative slack as the C++ CPU tests.
+FP32_RELATIVE_SLACK = 1e-5
+
+
+def atol_for(dtype: torch.dtype, magnitude: float) -> float:
+    """Small absolute slack of the 2x rule: one unit in the last place of the result's magnitude
+    (half precision), or FP32_RELATIVE_SLACK of it (float32)."""
+    unit = FP32_RELATIVE_SLACK if dtype == torch.float32 else torch.finfo(dtype).eps
+    return unit * max(1.0, magnitude)
+
+
+def assert_2x_rule(name: str, ours: torch.Tensor, reference: torch.Tensor, plain: torch.Tensor) -> None:
+    """err(ours) <= 2 * err(plain same-dtype implementation) + atol, both against float64."""
+    ref = reference.double()
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(ours), finite), f"{name}: non-finite values differ from the reference"
+    err = (ours.double() - ref)[finite].abs().max().item() if finite.any() else 0.0
+    plain_err = (plain.double() - ref)[finite].abs().max().item() if finite.any() else 0.0
+    magnitude = ref[finite].abs().max().item() if finite.any() else 0.0
+    bound = 2 * plain_err + atol_for(ours.dtype, magnitude)
+    assert err <= bound, f"{name}: error {err:.3e} > 2 x plain {plain_err:.3e} + atol (bound {bound:.3e})"
+
+
+def randn(*shape, dtype, device, scale=1.0):
+    return (torch.randn(*shape, dtype=torch.float32) * scale).to(dtype=dtype, device=device)
