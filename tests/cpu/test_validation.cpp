@@ -1,0 +1,397 @@
+// Every check of src/api/validate.cpp: the thrown fusedattn::Error's code, the argument it names,
+// and that its message says what is accepted. Each test starts from a valid call and breaks one
+// thing, so a check that fires for the wrong reason would name the wrong argument.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cpu/cpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr int kHeadDim = 16;
+const Device kGpu0{DeviceType::kCUDA, 0};
+
+// A small valid dense or varlen case whose forward and backward both succeed.
+struct Valid {
+  HostCase c;
+  ForwardArgs fwd;
+  BackwardArgs bwd;
+};
+
+Valid valid_dense() {
+  std::mt19937_64 rng = fresh_rng();
+  Valid v{make_case(dense(2, 4, 2, 6, 5, kHeadDim), DType::kFloat32, Layout::kBSHD, rng), {}, {}};
+  v.fwd = forward_args(v.c);
+  v.bwd = backward_args(v.c);
+  return v;
+}
+
+Valid valid_varlen() {
+  std::mt19937_64 rng = fresh_rng();
+  Valid v{make_case(packed(4, 2, kHeadDim, {3, 0, 4}, {2, 5, 1}), DType::kFloat32, Layout::kBSHD, rng), {}, {}};
+  v.fwd = forward_args(v.c);
+  v.bwd = backward_args(v.c);
+  return v;
+}
+
+void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& argument,
+                  const std::string& mentions) {
+  const std::optional<Error> e = error_of(call);
+  if (!e) return;
+  EXPECT_EQ(e->code(), code) << error_code_name(e->code()) << ": " << e->what();
+  EXPECT_EQ(e->argument(), argument) << e->what();
+  EXPECT_NE(std::string(e->what()).find(mentions), std::string::npos)
+      << "message \"" << e->what() << "\" should mention \"" << mentions << "\"";
+}
+
+void expect_fwd_error(const ForwardArgs& a, ErrorCode code, const std::string& argument, const std::string& mentions) {
+  expect_error([&] { forward(a); }, code, argument, mentions);
+}
+void expect_bwd_error(const BackwardArgs& a, ErrorCode code, const std::string& argument, const std::string& mentions) {
+  expect_error([&] { backward(a); }, code, argument, mentions);
+}
+
+TEST(Validation, TheBaselineCallsAreValid) {
+  for (Valid v : {valid_dense(), valid_varlen()}) {
+    EXPECT_NO_THROW(forward(v.fwd));
+    EXPECT_NO_THROW(backward(v.bwd));
+  }
+}
+
+// ---- tensors -----------------------------------------------------------------------------------
+
+TEST(Validation, NullDataPointer) {
+  Valid v = valid_dense();
+  v.fwd.k.data = nullptr;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "k", "null");
+}
+
+TEST(Validation, WrongRank) {
+  Valid v = valid_dense();
+  v.fwd.q.rank = 3;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "q", "[batch, seqlen, heads, head_dim]");
+  Valid w = valid_varlen();
+  w.fwd.v = v.c.v.view();  // a rank-4 tensor in a varlen call
+  expect_fwd_error(w.fwd, ErrorCode::kShapeMismatch, "v", "[total_tokens, heads, head_dim]");
+}
+
+TEST(Validation, NegativeSize) {
+  Valid v = valid_dense();
+  v.fwd.out.shape[1] = -1;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "out", "negative size");
+}
+
+TEST(Validation, LastDimensionNotContiguous) {
+  Valid v = valid_dense();
+  v.fwd.q.stride[3] = 2;
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "q", "stride 1");
+}
+
+TEST(Validation, ValueShapeMustEqualKey) {
+  Valid v = valid_dense();
+  v.fwd.v.shape[1] -= 1;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "v", "must equal k's");
+}
+
+TEST(Validation, OutShapeMustEqualQuery) {
+  Valid v = valid_dense();
+  v.fwd.out.shape[2] -= 1;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "out", "must equal q's");
+}
+
+TEST(Validation, HeadDimMustMatch) {
+  Valid v = valid_dense();
+  v.fwd.k.shape[3] = kHeadDim / 2;
+  v.fwd.v.shape[3] = kHeadDim / 2;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "k", "must equal q's");
+}
+
+TEST(Validation, BatchMustMatch) {
+  Valid v = valid_dense();
+  v.fwd.k.shape[0] = 1;
+  v.fwd.v.shape[0] = 1;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "k", "must equal q's");
+}
+
+TEST(Validation, KvHeadsMustDivideQueryHeads) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(dense(1, 3, 2, 4, 4, kHeadDim), DType::kFloat32, Layout::kBSHD, rng);
+  expect_fwd_error(forward_args(c), ErrorCode::kShapeMismatch, "q", "multiple of the KV heads");
+}
+
+TEST(Validation, ZeroKvHeadsWithQueryHeads) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(dense(1, 2, 0, 4, 4, kHeadDim), DType::kFloat32, Layout::kBSHD, rng);
+  expect_fwd_error(forward_args(c), ErrorCode::kInvalidArgument, "k", "0 heads");
+}
+
+// ---- dtypes ------------------------------------------------------------------------------------
+
+TEST(Validation, Fp8IsReserved) {
+  for (DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    Valid v = valid_dense();
+    for (TensorView* t : {&v.fwd.q, &v.fwd.k, &v.fwd.v, &v.fwd.out}) t->dtype = fp8;
+    expect_fwd_error(v.fwd, ErrorCode::kUnsupported, "q", "fp16, bf16 or fp32");
+  }
+}
+
+TEST(Validation, IntegerInputsAreRejected) {
+  Valid v = valid_dense();
+  for (TensorView* t : {&v.fwd.q, &v.fwd.k, &v.fwd.v, &v.fwd.out}) t->dtype = DType::kInt32;
+  expect_fwd_error(v.fwd, ErrorCode::kDtypeMismatch, "q", "fp16, bf16 or fp32");
+}
+
+TEST(Validation, DtypesMustMatchQuery) {
+  for (const char* name : {"k", "v", "out"}) {
+    Valid v = valid_dense();
+    TensorView& t = std::string(name) == "k" ? v.fwd.k : std::string(name) == "v" ? v.fwd.v : v.fwd.out;
+    t.dtype = DType::kFloat16;
+    expect_fwd_error(v.fwd, ErrorCode::kDtypeMismatch, name, "must match q (fp32)");
+  }
+}
+
+// ---- devices and backends ---------------------------------------------------------------------
+
+TEST(Validation, DevicesMustMatch) {
+  for (const char* name : {"k", "v", "out"}) {
+    Valid v = valid_dense();
+    TensorView& t = std::string(name) == "k" ? v.fwd.k : std::string(name) == "v" ? v.fwd.v : v.fwd.out;
+    t.device = kGpu0;
+    expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, name, "all tensors must share one device");
+  }
+}
+
+TEST(Validation, CudaBackendRequestedForHostTensors) {
+  Valid v = valid_dense();
+  v.fwd.options.backend = Backend::kCUDA;
+  expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, "backend", "host memory");
+}
+
+TEST(Validation, CpuBackendRequestedForDeviceTensors) {
+  Valid v = valid_dense();
+  for (TensorView* t : {&v.fwd.q, &v.fwd.k, &v.fwd.v, &v.fwd.out, &v.fwd.lse}) t->device = kGpu0;
+  v.fwd.options.backend = Backend::kCPU;
+  expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, "backend", "CUDA device");
+}
+
+TEST(Validation, DeviceTensorsWithoutCuda) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA GPU is visible: the GPU suite covers device tensors";
+  Valid v = valid_dense();
+  for (TensorView* t : {&v.fwd.q, &v.fwd.k, &v.fwd.v, &v.fwd.out, &v.fwd.lse}) t->device = kGpu0;
+  expect_fwd_error(v.fwd, ErrorCode::kBackendUnavailable, "backend", "no CUDA backend or no GPU");
+}
+
+// ---- options -----------------------------------------------------------------------------------
+
+TEST(Validation, WindowsBelowMinusOne) {
+  Valid v = valid_dense();
+  v.fwd.options.window_left = -2;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "window_left", "-1 (unbounded) or >= 0");
+  Valid w = valid_dense();
+  w.fwd.options.window_right = -5;
+  expect_fwd_error(w.fwd, ErrorCode::kInvalidArgument, "window_right", "-1 (unbounded) or >= 0");
+}
+
+TEST(Validation, CausalWithPositiveRightWindow) {
+  Valid v = valid_dense();
+  v.fwd.options.causal = true;
+  v.fwd.options.window_right = 3;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "window_right", "-1 or 0 when causal");
+}
+
+TEST(Validation, NonFiniteSoftmaxScale) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Valid v = valid_dense();
+    v.fwd.options.softmax_scale = bad;
+    expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "softmax_scale", "finite");
+  }
+}
+
+TEST(Validation, HeadDimOutsideOneTo256) {
+  for (int d : {0, 257}) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(dense(1, 2, 2, 4, 4, d), DType::kFloat32, Layout::kBSHD, rng);
+    expect_fwd_error(forward_args(c), ErrorCode::kUnsupported, "head_dim", "1..256");
+  }
+}
+
+// ---- lse -----------------------------------------------------------------------------------------
+
+TEST(Validation, LseRank) {
+  Valid v = valid_dense();
+  v.fwd.lse.rank = 2;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "lse", "[batch, heads, seqlen_q]");
+}
+
+TEST(Validation, LseMustBeFp32) {
+  Valid v = valid_dense();
+  v.fwd.lse.dtype = DType::kFloat16;
+  expect_fwd_error(v.fwd, ErrorCode::kDtypeMismatch, "lse", "fp32");
+}
+
+TEST(Validation, LseDevice) {
+  Valid v = valid_dense();
+  v.fwd.lse.device = kGpu0;
+  expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, "lse", "one device");
+}
+
+TEST(Validation, LseShape) {
+  Valid v = valid_dense();
+  v.fwd.lse.shape[2] += 1;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "lse", "must be [2, 4, 6]");
+  Valid w = valid_varlen();
+  w.fwd.lse.shape[0] -= 1;
+  expect_fwd_error(w.fwd, ErrorCode::kShapeMismatch, "lse", "must be [4, 7]");
+}
+
+TEST(Validation, BackwardNeedsLse) {
+  Valid v = valid_dense();
+  v.bwd.lse = TensorView{};
+  expect_bwd_error(v.bwd, ErrorCode::kInvalidArgument, "lse", "required");
+}
+
+// ---- varlen ------------------------------------------------------------------------------------
+
+TEST(Validation, VarlenNeedsBothOffsetTensors) {
+  Valid v = valid_varlen();
+  v.fwd.options.cu_seqlens_k = TensorView{};
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "cu_seqlens_k", "both cu_seqlens_q and cu_seqlens_k");
+  Valid w = valid_varlen();
+  w.fwd.options.cu_seqlens_q = TensorView{};
+  expect_fwd_error(w.fwd, ErrorCode::kInvalidArgument, "cu_seqlens_q", "both cu_seqlens_q and cu_seqlens_k");
+}
+
+TEST(Validation, OffsetTensorRankDtypeSizeDataDeviceStride) {
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_q.rank = 2;
+    expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "cu_seqlens_q", "1-D int32");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_k.dtype = DType::kFloat32;
+    expect_fwd_error(v.fwd, ErrorCode::kDtypeMismatch, "cu_seqlens_k", "int32");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_q.shape[0] = 0;
+    v.fwd.options.cu_seqlens_k.shape[0] = 0;
+    expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "cu_seqlens_q", "batch + 1");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_k.data = nullptr;
+    expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "cu_seqlens_k", "null");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_q.device = kGpu0;
+    expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, "cu_seqlens_q", "same device as q");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.cu_seqlens_k.stride[0] = 2;
+    expect_fwd_error(v.fwd, ErrorCode::kLayout, "cu_seqlens_k", "contiguous");
+  }
+}
+
+TEST(Validation, OffsetTensorsMustHaveTheSameLength) {
+  Valid v = valid_varlen();
+  v.fwd.options.cu_seqlens_k.shape[0] -= 1;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "cu_seqlens_k", "as many entries as cu_seqlens_q");
+}
+
+TEST(Validation, NegativeMaxSeqlen) {
+  Valid v = valid_varlen();
+  v.fwd.options.max_seqlen_q = -1;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "max_seqlen_q", ">= 0");
+  Valid w = valid_varlen();
+  w.fwd.options.max_seqlen_k = -1;
+  expect_fwd_error(w.fwd, ErrorCode::kInvalidArgument, "max_seqlen_k", ">= 0");
+}
+
+// Offsets whose content is wrong: the values are read and checked before any kernel runs.
+void expect_bad_offsets(const std::vector<double>& cu_q, const std::vector<double>& cu_k, ErrorCode code,
+                        const std::string& argument, const std::string& mentions) {
+  Valid v = valid_varlen();
+  v.c.cu_q.fill(cu_q);
+  v.c.cu_k.fill(cu_k);
+  expect_fwd_error(v.fwd, code, argument, mentions);
+}
+
+TEST(Validation, OffsetContents) {
+  // Valid: q {0, 3, 3, 7} (total 7, max 4), k {0, 2, 7, 8} (total 8, max 5).
+  expect_bad_offsets({1, 3, 3, 7}, {0, 2, 7, 8}, ErrorCode::kInvalidArgument, "cu_seqlens_q", "must start at 0");
+  expect_bad_offsets({0, 3, 3, 7}, {0, 4, 2, 8}, ErrorCode::kInvalidArgument, "cu_seqlens_k", "non-decreasing");
+  expect_bad_offsets({0, 1, 1, 7}, {0, 2, 7, 8}, ErrorCode::kInvalidArgument, "max_seqlen_q", "has length 6");
+  expect_bad_offsets({0, 3, 3, 7}, {0, 2, 8, 8}, ErrorCode::kInvalidArgument, "max_seqlen_k", "has length 6");
+  expect_bad_offsets({0, 3, 3, 7}, {0, 2, 4, 9}, ErrorCode::kShapeMismatch, "cu_seqlens_k", "exceeds the packed tensor's 8 rows");
+}
+
+// ---- backward gradients ---------------------------------------------------------------------------
+
+TEST(Validation, GradientTensors) {
+  {
+    Valid v = valid_dense();
+    v.bwd.dout.rank = 3;
+    expect_bwd_error(v.bwd, ErrorCode::kShapeMismatch, "dout", "[batch, seqlen, heads, head_dim]");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dq.shape[1] += 1;
+    expect_bwd_error(v.bwd, ErrorCode::kShapeMismatch, "dq", "must equal q's");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dk.shape[2] = 1;
+    expect_bwd_error(v.bwd, ErrorCode::kShapeMismatch, "dk", "must equal k's");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dk.dtype = DType::kBFloat16;
+    expect_bwd_error(v.bwd, ErrorCode::kDtypeMismatch, "dk", "must match q (fp32)");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dv.device = kGpu0;
+    expect_bwd_error(v.bwd, ErrorCode::kDeviceMismatch, "dv", "one device");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dq.stride[3] = 3;
+    expect_bwd_error(v.bwd, ErrorCode::kLayout, "dq", "stride 1");
+  }
+  {
+    Valid v = valid_dense();
+    v.bwd.dv.data = nullptr;
+    expect_bwd_error(v.bwd, ErrorCode::kInvalidArgument, "dv", "null");
+  }
+}
+
+TEST(Validation, BackwardRunsTheForwardChecksToo) {
+  Valid v = valid_dense();
+  v.bwd.options.window_left = -3;
+  expect_bwd_error(v.bwd, ErrorCode::kInvalidArgument, "window_left", ">= 0");
+  Valid w = valid_dense();
+  w.bwd.out.dtype = DType::kFloat16;
+  expect_bwd_error(w.bwd, ErrorCode::kDtypeMismatch, "out", "must match q");
+}
+
+TEST(Validation, TensorViewRankAboveFour) {
+  expect_error([] { TensorView::contiguous(nullptr, DType::kFloat32, {1, 1, 1, 1, 1}); }, ErrorCode::kInvalidArgument,
+               "shape", "at most 4");
+}
+
+TEST(Validation, ErrorMessageStartsWithTheArgument) {
+  Valid v = valid_dense();
+  v.fwd.options.window_left = -2;
+  const std::optional<Error> e = error_of([&] { forward(v.fwd); });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(std::string(e->what()).rfind("window_left: ", 0), 0u) << e->what();
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
