@@ -1,0 +1,167 @@
+// Mask policies: which keys a query row may see, which KV blocks a query block must visit, which
+// of those the mask cuts (only those are masked element-wise), and the element-wise apply on S
+// fragments. Both policies follow key_range() in include/fusedattn/params.h, the one rule every
+// backend shares; the sequence end (key >= len_k) is part of it, so the partial last KV block is
+// masked by the same code as a causal diagonal.
+//
+// Policy interface (used by the forward and backward kernels):
+//   KeyRange keys(i)                       keys [lo, hi] query row i sees (empty when lo > hi)
+//   BlockRange kv_blocks(i_first, i_last, block_n)
+//                                          KV blocks [n_lo, n_hi) rows i_first..i_last touch
+//   bool block_is_cut(i_first, i_last, n, block_n)
+//                                          true when some (row, key) of that tile is masked
+//   BlockRange uncut_blocks(i_first, i_last, block_n)
+//                                          the blocks that are not cut, precomputed once
+//   BlockRange q_blocks(key_first, key_last, block_m, num_q_blocks)
+//                                          query blocks that see any of these keys (backward)
+//   KeyRange unclamped_keys(i)             keys(i) before the clamp to [0, len_k - 1]
+// and the free functions thread_window(policy, row0) and apply_mask(s, window, col0) for S
+// accumulators in the mma C layout.
+#pragma once
+
+#include <cstdint>
+#include <climits>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda {
+
+struct BlockRange {
+  int lo, hi;  // [lo, hi): empty when hi <= lo
+};
+
+namespace mask_detail {
+__device__ __forceinline__ int ceil_div(int64_t a, int b) { return static_cast<int>((a + b - 1) / b); }
+__device__ __forceinline__ int clamp_to(int64_t x, int lo, int hi) {
+  return static_cast<int>(x < lo ? lo : (x > hi ? hi : x));
+}
+}  // namespace mask_detail
+
+// Both policies share the block logic; they differ only in keys(). key_range() is monotone: lo and
+// hi never decrease as i grows, so a query block's keys are [lo(first), hi(last)] and every row
+// of it sees at least [lo(last), hi(first)].
+template <typename Derived>
+struct MaskBase {
+  int64_t len_q, len_k;
+
+  __device__ __forceinline__ KeyRange keys(int64_t i) const { return static_cast<const Derived*>(this)->keys(i); }
+
+  __device__ __forceinline__ BlockRange kv_blocks(int64_t i_first, int64_t i_last, int block_n) const {
+    const int64_t lo = keys(i_first).lo, hi = keys(i_last).hi;
+    if (hi < lo) return {0, 0};
+    return {static_cast<int>(lo / block_n), mask_detail::ceil_div(hi + 1, block_n)};
+  }
+
+  __device__ __forceinline__ bool block_is_cut(int64_t i_first, int64_t i_last, int n, int block_n) const {
+    const int64_t k0 = static_cast<int64_t>(n) * block_n, k1 = k0 + block_n - 1;
+    return keys(i_last).lo > k0 || keys(i_first).hi < k1;
+  }
+
+  // KV blocks [lo, hi) whose every (row, key) pair rows i_first..i_last see: the complement (within
+  // kv_blocks) is where the mask is cut. Loop-invariant, so the per-block test is two int compares.
+  __device__ __forceinline__ BlockRange uncut_blocks(int64_t i_first, int64_t i_last, int block_n) const {
+    const int64_t lo = keys(i_last).lo, hi = keys(i_first).hi;
+    if (hi < lo) return {0, 0};
+    return {mask_detail::ceil_div(lo, block_n), static_cast<int>((hi + 1) / block_n)};
+  }
+
+  // Query blocks whose rows see any key in [key_first, key_last]: the inverse of kv_blocks, found
+  // from the monotone hi(i) >= key_first and lo(i) <= key_last by direct formula for the window.
+  __device__ __forceinline__ BlockRange q_blocks(int64_t key_first, int64_t key_last, int block_m,
+                                                 int num_q_blocks) const {
+    return static_cast<const Derived*>(this)->q_blocks_impl(key_first, key_last, block_m, num_q_blocks);
+  }
+};
+
+// No window: every row sees keys [0, len_k - 1] (key_range with window_left = window_right = -1).
+struct MaskFull : MaskBase<MaskFull> {
+  __device__ __forceinline__ MaskFull(const FwdParams&, int64_t lq, int64_t lk) : MaskBase<MaskFull>{lq, lk} {}
+  __device__ __forceinline__ KeyRange keys(int64_t) const { return {0, len_k - 1}; }
+  // Before clamping to [0, len_k - 1]: unbounded on both sides (apply_mask clamps).
+  __device__ __forceinline__ KeyRange unclamped_keys(int64_t) const { return {INT64_MIN / 2, INT64_MAX / 2}; }
+  __device__ __forceinline__ BlockRange q_blocks_impl(int64_t, int64_t, int, int num_q_blocks) const {
+    return {0, num_q_blocks};
+  }
+};
+
+// Causal and sliding windows, bottom-right aligned: exactly key_range().
+struct MaskWindow : MaskBase<MaskWindow> {
+  int64_t window_left, window_right;  // -1 = unbounded
+  __device__ __forceinline__ MaskWindow(const FwdParams& p, int64_t lq, int64_t lk)
+      : MaskBase<MaskWindow>{lq, lk}, window_left(p.window_left), window_right(p.window_right) {}
+
+  __device__ __forceinline__ KeyRange keys(int64_t i) const {
+    FwdParams w;  // key_range reads only the window from the params
+    w.window_left = window_left;
+    w.window_right = window_right;
+    return key_range(w, i, len_q, len_k);
+  }
+
+  // key_range() before its clamp to [0, len_k - 1]; an unbounded side is a far sentinel.
+  __device__ __forceinline__ KeyRange unclamped_keys(int64_t i) const {
+    const int64_t diag = i + len_k - len_q;
+    return {window_left >= 0 ? diag - window_left : INT64_MIN / 2,
+            window_right >= 0 ? diag + window_right : INT64_MAX / 2};
+  }
+
+  // Row i sees key j iff diag - wl <= j <= diag + wr with diag = i + len_k - len_q, i.e.
+  // j - wr - (len_k - len_q) <= i <= j + wl - (len_k - len_q).
+  __device__ __forceinline__ BlockRange q_blocks_impl(int64_t key_first, int64_t key_last, int block_m,
+                                                      int num_q_blocks) const {
+    const int64_t shift = len_k - len_q;
+    int64_t i_lo = window_right >= 0 ? key_first - window_right - shift : 0;
+    int64_t i_hi = window_left >= 0 ? key_last + window_left - shift : len_q - 1;
+    if (i_lo < 0) i_lo = 0;
+    if (i_hi > len_q - 1) i_hi = len_q - 1;
+    if (i_hi < i_lo) return {0, 0};
+    const int hi = mask_detail::ceil_div(i_hi + 1, block_m);
+    return {static_cast<int>(i_lo / block_m), hi < num_q_blocks ? hi : num_q_blocks};
+  }
+};
+
+// Sequence lengths must stay below this for the 32-bit key arithmetic of apply_mask (launchers
+// check it): then every key index, window bound and block offset fits an int with room to spare.
+constexpr int64_t kMaxMaskedSeqlen = int64_t{1} << 30;
+
+// The keys one thread's first fragment row (row0) may see, before clamping, in 32 bits: key_range()
+// of row row0 + dr is [max(0, lo + dr), min(last_key, hi + dr)]. Computed once per thread outside
+// the KV loop so the loop carries three ints instead of 64-bit window parameters.
+struct ThreadWindow {
+  int lo, hi, last_key;
+};
+
+template <typename Mask>
+__device__ __forceinline__ ThreadWindow thread_window(const Mask& mask, int64_t row0) {
+  const KeyRange w = mask.unclamped_keys(row0);
+  // Clamp the unbounded sentinels to just outside [-1, len_k] (a row's offsets dr are < 2^8).
+  constexpr int kMargin = 1 << 16;
+  const int lo = mask_detail::clamp_to(w.lo, -kMargin, static_cast<int>(mask.len_k) + kMargin);
+  const int hi = mask_detail::clamp_to(w.hi, -kMargin, static_cast<int>(mask.len_k) + kMargin);
+  return {lo, hi, static_cast<int>(mask.len_k) - 1};
+}
+
+// Sets masked scores to -inf in S accumulators laid out as mma.m16n8k16 C fragments
+// (src/cuda/ptx/mma_sm80.cuh): s[mt][nt][2*h + e] is row row0 + 16*mt + 8*h, key col0 + 8*nt + e,
+// where row0 / col0 are this thread's first row (tile row g) and first key (tile column 2t), and
+// w = thread_window(mask, row0). -inf (not a large negative number) so that exp2 gives exactly 0
+// and a fully masked row is recognisable by its -inf maximum.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], ThreadWindow w, int col0) {
+  constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int dr = mt * kTileRows + h * kHalfRows;
+      const int lo = max(w.lo + dr, 0) - col0, hi = min(w.hi + dr, w.last_key) - col0;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int c = nt * kTileCols + e;
+          if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
+        }
+    }
+}
+
+}  // namespace fusedattn::cuda

@@ -1,0 +1,50 @@
+// The end of the forward kernel: normalise O, stage it through shared memory (so global stores
+// are whole 16-byte chunks of contiguous rows instead of 4-byte scattered fragments), store the
+// rows inside the sequence and the columns inside head_dim, and write the LSE.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/common/swizzle.cuh"
+#include "cuda/sm80/fwd_tile_io.cuh"
+
+namespace fusedattn::cuda::sm80 {
+
+// Writes this warp's normalised O fragments into the swizzled tile smem_o (rows of the warp start at
+// warp_row0). Lane layout of the C fragment: row g = lane / 4 (+8), columns 2t, 2t+1, t = lane % 4.
+template <typename Element, int kPitch, int kMTiles, int kDTiles>
+__device__ __forceinline__ void stage_o(Element* smem_o, const float (&o)[kMTiles][kDTiles][4],
+                                        const float (&inv_sum)[kMTiles][2], int warp_row0, int lane) {
+  constexpr int kTileM = 16, kHalf = 8, kTileN = 8;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + mt * kTileM + h * kHalf + g;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt) {
+        const uint32_t packed =
+            pack2<Element>(o[mt][dt][2 * h] * inv_sum[mt][h], o[mt][dt][2 * h + 1] * inv_sum[mt][h]);
+        *reinterpret_cast<uint32_t*>(smem_o + swizzle_offset(row, dt * kTileN + 2 * t, kPitch)) = packed;
+      }
+    }
+}
+
+// One quad lane (t == 0) per row writes the LSE of rows g and g + 8 of each m16 tile.
+template <int kMTiles>
+__device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[kMTiles][2], int warp_row0,
+                                          int valid_rows, int lane) {
+  constexpr int kTileM = 16, kHalf = 8;
+  if (lse_rows == nullptr || lane % 4 != 0) return;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + mt * kTileM + h * kHalf + lane / 4;
+      if (row < valid_rows) lse_rows[row] = lse[mt][h];
+    }
+}
+
+}  // namespace fusedattn::cuda::sm80

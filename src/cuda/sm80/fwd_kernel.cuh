@@ -1,0 +1,142 @@
+// The FlashAttention-2 forward kernel on sm80 instructions (runs on sm80..sm90).
+//
+// One thread block computes O and LSE for kBlockM query rows of one (batch, head); its warps split
+// the rows (split-Q), so each warp's online softmax is private and no warp waits on another except
+// at the tile-load barriers. Per KV block n (visited from the last to the first):
+//   K[n] ready -> start V[n] -> S = Q K[n]^T -> mask (cut blocks only) -> online softmax
+//   V[n] ready -> start K[n-1] -> O += P V[n]
+// so the load of V overlaps Q K^T and the softmax, and the load of the next K overlaps P V.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/kinds.h"
+#include "cuda/common/mask.cuh"
+#include "cuda/common/softmax.cuh"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/sm80/fwd_epilogue.cuh"
+#include "cuda/sm80/fwd_tile_io.cuh"
+#include "cuda/sm80/fwd_warp_mma.cuh"
+#include "cuda/sm80/tile_config.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm80 {
+
+template <MaskKind kMask>
+using MaskPolicy = std::conditional_t<kMask == MaskKind::kFull, MaskFull, MaskWindow>;
+
+// Grid: x = query block, y = query head, z = batch. Blocks are issued x-fastest, so the blocks
+// running together share one (batch, KV head): its K and V are read from HBM once and then hit in
+// L2. With a window, x runs backwards: bottom query blocks see the most keys and start first,
+// which shortens the tail of a causal launch.
+template <MaskKind kMask>
+__device__ __forceinline__ int query_block_index() {
+  return kMask == MaskKind::kWindow ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+}
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+__global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
+    fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Cfg = FwdConfig<kHeadDim>;
+  using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
+  using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  Element* smem_q = reinterpret_cast<Element*>(smem);  // reused for O in the epilogue
+  const uint32_t smem_q_addr = ptx::smem_addr(smem);
+  const uint32_t smem_k_addr = smem_q_addr + Cfg::kSmemQ;
+  const uint32_t smem_v_addr = smem_k_addr + Cfg::kSmemKV;
+
+  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+  const int warp_row0 = warp * Cfg::kWarpRows;
+  const int batch = blockIdx.z, head = blockIdx.y;
+  const SeqInfo seq = seq_info(p, batch);
+  const int64_t m0 = static_cast<int64_t>(query_block_index<kMask>()) * kBlockM;
+  if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than the longest one
+  const int rows_q = rows_inside<kBlockM>(seq.len_q - m0);
+  const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V
+
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch +
+                     (seq.q_start + m0) * p.q_stride.row + head * p.q_stride.head;
+  const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride.batch + seq.k_start * p.k_stride.row +
+                     kv_head * p.k_stride.head;
+  const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride.batch + seq.k_start * p.v_stride.row +
+                     kv_head * p.v_stride.head;
+  const int len_k = static_cast<int>(seq.len_k);  // < kMaxMaskedSeqlen (checked by the launcher)
+  auto load_kv = [&](uint32_t smem_tile, const Element* base, int64_t row_stride, int n) {
+    const int k0 = n * kBlockN;
+    KVTile::load_async(smem_tile, base + k0 * row_stride, row_stride, rows_inside<kBlockN>(len_k - k0),
+                       p.head_dim, tid);
+    ptx::cp_async_commit();
+  };
+
+  const MaskPolicy<kMask> mask(p, seq.len_q, seq.len_k);
+  const int64_t i_first = m0, i_last = m0 + rows_q - 1;
+  const BlockRange kv = mask.kv_blocks(i_first, i_last, kBlockN);
+  const BlockRange uncut = mask.uncut_blocks(i_first, i_last, kBlockN);
+
+  float o[Cfg::kMTiles][Cfg::kDTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kMTiles; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < Cfg::kDTiles; ++dt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[mt][dt][i] = 0.f;
+  OnlineSoftmax<Cfg::kMTiles> softmax;
+  softmax.init();
+  // A negative scale is folded into Q (below) so the softmax may track the max of raw scores.
+  const float scale_log2 = fabsf(p.scale_log2);
+
+  if (kv.lo < kv.hi) {
+    QTile::load_async(smem_q_addr, q, p.q_stride.row, rows_q, p.head_dim, tid);
+    load_kv(smem_k_addr, k, p.k_stride.row, kv.hi - 1);
+    if (p.scale_log2 < 0.f) {
+      ptx::cp_async_wait<0>();
+      QTile::negate_own_chunks(smem, tid);
+    }
+    const uint32_t smem_q_warp = smem_q_addr + warp_row0 * Cfg::kPitch * sizeof(Element);
+    // This thread's first S row (fragment row g) and the keys it may see, unclamped.
+    const ThreadWindow window = thread_window(mask, m0 + warp_row0 + lane / 4);
+    const int col_in_tile = 2 * (lane % 4);
+
+    auto step = [&](auto first, int n) {
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
+      load_kv(smem_v_addr, v, p.v_stride.row, n);
+
+      float s[Cfg::kMTiles][Cfg::kNTiles][4];
+      gemm_qk<Element, kHeadDim, Cfg::kPitch>(s, smem_q_warp, smem_k_addr, lane);
+      if (n < uncut.lo || n >= uncut.hi)
+        apply_mask(s, window, n * kBlockN + col_in_tile);
+      softmax.template update<decltype(first)::value>(s, o, scale_log2);
+      uint32_t p_frag[Cfg::kMTiles][Cfg::kNTiles / 2][4];
+      pack_p<Element>(p_frag, s);
+
+      ptx::cp_async_wait<0>();
+      __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
+      if (n > kv.lo) load_kv(smem_k_addr, k, p.k_stride.row, n - 1);
+      gemm_pv<Element, Cfg::kPitch>(o, p_frag, smem_v_addr, lane);
+    };
+    step(std::true_type{}, kv.hi - 1);
+    for (int n = kv.hi - 2; n >= kv.lo; --n) step(std::false_type{}, n);
+  }
+
+  float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
+  softmax.finalize(scale_log2, inv_sum, lse);
+  // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
+  // rows, so both sides of the staging need a block barrier.
+  __syncthreads();
+  stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, warp_row0, lane);
+  __syncthreads();
+  Element* out = static_cast<Element*>(p.o) + batch * p.o_stride.batch + (seq.q_start + m0) * p.o_stride.row +
+                 head * p.o_stride.head;
+  QTile::store(out, p.o_stride.row, smem, rows_q, p.head_dim, tid);
+  if (p.lse != nullptr)
+    store_lse(p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0, lse, warp_row0,
+              rows_q, lane);
+}
+
+}  // namespace fusedattn::cuda::sm80

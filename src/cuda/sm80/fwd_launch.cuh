@@ -1,0 +1,38 @@
+// Host launcher of the sm80 forward kernel: grid, shared-memory opt-in, stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/check.cuh"
+#include "cuda/sm80/fwd_kernel.cuh"
+#include "fusedattn/error.h"
+
+namespace fusedattn::cuda::sm80 {
+
+// Without opting in, a block may use at most 48 KiB of dynamic shared memory.
+constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
+constexpr unsigned kMaxGridYZ = 65535;
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+void run_fwd(const FwdParams& p) {
+  using Cfg = FwdConfig<kHeadDim>;
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
+  if (static_cast<unsigned>(p.heads_q) > kMaxGridYZ || static_cast<unsigned>(p.batch) > kMaxGridYZ)
+    throw Error(ErrorCode::kUnsupported, "q",
+                "the sm80 forward kernel supports at most " + std::to_string(kMaxGridYZ) + " heads and sequences");
+  if (p.seqlen_q >= kMaxMaskedSeqlen || p.seqlen_k >= kMaxMaskedSeqlen)
+    throw Error(ErrorCode::kUnsupported, "q",
+                "the sm80 forward kernel supports sequences shorter than " + std::to_string(kMaxMaskedSeqlen));
+  auto kernel = fwd_kernel<Element, kHeadDim, kMask>;
+  if constexpr (Cfg::kSmemBytes > kDefaultDynamicSmemBytes)
+    FUSEDATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
+  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+  FUSEDATTN_CHECK_LAUNCH();
+}
+
+}  // namespace fusedattn::cuda::sm80
