@@ -11,8 +11,10 @@
 #include <vector>
 
 #include "cpu/config.h"
+#include "cpu/exp2.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/mask.h"
+#include "cpu/simd.h"
 #include "cpu/softmax.h"
 #include "cpu/threads.h"
 #include "cpu/tile_io.h"
@@ -89,20 +91,20 @@ void query_tile_ranges(const BwdParams& p, const SeqInfo& seq, int64_t r0, int r
 
 // With S (w.s) and dP (w.dp) computed for a tile: w.s becomes P = exp2(S * scale_log2 - lse),
 // w.dp becomes dS = P o (dP - delta), on each row's visible columns.
-void softmax_gradients(const BwdParams& p, int rows, BackwardScratch& w) {
+FUSEDATTN_CPU_HOT void softmax_gradients(const BwdParams& p, int rows, BackwardScratch& w) {
   for (int r = 0; r < rows; ++r) {
-    float* s = w.s.data() + int64_t{r} * kBlockK;
-    float* dp = w.dp.data() + int64_t{r} * kBlockK;
-    const float lse = w.lse_log2[r], delta = w.delta[r];
-    for (int j = w.ranges[r].begin; j < w.ranges[r].end; ++j) {
-      s[j] = exp2_approx(s[j] * p.scale_log2 - lse);
-      dp[j] = s[j] * (dp[j] - delta);
-    }
+    const ColRange range = w.ranges[r];
+    float* __restrict s = w.s.data() + int64_t{r} * kBlockK + range.begin;
+    float* __restrict dp = w.dp.data() + int64_t{r} * kBlockK + range.begin;
+    const int n = range.end - range.begin;
+    exp2_scaled(s, n, p.scale_log2, w.lse_log2[r]);
+    const float delta = w.delta[r];
+    for (int j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - delta);
   }
 }
 
 // ---- pass 1: dK, dV ------------------------------------------------------------------------
-void key_block_gradients(const BwdParams& p, const Operands& ops, int b, int kv_head, int64_t block,
+FUSEDATTN_CPU_HOT void key_block_gradients(const BwdParams& p, const Operands& ops, int b, int kv_head, int64_t block,
                          BackwardScratch& w) {
   const SeqInfo seq = seq_info(p, b);
   const int64_t c0 = block * kBlockK;
@@ -140,7 +142,7 @@ void key_block_gradients(const BwdParams& p, const Operands& ops, int b, int kv_
 }
 
 // ---- pass 2: dQ ----------------------------------------------------------------------------
-void query_block_gradients(const BwdParams& p, const Operands& ops, int b, int h, int64_t block,
+FUSEDATTN_CPU_HOT void query_block_gradients(const BwdParams& p, const Operands& ops, int b, int h, int64_t block,
                            BackwardScratch& w) {
   const SeqInfo seq = seq_info(p, b);
   const int64_t r0 = block * kBlockQ;

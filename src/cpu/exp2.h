@@ -1,10 +1,13 @@
-// exp2 for the softmax, written so the compiler can vectorise it: libm's exp2f is an opaque
-// call that keeps every softmax loop scalar (without -ffast-math, which the project forbids).
+// exp2 for the softmax, in a scalar and a 4-wide form: libm's exp2f is an opaque call that keeps
+// every softmax loop scalar, and without -ffast-math (which the project forbids) GCC will not
+// if-convert the selects of a scalar version inside a loop, so the vector form is spelled out.
 #pragma once
 
 #include <bit>
 #include <cstdint>
 #include <limits>
+
+#include "cpu/simd.h"
 
 namespace fusedattn::cpu {
 
@@ -45,10 +48,39 @@ inline float exp2_approx(float x) {
   // Unsigned arithmetic wraps, so even a NaN's bits cannot overflow; n + bias is in [1, 254].
   const uint32_t biased = std::bit_cast<uint32_t>(shifted) - std::bit_cast<uint32_t>(kRoundMagic) + kFloatBias;
   const float scale = std::bit_cast<float>(biased << kMantBits);
-  const float result = poly * scale;
-  if (x < static_cast<float>(kMinExponent)) return 0.f;
-  if (x > static_cast<float>(kMaxExponent)) return std::numeric_limits<float>::infinity();
-  return result;
+  // Selects between values already computed, not branches, so the loops calling this stay
+  // vectorisable (with trapping math on, GCC will not hoist arithmetic out of a conditional arm).
+  const float value = poly * scale;
+  const float result = x < static_cast<float>(kMinExponent) ? 0.f : value;
+  return x > static_cast<float>(kMaxExponent) ? std::numeric_limits<float>::infinity() : result;
+}
+
+// The same function on kVecWidth lanes; each lane gives exactly what exp2_approx(float) gives.
+inline Vec exp2_approx(Vec x) {
+  using namespace exp2_detail;
+  typedef uint32_t UVec __attribute__((vector_size(sizeof(Vec))));
+  const Vec lo = broadcast(static_cast<float>(kMinExponent)), hi = broadcast(static_cast<float>(kMaxExponent));
+  const Vec magic = broadcast(kRoundMagic);
+  Vec xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  const Vec shifted = xc + magic;
+  const Vec n = shifted - magic;
+  const Vec f = xc - n;
+  const Vec poly =
+      ((((((coefficient(7) * f + coefficient(6)) * f + coefficient(5)) * f + coefficient(4)) * f + coefficient(3)) * f +
+        coefficient(2)) * f + coefficient(1)) * f + coefficient(0);
+  const UVec biased = std::bit_cast<UVec>(shifted) - std::bit_cast<UVec>(magic) + kFloatBias;
+  const Vec value = poly * std::bit_cast<Vec>(biased << kMantBits);
+  const Vec result = x < lo ? broadcast(0.f) : value;
+  return x > hi ? broadcast(std::numeric_limits<float>::infinity()) : result;
+}
+
+// x[j] = exp2(x[j] * mul - sub) for j < n.
+inline void exp2_scaled(float* x, int n, float mul, float sub) {
+  const Vec vmul = broadcast(mul), vsub = broadcast(sub);
+  int j = 0;
+  for (; j + kVecWidth <= n; j += kVecWidth) store_vec(x + j, exp2_approx(load_vec(x + j) * vmul - vsub));
+  for (; j < n; ++j) x[j] = exp2_approx(x[j] * mul - sub);
 }
 
 }  // namespace fusedattn::cpu

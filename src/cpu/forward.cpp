@@ -8,6 +8,7 @@
 #include "cpu/config.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/mask.h"
+#include "cpu/simd.h"
 #include "cpu/softmax.h"
 #include "cpu/threads.h"
 #include "cpu/tile_io.h"
@@ -51,7 +52,7 @@ QueryBlock decode_task(const FwdParams& p, int64_t task, int64_t blocks_per_head
   return {b, h, blocks_per_head - 1 - task % blocks_per_head};
 }
 
-void attend_query_block(const FwdParams& p, const QueryBlock& t, ForwardScratch& w) {
+FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, ForwardScratch& w) {
   const SeqInfo seq = seq_info(p, t.b);
   const int64_t r0 = t.block * kBlockQ;
   if (r0 >= seq.len_q) return;  // varlen: this sequence is shorter than max_seqlen_q

@@ -29,7 +29,7 @@ struct RowSoftmax {
     // While every score so far is -inf, subtracting new_max would compute -inf - (-inf) = NaN;
     // offsetting by 0 instead gives p = 0 and keeps the row at "nothing seen yet".
     const float offset = new_max == kNegInf ? 0.f : new_max;
-    for (int j = 0; j < n; ++j) x[j] = exp2_approx(x[j] - offset);
+    exp2_scaled(x, n, 1.f, offset);
     const float rescale = exp2_approx(max - offset);
     sum = sum * rescale + lane_sum(x, n);
     max = new_max;
