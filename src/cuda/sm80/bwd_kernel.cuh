@@ -59,6 +59,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
 
   const uint32_t smem_k = ptx::smem_addr(smem.k), smem_v = ptx::smem_addr(smem.v);
   const uint32_t smem_ds = ptx::smem_addr(smem.ds);
+  const LdsmLane lane_tile = ldsm_lane<kPitch, Element>();  // Q, K, V, dO tiles
+  const LdsmLane lane_ds = ldsm_lane<T::kDsPitch, Element>();
+  const int out_pair0 = col0 / (2 * kMmaCols);  // first 16-column pair of this CTA's output
 
   // Issues the cp.async copies of iteration `it`'s Q, dO, lse2 and delta into buffer `stage`.
   auto load_query_block = [&](int64_t it, int stage) {
@@ -112,7 +115,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
 
     // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
     float pt[kQueryTiles][4];
-    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, warp_key0, smem_q);
+    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q, lane_tile);
     const bool masked = block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q,
                                          cta.seq.len_k);
 #pragma unroll
@@ -132,11 +135,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
       }
     }
     // dV += P^T dO (this CTA's output columns).
-    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, col0);
+    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, lane_tile, out_pair0);
 
     // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
     float dst[kQueryTiles][4];
-    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, warp_key0, smem_do);
+    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
       const float2 d2 = *reinterpret_cast<const float2*>(delta + j * kMmaCols + 2 * t);
@@ -144,7 +147,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
       for (int e = 0; e < 4; ++e) dst[j][e] = pt[j][e] * (dst[j][e] - (e % 2 ? d2.y : d2.x));
     }
     // dK += dS^T Q.
-    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, col0);
+    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, lane_tile, out_pair0);
 
     // Hand dS^T to the dQ warp grid through shared memory, rounded like the dK operand. The
     // swizzle makes these 32-bit stores conflict free: the 8 rows g hit 8 different chunks.
@@ -160,8 +163,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
     const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = col0 + dq_wn * T::kDqCols;
     float dq[T::kDqRows / kMmaRows][T::kDqCols / kMmaCols][4];
-    warp_gemm_atb<T::kDqRows / kMmaRows, T::kDqCols, kBlockN, T::kDsPitch, kPitch, Element>(dq, smem_ds, dq_row0,
-                                                                                           smem_k, dq_col0);
+    warp_gemm_atb<T::kDqRows / kMmaRows, T::kDqCols, kBlockN, T::kDsPitch, kPitch, Element>(
+        dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, dq_col0 / (2 * kMmaCols));
     float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM + dq_row0;
     if (ws.dq_sem == nullptr) {

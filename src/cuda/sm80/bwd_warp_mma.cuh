@@ -14,40 +14,48 @@
 
 namespace fusedattn::cuda::sm80 {
 
-template <int kPitch, typename Element>
-__device__ __forceinline__ uint32_t tile_addr(uint32_t tile, int row, int col) {
-  return tile + swizzle_offset(row, col, kPitch) * sizeof(Element);
+// Addressing. An ldmatrix.x4 reads a 16x16 block as four 8x8 matrices; lane l gives the row
+// address for matrix l / 8. Two matrix orders cover every operand (cuda/ptx/mma_sm80.cuh):
+//   kRowsFirst: (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 8-15)
+//               A from a [m][k] tile; B pair from a [k][n] tile with .trans
+//   kColsFirst: (rows 0-7, cols 0-7), (rows 0-7, cols 8-15), (rows 8-15, cols 0-7), (rows 8-15, cols 8-15)
+//               B pair from a [n][k] tile; A from a [k][m] tile with .trans
+// For a block whose first row is a multiple of 8, the swizzle (chunk ^ row % 8) depends only on
+// the lane, so each lane precomputes its offset for the block at (row 0, column pair 0) once;
+// column pair `pair` (16 columns) then only flips bits 5-6 of it and adds whole 128-byte groups.
+// This keeps the hot loops at one LOP3 + an immediate offset per ldmatrix, instead of hoisting
+// a full address per (k step, n step) into registers.
+enum class LdsmOrder { kRowsFirst, kColsFirst };
+
+template <int kPitch, typename Element, LdsmOrder kOrder>
+__device__ __forceinline__ uint32_t ldsm_lane_offset() {
+  const int lane = threadIdx.x % kWarpSize;
+  const int row = kOrder == LdsmOrder::kRowsFirst ? lane % 16 : lane / 16 * 8 + lane % 8;
+  const int chunk = kOrder == LdsmOrder::kRowsFirst ? lane / 16 : lane / 8 % 2;
+  return static_cast<uint32_t>(swizzle_offset(row, chunk * kSwizzleChunkElems, kPitch) * sizeof(Element));
 }
 
-// A fragment of rows [row0, row0 + 16) x columns [k0, k0 + 16) of a tile stored [m][k].
-// Matrices 0..3 of ldmatrix.x4 are (rows 0-7 | 8-15) x (cols 0-7), then x (cols 8-15): a[0..3].
+constexpr int kPairsPerSwizzleGroup = kSwizzlePitchMultiple / (2 * kSwizzleChunkElems);  // 4
+constexpr uint32_t kPairBytes = 2 * kSwizzleChunkElems * 2;                               // 32 (16-bit elements)
+constexpr uint32_t kGroupBytes = kSwizzlePitchMultiple * 2;                               // 128
+
+// Shared address of the 16x16 block at (row0, 16 * pair) for this lane; row0 % 8 == 0.
 template <int kPitch, typename Element>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], uint32_t tile, int row0, int k0) {
-  const int lane = threadIdx.x % kWarpSize;
-  ptx::ldmatrix_x4(a, tile_addr<kPitch, Element>(tile, row0 + lane % 16, k0 + lane / 16 * 8));
+__device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t lane_offset, int row0, int pair) {
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  return tile + static_cast<uint32_t>(row0 * kPitch * sizeof(Element)) +
+         static_cast<uint32_t>(pair / kPairsPerSwizzleGroup) * kGroupBytes +
+         (lane_offset ^ (static_cast<uint32_t>(pair % kPairsPerSwizzleGroup) * kPairBytes));
 }
 
-// A fragment of the [m][k] operand whose transpose is stored ([k][m], e.g. dS^T): .trans turns
-// stored 8x8 blocks (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15) into a[0..3].
+// Per-lane offsets of one tile pitch, for both matrix orders.
+struct LdsmLane {
+  uint32_t rows_first, cols_first;
+};
 template <int kPitch, typename Element>
-__device__ __forceinline__ void load_a_transposed(uint32_t (&a)[4], uint32_t tile, int m0, int k0) {
-  const int lane = threadIdx.x % kWarpSize;
-  ptx::ldmatrix_x4_trans(a, tile_addr<kPitch, Element>(tile, k0 + lane / 16 * 8 + lane % 8, m0 + lane / 8 % 2 * 8));
-}
-
-// B fragments of two adjacent n8 tiles (n0 and n0 + 8), k in [k0, k0 + 16), from a tile stored
-// [n][k] (k contiguous, e.g. Q for S^T = K Q^T): b[0..1] for tile n0, b[2..3] for n0 + 8.
-template <int kPitch, typename Element>
-__device__ __forceinline__ void load_b_pair_nk(uint32_t (&b)[4], uint32_t tile, int n0, int k0) {
-  const int lane = threadIdx.x % kWarpSize;
-  ptx::ldmatrix_x4(b, tile_addr<kPitch, Element>(tile, n0 + lane / 16 * 8 + lane % 8, k0 + lane / 8 % 2 * 8));
-}
-
-// The same from a tile stored [k][n] (n contiguous, e.g. dO for dV = P^T dO), transposed on load.
-template <int kPitch, typename Element>
-__device__ __forceinline__ void load_b_pair_kn(uint32_t (&b)[4], uint32_t tile, int k0, int n0) {
-  const int lane = threadIdx.x % kWarpSize;
-  ptx::ldmatrix_x4_trans(b, tile_addr<kPitch, Element>(tile, k0 + lane / 8 % 2 * 8 + lane % 8, n0 + lane / 16 * 8));
+__device__ __forceinline__ LdsmLane ldsm_lane() {
+  return {ldsm_lane_offset<kPitch, Element, LdsmOrder::kRowsFirst>(),
+          ldsm_lane_offset<kPitch, Element, LdsmOrder::kColsFirst>()};
 }
 
 template <typename Element>
@@ -57,30 +65,31 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
   ptx::mma_m16n8k16<Element>(c1, a, b1);
 }
 
-// c[16 x kN] = A[rows a_row0.., 0..kK) * B^T, B stored [n][k] (both operands from shared).
+// c[16 x kN] = A[rows a_row0.., 0..kK) * B^T, A stored [m][k], B stored [n][k], both in shared.
 template <int kN, int kK, int kPitchA, int kPitchB, typename Element>
-__device__ __forceinline__ void warp_gemm_abt(float (&c)[kN / kMmaCols][4], uint32_t tile_a, int a_row0, uint32_t tile_b) {
+__device__ __forceinline__ void warp_gemm_abt(float (&c)[kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a, int a_row0,
+                                              uint32_t tile_b, LdsmLane lane_b) {
 #pragma unroll
   for (int j = 0; j < kN / kMmaCols; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     uint32_t a[4];
-    load_a<kPitchA, Element>(a, tile_a, a_row0, kb * kMmaK);
+    ptx::ldmatrix_x4(a, ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0, kb));
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      load_b_pair_nk<kPitchB, Element>(b, tile_b, np * 2 * kMmaCols, kb * kMmaK);
+      ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, np * 2 * kMmaCols, kb));
       mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
     }
   }
 }
 
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
-// the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n]
-// starting at column n0.
+// the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n],
+// starting at column 16 * pair0.
 template <int kN, int kK, int kPitchB, typename Element>
 __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], const float (&a_acc)[kK / kMmaCols][4],
-                                              uint32_t tile_b, int n0) {
+                                              uint32_t tile_b, LdsmLane lane_b, int pair0) {
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     const float(&lo)[4] = a_acc[2 * kb];
@@ -90,17 +99,17 @@ __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], cons
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      load_b_pair_kn<kPitchB, Element>(b, tile_b, kb * kMmaK, n0 + np * 2 * kMmaCols);
+      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, pair0 + np));
       mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
     }
   }
 }
 
-// c[kRowTiles*16 x kN] = A * B with A's transpose stored [k][m] (rows m0..) and B stored [k][n]
-// (columns n0..), k over [0, kK).
+// c[kRowTiles*16 x kN] = A * B with A's transpose stored [k][m] (columns from 16 * a_pair0) and B
+// stored [k][n] (columns from 16 * b_pair0), k over [0, kK).
 template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
-__device__ __forceinline__ void warp_gemm_atb(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, int m0,
-                                              uint32_t tile_b, int n0) {
+__device__ __forceinline__ void warp_gemm_atb(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
+                                              int a_pair0, uint32_t tile_b, LdsmLane lane_b, int b_pair0) {
 #pragma unroll
   for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll
@@ -110,11 +119,11 @@ __device__ __forceinline__ void warp_gemm_atb(float (&c)[kRowTiles][kN / kMmaCol
     uint32_t a[kRowTiles][4];
 #pragma unroll
     for (int mi = 0; mi < kRowTiles; ++mi)
-      load_a_transposed<kPitchA, Element>(a[mi], tile_a, m0 + mi * kMmaRows, kb * kMmaK);
+      ptx::ldmatrix_x4_trans(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.cols_first, kb * kMmaK, a_pair0 + mi));
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      load_b_pair_kn<kPitchB, Element>(b, tile_b, kb * kMmaK, n0 + np * 2 * kMmaCols);
+      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b_pair0 + np));
 #pragma unroll
       for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
     }
