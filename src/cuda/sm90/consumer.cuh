@@ -1,0 +1,226 @@
+// A consumer warpgroup's mainloop for one tile: its 64 query rows against every visible KV block,
+// highest block first (so a causal tile starts with its masked diagonal block). Per block:
+// S = Q K^T (wgmma, both operands in shared memory), mask on boundary blocks, online softmax,
+// O += P V (wgmma, P from registers). With `overlap` the Q K^T of the next block is issued
+// together with the P V of the current one, so the softmax of block n-1 runs while the tensor
+// cores finish P V of block n. With `pingpong` the two warpgroups take turns issuing, so one's
+// softmax hides under the other's GEMMs.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/sync.cuh"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/kernel_params.h"
+#include "cuda/sm90/mask.cuh"
+#include "cuda/sm90/named_barriers.h"
+#include "cuda/sm90/pipeline.cuh"
+#include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+// Turn-taking between the two consumer warpgroups: wait for my turn before issuing GEMMs, hand
+// the turn over right after issuing them. Each bar.sync of one warpgroup pairs with one
+// bar.arrive of the other (128 + 128 threads).
+struct WarpgroupTurns {
+  bool enabled;
+  int warpgroup;
+  static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;
+  __device__ __forceinline__ void wait_turn() const {
+    if (enabled) ptx::named_barrier_sync(barrier_id(NamedBarrier::kSchedulerWg0, warpgroup), kThreads);
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if (enabled) ptx::named_barrier_arrive(barrier_id(NamedBarrier::kSchedulerWg0, 1 - warpgroup), kThreads);
+  }
+};
+
+template <typename Element, class Cfg, MaskKind kMask>
+struct Consumer {
+  using Storage = SharedStorage<Element, Cfg>;
+  static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  static constexpr int kSAcc = kWarpgroupRows * kBlockN / kWarpgroupThreads;    // S floats per thread
+  static constexpr int kOAcc = kWarpgroupRows * kHeadDim / kWarpgroupThreads;   // O floats per thread
+  static constexpr int kPRegs = kSAcc / 2;                                      // P as packed pairs
+  static constexpr int kKStep = 16;                                             // wgmma K per instruction
+  static constexpr uint32_t kRowBytes = kSwizzleBytes;
+  static constexpr uint32_t kKStepBytes = kKStep * sizeof(Element);  // next 16 columns of a K-major slab
+  static constexpr int kKStepsPerSlab = Cfg::kSlabCols / kKStep;
+  // K-major 128B-swizzled operands: 8-row groups are one atom (1024 bytes) apart; LBO is unused
+  // and encoded as 1 (16 bytes).
+  static constexpr uint32_t kUnusedLbo = 16;
+
+  const KernelParams& params;
+  Storage& smem;
+  int warpgroup;  // 0 or 1: rows [64 warpgroup, 64 warpgroup + 64) of the tile
+  int lane;
+  int warp;  // within the warpgroup
+
+  float o[kOAcc];
+  OnlineSoftmax softmax;
+
+  // S (64 x kBlockN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps. Descriptors of later
+  // k-steps are the first one plus a constant (the address field is bits 0..13, and no tile
+  // crosses 256 KiB, so the addition never carries out of it).
+  __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
+    const uint64_t desc_q = ptx::make_smem_desc(ptx::smem_addr(smem.q) + warpgroup * kWarpgroupRows * kRowBytes,
+                                                kUnusedLbo, ptx::kSwizzleAtomBytes);
+    const uint64_t desc_k = ptx::make_smem_desc(ptx::smem_addr(smem.k[stage]), kUnusedLbo, ptx::kSwizzleAtomBytes);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
+      const uint32_t offset = (kk % kKStepsPerSlab) * kKStepBytes;
+      const int slab = kk / kKStepsPerSlab;
+      ptx::wgmma_ss<Element, kBlockN>(s, desc_q + ptx::desc_encode(slab * kBlockM * kRowBytes + offset),
+                                      desc_k + ptx::desc_encode(slab * kBlockN * kRowBytes + offset), kk > 0);
+    }
+  }
+
+  // O (64 x d) += P (64 x kBlockN, registers) V (kBlockN x d). V is stored [key][d] in 64-column
+  // slabs: for wgmma that is B N-major, 64-column groups kBlockN rows apart (LBO), 8-key groups
+  // one atom apart (SBO); each k-step moves 16 keys down.
+  __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPRegs], int stage) {
+    const uint64_t desc_v = ptx::make_smem_desc(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes, ptx::kSwizzleAtomBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / kKStep; ++kk) {
+      const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+      ptx::wgmma_rs<Element, kHeadDim>(o, a, desc_v + ptx::desc_encode(kk * kKStep * kRowBytes), true);
+    }
+  }
+
+  // The softmax output as the A operand of P V: k-step kk takes accumulator chunks 2kk, 2kk+1.
+  __device__ __forceinline__ static void convert_p(const float (&s)[kSAcc], uint32_t (&p)[kPRegs]) {
+#pragma unroll
+    for (int i = 0; i < kPRegs; ++i) p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+  }
+
+  using Mask = TileMask<kMask, kBlockM, kBlockN>;
+  struct TileBounds {
+    typename Mask::Bounds interior;  // of the warpgroup's 64 rows: which blocks need masking
+    typename Mask::Bounds rows[2];   // of this thread's two rows
+  };
+
+  __device__ __forceinline__ TileBounds tile_bounds(const WorkTile& t, const Mask& mask) const {
+    const int64_t row_first = int64_t{t.m_block} * kBlockM + warpgroup * kWarpgroupRows;
+    const int64_t len_q = params.p.seqlen_q;
+    // Rows past seqlen_q are never stored; bound the interior test by the last real row.
+    const int64_t last = row_first + kWarpgroupRows - 1;
+    const int64_t row_last = last < len_q ? last : (len_q - 1 > row_first ? len_q - 1 : row_first);
+    const int64_t row0 = row_first + warp * 16 + lane / 4;
+    return {mask.interior_bounds(row_first, row_last), {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)}};
+  }
+
+  // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
+  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, const TileBounds& b, float (&correction)[2]) {
+    if (Mask::cuts(b.interior, n)) Mask::apply(s, n, b.rows, 2 * (lane % 4));
+    softmax.update(s, params.p.scale_log2, correction);
+  }
+
+  // One block of the overlapped loop: S of block n_next and O += P V of the current block are
+  // issued together; the softmax of n_next runs while P V is still in flight.
+  template <bool kMasked>
+  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], int n_next,
+                                                  PipelineState& kv, const TileBounds& bounds,
+                                                  const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
+    PipelineState next = kv;
+    next.advance();
+    pipe.consumer_wait_k(next);
+    pipe.consumer_wait_v(kv);
+    turns.wait_turn();
+    ptx::wgmma_fence();
+    issue_qk(s, next.stage);
+    ptx::wgmma_commit_group();
+    issue_pv(p, kv.stage);
+    ptx::wgmma_commit_group();
+    turns.pass_turn();
+    ptx::wgmma_wait_group<1>();  // S ready; P V may still run
+    ptx::fence_operands(s);
+    if constexpr (kMasked) Mask::apply(s, n_next, bounds.rows, 2 * (lane % 4));
+    float correction[2];
+    softmax.update(s, params.p.scale_log2, correction);
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(o);
+    ptx::fence_operands(p);
+    pipe.consumer_release(kv, lane);
+    rescale_rows(o, correction);
+    convert_p(s, p);  // only now: the P V just finished was reading the old p
+    kv = next;
+  }
+
+  // Runs the whole KV loop of tile t; leaves the unnormalised O in `o` and the row statistics in
+  // `softmax`. kv is the consumer's position in the K/V ring, carried across tiles.
+  __device__ __forceinline__ void mma_tile(const WorkTile& t, PipelineState& kv, const WarpgroupTurns& turns) {
+    const KVPipeline<Storage> pipe{smem};
+    const Mask mask{params.p};
+    const KVBlockRange blocks = mask.kv_blocks(t.m_block);
+    const TileBounds bounds = tile_bounds(t, mask);
+#pragma unroll
+    for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
+    softmax.reset();
+    if (blocks.count() == 0) return;
+
+    float s[kSAcc];
+    uint32_t p[kPRegs];
+    float correction[2];
+    int n = blocks.hi - 1;
+
+    if (params.features.overlap) {
+      pipe.consumer_wait_k(kv);
+      turns.wait_turn();
+      ptx::wgmma_fence();
+      issue_qk(s, kv.stage);
+      ptx::wgmma_commit_group();
+      turns.pass_turn();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(s);
+      softmax_step(s, n, bounds, correction);
+      convert_p(s, p);
+      // Masked and unmasked blocks get separate copies of the step, so the common unmasked one
+      // carries no mask code (and its register pressure) at all.
+      for (; n > blocks.lo; --n) {
+        if (Mask::cuts(bounds.interior, n - 1))
+          overlapped_step<true>(s, p, n - 1, kv, bounds, turns, pipe);
+        else
+          overlapped_step<false>(s, p, n - 1, kv, bounds, turns, pipe);
+      }
+      pipe.consumer_wait_v(kv);
+      turns.wait_turn();
+      ptx::wgmma_fence();
+      issue_pv(p, kv.stage);
+      ptx::wgmma_commit_group();
+      turns.pass_turn();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      pipe.consumer_release(kv, lane);
+      kv.advance();
+    } else {
+      for (; n >= blocks.lo; --n) {
+        pipe.consumer_wait_k(kv);
+        turns.wait_turn();
+        ptx::wgmma_fence();
+        issue_qk(s, kv.stage);
+        ptx::wgmma_commit_group();
+        turns.pass_turn();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(s);
+        softmax_step(s, n, bounds, correction);
+        rescale_rows(o, correction);
+        convert_p(s, p);
+        pipe.consumer_wait_v(kv);
+        turns.wait_turn();
+        ptx::wgmma_fence();
+        issue_pv(p, kv.stage);
+        ptx::wgmma_commit_group();
+        turns.pass_turn();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(o);
+        pipe.consumer_release(kv, lane);
+        kv.advance();
+      }
+    }
+  }
+};
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,84 @@
+// A consumer warpgroup's epilogue: O normalised by the softmax row sums, converted to the
+// element type, staged in the warpgroup's own 64 rows of the Q buffer (in the 128B-swizzled
+// layout of the O tensor map) and written by one TMA store per 64-column slab; the TMA clips rows
+// past seqlen_q and columns past head_dim. LSE (natural log) goes straight from registers.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/sync.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/kernel_params.h"
+#include "cuda/sm90/named_barriers.h"
+#include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+template <typename Element, class Cfg>
+struct Epilogue {
+  using Storage = SharedStorage<Element, Cfg>;
+  static constexpr int kOAcc = kWarpgroupRows * Cfg::kHeadDim / kWarpgroupThreads;
+  static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));  // one 16-byte swizzle unit
+  static constexpr int kAtomRows = 8;                                         // rows per swizzle atom
+
+  const KernelParams& params;
+  Storage& smem;
+  int warpgroup, warp, lane;
+
+  // Element offset of (row, col) in a 128B-swizzled [kBlockM x kHeadDim] tile stored as slabs.
+  __device__ __forceinline__ static int swizzled_offset(int row, int col) {
+    const int slab = col / Cfg::kSlabCols, in_slab = col % Cfg::kSlabCols;
+    const int chunk = (in_slab / kChunkElems) ^ (row % kAtomRows);
+    return slab * Cfg::kBlockM * Cfg::kSlabCols + row * Cfg::kSlabCols + chunk * kChunkElems + in_slab % kChunkElems;
+  }
+
+  __device__ __forceinline__ void store(const WorkTile& t, float (&o)[kOAcc], OnlineSoftmax& softmax) const {
+    const FwdParams& p = params.p;
+    float inv_sum[2], lse[2];
+    softmax.finalize(inv_sum, lse);
+    rescale_rows(o, inv_sum);
+
+    const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogueWg0, warpgroup);
+    // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
+    ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
+    const int row0 = warpgroup * kWarpgroupRows + warp * 16 + lane / 4;
+    const int col0 = 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < kOAcc / 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row0 + 8 * half, col = 8 * j + col0;
+        *reinterpret_cast<uint32_t*>(&smem.q[swizzled_offset(row, col)]) =
+            pack2<Element>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+      }
+    // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
+    if (warp == 0 && lane == 0) {
+      const int row = t.m_block * Cfg::kBlockM + warpgroup * kWarpgroupRows;
+#pragma unroll
+      for (int s = 0; s < Cfg::kSlabs; ++s)
+        ptx::tma_store_4d(&params.tma_o, smem.q + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
+                          s * Cfg::kSlabCols, row, t.head, t.batch);
+      ptx::tma_store_commit();
+      ptx::tma_store_wait_read();  // the staging rows may now take the next tile's Q
+      ptx::mbarrier_arrive(&smem.q_empty);
+    }
+
+    if (p.lse != nullptr && lane % 4 == 0) {
+      float* lse_bh = p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = int64_t{t.m_block} * Cfg::kBlockM + row0 + 8 * half;
+        if (row < p.seqlen_q) lse_bh[row] = lse[half];
+      }
+    }
+  }
+};
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,68 @@
+// run_fwd for the Hopper forward kernel: builds the TMA descriptors, reads the ablation switches,
+// sizes the grid (persistent: at most one CTA per SM) and launches. Explicit instances live in
+// src/cuda/instances/sm90_fwd_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "cuda/common/check.cuh"
+#include "cuda/common/kinds.h"
+#include "cuda/sm90/kernel.cuh"
+#include "cuda/sm90/tensor_map.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+
+// FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0, FUSEDATTN_SM90_OVERLAP=0,
+// FUSEDATTN_SM90_PERSISTENT=0 turn optimisations down for A/B measurements (docs/hopper.md).
+inline Features features_from_env(int compiled_stages) {
+  const auto flag = [](const char* name) {
+    const char* v = std::getenv(name);
+    return !(v && v[0] == '0');
+  };
+  Features f;
+  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG");
+  f.overlap = flag("FUSEDATTN_SM90_OVERLAP");
+  f.persistent = flag("FUSEDATTN_SM90_PERSISTENT");
+  f.num_stages = compiled_stages;
+  if (const char* v = std::getenv("FUSEDATTN_SM90_STAGES")) f.num_stages = std::clamp(std::atoi(v), 1, compiled_stages);
+  // The overlapped loop holds one stage while it waits for the next: it needs two.
+  if (f.overlap) f.num_stages = std::max(f.num_stages, 2);
+  return f;
+}
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+void run_fwd(const FwdParams& p) {
+  using Cfg = KernelConfig<Element, kHeadDim>;
+  constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
+  const int num_m_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const int64_t tiles = int64_t{num_m_blocks} * p.heads_q * p.batch;
+  if (tiles == 0) return;
+
+  KernelParams kp{};
+  kp.p = p;
+  kp.num_m_blocks = num_m_blocks;
+  kp.features = features_from_env(Cfg::kStages);
+  const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
+    return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
+  };
+  kp.tma_q = make_tensor_map(view(p.q, p.seqlen_q, p.heads_q, p.q_stride), Cfg::kSlabCols, Cfg::kBlockM);
+  kp.tma_k = make_tensor_map(view(p.k, p.seqlen_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
+  kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
+  kp.tma_o = make_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), Cfg::kSlabCols, kWarpgroupRows);
+
+  int device = 0, num_sms = 0;
+  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int64_t grid = kp.features.persistent ? std::min<int64_t>(tiles, num_sms) : tiles;
+
+  auto kernel = fwd_kernel<Element, Cfg, kMask>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  kernel<<<static_cast<unsigned>(grid), kThreads, kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(kp);
+  FUSEDATTN_CHECK_LAUNCH();
+}
+
+}  // namespace fusedattn::cuda::sm90

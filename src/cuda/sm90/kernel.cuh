@@ -1,0 +1,70 @@
+// The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
+// registers); warpgroups 1 and 2 consume (wgmma + softmax + epilogue, many registers), each
+// owning 64 rows of every 128-row query tile. Both roles walk the same static tile schedule.
+#pragma once
+
+#include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/setmaxnreg.cuh"
+#include "cuda/ptx/sync.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/consumer.cuh"
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/kernel_params.h"
+#include "cuda/sm90/producer.cuh"
+#include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/tile_scheduler.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+template <typename Element, class Cfg>
+__device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
+  constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
+  ptx::mbarrier_init(&smem.q_full, kProducerArrivals);
+  ptx::mbarrier_init(&smem.q_empty, kConsumerWarpgroups);  // one TMA-store thread per warpgroup
+  for (int s = 0; s < Cfg::kStages; ++s) {
+    ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
+    ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
+    ptx::mbarrier_init(&smem.kv_empty[s], kConsumerWarps);
+  }
+  ptx::fence_barrier_init();
+}
+
+template <typename Element, class Cfg, MaskKind kMask>
+__global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams params) {
+  extern __shared__ __align__(1024) unsigned char smem_bytes[];
+  auto& smem = *reinterpret_cast<SharedStorage<Element, Cfg>*>(smem_bytes);
+  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
+  const int warp = static_cast<int>(threadIdx.x) % kWarpgroupThreads / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+
+  if (threadIdx.x == 0) init_barriers<Element, Cfg>(smem);
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (warp == 0 && ptx::elect_one_sync()) Producer<Element, Cfg, kMask>{params, smem}.run();
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegisters>();
+    const int consumer = warpgroup - 1;
+    const WarpgroupTurns turns{params.features.pingpong, consumer};
+    // Warpgroup 0 issues first: warpgroup 1 hands it the first turn. That leaves one arrival on
+    // warpgroup 0's barrier unmatched, which its final wait_turn() below consumes.
+    if (consumer == 1) turns.pass_turn();
+    Consumer<Element, Cfg, kMask> mainloop{params, smem, consumer, lane, warp};
+    const Epilogue<Element, Cfg> epilogue{params, smem, consumer, warp, lane};
+    PipelineState kv;
+    kv.num_stages = params.features.num_stages;
+    uint32_t tile_parity = 0;
+    const StaticTileScheduler scheduler(params.num_m_blocks, params.p.heads_q, params.p.batch);
+    for (WorkTile t = scheduler.get_initial_work(); scheduler.is_valid(t); t = scheduler.get_next_work(t)) {
+      ptx::mbarrier_wait(&smem.q_full, tile_parity);
+      mainloop.mma_tile(t, kv, turns);
+      epilogue.store(t, mainloop.o, mainloop.softmax);
+      tile_parity ^= 1;
+    }
+    if (consumer == 0) turns.wait_turn();
+    if (warp == 0 && lane == 0) ptx::tma_store_wait_all();
+  }
+}
+
+}  // namespace fusedattn::cuda::sm90

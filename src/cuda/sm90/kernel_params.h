@@ -1,0 +1,30 @@
+// What the Hopper forward kernel receives (by value, as a __grid_constant__ parameter): the four
+// TMA descriptors, the API's parameter block, and the run-time switches of the ablation study.
+#pragma once
+
+#include <cuda.h>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+
+// Optimisations that can be turned off at run time (read from the environment on the host by
+// fwd_launch.cuh) so docs/hopper.md can record what each one buys.
+struct Features {
+  int num_stages = 2;      // K/V pipeline depth in use (1 .. compiled kStages)
+  bool pingpong = true;    // the two consumer warpgroups take turns issuing their GEMMs
+  bool overlap = true;     // Q*K^T of block n-1 is issued before the softmax of block n
+  bool persistent = true;  // one CTA per SM walking tiles; off: one CTA per tile
+};
+
+struct KernelParams {
+  CUtensorMap tma_q;  // [batch, seqlen_q, heads_q, head_dim], box 64 x kBlockM
+  CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
+  CUtensorMap tma_v;
+  CUtensorMap tma_o;  // box 64 x 64: each consumer warpgroup stores its own rows
+  FwdParams p;
+  int num_m_blocks;
+  Features features;
+};
+
+}  // namespace fusedattn::cuda::sm90

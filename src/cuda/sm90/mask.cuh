@@ -1,0 +1,82 @@
+// The mask policy for one query tile on the wgmma accumulator layout: which KV blocks are visible
+// at all (the rest are never loaded), which of those the window's edges or the sequence end cut
+// (only those are masked element-wise), and the element-wise mask itself. Every decision goes
+// through key_range() in include/fusedattn/params.h, the one rule all backends share.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/common/kinds.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+
+struct KVBlockRange {
+  int lo, hi;  // visible KV blocks are [lo, hi); empty when lo >= hi
+  __device__ int count() const { return hi > lo ? hi - lo : 0; }
+};
+
+template <MaskKind kMask, int kBlockM, int kBlockN>
+struct TileMask {
+  const FwdParams& p;
+
+  // Keys visible to any row of query block m_block. key_range's lo and hi both grow with the
+  // row, so the union over the tile is [lo(first row), hi(last row)].
+  __device__ __forceinline__ KVBlockRange kv_blocks(int m_block) const {
+    const int64_t num_n = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    if constexpr (kMask == MaskKind::kFull) {
+      return {0, static_cast<int>(num_n)};
+    } else {
+      const int64_t first = int64_t{m_block} * kBlockM;
+      const int64_t last = (first + kBlockM < p.seqlen_q ? first + kBlockM : p.seqlen_q) - 1;
+      const int64_t lo = key_range(p, first, p.seqlen_q, p.seqlen_k).lo;
+      const int64_t hi = key_range(p, last, p.seqlen_q, p.seqlen_k).hi;
+      if (hi < lo) return {0, 0};
+      return {static_cast<int>(lo / kBlockN), static_cast<int>(hi / kBlockN + 1)};
+    }
+  }
+
+  // Keys are int32 inside the kernel (the TMA coordinates are int32 too; dispatch keeps longer
+  // sequences off this kernel), so per-block mask tests are 32-bit compares against bounds
+  // computed once per tile.
+  struct Bounds {
+    int lo, hi;  // visible keys [lo, hi]; lo > hi when none
+  };
+  __device__ __forceinline__ Bounds bounds_of_row(int64_t row) const {
+    const KeyRange kr = key_range(p, row, p.seqlen_q, p.seqlen_k);
+    return {static_cast<int>(kr.lo), static_cast<int>(kr.hi < kr.lo - 1 ? kr.lo - 1 : kr.hi)};
+  }
+
+  // For query rows [row_first, row_last]: the largest lo and the smallest hi over the rows (lo
+  // and hi both grow with the row). A KV block needs no element-wise mask iff every row sees
+  // all of its keys: max lo <= first key and min hi >= last key.
+  __device__ __forceinline__ Bounds interior_bounds(int64_t row_first, int64_t row_last) const {
+    return {bounds_of_row(row_last).lo, bounds_of_row(row_first).hi};
+  }
+  __device__ __forceinline__ static bool cuts(const Bounds& interior, int n_block) {
+    const int key_first = n_block * kBlockN;
+    return interior.lo > key_first || interior.hi < key_first + kBlockN - 1;
+  }
+
+  // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator: this thread
+  // holds two rows (bounds rows[0], rows[1]) and columns 8j + col0 + {0, 1} (see ptx/wgmma.cuh).
+  template <int kAcc>
+  __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0) {
+    static_assert(kAcc == kBlockN / 2);
+    const int key_first = n_block * kBlockN;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int lo = rows[half].lo - key_first, hi = rows[half].hi - key_first;
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * j + col0 + e;
+          if (col < lo || col > hi) s[4 * j + 2 * half + e] = -INFINITY;
+        }
+    }
+  }
+};
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,48 @@
+// The K/V pipeline's phase bookkeeping: PipelineState is the only place that knows how a stage
+// index wraps and when the barrier parity flips. Producer: acquire(empty) -> expect_tx -> TMA.
+// Consumer: wait(full) -> wgmma -> release(empty).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx/mbarrier.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;  // parity of the barrier phase this pass over the ring waits for
+  int num_stages = 1;  // run-time depth (<= the compiled stage count) for ablation runs
+
+  __device__ __forceinline__ void advance() {
+    if (++stage == num_stages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// Views the barrier arrays of SharedStorage.
+template <class Storage>
+struct KVPipeline {
+  Storage& smem;
+
+  // The producer's first pass finds fresh "empty" barriers in phase 0: waiting for parity 1
+  // returns at once, so it can fill every stage before any consumer has released one.
+  __device__ __forceinline__ void producer_acquire(const PipelineState& s) const {
+    ptx::mbarrier_wait(&smem.kv_empty[s.stage], s.phase ^ 1);
+  }
+  __device__ __forceinline__ void consumer_wait_k(const PipelineState& s) const {
+    ptx::mbarrier_wait(&smem.k_full[s.stage], s.phase);
+  }
+  __device__ __forceinline__ void consumer_wait_v(const PipelineState& s) const {
+    ptx::mbarrier_wait(&smem.v_full[s.stage], s.phase);
+  }
+  // One arrival per consumer warp (kv_empty counts kConsumerWarps): each warp arrives after its
+  // own wgmma.wait_group, so the stage is free only once every warp's reads have completed.
+  __device__ __forceinline__ void consumer_release(const PipelineState& s, int lane) const {
+    if (lane == 0) ptx::mbarrier_arrive(&smem.kv_empty[s.stage]);
+  }
+};
+
+}  // namespace fusedattn::cuda::sm90

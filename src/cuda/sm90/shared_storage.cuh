@@ -1,0 +1,34 @@
+// Shared memory of one CTA: the Q tile (reused as O staging), the K/V pipeline stages and the
+// barriers. Its sizeof() is the dynamic shared-memory request.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/sm90/tile_config.h"
+
+namespace fusedattn::cuda::sm90 {
+
+template <typename Element, class Cfg>
+struct SharedStorage {
+  static constexpr int kQElems = Cfg::kBlockM * Cfg::kHeadDim;
+  static constexpr int kKVElems = Cfg::kBlockN * Cfg::kHeadDim;
+  // 1024-byte alignment: every tile starts a 128B-swizzle atom, so wgmma descriptors use base
+  // offset 0 and the TMA's swizzle pattern matches the one wgmma assumes.
+  alignas(1024) Element q[kQElems];  // Q tile; O staging for the TMA store in the epilogue
+  alignas(1024) Element k[Cfg::kStages][kKVElems];
+  alignas(1024) Element v[Cfg::kStages][kKVElems];
+  uint64_t q_full;   // TMA -> consumers: Q landed
+  uint64_t q_empty;  // consumers -> producer: O stored, Q buffer free for the next tile
+  uint64_t k_full[Cfg::kStages];
+  uint64_t v_full[Cfg::kStages];
+  uint64_t kv_empty[Cfg::kStages];  // consumers -> producer: both K and V of the stage consumed
+};
+
+template <typename Element, class Cfg>
+constexpr int shared_bytes() {
+  constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
+  static_assert(bytes <= kMaxSharedBytesPerBlock, "tile configuration exceeds the shared memory of an SM");
+  return bytes;
+}
+
+}  // namespace fusedattn::cuda::sm90

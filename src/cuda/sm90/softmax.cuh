@@ -1,0 +1,93 @@
+// Online softmax over the rows a thread holds in a wgmma accumulator (two rows per thread, the
+// four lanes of a quad share a row; layout in ptx/wgmma.cuh). Works in log2 units:
+// exp(scale * s) = exp2(scale_log2 * s), one FFMA + EX2 per score.
+#pragma once
+
+#include <cmath>
+
+namespace fusedattn::cuda::sm90 {
+
+// ex2.approx.ftz.f32; any SM. exp2(-inf) = 0, which the masked scores rely on.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Max / sum over the four lanes of a quad (lanes 4r .. 4r+3 hold one row between them).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+struct OnlineSoftmax {
+  static constexpr int kRows = 2;
+  float row_max[kRows];  // running max of scale_log2 * s (log2 units); -inf until a key is seen
+  float row_sum[kRows];  // this thread's partial sum of exp2(...); reduced over the quad at the end
+
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Turns scores s into unnormalised probabilities in place and returns, per row, the factor
+  // by which the O accumulated so far must be rescaled. Requires scale_log2 > 0.
+  template <int kAcc>
+  __device__ __forceinline__ void update(float (&s)[kAcc], float scale_log2, float (&correction)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      const float m_new = fmaxf(row_max[r], quad_max(mx) * scale_log2);
+      // A row that has seen only masked keys keeps max -inf; subtracting 0 instead avoids
+      // -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and sum at 0.
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      correction[r] = fast_exp2(row_max[r] - m_use);
+      row_max[r] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * r + e];
+          x = fast_exp2(fmaf(x, scale_log2, -m_use));
+          sum += x;
+        }
+      row_sum[r] = row_sum[r] * correction[r] + sum;
+    }
+  }
+
+  // 1 / rowsum for the output and the natural-log LSE. A fully masked row has sum 0: its output
+  // is 0 (not 0 * inf) and its LSE -inf. A NaN sum stays NaN in both, confined to its row.
+  __device__ __forceinline__ void finalize(float (&inv_sum)[kRows], float (&lse)[kRows]) {
+    constexpr float kLn2 = 0.69314718055994530942f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_sum(row_sum[r]);
+      inv_sum[r] = sum == 0.f ? 0.f : 1.f / sum;
+      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + log2f(sum)) * kLn2;
+    }
+  }
+};
+
+// O *= correction, per row, on a 64 x N accumulator.
+template <int kAcc>
+__device__ __forceinline__ void rescale_rows(float (&o)[kAcc], const float (&factor)[2]) {
+#pragma unroll
+  for (int j = 0; j < kAcc / 4; ++j) {
+    o[4 * j + 0] *= factor[0];
+    o[4 * j + 1] *= factor[0];
+    o[4 * j + 2] *= factor[1];
+    o[4 * j + 3] *= factor[1];
+  }
+}
+
+}  // namespace fusedattn::cuda::sm90

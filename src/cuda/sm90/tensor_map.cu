@@ -1,0 +1,59 @@
+#include "cuda/sm90/tensor_map.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <string>
+
+#include "fusedattn/error.h"
+
+namespace fusedattn::cuda::sm90 {
+namespace {
+
+constexpr int kRank = 4;
+constexpr int kDriverApiVersion = 12000;  // cuTensorMapEncodeTiled's signature since CUDA 12.0
+
+// Resolved through the runtime so the library needs no -lcuda at link time.
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* sym = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &sym, kDriverApiVersion, cudaEnableDefault, &status);
+    if (err != cudaSuccess || status != cudaDriverEntryPointSuccess || sym == nullptr)
+      throw Error(ErrorCode::kRuntime, "", "cannot resolve cuTensorMapEncodeTiled from the CUDA driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(sym);
+  }();
+  return fn;
+}
+
+CUtensorMapDataType map_dtype(DType d) {
+  if (d == DType::kBFloat16) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows) {
+  const uint64_t elem = dtype_size(view.dtype);
+  const cuuint64_t dims[kRank] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(view.rows),
+                                  static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batch)};
+  // Byte strides of dims 1..3. A dimension of extent 1 is never stepped through, and validation
+  // leaves its stride unconstrained, so give the TMA any 16-byte multiple there.
+  const int64_t strides[kRank - 1] = {view.strides.row, view.strides.head, view.strides.batch};
+  cuuint64_t byte_strides[kRank - 1];
+  constexpr cuuint64_t kAnyAlignedStride = 16;
+  for (int d = 0; d < kRank - 1; ++d)
+    byte_strides[d] = dims[d + 1] <= 1 ? kAnyAlignedStride : static_cast<cuuint64_t>(strides[d]) * elem;
+  const cuuint32_t box[kRank] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[kRank] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult res = encode_fn()(&map, map_dtype(view.dtype), kRank, const_cast<void*>(view.base), dims, byte_strides,
+                                   box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS)
+    throw Error(ErrorCode::kRuntime, "", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
+  return map;
+}
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,27 @@
+// Host-side construction of the TMA descriptors the Hopper forward kernel loads and stores with.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+
+// One [batch, rows, heads, head_dim] operand with arbitrary (16-byte aligned) strides, described
+// to the TMA as a 4-D tensor over (dim, row, head, batch), innermost first. The inner extent is
+// the real head_dim, so a kernel instance for a larger head dim reads zeros past it and its
+// stores drop those columns.
+struct OperandView {
+  const void* base;
+  DType dtype;
+  int64_t head_dim, rows, heads, batch;
+  OperandStrides strides;  // in elements
+};
+
+// A tiled map with box [box_rows x box_cols] and the 128-byte swizzle (box_cols * element size
+// must be 128). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
+CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows);
+
+}  // namespace fusedattn::cuda::sm90

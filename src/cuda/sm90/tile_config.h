@@ -1,0 +1,54 @@
+// Tile sizes and resource budget of the Hopper forward kernel, per head dim: one constexpr table
+// that host code (launch, shared-memory size) and device code read alike.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedattn::cuda::sm90 {
+
+struct TileShape {
+  int block_m;  // query rows per CTA tile (two consumer warpgroups of 64 rows)
+  int block_n;  // keys per KV block
+  int stages;   // depth of the K/V shared-memory pipeline
+};
+
+// d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers; d256: O alone takes
+// 128 registers per thread, so the KV block shrinks to 64 keys to leave room for S and P.
+constexpr TileShape tile_shape(int head_dim) {
+  if (head_dim <= 64) return {128, 128, 3};
+  if (head_dim <= 128) return {128, 128, 2};
+  return {128, 64, 2};
+}
+
+constexpr int kWarpgroupThreads = 128;
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
+constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
+// Register split after setmaxnreg: 24 for the producer, 240 for each consumer thread;
+// 128 * 24 + 256 * 240 = 64512 <= the 65536 registers of an SM.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+constexpr int kRegisterFileSize = 65536;
+static_assert(kWarpgroupThreads * kProducerRegisters + kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
+              kRegisterFileSize);
+constexpr int kMaxSharedBytesPerBlock = 227 * 1024;  // sm_90 opt-in limit per block
+constexpr int kSwizzleBytes = 128;                   // TMA/wgmma 128-byte swizzle span (one smem row)
+
+template <typename Element, int kHeadDim_>
+struct KernelConfig {
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr TileShape kShape = tile_shape(kHeadDim);
+  static constexpr int kBlockM = kShape.block_m;
+  static constexpr int kBlockN = kShape.block_n;
+  static constexpr int kStages = kShape.stages;
+  // A tile row of kHeadDim elements is stored as kHeadDim / kSlabCols "slabs" of 128 bytes each,
+  // so every slab is a plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on.
+  static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
+  static constexpr int kSlabs = kHeadDim / kSlabCols;
+  static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
+  static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma k-steps are 16 wide");
+};
+
+}  // namespace fusedattn::cuda::sm90

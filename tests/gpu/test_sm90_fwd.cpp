@@ -1,0 +1,307 @@
+// The Hopper (sm90a) forward kernel, called directly (not through dispatch) so every test is
+// known to exercise it: outputs against the float64 reference under the 2x rule (error at most
+// twice that of a plain same-dtype implementation, plus a small atol), LSE against the
+// reference, fully masked rows, NaN confinement, large logits, strides, GQA, partial head dims
+// and each optimisation switched off. Outputs are poisoned before every run; inputs are fresh.
+// Skips on devices other than compute capability 9.0.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda/dispatch.h"
+#include "fusedattn/params.h"
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr double kAtol = 1e-3;     // the 2x rule's absolute slack on outputs
+constexpr double kLseAtol = 1e-3;  // LSE is computed in fp32 by every implementation
+constexpr double kLog2e = 1.4426950408889634;
+
+bool on_hopper() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  return prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_UNLESS_HOPPER() \
+  if (!on_hopper()) GTEST_SKIP() << "needs an sm_90 GPU"
+
+void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+// A device copy of a HostTensor, copied back on request.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceBuffer(HostTensor& t) : bytes(t.nbytes()) {
+    EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, t.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void copy_to(HostTensor& t) const { EXPECT_EQ(cudaMemcpy(t.data(), ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// The Hopper instance dispatch picks for p on an sm_90 device, or null when this build has none
+// (e.g. a build without the head dim, or with FUSEDATTN_SM90=OFF).
+cuda::FwdFn hopper_instance(const FwdParams& p) {
+  try {
+    const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
+    return std::string(choice.arch) == "sm90" ? choice.fn : nullptr;
+  } catch (const Error&) {
+    return nullptr;
+  }
+}
+
+OperandStrides strides_of(const TensorView& v) { return {v.stride[0], v.stride[1], v.stride[2]}; }
+
+FwdParams params_for(const Problem& pr, DType dtype, const HostCase& c, const DeviceBuffer& q, const DeviceBuffer& k,
+                     const DeviceBuffer& v, const DeviceBuffer& o, const DeviceBuffer& lse) {
+  FwdParams p;
+  HostCase& mc = const_cast<HostCase&>(c);
+  p.q = q.ptr;
+  p.k = k.ptr;
+  p.v = v.ptr;
+  p.o = o.ptr;
+  p.lse = static_cast<float*>(lse.ptr);
+  p.q_stride = strides_of(mc.q.view());
+  p.k_stride = strides_of(mc.k.view());
+  p.v_stride = strides_of(mc.v.view());
+  p.o_stride = strides_of(mc.out.view());
+  p.lse_batch_stride = int64_t{pr.heads_q} * pr.seqlen_q;
+  p.lse_head_stride = pr.seqlen_q;
+  p.dtype = dtype;
+  p.batch = pr.batch;
+  p.heads_q = pr.heads_q;
+  p.heads_kv = pr.heads_kv;
+  p.head_dim = pr.head_dim;
+  p.seqlen_q = pr.seqlen_q;
+  p.seqlen_k = pr.seqlen_k;
+  p.scale = pr.scale();
+  p.scale_log2 = static_cast<float>(pr.scale() * kLog2e);
+  p.window_left = pr.window_left;
+  p.window_right = pr.causal ? 0 : pr.window_right;
+  p.device = {DeviceType::kCUDA, 0};
+  return p;
+}
+
+struct RunResult {
+  std::vector<double> out, lse;
+};
+
+// Poisons out/lse, runs the kernel, returns both in canonical order; nothing (and a note) when
+// the build has no Hopper instance for the problem.
+std::optional<RunResult> run_kernel(HostCase& c) {
+  c.out.poison();
+  c.lse.poison();
+  DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
+  const FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
+  const cuda::FwdFn fn = hopper_instance(p);
+  if (fn == nullptr) {
+    std::printf("no sm90 instance in this build for %s: not run\n", c.problem.str().c_str());
+    return std::nullopt;
+  }
+  fn(p);
+  check(cudaDeviceSynchronize(), "kernel");
+  o.copy_to(c.out);
+  lse.copy_to(c.lse);
+  return RunResult{c.out.to_double(), c.lse.to_double()};
+}
+
+// Full comparison for problems small enough for the float64 reference.
+void expect_matches_reference(HostCase& c, double atol = kAtol) {
+  const auto run = run_kernel(c);
+  if (!run) return;
+  const RunResult& got = *run;
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(c.problem, ref);
+  plain_forward(c.problem, c.dtype, plain);
+  EXPECT_TRUE(obeys_2x_rule(got.out, plain.out, ref.out, atol)) << c.problem.str();
+  EXPECT_TRUE(all_close(got.lse, ref.lse, kLseAtol, kLseAtol)) << "lse " << c.problem.str();
+}
+
+Problem make_problem(int b, int hq, int hkv, int d, int64_t sq, int64_t sk, bool causal, int64_t wl = -1,
+                     int64_t wr = -1) {
+  Problem p;
+  p.batch = b;
+  p.heads_q = hq;
+  p.heads_kv = hkv;
+  p.head_dim = d;
+  p.seqlen_q = sq;
+  p.seqlen_k = sk;
+  p.causal = causal;
+  p.window_left = wl;
+  p.window_right = wr;
+  return p;
+}
+
+struct ShapeCase {
+  DType dtype;
+  int head_dim;
+};
+
+class Sm90Shapes : public ::testing::TestWithParam<ShapeCase> {};
+
+TEST_P(Sm90Shapes, FullAndCausalMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  const auto [dtype, d] = GetParam();
+  auto rng = fresh_rng();
+  // Lengths that are not block multiples, Sq != Sk both ways, GQA 4:2 and MQA.
+  for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
+                            make_problem(1, 3, 1, d, 200, 515, true), make_problem(1, 2, 2, d, 515, 200, true),
+                            make_problem(1, 2, 1, d, 77, 1, false), make_problem(2, 2, 1, d, 129, 65, false)}) {
+    HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+    expect_matches_reference(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(All, Sm90Shapes,
+                         ::testing::Values(ShapeCase{DType::kFloat16, 64}, ShapeCase{DType::kFloat16, 128},
+                                           ShapeCase{DType::kFloat16, 256}, ShapeCase{DType::kBFloat16, 64},
+                                           ShapeCase{DType::kBFloat16, 128}, ShapeCase{DType::kBFloat16, 256}),
+                         [](const auto& info) {
+                           return std::string(info.param.dtype == DType::kFloat16 ? "fp16" : "bf16") + "_d" +
+                                  std::to_string(info.param.head_dim);
+                         });
+
+TEST(Sm90Fwd, SlidingWindows) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (const Problem& pr : {make_problem(1, 2, 1, 128, 400, 400, false, 50, 10),
+                            make_problem(1, 2, 2, 128, 300, 700, false, 130, 0),
+                            make_problem(1, 2, 2, 64, 700, 300, false, 0, 0),
+                            make_problem(2, 2, 1, 256, 260, 260, false, -1, 3),
+                            make_problem(1, 2, 2, 128, 200, 200, false, 5, -1)}) {
+    HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
+    expect_matches_reference(c);
+  }
+}
+
+// Head dims below the instance's: the TMA zero-fills the columns past head_dim (d40 runs on the
+// 64 instance; d136 on the 256 instance, whose last 64-column slab is entirely out of bounds).
+TEST(Sm90Fwd, PartialHeadDims) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (int d : {8, 40, 72, 96, 136, 200}) {
+    HostCase c = make_case(make_problem(1, 2, 1, d, 190, 170, d % 16 == 8), DType::kBFloat16, Layout::kBSHD, rng);
+    expect_matches_reference(c);
+  }
+}
+
+TEST(Sm90Fwd, BhsdStrides) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  HostCase c = make_case(make_problem(2, 4, 2, 128, 333, 250, true), DType::kFloat16, Layout::kBHSD, rng);
+  expect_matches_reference(c);
+}
+
+TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const Problem pr = make_problem(1, 2, 2, 64, 256, 256, true);
+  HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
+  constexpr double kLogitBoost = 100.0;
+  for (double& x : c.values.q) x = round_to(c.dtype, x * kLogitBoost);
+  refill_inputs(c);
+  // Logits of ~1e3 make absolute errors scale with them; the 2x rule still applies.
+  expect_matches_reference(c, 1e-2);
+}
+
+// Rows whose window is empty: out exactly 0 and lse -inf, never NaN.
+TEST(Sm90Fwd, FullyMaskedRows) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const Problem pr = make_problem(1, 2, 1, 128, 300, 100, true);  // rows < 200 see no key
+  HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
+  const auto run = run_kernel(c);
+  if (!run) GTEST_SKIP() << "no sm90 instance";
+  const RunResult& got = *run;
+  for (int h = 0; h < pr.heads_q; ++h)
+    for (int64_t i = 0; i < pr.seqlen_q - pr.seqlen_k; ++i) {
+      EXPECT_EQ(got.lse[lse_offset(pr, 0, h, i)], -INFINITY) << "row " << i;
+      for (int x = 0; x < pr.head_dim; ++x) ASSERT_EQ(got.out[out_offset(pr, 0, h, i) + x], 0.0) << "row " << i;
+    }
+  expect_matches_reference(c);
+}
+
+TEST(Sm90Fwd, NanStaysInItsRow) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const Problem pr = make_problem(1, 1, 1, 64, 200, 200, false);
+  HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
+  constexpr int64_t kNanRow = 70;
+  c.values.q[static_cast<size_t>(kNanRow * pr.head_dim + 3)] = NAN;
+  refill_inputs(c);
+  const auto run = run_kernel(c);
+  if (!run) GTEST_SKIP() << "no sm90 instance";
+  const RunResult& got = *run;
+  for (int64_t i = 0; i < pr.seqlen_q; ++i) {
+    const double x = got.out[out_offset(pr, 0, 0, i)];
+    if (i == kNanRow)
+      EXPECT_TRUE(std::isnan(x));
+    else
+      EXPECT_TRUE(std::isfinite(x)) << "row " << i;
+  }
+}
+
+// Many tiles per CTA (phases wrap many times) on a problem too large for the full reference:
+// sampled rows against the float64 row reference, 2x rule per row.
+TEST(Sm90Fwd, SampledRowsOfALargeProblem) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (bool causal : {false, true}) {
+    const Problem pr = make_problem(4, 16, 4, 128, 1500, 1500, causal);
+    HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
+    const auto run = run_kernel(c);
+    if (!run) GTEST_SKIP() << "no sm90 instance";
+    const RunResult& got = *run;
+    std::uniform_int_distribution<int64_t> row(0, pr.seqlen_q - 1);
+    constexpr int kSamples = 48;
+    for (int s = 0; s < kSamples; ++s) {
+      const int b = s % pr.batch, h = (s * 7) % pr.heads_q;
+      const int64_t i = s == 0 ? pr.seqlen_q - 1 : row(rng);
+      const RowResult ref = reference_forward_row(pr, c.values, b, h, i);
+      const RowResult plain = plain_forward_row(pr, c.dtype, c.values, b, h, i);
+      const int64_t off = out_offset(pr, b, h, i);
+      const std::vector<double> mine(got.out.begin() + off, got.out.begin() + off + pr.head_dim);
+      EXPECT_TRUE(obeys_2x_rule(mine, plain.out, ref.out, kAtol)) << pr.str() << " b" << b << " h" << h << " row " << i;
+      EXPECT_NEAR(got.lse[lse_offset(pr, b, h, i)], ref.lse, kLseAtol * (1 + std::fabs(ref.lse)));
+    }
+  }
+}
+
+// Every optimisation switched off in turn must still give the same answers.
+TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {{"FUSEDATTN_SM90_OVERLAP", "0"}},
+      {{"FUSEDATTN_SM90_PINGPONG", "0"}},
+      {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
+      {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"}},
+  };
+  for (const auto& env : settings) {
+    for (const auto& [k, v] : env) setenv(k, v, 1);
+    for (bool causal : {false, true}) {
+      HostCase c = make_case(make_problem(2, 4, 2, 128, 700, 600, causal), DType::kFloat16, Layout::kBSHD, rng);
+      expect_matches_reference(c);
+    }
+    for (const auto& [k, v] : env) unsetenv(k);
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
