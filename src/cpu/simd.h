@@ -16,6 +16,7 @@ inline Vec load_vec(const float* p) {
   return v;
 }
 inline void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
+static_assert(kVecWidth == 4, "broadcast() spells out four lanes");
 inline Vec broadcast(float x) { return Vec{x, x, x, x}; }
 
 }  // namespace fusedattn::cpu

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <limits>
 
 #include "cpu/config.h"
 #include "cpu/mask.h"
