@@ -54,38 +54,41 @@ TensorView HostTensor::view_at(void* data, Device device) const {
   return t;
 }
 
-// Memory position of every canonical index, in canonical order.
-std::vector<int64_t> HostTensor::memory_order() const {
-  std::vector<int64_t> pos(static_cast<size_t>(numel()));
-  if (!permuted(layout_, shape_.size())) {
-    std::iota(pos.begin(), pos.end(), int64_t{0});
-    return pos;
+namespace {
+
+// Calls fn(canonical index, memory index) for every element, in canonical order.
+template <typename Fn>
+void for_each_position(const std::vector<int64_t>& shape, Layout layout, int64_t numel, Fn fn) {
+  if (!permuted(layout, shape.size())) {
+    for (int64_t n = 0; n < numel; ++n) fn(n, n);
+    return;
   }
-  const int64_t B = shape_[0], S = shape_[1], H = shape_[2], D = shape_[3];
+  const int64_t B = shape[0], S = shape[1], H = shape[2], D = shape[3];
   int64_t c = 0;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t d = 0; d < D; ++d) pos[c++] = ((b * H + h) * S + s) * D + d;
-  return pos;
+        for (int64_t d = 0; d < D; ++d) fn(c++, ((b * H + h) * S + s) * D + d);
 }
+
+}  // namespace
 
 void HostTensor::fill(const std::vector<double>& canonical) {
   if (static_cast<int64_t>(canonical.size()) != numel())
     throw std::invalid_argument("HostTensor::fill: " + std::to_string(canonical.size()) + " values for " +
                                 std::to_string(numel()) + " elements");
-  const std::vector<int64_t> pos = memory_order();
-  std::vector<double> in_memory(canonical.size());
-  for (size_t i = 0; i < canonical.size(); ++i) in_memory[pos[i]] = canonical[i];
-  encode(dtype_, in_memory.data(), bytes_.data(), numel());
+  const size_t elem = dtype_size(dtype_);
+  for_each_position(shape_, layout_, numel(), [&](int64_t c, int64_t m) {
+    encode(dtype_, &canonical[c], bytes_.data() + m * elem, 1);
+  });
 }
 
 std::vector<double> HostTensor::to_double() const {
-  std::vector<double> in_memory(static_cast<size_t>(numel()));
-  decode(dtype_, bytes_.data(), in_memory.data(), numel());
-  const std::vector<int64_t> pos = memory_order();
-  std::vector<double> canonical(in_memory.size());
-  for (size_t i = 0; i < canonical.size(); ++i) canonical[i] = in_memory[pos[i]];
+  std::vector<double> canonical(static_cast<size_t>(numel()));
+  const size_t elem = dtype_size(dtype_);
+  for_each_position(shape_, layout_, numel(), [&](int64_t c, int64_t m) {
+    decode(dtype_, bytes_.data() + m * elem, &canonical[c], 1);
+  });
   return canonical;
 }
 

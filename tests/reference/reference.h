@@ -97,8 +97,6 @@ class HostTensor {
   void poison();                                    // NaN everywhere (fp types)
 
  private:
-  std::vector<int64_t> memory_order() const;  // memory index of each canonical index
-
   DType dtype_ = DType::kFloat32;
   std::vector<int64_t> shape_;
   Layout layout_ = Layout::kBSHD;

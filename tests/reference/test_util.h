@@ -62,8 +62,10 @@ inline int64_t product(const std::vector<int64_t>& shape) {
 }
 
 // Fresh N(0, stddev) q, k, v, dout rounded to dtype; out, lse and the gradients poisoned.
+// Forward-only callers of large problems may pass with_backward = false to skip dout and the
+// gradient tensors (backward_args then must not be used).
 inline HostCase make_case(const Problem& p, DType dtype, Layout layout, std::mt19937_64& rng,
-                          double stddev = kDefaultStddev) {
+                          double stddev = kDefaultStddev, bool with_backward = true) {
   HostCase c;
   c.problem = p;
   c.dtype = dtype;
@@ -73,20 +75,24 @@ inline HostCase make_case(const Problem& p, DType dtype, Layout layout, std::mt1
   c.k = HostTensor(dtype, ks, c.layout);
   c.v = HostTensor(dtype, ks, c.layout);
   c.out = HostTensor(dtype, qs, c.layout);
-  c.dout = HostTensor(dtype, qs, c.layout);
-  c.dq = HostTensor(dtype, qs, c.layout);
-  c.dk = HostTensor(dtype, ks, c.layout);
-  c.dv = HostTensor(dtype, ks, c.layout);
   c.lse = HostTensor(DType::kFloat32, lse_shape(p));
   c.values.q = randn(rng, product(qs), stddev, dtype);
   c.values.k = randn(rng, product(ks), stddev, dtype);
   c.values.v = randn(rng, product(ks), stddev, dtype);
-  c.values.dout = randn(rng, product(qs), stddev, dtype);
   c.q.fill(c.values.q);
   c.k.fill(c.values.k);
   c.v.fill(c.values.v);
-  c.dout.fill(c.values.dout);
-  for (HostTensor* t : {&c.out, &c.lse, &c.dq, &c.dk, &c.dv}) t->poison();
+  c.out.poison();
+  c.lse.poison();
+  if (with_backward) {
+    c.dout = HostTensor(dtype, qs, c.layout);
+    c.dq = HostTensor(dtype, qs, c.layout);
+    c.dk = HostTensor(dtype, ks, c.layout);
+    c.dv = HostTensor(dtype, ks, c.layout);
+    c.values.dout = randn(rng, product(qs), stddev, dtype);
+    c.dout.fill(c.values.dout);
+    for (HostTensor* t : {&c.dq, &c.dk, &c.dv}) t->poison();
+  }
   if (p.varlen()) {
     const int64_t entries = int64_t{p.batch} + 1;
     c.cu_q = HostTensor(DType::kInt32, {entries});
@@ -103,7 +109,7 @@ inline void refill_inputs(HostCase& c) {
   c.q.fill(c.values.q);
   c.k.fill(c.values.k);
   c.v.fill(c.values.v);
-  c.dout.fill(c.values.dout);
+  if (!c.values.dout.empty()) c.dout.fill(c.values.dout);
 }
 
 // Options for a problem; cu_q/cu_k are the offset tensors' views (empty for dense problems).

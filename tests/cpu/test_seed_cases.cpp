@@ -1,0 +1,95 @@
+// The seed document's cases, by name: (Z, H, N_CTX, HEAD_DIM) in the (batch, heads, seqlen, dim)
+// layout, inputs N(0, 0.5), sm_scale 0.5, judged by |got - ref| <= atol + rtol |ref| against the
+// float64 reference. Problems too large for the full reference compare a sample of rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "cpu/cpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr double kSeedStddev = 0.5;
+constexpr float kSeedScale = 0.5f;
+constexpr double kSeedAtol = 1e-2, kSeedRtol = 1e-2;
+// Problems with more multiply-adds per head (Z*H*N*N*D) than this compare sampled rows only and
+// skip the backward: the naive float64 reference would dominate the suite's run time.
+constexpr int64_t kFullReferenceBudget = int64_t{1} << 28;
+constexpr int kSampledRows = 192;
+
+Problem seed_problem(int z, int h, int64_t n, int d, bool causal) {
+  Problem p = dense(z, h, h, n, n, d);
+  p.softmax_scale = kSeedScale;
+  p.causal = causal;
+  return p;
+}
+
+int64_t work_of(const Problem& p) { return int64_t{p.batch} * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim; }
+
+// Compares `kSampledRows` random rows (plus the first and last) of out and lse with the
+// row-wise reference.
+void expect_sampled_rows_close(const Problem& p, const HostCase& c, std::mt19937_64& rng, double atol, double rtol) {
+  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+  std::uniform_int_distribution<int> pick_b(0, p.batch - 1), pick_h(0, p.heads_q - 1);
+  std::uniform_int_distribution<int64_t> pick_i(0, p.seqlen_q - 1);
+  struct Row {
+    int b, h;
+    int64_t i;
+  };
+  std::vector<Row> rows{{0, 0, 0}, {p.batch - 1, p.heads_q - 1, p.seqlen_q - 1}};
+  while (rows.size() < static_cast<size_t>(kSampledRows)) rows.push_back({pick_b(rng), pick_h(rng), pick_i(rng)});
+  std::vector<double> got, ref;
+  for (const Row& r : rows) {
+    const RowResult want = reference_forward_row(p, c.values, r.b, r.h, r.i);
+    const int64_t o = out_offset(p, r.b, r.h, r.i);
+    got.insert(got.end(), out.begin() + o, out.begin() + o + p.head_dim);
+    ref.insert(ref.end(), want.out.begin(), want.out.end());
+    got.push_back(lse[lse_offset(p, r.b, r.h, r.i)]);
+    ref.push_back(want.lse);
+  }
+  EXPECT_TRUE(all_close(got, ref, atol, rtol)) << "sampled rows (out and lse) of " << case_name(c);
+}
+
+void run_seed_case(int z, int h, int64_t n, int d, DType dtype, bool causal = false, double atol = kSeedAtol,
+                   double rtol = kSeedRtol) {
+  const Problem p = seed_problem(z, h, n, d, causal);
+  std::mt19937_64 rng = fresh_rng();
+  const bool full = work_of(p) <= kFullReferenceBudget;
+  HostCase c = make_case(p, dtype, Layout::kBHSD, rng, kSeedStddev, /*with_backward=*/full);
+  run_forward(c);
+  if (!full) {
+    expect_sampled_rows_close(p, c, rng, atol, rtol);
+    return;
+  }
+  Tensors ref = c.values;
+  reference_forward(p, ref);
+  EXPECT_TRUE(all_close(c.out.to_double(), ref.out, atol, rtol)) << "out of " << case_name(c);
+  EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, atol, rtol)) << "lse of " << case_name(c);
+  run_backward(c);
+  reference_backward(p, ref);
+  EXPECT_TRUE(all_close(c.dq.to_double(), ref.dq, atol, rtol)) << "dq of " << case_name(c);
+  EXPECT_TRUE(all_close(c.dk.to_double(), ref.dk, atol, rtol)) << "dk of " << case_name(c);
+  EXPECT_TRUE(all_close(c.dv.to_double(), ref.dv, atol, rtol)) << "dv of " << case_name(c);
+}
+
+TEST(SeedCases, Z1H1N128D128_fp16) { run_seed_case(1, 1, 128, 128, DType::kFloat16); }
+TEST(SeedCases, Z1H1N128D128_bf16) { run_seed_case(1, 1, 128, 128, DType::kBFloat16); }
+TEST(SeedCases, Z1H2N256D256_fp16) { run_seed_case(1, 2, 256, 256, DType::kFloat16); }
+TEST(SeedCases, Z1H2N256D256_bf16) { run_seed_case(1, 2, 256, 256, DType::kBFloat16); }
+TEST(SeedCases, Z2H2N128D256_fp16) { run_seed_case(2, 2, 128, 256, DType::kFloat16); }
+TEST(SeedCases, Z2H2N128D256_bf16) { run_seed_case(2, 2, 128, 256, DType::kBFloat16); }
+TEST(SeedCases, Z4H32N64D64_fp16) { run_seed_case(4, 32, 64, 64, DType::kFloat16); }
+TEST(SeedCases, Z4H32N64D64_bf16) { run_seed_case(4, 32, 64, 64, DType::kBFloat16); }
+TEST(SeedCases, Z4H32N1024D64_fp16) { run_seed_case(4, 32, 1024, 64, DType::kFloat16); }
+TEST(SeedCases, Z4H32N1024D64_bf16) { run_seed_case(4, 32, 1024, 64, DType::kBFloat16); }
+TEST(SeedCases, Z4H32N4096D64_fp16) { run_seed_case(4, 32, 4096, 64, DType::kFloat16); }
+TEST(SeedCases, Z4H32N4096D64_bf16) { run_seed_case(4, 32, 4096, 64, DType::kBFloat16); }
+
+// The causal case, forward and backward, at an absolute tolerance only.
+constexpr double kCausalAtol = 1e-2, kCausalRtol = 0.0;
+TEST(SeedCases, Z1H2N1024D64_causal_fp16) { run_seed_case(1, 2, 1024, 64, DType::kFloat16, true, kCausalAtol, kCausalRtol); }
+TEST(SeedCases, Z1H2N1024D64_causal_bf16) { run_seed_case(1, 2, 1024, 64, DType::kBFloat16, true, kCausalAtol, kCausalRtol); }
+
+}  // namespace
+}  // namespace fusedattn::testing
