@@ -96,7 +96,9 @@ RowResult forward_row(const Problem& p, const Tensors& t, const Seq& s, int h, i
 
 // ---- plain, in the storage dtype -----------------------------------------------------------------
 
-// A plain implementation's row: fp32 accumulation, every matmul result rounded to dtype.
+// A plain implementation's row: fp32 accumulation, every matmul result rounded to dtype. The
+// inputs must already be values of dtype (plain_forward/plain_backward round them first), which
+// keeps rounding out of the inner loops of million-key rows.
 struct PlainRow {
   std::vector<float> p;  // rounded probabilities over the visible keys
   std::vector<double> out;
@@ -115,7 +117,7 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   for (int64_t j = r.vis.lo; j <= r.vis.hi; ++j) {
     const double* k = &t.k[k_offset(p, s.k_start + j, hk)];
     float acc = 0;
-    for (int d = 0; d < D; ++d) acc += static_cast<float>(round_to(dtype, q[d])) * static_cast<float>(round_to(dtype, k[d]));
+    for (int d = 0; d < D; ++d) acc += static_cast<float>(q[d]) * static_cast<float>(k[d]);
     sc.push_back(static_cast<float>(round_to(dtype, acc * scale)));
   }
   float m = -std::numeric_limits<float>::infinity();
@@ -128,7 +130,7 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   std::vector<float> acc(D, 0.f);
   for (size_t j = 0; j < sc.size(); ++j) {
     const double* v = &t.v[k_offset(p, s.k_start + r.vis.lo + static_cast<int64_t>(j), hk)];
-    for (int d = 0; d < D; ++d) acc[d] += r.p[j] * static_cast<float>(round_to(dtype, v[d]));
+    for (int d = 0; d < D; ++d) acc[d] += r.p[j] * static_cast<float>(v[d]);
   }
   for (int d = 0; d < D; ++d) r.out[d] = round_to(dtype, acc[d]);
   r.lse = static_cast<float>(m + std::log(sum));
@@ -231,7 +233,16 @@ void reference_forward(const Problem& p, Tensors& t) {
   }
 }
 
+namespace {
+// The inputs as a plain implementation in dtype would hold them.
+void round_inputs(DType dtype, Tensors& t) {
+  for (std::vector<double>* x : {&t.q, &t.k, &t.v, &t.dout})
+    for (double& e : *x) e = round_to(dtype, e);
+}
+}  // namespace
+
 void plain_forward(const Problem& p, DType dtype, Tensors& t) {
+  round_inputs(dtype, t);
   t.out.assign(q_size(p), 0.0);
   t.lse.assign(lse_size(p), kNegInf);
   for (int b = 0; b < p.batch; ++b) {
@@ -292,6 +303,7 @@ void reference_backward(const Problem& p, Tensors& t) {
 // The same in the storage dtype: each matmul (dP, dS, dQ, dK, dV) accumulates in fp32 and is
 // rounded once to dtype; delta = rowsum(dO o O) in fp32 from the plain forward's rounded O.
 void plain_backward(const Problem& p, DType dtype, Tensors& t) {
+  round_inputs(dtype, t);
   const int D = p.head_dim;
   const float scale = p.scale();
   std::vector<float> dq(q_size(p), 0.f), dk(k_size(p), 0.f), dv(k_size(p), 0.f);
@@ -305,16 +317,16 @@ void plain_backward(const Problem& p, DType dtype, Tensors& t) {
         if (fwd.vis.empty()) continue;
         const int64_t qo = q_offset(p, s.q_start + i, h);
         float delta = 0;
-        for (int d = 0; d < D; ++d) delta += rd(t.dout[qo + d]) * static_cast<float>(fwd.out[d]);
+        for (int d = 0; d < D; ++d) delta += static_cast<float>(t.dout[qo + d]) * static_cast<float>(fwd.out[d]);
         for (size_t j = 0; j < fwd.p.size(); ++j) {
           const int64_t ko = k_offset(p, s.k_start + fwd.vis.lo + static_cast<int64_t>(j), hk);
           float dp = 0;
-          for (int d = 0; d < D; ++d) dp += rd(t.dout[qo + d]) * rd(t.v[ko + d]);
+          for (int d = 0; d < D; ++d) dp += static_cast<float>(t.dout[qo + d]) * static_cast<float>(t.v[ko + d]);
           const float ds = rd(fwd.p[j] * (rd(dp) - delta));
           for (int d = 0; d < D; ++d) {
-            dq[qo + d] += ds * rd(t.k[ko + d]);
-            dk[ko + d] += ds * rd(t.q[qo + d]);
-            dv[ko + d] += fwd.p[j] * rd(t.dout[qo + d]);
+            dq[qo + d] += ds * static_cast<float>(t.k[ko + d]);
+            dk[ko + d] += ds * static_cast<float>(t.q[qo + d]);
+            dv[ko + d] += fwd.p[j] * static_cast<float>(t.dout[qo + d]);
           }
         }
       }

@@ -61,6 +61,8 @@ struct RowResult {
   double lse = 0;
 };
 RowResult reference_forward_row(const Problem& p, const Tensors& t, int b, int h, int64_t i);
+// plain_forward_row expects t's inputs to be values of dtype already (as randn and HostTensor
+// give them); unlike plain_forward it does not round them, so that sampled rows stay cheap.
 RowResult plain_forward_row(const Problem& p, DType dtype, const Tensors& t, int b, int h, int64_t i);
 
 // Canonical positions of row (b, h, i) in out (first of head_dim values) and in lse.

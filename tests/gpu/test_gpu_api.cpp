@@ -1,0 +1,442 @@
+// The CUDA backend through the public API with cudaMalloc'd buffers: the CPU suite's feature
+// matrix in fp16 and bf16 (2x rule, every element, outputs poisoned), head dims served directly
+// or by the next larger instance, the edges (zero sizes, fully masked rows, large logits, NaN
+// confinement), streams, caller workspace, and bit-identical reruns.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gpu/gpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr int kHeadDim = 64;
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ---- forward feature matrix ----------------------------------------------------------------------
+
+TEST(GpuForward, SeqlensNotMultipleOfTheBlock) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (int64_t s : {1, 17, 100, 257}) FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(2, 2, 2, s, s, kHeadDim)));
+}
+
+TEST(GpuForward, SqNotEqualSk) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{100, 17}, {257, 1}, {17, 100}, {1, 257}, {65, 300}}) {
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(2, 2, 2, sq, sk, kHeadDim)));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(2, 2, 2, sq, sk, kHeadDim), true, -1, -1)));
+  }
+}
+
+TEST(GpuForward, Causal) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (int64_t s : {1, 63, 128, 300}) FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(2, 3, 3, s, s, kHeadDim), true, -1, -1)));
+}
+
+TEST(GpuForward, Windows) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(2, 2, 2, 300, 300, kHeadDim), false, 40, -1)));   // left only
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 130, 300, kHeadDim), false, -1, 7)));    // right only
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 300, 130, kHeadDim), false, -1, 3)));    // rows see nothing
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 257, 257, kHeadDim), false, 64, 64)));  // both
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 200, 77, kHeadDim), false, 3, 70)));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 300, 300, kHeadDim), true, 100, -1)));  // local causal
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 100, 100, kHeadDim), false, 0, 0)));     // diagonal only
+}
+
+TEST(GpuForward, GqaAndMqa) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(2, 8, 2, 170, 190, kHeadDim)));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(2, 6, 3, 190, 170, kHeadDim), true, -1, -1)));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(1, 5, 1, 100, 250, kHeadDim)));
+}
+
+TEST(GpuForward, VarlenWithEmptySequences) {
+  FUSEDATTN_REQUIRE_GPU();
+  const Problem p = packed(4, 2, kHeadDim, {17, 0, 130, 200, 0, 1}, {33, 5, 0, 260, 0, 70});
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(p));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, true, -1, -1)));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, false, 20, 4)));
+}
+
+TEST(GpuForward, LayoutBHSD) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(2, 4, 2, 200, 77, kHeadDim), Layout::kBHSD));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(2, 2, 1, 77, 200, kHeadDim), true, -1, -1), Layout::kBHSD));
+}
+
+TEST(GpuForward, ExplicitAndNegativeScale) {
+  FUSEDATTN_REQUIRE_GPU();
+  Problem p = dense(2, 2, 2, 100, 120, kHeadDim);
+  p.softmax_scale = 0.5f;
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(p));
+  p.softmax_scale = -0.03f;
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(p));
+}
+
+TEST(GpuForward, LseMayBeOmitted) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (DType dtype : kGpuDtypes) {
+    std::mt19937_64 rng = fresh_rng();
+    const Problem p = with_mask(dense(2, 2, 2, 150, 150, kHeadDim), true, -1, -1);
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    DeviceCase dc(c);
+    ForwardArgs a = dc.forward_args();
+    a.lse = TensorView{};
+    FUSEDATTN_RUN_OR_SKIP(dc.forward(a));
+    Tensors ref = c.values, plain = c.values;
+    reference_forward(p, ref);
+    plain_forward(p, dtype, plain);
+    EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(dtype))) << case_name(c);
+  }
+}
+
+TEST(GpuForward, RunsOnTheCallersStream) {
+  FUSEDATTN_REQUIRE_GPU();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  std::mt19937_64 rng = fresh_rng();
+  const Problem p = with_mask(dense(2, 4, 2, 300, 300, kHeadDim), true, -1, -1);
+  HostCase c = make_case(p, DType::kFloat16, Layout::kBSHD, rng);
+  DeviceCase dc(c);
+  ForwardArgs a = dc.forward_args();
+  a.options.stream = stream;
+  dc.out.poison();
+  dc.lse.poison();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the poison is on the legacy stream
+  const SkipReason skip = run_unless_missing([&] { forward(a); });
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+  FUSEDATTN_RUN_OR_SKIP(skip);
+  dc.out.download(c.out);
+  dc.lse.download(c.lse);
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(p, ref);
+  plain_forward(p, c.dtype, plain);
+  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype)));
+}
+
+// ---- head dims ---------------------------------------------------------------------------------
+
+// 40 and 80 have no instance of their own: they run on the next larger one (64, 96) with the
+// extra columns masked, which is what these cases check.
+class GpuHeadDim : public ::testing::TestWithParam<int> {};
+
+TEST_P(GpuHeadDim, Forward) {
+  FUSEDATTN_REQUIRE_GPU();
+  const int d = GetParam();
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(dense(1, 2, 1, 167, 190, d)));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(dense(1, 2, 2, 190, 167, d), true, -1, -1), Layout::kBHSD));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(2, 1, d, {70, 0, 129}, {1, 50, 129}), false, 30, 0)));
+}
+
+TEST_P(GpuHeadDim, Backward) {
+  FUSEDATTN_REQUIRE_GPU();
+  const int d = GetParam();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(1, 2, 1, 130, 150, d)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 150, 130, d), true, -1, -1), Layout::kBHSD));
+}
+
+INSTANTIATE_TEST_SUITE_P(All, GpuHeadDim, ::testing::Values(32, 40, 64, 80, 96, 128, 192, 256),
+                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
+
+// ---- backward feature matrix --------------------------------------------------------------------
+
+TEST(GpuBackward, SeqlensNotMultipleOfTheBlock) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (int64_t s : {1, 17, 100, 257}) FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(2, 2, 2, s, s, kHeadDim)));
+}
+
+TEST(GpuBackward, SqNotEqualSk) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(1, 2, 2, 200, 37, kHeadDim)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(1, 2, 2, 37, 200, kHeadDim)));
+}
+
+TEST(GpuBackward, Causal) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(2, 2, 2, 257, 257, kHeadDim), true, -1, -1)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 90, 200, kHeadDim), true, -1, -1)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 200, 90, kHeadDim), true, -1, -1)));
+}
+
+TEST(GpuBackward, Windows) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 300, 300, kHeadDim), false, 50, -1)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 170, 300, kHeadDim), false, -1, 6)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 300, 170, kHeadDim), false, 5, 9)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(1, 2, 2, 300, 300, kHeadDim), true, 70, -1)));
+}
+
+TEST(GpuBackward, GqaAndMqaSumOverTheGroup) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(1, 8, 2, 160, 170, kHeadDim)));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(dense(2, 4, 1, 170, 160, kHeadDim), true, -1, -1)));
+}
+
+TEST(GpuBackward, VarlenWithEmptySequences) {
+  FUSEDATTN_REQUIRE_GPU();
+  const Problem p = packed(4, 2, kHeadDim, {17, 0, 130, 200, 1}, {33, 5, 0, 200, 90});
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(p));
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(with_mask(p, true, -1, -1)));
+}
+
+TEST(GpuBackward, LayoutBHSD) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(dense(2, 4, 2, 170, 150, kHeadDim), Layout::kBHSD));
+}
+
+// ---- edges ---------------------------------------------------------------------------------------
+
+TEST(GpuEdges, ZeroSizesAreNoops) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const Problem& p : {dense(0, 2, 2, 10, 10, kHeadDim), dense(2, 2, 2, 0, 10, kHeadDim),
+                           dense(2, 0, 0, 10, 10, kHeadDim), packed(2, 2, kHeadDim, {0, 0}, {3, 0})}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      EXPECT_NO_THROW(forward(dc.forward_args()));
+      EXPECT_NO_THROW(backward(dc.backward_args()));
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    }
+  }
+}
+
+TEST(GpuEdges, NoKeysMasksEveryRow) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const Problem& p : {dense(2, 2, 1, 10, 0, kHeadDim), packed(2, 2, kHeadDim, {3, 5}, {0, 0})}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      for (double x : c.out.to_double()) ASSERT_EQ(x, 0.0);
+      for (double x : c.lse.to_double()) ASSERT_EQ(x, -INFINITY);
+      FUSEDATTN_RUN_OR_SKIP(dc.backward());
+      for (double x : c.dq.to_double()) ASSERT_EQ(x, 0.0);
+    }
+  }
+}
+
+TEST(GpuEdges, FullyMaskedRowsGiveZeroAndMinusInf) {
+  FUSEDATTN_REQUIRE_GPU();
+  constexpr int64_t kSq = 300, kSk = 100;  // causal: rows 0..199 see no key
+  const Problem p = with_mask(dense(2, 2, 2, kSq, kSk, kHeadDim), true, -1, -1);
+  for (DType dtype : kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    FUSEDATTN_RUN_OR_SKIP(check_backward_gpu(c));
+    const auto out = c.out.to_double(), lse = c.lse.to_double(), dq = c.dq.to_double();
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < kSq - kSk; ++i) {
+          ASSERT_EQ(lse[lse_offset(p, b, h, i)], -INFINITY) << "row " << i;
+          for (int d = 0; d < kHeadDim; ++d) {
+            ASSERT_EQ(out[out_offset(p, b, h, i) + d], 0.0) << "row " << i;
+            ASSERT_EQ(dq[out_offset(p, b, h, i) + d], 0.0) << "row " << i;
+          }
+        }
+  }
+}
+
+TEST(GpuEdges, LargeLogitsStayFiniteAndCorrect) {
+  FUSEDATTN_REQUIRE_GPU();
+  constexpr double kQueryGain = 100.0;
+  for (const Problem& p : {dense(1, 2, 2, 200, 260, kHeadDim), with_mask(dense(1, 2, 1, 260, 200, kHeadDim), true, -1, -1)}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      for (double& x : c.values.q) x = round_to(dtype, x * kQueryGain);
+      refill_inputs(c);
+      DeviceCase dc(c);
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      FUSEDATTN_RUN_OR_SKIP(dc.backward());
+      Tensors ref = c.values, plain = c.values;
+      reference_forward(p, ref);
+      reference_backward(p, ref);
+      plain_forward(p, dtype, plain);
+      plain_backward(p, dtype, plain);
+      const double atol = atol_for(dtype);
+      for (double x : c.out.to_double()) ASSERT_TRUE(std::isfinite(x));
+      EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol)) << "out";
+      EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse";
+      EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
+      EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol * kQueryGain)) << "dk";
+      EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
+    }
+  }
+}
+
+// ---- NaN confinement -----------------------------------------------------------------------------
+
+enum class Spread { kWholeRow, kOneColumn };
+constexpr int kNanColumn = 7;
+
+template <typename Plant, typename Reaches>
+SkipReason check_nan_confinement(const Problem& p, DType dtype, Spread spread, Plant plant, Reaches reaches) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+  plant(c.values);
+  refill_inputs(c);
+  DeviceCase dc(c);
+  if (SkipReason skip = dc.forward()) return skip;
+  const auto out = c.out.to_double(), lse = c.lse.to_double();
+  int64_t wrong = 0;
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const bool reached = reaches(b, h, i);
+        for (int d = 0; d < p.head_dim; ++d) {
+          const double x = out[out_offset(p, b, h, i) + d];
+          const bool nan_expected = reached && (spread == Spread::kWholeRow || d == kNanColumn);
+          if (nan_expected ? !std::isnan(x) : !std::isfinite(x)) {
+            if (wrong++ == 0) ADD_FAILURE() << "out (" << b << ", " << h << ", " << i << ", " << d << ") = " << x;
+          }
+        }
+        const double l = lse[lse_offset(p, b, h, i)];
+        const bool lse_nan = reached && spread == Spread::kWholeRow;
+        if (lse_nan ? !std::isnan(l) : !std::isfinite(l)) {
+          if (wrong++ == 0) ADD_FAILURE() << "lse (" << b << ", " << h << ", " << i << ") = " << l;
+        }
+      }
+  EXPECT_EQ(wrong, 0) << "values whose NaN-ness is wrong in " << case_name(c);
+  return std::nullopt;
+}
+
+TEST(GpuNan, NanInOneQueryRowStaysInThatRow) {
+  FUSEDATTN_REQUIRE_GPU();
+  const Problem p = dense(2, 4, 2, 170, 190, kHeadDim);
+  constexpr int kB = 1, kH = 3;
+  constexpr int64_t kRow = 133;
+  for (DType dtype : kGpuDtypes)
+    FUSEDATTN_RUN_OR_SKIP(check_nan_confinement(
+        p, dtype, Spread::kWholeRow, [&](Tensors& t) { t.q[out_offset(p, kB, kH, kRow) + kNanColumn] = kNaN; },
+        [&](int b, int h, int64_t i) { return b == kB && h == kH && i == kRow; }));
+}
+
+// A NaN in key row kKey of batch 1, KV head 0 reaches rows kKey.. (causal), or kKey..kKey+kLeft
+// with a left window, of query heads 0 and 1 only. In v it reaches only its own column.
+void check_key_side_nan(std::vector<double> Tensors::*member, Spread spread) {
+  constexpr int64_t kS = 300, kKey = 140, kLeft = 50;
+  constexpr int kGroup = 2;
+  for (const Problem& p : {with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, -1, -1),
+                           with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, kLeft, -1)}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      const int64_t last = p.window_left >= 0 ? kKey + kLeft : kS - 1;
+      const int64_t key_offset = (kS + kKey) * p.heads_kv * p.head_dim;  // batch 1, KV head 0
+      const SkipReason skip = check_nan_confinement(
+          p, dtype, spread, [&](Tensors& t) { (t.*member)[key_offset + kNanColumn] = kNaN; },
+          [&](int b, int h, int64_t i) { return b == 1 && h < kGroup && i >= kKey && i <= last; });
+      if (skip) GTEST_SKIP() << *skip;
+    }
+  }
+}
+
+TEST(GpuNan, NanInOneKeyRowReachesExactlyTheRowsThatSeeIt) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_key_side_nan(&Tensors::k, Spread::kWholeRow);
+}
+
+TEST(GpuNan, NanInOneValueRowReachesExactlyTheRowsThatSeeIt) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_key_side_nan(&Tensors::v, Spread::kOneColumn);
+}
+
+// ---- determinism and workspace ---------------------------------------------------------------------
+
+std::vector<unsigned char> bytes_of(const HostTensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+// Long enough that several KV blocks and query blocks meet in the backward's accumulations.
+Problem determinism_problem() { return with_mask(dense(2, 8, 2, 1000, 1100, kHeadDim), true, -1, -1); }
+constexpr int kRuns = 3;
+
+TEST(GpuDeterminism, ForwardIsBitIdenticalOverThreeRuns) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const Problem& p : {determinism_problem(), packed(4, 2, kHeadDim, {700, 0, 300}, {900, 20, 1})}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      std::vector<unsigned char> out0, lse0;
+      for (int run = 0; run < kRuns; ++run) {
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        if (run == 0) {
+          out0 = bytes_of(c.out);
+          lse0 = bytes_of(c.lse);
+        } else {
+          EXPECT_EQ(bytes_of(c.out), out0) << "out differs on run " << run;
+          EXPECT_EQ(bytes_of(c.lse), lse0) << "lse differs on run " << run;
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuDeterminism, DeterministicBackwardIsBitIdenticalOverThreeRuns) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const Problem& p : {determinism_problem(), packed(4, 1, kHeadDim, {700, 0, 300}, {900, 20, 1})}) {
+    for (DType dtype : kGpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      std::vector<std::vector<unsigned char>> first;
+      for (int run = 0; run < kRuns; ++run) {
+        FUSEDATTN_RUN_OR_SKIP(dc.backward(/*deterministic=*/true));
+        std::vector<std::vector<unsigned char>> now{bytes_of(c.dq), bytes_of(c.dk), bytes_of(c.dv)};
+        if (run == 0)
+          first = now;
+        else
+          for (size_t n = 0; n < now.size(); ++n) EXPECT_EQ(now[n], first[n]) << "gradient " << n << " differs on run " << run;
+      }
+      // Bit-identical and also right.
+      Tensors ref = c.values, plain = c.values;
+      reference_backward(p, ref);
+      plain_backward(p, dtype, plain);
+      EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol_for(dtype))) << "dq";
+      EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol_for(dtype))) << "dk";
+      EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol_for(dtype))) << "dv";
+    }
+  }
+}
+
+TEST(GpuWorkspace, CallerWorkspaceGivesTheLibraryResult) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::mt19937_64 rng = fresh_rng();
+  const Problem p = with_mask(dense(2, 4, 2, 300, 250, kHeadDim), true, -1, -1);
+  HostCase c = make_case(p, DType::kBFloat16, Layout::kBSHD, rng);
+  DeviceCase dc(c);
+  FUSEDATTN_RUN_OR_SKIP(dc.forward());
+  FUSEDATTN_RUN_OR_SKIP(dc.backward(/*deterministic=*/true));
+  const auto dq0 = bytes_of(c.dq), dk0 = bytes_of(c.dk), dv0 = bytes_of(c.dv);
+  BackwardArgs a = dc.backward_args();
+  a.deterministic = true;
+  a.workspace_bytes = backward_workspace_bytes(a);
+  void* workspace = nullptr;
+  if (a.workspace_bytes > 0) {
+    ASSERT_EQ(cudaMalloc(&workspace, a.workspace_bytes), cudaSuccess);
+  }
+  a.workspace = workspace;
+  FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+  if (workspace) cudaFree(workspace);
+  EXPECT_EQ(bytes_of(c.dq), dq0);
+  EXPECT_EQ(bytes_of(c.dk), dk0);
+  EXPECT_EQ(bytes_of(c.dv), dv0);
+}
+
+}  // namespace
+}  // namespace fusedattn::testing

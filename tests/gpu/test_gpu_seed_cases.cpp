@@ -1,0 +1,106 @@
+// The seed document's cases on the GPU, by name: (Z, H, N_CTX, HEAD_DIM) in the (batch, heads,
+// seqlen, dim) layout, inputs N(0, 0.5), sm_scale 0.5, |got - ref| <= atol + rtol |ref| against
+// the float64 reference. Large problems compare sampled rows (forward) and sampled heads
+// (backward: for multi-head attention one head's gradients depend on that head alone).
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr double kSeedStddev = 0.5;
+constexpr float kSeedScale = 0.5f;
+constexpr double kSeedAtol = 1e-2, kSeedRtol = 1e-2;
+// Above this many multiply-adds (Z*H*N*N*D) the reference runs on samples only.
+constexpr int64_t kFullReferenceBudget = int64_t{1} << 28;
+constexpr int kSampledRows = 256;
+constexpr int kSampledHeads = 2;
+
+enum class Direction { kForward, kForwardBackward };
+
+SkipReason run_seed_case(int z, int h, int64_t n, int d, DType dtype, Direction direction, bool causal = false,
+                         double atol = kSeedAtol, double rtol = kSeedRtol, int sampled_heads = kSampledHeads) {
+  Problem p = dense(z, h, h, n, n, d);
+  p.softmax_scale = kSeedScale;
+  p.causal = causal;
+  const bool backward = direction == Direction::kForwardBackward;
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, Layout::kBHSD, rng, kSeedStddev, backward);
+  DeviceCase dc(c);
+  if (SkipReason skip = dc.forward()) return skip;
+  if (backward)
+    if (SkipReason skip = dc.backward()) return skip;
+  const std::string name = case_name(c);
+  if (int64_t{z} * h * n * n * d <= kFullReferenceBudget) {
+    Tensors ref = c.values;
+    reference_forward(p, ref);
+    EXPECT_TRUE(all_close(c.out.to_double(), ref.out, atol, rtol)) << "out of " << name;
+    EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, atol, rtol)) << "lse of " << name;
+    if (!backward) return std::nullopt;
+    reference_backward(p, ref);
+    EXPECT_TRUE(all_close(c.dq.to_double(), ref.dq, atol, rtol)) << "dq of " << name;
+    EXPECT_TRUE(all_close(c.dk.to_double(), ref.dk, atol, rtol)) << "dk of " << name;
+    EXPECT_TRUE(all_close(c.dv.to_double(), ref.dv, atol, rtol)) << "dv of " << name;
+    return std::nullopt;
+  }
+  const SampledForward s = sample_forward(p, dtype, c.q, c.k, c.v, c.out, c.lse, sample_rows(p, rng, kSampledRows));
+  EXPECT_TRUE(all_close(s.got_out, s.ref_out, atol, rtol)) << "sampled out rows of " << name;
+  EXPECT_TRUE(all_close(s.got_lse, s.ref_lse, atol, rtol)) << "sampled lse rows of " << name;
+  if (!backward) return std::nullopt;
+  std::uniform_int_distribution<int> pick_b(0, z - 1), pick_h(0, h - 1);
+  for (int k = 0; k < sampled_heads; ++k) {
+    const int b = k == 0 ? z - 1 : pick_b(rng), hh = k == 0 ? h - 1 : pick_h(rng);
+    HeadSlice slice = slice_head(c, b, hh);
+    reference_backward(slice.problem, slice.t);
+    EXPECT_TRUE(all_close(slice.got_dq, slice.t.dq, atol, rtol)) << "dq of head " << hh << ", batch " << b << " of " << name;
+    EXPECT_TRUE(all_close(slice.got_dk, slice.t.dk, atol, rtol)) << "dk of head " << hh << ", batch " << b << " of " << name;
+    EXPECT_TRUE(all_close(slice.got_dv, slice.t.dv, atol, rtol)) << "dv of head " << hh << ", batch " << b << " of " << name;
+  }
+  return std::nullopt;
+}
+
+#define FUSEDATTN_SEED_CASE(name, z, h, n, d, direction)                                                  \
+  TEST(GpuSeedCases, name##_fp16) {                                                                        \
+    FUSEDATTN_REQUIRE_GPU();                                                                               \
+    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kFloat16, Direction::direction));              \
+  }                                                                                                        \
+  TEST(GpuSeedCases, name##_bf16) {                                                                        \
+    FUSEDATTN_REQUIRE_GPU();                                                                               \
+    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kBFloat16, Direction::direction));             \
+  }
+
+FUSEDATTN_SEED_CASE(Z1H1N128D128, 1, 1, 128, 128, kForwardBackward)
+FUSEDATTN_SEED_CASE(Z1H2N256D256, 1, 2, 256, 256, kForwardBackward)
+FUSEDATTN_SEED_CASE(Z2H2N128D256, 2, 2, 128, 256, kForwardBackward)
+FUSEDATTN_SEED_CASE(Z4H32N64D64, 4, 32, 64, 64, kForwardBackward)
+FUSEDATTN_SEED_CASE(Z4H32N1024D64, 4, 32, 1024, 64, kForwardBackward)
+// The backward reference of one 4096-long head takes tens of seconds: that half is *Large*.
+FUSEDATTN_SEED_CASE(Z4H32N4096D64, 4, 32, 4096, 64, kForward)
+
+TEST(GpuSeedCasesLarge, Z4H32N4096D64_backward_fp16) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(run_seed_case(4, 32, 4096, 64, DType::kFloat16, Direction::kForwardBackward, false, kSeedAtol,
+                                      kSeedRtol, /*sampled_heads=*/1));
+}
+TEST(GpuSeedCasesLarge, Z4H32N4096D64_backward_bf16) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(run_seed_case(4, 32, 4096, 64, DType::kBFloat16, Direction::kForwardBackward, false, kSeedAtol,
+                                      kSeedRtol, /*sampled_heads=*/1));
+}
+
+// The causal case, forward and backward, at an absolute tolerance only.
+constexpr double kCausalAtol = 1e-2, kCausalRtol = 0.0;
+TEST(GpuSeedCases, Z1H2N1024D64_causal_fp16) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(
+      run_seed_case(1, 2, 1024, 64, DType::kFloat16, Direction::kForwardBackward, true, kCausalAtol, kCausalRtol));
+}
+TEST(GpuSeedCases, Z1H2N1024D64_causal_bf16) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(
+      run_seed_case(1, 2, 1024, 64, DType::kBFloat16, Direction::kForwardBackward, true, kCausalAtol, kCausalRtol));
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
