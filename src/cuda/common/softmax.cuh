@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "cuda/ptx/ex2.cuh"
+
 namespace fusedattn::cuda {
 
 constexpr float kLn2 = 0.69314718055994530942f;
@@ -60,8 +62,10 @@ struct OnlineSoftmax {
         const float new_max = quad_max(block_max);
         const float scaled_max = safe_scaled_max(new_max, scale_log2);
         if (!kFirst) {
-          // exp2(-inf) = 0 when the old max was -inf (O and the sum are 0 then anyway).
-          const float correction = exp2f(safe_scaled_max(row_max[mt][h], scale_log2) - scaled_max);
+          // A row with no visible key so far has O = 0 and sum = 0: its correction must be 0, not
+          // exp2(0 - new max), which overflows to inf for very negative logits (0 * inf = NaN).
+          const float old_max = row_max[mt][h];
+          const float correction = old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - scaled_max);
           row_sum[mt][h] *= correction;
 #pragma unroll
           for (int dt = 0; dt < kDTiles; ++dt) {

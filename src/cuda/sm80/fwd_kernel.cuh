@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
     }
-    const uint32_t smem_q_warp = smem_q_addr + warp_row0 * Cfg::kPitch * sizeof(Element);
+    const FwdLaneAddresses<Element, Cfg::kPitch> lanes(smem_q_addr, lane);
+    const uint32_t q_warp_offset = warp_row0 * Cfg::kPitch * sizeof(Element);
     // This thread's first S row (fragment row g) and the keys it may see, unclamped.
     const ThreadWindow window = thread_window(mask, m0 + warp_row0 + lane / 4);
     const int col_in_tile = 2 * (lane % 4);
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       load_kv(smem_v_addr, v, p.v_stride.row, n);
 
       float s[Cfg::kMTiles][Cfg::kNTiles][4];
-      gemm_qk<Element, kHeadDim, Cfg::kPitch>(s, smem_q_warp, smem_k_addr, lane);
+      gemm_qk<Element, kHeadDim>(s, lanes, q_warp_offset, Cfg::kSmemQ);
       if (n < uncut.lo || n >= uncut.hi)
         apply_mask(s, window, n * kBlockN + col_in_tile);
       softmax.template update<decltype(first)::value>(s, o, scale_log2);
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
       if (n > kv.lo) load_kv(smem_k_addr, k, p.k_stride.row, n - 1);
-      gemm_pv<Element, Cfg::kPitch>(o, p_frag, smem_v_addr, lane);
+      gemm_pv<Element>(o, p_frag, lanes, Cfg::kSmemQ + Cfg::kSmemKV);
     };
     step(std::true_type{}, kv.hi - 1);
     for (int n = kv.hi - 2; n >= kv.lo; --n) step(std::false_type{}, n);

@@ -41,21 +41,32 @@ struct LaneAddress {
       base[j] = tile + lane_row * kRowBytes + static_cast<uint32_t>(((2 * j) ^ lane_xor) * kChunkBytes);
   }
 
-  // Address of (row_offset + lane_row, 16 * col_pair + 8 * lane_chunk); both arguments are
-  // compile-time constants in the unrolled loops.
-  __device__ __forceinline__ uint32_t at(int row_offset, int col_pair) const {
-    return base[col_pair % kBases] + (col_pair / kBases) * kBases * kPairBytes + row_offset * kRowBytes;
+  // Address of (row_offset + lane_row, 16 * col_pair + 8 * lane_chunk) in the tile tile_offset
+  // bytes after the one the bases were built for; row_offset and col_pair are compile-time
+  // constants in the unrolled loops, and tile_offset is one too except for Q's per-warp rows.
+  __device__ __forceinline__ uint32_t at(uint32_t tile_offset, int row_offset, int col_pair) const {
+    return base[col_pair % kBases] + tile_offset + (col_pair / kBases) * kBases * kPairBytes + row_offset * kRowBytes;
   }
 };
 
+// The two lane patterns of the forward GEMMs. Tiles share a pitch and their offsets are multiples
+// of 8 rows, so one set of bases per pattern serves every tile (fewer loop-carried registers).
+template <typename Element, int kPitch>
+struct FwdLaneAddresses {
+  // Q as the A operand and V through ldmatrix.trans: matrices {rows 0-7, 8-15} x {cols 0-7,
+  // 8-15} come from lanes 0-7, 8-15, 16-23, 24-31.
+  LaneAddress<Element, kPitch> a_or_v;
+  // K as the B operand (not transposed): {keys 0-7 x dims 0-7, keys 0-7 x dims 8-15, keys 8-15
+  // x dims 0-7, keys 8-15 x dims 8-15}.
+  LaneAddress<Element, kPitch> k;
+  __device__ __forceinline__ FwdLaneAddresses(uint32_t smem, int lane)
+      : a_or_v(smem, lane % 16, lane / 16), k(smem, lane % 8 + lane / 16 * 8, lane / 8 % 2) {}
+};
+
 template <typename Element, int kHeadDim, int kPitch, int kMTiles, int kNTiles>
-__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], uint32_t smem_q_warp, uint32_t smem_k,
-                                        int lane) {
+__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const FwdLaneAddresses<Element, kPitch>& lanes,
+                                        uint32_t q_offset, uint32_t k_offset) {
   constexpr int kTileM = 16, kTileN = 8, kKSteps = kHeadDim / 16;
-  // A (Q): matrices {rows 0-7, 8-15} x {cols 0-7, 8-15} come from lanes 0-7, 8-15, 16-23, 24-31.
-  const LaneAddress<Element, kPitch> q(smem_q_warp, lane % 16, lane / 16);
-  // B (K, not transposed): {keys 0-7 x dims 0-7, keys 0-7 x dims 8-15, keys 8-15 x ...}.
-  const LaneAddress<Element, kPitch> k(smem_k, lane % 8 + lane / 16 * 8, lane / 8 % 2);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -66,11 +77,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], uint32_
   for (int ks = 0; ks < kKSteps; ++ks) {
     uint32_t a[kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], q.at(mt * kTileM, ks));
+    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], lanes.a_or_v.at(q_offset, mt * kTileM, ks));
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t b[4];
-      ptx::ldmatrix_x4(b, k.at(np * 2 * kTileN, ks));
+      ptx::ldmatrix_x4(b, lanes.k.at(k_offset, np * 2 * kTileN, ks));
       const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
@@ -99,17 +110,16 @@ __device__ __forceinline__ void pack_p(uint32_t (&a)[kMTiles][kNTiles / 2][4], c
 
 template <typename Element, int kPitch, int kMTiles, int kKSteps, int kDTiles>
 __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const uint32_t (&p)[kMTiles][kKSteps][4],
-                                        uint32_t smem_v, int lane) {
+                                        const FwdLaneAddresses<Element, kPitch>& lanes, uint32_t v_offset) {
   constexpr int kTileK = 16;
   // B (V, transposed on load): {keys 0-7, keys 8-15} x {dims 0-7, dims 8-15} from lanes 0-7,
   // 8-15, 16-23, 24-31, giving b[0..1] of one n8 tile of dims and b[2..3] of the next.
-  const LaneAddress<Element, kPitch> v(smem_v, lane % 16, lane / 16);
 #pragma unroll
   for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, v.at(ks * kTileK, dp));
+      ptx::ldmatrix_x4_trans(b, lanes.a_or_v.at(v_offset, ks * kTileK, dp));
       const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {

@@ -1,0 +1,210 @@
+// The portable sm80 forward kernel through the public API, with the Hopper path disabled
+// (FUSEDATTN_DISABLE_SM90=1) so every call lands on it, also on an H100/H200: out and LSE against
+// the float64 reference under the 2x rule, on ragged lengths, every mask shape (causal with
+// Sq != Sk, sliding windows, fully masked rows), GQA/MQA, varlen with empty sequences, both
+// layouts, head dims served by a larger instance, large logits, a negative scale, NaN
+// confinement and a null LSE. Outputs are poisoned before every run; inputs are fresh.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_check.h"  // dense(), packed(), with_mask(), atol_for()
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+namespace {
+
+// LSE is fp32 everywhere; the kernel's exp2/log2 path differs from the reference's by a few ulps
+// of the row maximum (logits reach ~50 with q scaled by 100).
+constexpr double kGpuLseAtol = 1e-3, kGpuLseRtol = 1e-5;
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// A device copy of a HostTensor, copied back on request.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(HostTensor& t) : host_(&t), bytes_(t.nbytes()) {
+    EXPECT_EQ(cudaMalloc(&ptr_, bytes_), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  TensorView view() const {
+    TensorView v = host_->view();
+    v.data = ptr_;
+    v.device = {DeviceType::kCUDA, 0};
+    return v;
+  }
+  void copy_back() const { EXPECT_EQ(cudaMemcpy(host_->data(), ptr_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess); }
+
+ private:
+  HostTensor* host_;
+  void* ptr_ = nullptr;
+  std::size_t bytes_;
+};
+
+class Sm80Forward : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+    setenv("FUSEDATTN_DISABLE_SM90", "1", 1);
+  }
+};
+
+// Runs c on the GPU (out and lse poisoned on the device too) and copies the results back.
+void run_on_gpu(HostCase& c, bool with_lse = true) {
+  c.out.poison();
+  c.lse.poison();
+  DeviceBuffer q(c.q), k(c.k), v(c.v), out(c.out), lse(c.lse);
+  std::unique_ptr<DeviceBuffer> cu_q, cu_k;
+  ForwardArgs a;
+  a.q = q.view();
+  a.k = k.view();
+  a.v = v.view();
+  a.out = out.view();
+  if (with_lse) a.lse = lse.view();
+  if (c.problem.varlen()) {
+    cu_q = std::make_unique<DeviceBuffer>(c.cu_q);
+    cu_k = std::make_unique<DeviceBuffer>(c.cu_k);
+    a.options = options_for(c.problem, cu_q->view(), cu_k->view());
+  } else {
+    a.options = options_for(c.problem);
+  }
+  a.options.backend = Backend::kCUDA;
+  forward(a);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  out.copy_back();
+  lse.copy_back();
+}
+
+// Fresh inputs (q scaled by q_scale), a GPU run, and the 2x rule on out plus a tolerance on lse.
+void check(const Problem& p, DType dtype, Layout layout = Layout::kBSHD, double q_scale = 1.0) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, layout, rng);
+  if (q_scale != 1.0) {
+    for (double& x : c.values.q) x = round_to(dtype, x * q_scale);
+    refill_inputs(c);
+  }
+  run_on_gpu(c);
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(p, ref);
+  plain_forward(p, dtype, plain);
+  const std::string name = p.str() + " " + dtype_name(dtype) + (layout == Layout::kBHSD ? " BHSD" : "");
+  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(dtype))) << "out of " << name;
+  EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kGpuLseAtol, kGpuLseRtol)) << "lse of " << name;
+}
+
+const DType kDtypes[] = {DType::kFloat16, DType::kBFloat16};
+
+TEST_F(Sm80Forward, RaggedDenseShapes) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128})
+      for (auto [sq, sk] : {std::pair<int64_t, int64_t>{1, 1}, {100, 77}, {129, 300}, {257, 64}, {64, 513}})
+        check(dense(2, 3, 3, sq, sk, d), dt);
+}
+
+TEST_F(Sm80Forward, CausalAndWindowsBottomRightAligned) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128}) {
+      check(with_mask(dense(2, 2, 2, 300, 300, d), true, -1, -1), dt);
+      check(with_mask(dense(1, 2, 2, 300, 130, d), true, -1, -1), dt);  // Sq > Sk: top rows see nothing
+      check(with_mask(dense(1, 2, 2, 77, 400, d), true, -1, -1), dt);   // Sq < Sk
+      check(with_mask(dense(1, 2, 1, 333, 333, d), false, 50, 7), dt);
+      check(with_mask(dense(1, 2, 1, 200, 260, d), false, 0, 0), dt);  // diagonal only
+      check(with_mask(dense(1, 1, 1, 260, 200, d), false, -1, 33), dt);
+      check(with_mask(dense(1, 1, 1, 260, 200, d), false, 70, -1), dt);
+      check(with_mask(dense(1, 1, 1, 150, 150, d), false, 500, 500), dt);  // window wider than S
+    }
+}
+
+TEST_F(Sm80Forward, GroupedAndMultiQueryHeads) {
+  for (DType dt : kDtypes) {
+    check(dense(2, 8, 2, 190, 190, 64), dt);
+    check(with_mask(dense(1, 6, 1, 140, 170, 128), true, -1, -1), dt);
+  }
+}
+
+TEST_F(Sm80Forward, VarlenWithEmptySequences) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128}) {
+      check(packed(4, 2, d, {5, 0, 130, 260}, {7, 9, 0, 200}), dt);
+      check(with_mask(packed(2, 2, d, {1, 300, 64, 0}, {1, 250, 300, 3}), true, -1, -1), dt);
+      check(with_mask(packed(2, 1, d, {200, 17}, {180, 40}), false, 31, 5), dt);
+    }
+}
+
+TEST_F(Sm80Forward, BhsdLayout) {
+  for (DType dt : kDtypes) check(with_mask(dense(2, 4, 2, 150, 170, 128), true, -1, -1), dt, Layout::kBHSD);
+}
+
+TEST_F(Sm80Forward, HeadDimsServedByLargerInstances) {
+  for (int d : {8, 40, 56, 72, 120}) check(dense(1, 2, 2, 130, 150, d), DType::kFloat16);
+  check(with_mask(dense(1, 2, 1, 130, 150, 88), true, -1, -1), DType::kBFloat16);
+}
+
+TEST_F(Sm80Forward, LargeLogitsDoNotOverflow) {
+  for (DType dt : kDtypes) {
+    check(dense(1, 2, 2, 200, 200, 64), dt, Layout::kBSHD, 100.0);
+    check(with_mask(dense(1, 2, 2, 200, 200, 128), true, -1, -1), dt, Layout::kBSHD, 100.0);
+  }
+}
+
+TEST_F(Sm80Forward, NegativeAndZeroScale) {
+  for (float s : {-0.3f, 0.f + 1e-30f, -1e-30f}) {
+    Problem p = dense(1, 2, 2, 140, 150, 64);
+    p.softmax_scale = s;
+    check(p, DType::kFloat16);
+    check(with_mask(p, true, -1, -1), DType::kBFloat16);
+  }
+}
+
+TEST_F(Sm80Forward, FullyMaskedRowsGiveZeroAndMinusInf) {
+  const Problem p = with_mask(dense(1, 2, 2, 200, 60, 64), true, -1, -1);  // rows < 140 see nothing
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, DType::kFloat16, Layout::kBSHD, rng);
+  run_on_gpu(c);
+  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+  for (int64_t i = 0; i < 140; ++i)
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(lse[h * 200 + i], -INFINITY) << "row " << i;
+      for (int d = 0; d < 64; ++d) ASSERT_EQ(out[(i * 2 + h) * 64 + d], 0.0) << "row " << i;
+    }
+}
+
+TEST_F(Sm80Forward, NanStaysInTheRowsItReaches) {
+  const Problem p = dense(1, 1, 1, 130, 130, 64);
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, DType::kFloat16, Layout::kBSHD, rng);
+  constexpr int64_t kNanRow = 37;
+  c.values.q[kNanRow * 64 + 5] = NAN;
+  refill_inputs(c);
+  run_on_gpu(c);
+  const std::vector<double> out = c.out.to_double();
+  for (int64_t i = 0; i < 130; ++i)
+    for (int d = 0; d < 64; ++d)
+      ASSERT_EQ(std::isnan(out[i * 64 + d]), i == kNanRow) << "row " << i << " dim " << d;
+}
+
+TEST_F(Sm80Forward, NullLseIsNotWritten) {
+  const Problem p = dense(1, 2, 2, 100, 100, 64);
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, DType::kBFloat16, Layout::kBSHD, rng);
+  run_on_gpu(c, /*with_lse=*/false);
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(p, ref);
+  plain_forward(p, DType::kBFloat16, plain);
+  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(DType::kBFloat16)));
+  for (double x : c.lse.to_double()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested";
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
