@@ -63,10 +63,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
   const LdsmLane lane_ds = ldsm_lane<T::kDsPitch, Element>();
   const int out_pair0 = col0 / (2 * kMmaCols);  // first 16-column pair of this CTA's output
 
-  // Issues the cp.async copies of iteration `it`'s Q, dO, lse2 and delta into buffer `stage`.
-  auto load_query_block = [&](int64_t it, int stage) {
-    const int h = cta.head_of(it);
-    const int64_t row0 = cta.m_of(it) * kBlockM;
+  // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` into buffer `stage`.
+  auto load_query_block = [&](const QueryCursor& at, int stage) {
+    const int h = at.h;
+    const int64_t row0 = at.m * kBlockM;
     load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
         ptx::smem_addr(smem.q[stage]), operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, h),
         p.q_stride.row, row0, cta.seq.len_q, p.head_dim);
@@ -87,7 +87,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     load_tile_async<kBlockN, kHeadDim, kPitch, T::kThreads>(
         smem_v, operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start, cta.kvh), p.v_stride.row, key0,
         cta.seq.len_k, p.head_dim);
-    load_query_block(0, 0);
+  }
+  QueryCursor cur{cta.kvh * cta.group, cta.m_blocks.begin, cta.m_blocks.end - cta.m_blocks.begin};
+  QueryCursor next = cur;
+  if (cta.iterations > 0) {
+    load_query_block(cur, 0);
     ptx::cp_async_commit();
   }
 
@@ -95,20 +99,21 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     const int stage = T::kStages == 2 ? static_cast<int>(it % 2) : 0;
     if (T::kStages == 1 && it > 0) {
       __syncthreads();  // every warp is done with the single Q/dO buffer of the last iteration
-      load_query_block(it, 0);
+      load_query_block(cur, 0);
       ptx::cp_async_commit();
     }
     ptx::cp_async_wait<0>();
     // The current buffer has landed for every thread, and every warp has finished the previous
     // iteration: its dQ reads of dS and (two stages) its reads of the buffer refilled below.
     __syncthreads();
+    next.advance(cta);
     if (T::kStages == 2 && it + 1 < cta.iterations) {
-      load_query_block(it + 1, stage ^ 1);
+      load_query_block(next, stage ^ 1);
       ptx::cp_async_commit();
     }
 
-    const int h = cta.head_of(it);
-    const int64_t m = cta.m_of(it);
+    const int h = cur.h;
+    const int64_t m = cur.m;
     const uint32_t smem_q = ptx::smem_addr(smem.q[stage]), smem_do = ptx::smem_addr(smem.dout[stage]);
     const float* lse2 = smem.lse2[stage];
     const float* delta = smem.delta[stage];
@@ -175,6 +180,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
       ordered_add_dq(dq_rows, ws.dq_pitch, row0, dq_col0, dq, cta.seq.len_q, p.head_dim, sem,
                      static_cast<int32_t>(cta.n - first));
     }
+    cur = next;
   }
 
   // Keys that no query sees keep their zero accumulators: dK = dV = 0 there.

@@ -35,11 +35,24 @@ struct BwdCoords {
   SeqInfo seq;
   BlockRange m_blocks;
   int64_t iterations;  // group * |m_blocks|
+};
 
-  FUSEDATTN_HD int head_of(int64_t it) const {
-    return kvh * group + static_cast<int>(it / (m_blocks.end - m_blocks.begin));
+// The (query head, query block) of one main-loop iteration, advanced incrementally: splitting
+// an iteration index instead would cost 64-bit divisions every iteration (measured ~5%).
+struct QueryCursor {
+  int h;
+  int64_t m;
+  int64_t left;  // blocks of this head not yet visited, this one included
+
+  FUSEDATTN_HD void advance(const BwdCoords& c) {
+    if (--left > 0) {
+      ++m;
+      return;
+    }
+    ++h;
+    m = c.m_blocks.begin;
+    left = c.m_blocks.end - c.m_blocks.begin;
   }
-  FUSEDATTN_HD int64_t m_of(int64_t it) const { return m_blocks.begin + it % (m_blocks.end - m_blocks.begin); }
 };
 
 }  // namespace fusedattn::cuda::sm80
