@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -83,7 +84,14 @@ bool sm90_allowed() {
 }
 
 // The Hopper forward kernel's feature limits; requests outside them use the portable path.
-bool sm90_supports(const FwdParams& p) { return p.cu_seqlens_q == nullptr; }
+// The Hopper kernel: dense batches only (varlen is not implemented there), at least one key
+// (TMA maps need non-empty extents), int32 TMA coordinates, and a positive scale (its online
+// softmax takes the row max before scaling).
+bool sm90_supports(const FwdParams& p) {
+  constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
+  return p.cu_seqlens_q == nullptr && p.seqlen_k > 0 && p.seqlen_q <= kMaxTmaCoordinate &&
+         p.seqlen_k <= kMaxTmaCoordinate && p.scale > 0.f;
+}
 
 }  // namespace
 

@@ -140,10 +140,12 @@ TEST(Sm90Bench, DISABLED_FaGrid) {
 // What each optimisation buys: the same points with one switch off at a time.
 TEST(Sm90Bench, DISABLED_Ablation) {
   const std::vector<std::pair<std::string, std::vector<std::pair<const char*, const char*>>>> variants = {
-      {"all on", {}},
+      {"defaults", {}},
       {"no ping-pong", {{"FUSEDATTN_SM90_PINGPONG", "0"}}},
-      {"no intra-wg overlap", {{"FUSEDATTN_SM90_OVERLAP", "0"}}},
-      {"not persistent", {{"FUSEDATTN_SM90_PERSISTENT", "0"}}},
+      {"intra-wg overlap off", {{"FUSEDATTN_SM90_OVERLAP", "0"}}},
+      {"intra-wg overlap on", {{"FUSEDATTN_SM90_OVERLAP", "1"}}},
+      {"persistent off", {{"FUSEDATTN_SM90_PERSISTENT", "0"}}},
+      {"persistent on", {{"FUSEDATTN_SM90_PERSISTENT", "1"}}},
       {"1 stage, no overlap", {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}}},
       {"none", {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"},
                 {"FUSEDATTN_SM90_PERSISTENT", "0"}}},

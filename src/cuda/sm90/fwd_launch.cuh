@@ -16,23 +16,29 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0, FUSEDATTN_SM90_OVERLAP=0,
-// FUSEDATTN_SM90_PERSISTENT=0 turn optimisations down for A/B measurements (docs/hopper.md).
-inline Features features_from_env(int compiled_stages) {
-  const auto flag = [](const char* name) {
+// Defaults from the measurements in docs/hopper.md (H200): the overlapped loop keeps S, P and O
+// live together, which fits d64 but makes ptxas spill for d128/d256, where it loses ~25%; the
+// static persistent schedule balances full-mask tiles but not causal ones (unequal lengths),
+// where the hardware's dynamic block scheduler does better.
+// FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0|1, FUSEDATTN_SM90_OVERLAP=0|1,
+// FUSEDATTN_SM90_PERSISTENT=0|1 override them for A/B measurements.
+inline Features features_from_env(int compiled_stages, bool overlap_default, bool persistent_default) {
+  const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
-    return !(v && v[0] == '0');
+    return v && v[0] ? v[0] != '0' : fallback;
   };
   Features f;
-  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG");
-  f.overlap = flag("FUSEDATTN_SM90_OVERLAP");
-  f.persistent = flag("FUSEDATTN_SM90_PERSISTENT");
+  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", true);
+  f.overlap = flag("FUSEDATTN_SM90_OVERLAP", overlap_default);
+  f.persistent = flag("FUSEDATTN_SM90_PERSISTENT", persistent_default);
   f.num_stages = compiled_stages;
   if (const char* v = std::getenv("FUSEDATTN_SM90_STAGES")) f.num_stages = std::clamp(std::atoi(v), 1, compiled_stages);
   // The overlapped loop holds one stage while it waits for the next: it needs two.
   if (f.overlap) f.num_stages = std::max(f.num_stages, 2);
   return f;
 }
+
+constexpr int kOverlapMaxHeadDim = 64;  // above this the overlapped loop spills (see above)
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
@@ -45,7 +51,7 @@ void run_fwd(const FwdParams& p) {
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
-  kp.features = features_from_env(Cfg::kStages);
+  kp.features = features_from_env(Cfg::kStages, kHeadDim <= kOverlapMaxHeadDim, kMask == MaskKind::kFull);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
   };
