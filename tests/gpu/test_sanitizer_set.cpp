@@ -1,0 +1,42 @@
+// The small set compute-sanitizer runs (tools/gpu_check.sh filters on *Sanitizer*): ragged
+// lengths, causal and windowed masks, GQA and varlen through the public API, forward and
+// backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "gpu/gpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+// Restores FUSEDATTN_DISABLE_SM90 when a test ends, whatever it did.
+class PortablePathOnly {
+ public:
+  PortablePathOnly() { setenv("FUSEDATTN_DISABLE_SM90", "1", 1); }
+  ~PortablePathOnly() { unsetenv("FUSEDATTN_DISABLE_SM90"); }
+};
+
+void run_small_set() {
+  const Problem ragged = with_mask(dense(2, 4, 2, 77, 133, 64), true, -1, -1);
+  const Problem window = with_mask(dense(1, 2, 2, 150, 90, 128), false, 20, 5);
+  const Problem packed_causal = with_mask(packed(2, 1, 64, {17, 0, 70}, {40, 33, 20}), true, -1, -1);
+  for (const Problem& p : {ragged, window, packed_causal}) {
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_backward_gpu(p, DType::kBFloat16));
+  }
+}
+
+TEST(GpuSanitizer, SmallRaggedDispatchDefault) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_small_set();
+}
+
+TEST(GpuSanitizer, SmallRaggedPortablePath) {
+  FUSEDATTN_REQUIRE_GPU();
+  PortablePathOnly portable;
+  run_small_set();
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
