@@ -34,6 +34,7 @@ template <int kMTiles>
 struct OnlineSoftmax {
   float row_max[kMTiles][2];  // running max of raw scores; -inf until a visible key is seen
   float row_sum[kMTiles][2];  // this thread's partial sum of exp2; quad-reduced in finalize()
+  float correction[kMTiles][2];  // exp2(previous max - current max), scaled, of the last update
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -45,12 +46,12 @@ struct OnlineSoftmax {
       }
   }
 
-  // One KV block: updates the maxima, rescales O by exp2(old max - new max), and turns the scores
-  // in s into unnormalised probabilities P (fp32, in place). kFirst skips the rescale of a still
-  // zero O on the first block.
-  template <bool kFirst, int kNTiles, int kDTiles>
-  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float (&o)[kMTiles][kDTiles][4],
-                                         float scale_log2) {
+  // One KV block: updates the maxima, turns the scores in s into unnormalised probabilities P
+  // (fp32, in place) and keeps the factor exp2(old max - new max) by which the caller must rescale
+  // O (rescale_o). The rescale is separate so it can run after P is packed to 16 bits, when S's
+  // registers are free; on the first block (kFirst) O is still zero and needs none.
+  template <bool kFirst, int kNTiles>
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float scale_log2) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -65,13 +66,8 @@ struct OnlineSoftmax {
           // A row with no visible key so far has O = 0 and sum = 0: its correction must be 0, not
           // exp2(0 - new max), which overflows to inf for very negative logits (0 * inf = NaN).
           const float old_max = row_max[mt][h];
-          const float correction = old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - scaled_max);
-          row_sum[mt][h] *= correction;
-#pragma unroll
-          for (int dt = 0; dt < kDTiles; ++dt) {
-            o[mt][dt][2 * h] *= correction;
-            o[mt][dt][2 * h + 1] *= correction;
-          }
+          correction[mt][h] = old_max == -INFINITY ? 0.f : ptx::ex2_approx(old_max * scale_log2 - scaled_max);
+          row_sum[mt][h] *= correction[mt][h];
         }
         row_max[mt][h] = new_max;
         float sum = 0.f;
@@ -80,11 +76,22 @@ struct OnlineSoftmax {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * h + e];
-            x = exp2f(fmaf(x, scale_log2, -scaled_max));
+            x = ptx::ex2_approx(fmaf(x, scale_log2, -scaled_max));
             sum += x;
           }
         row_sum[mt][h] += sum;
       }
+  }
+
+  // O *= the corrections of the last update (not after a kFirst update).
+  template <int kDTiles>
+  __device__ __forceinline__ void rescale_o(float (&o)[kMTiles][kDTiles][4]) const {
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[mt][dt][i] *= correction[mt][i / 2];  // C layout: i / 2 = h
   }
 
   // Completes the row sums; returns per row the factor that normalises O (0 for a fully masked

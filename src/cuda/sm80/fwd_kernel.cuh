@@ -112,9 +112,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       gemm_qk<Element, kHeadDim>(s, lanes, q_warp_offset, Cfg::kSmemQ);
       if (n < uncut.lo || n >= uncut.hi)
         apply_mask(s, window, n * kBlockN + col_in_tile);
-      softmax.template update<decltype(first)::value>(s, o, scale_log2);
+      constexpr bool kFirst = decltype(first)::value;
+      softmax.template update<kFirst>(s, scale_log2);
       uint32_t p_frag[Cfg::kMTiles][Cfg::kNTiles / 2][4];
       pack_p<Element>(p_frag, s);
+      if constexpr (!kFirst) softmax.rescale_o(o);
 
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
