@@ -119,6 +119,51 @@ TEST(GpuForward, RunsOnTheCallersStream) {
   EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype)));
 }
 
+// q, k, v as views into one packed QKV buffer and out written through padded rows: strides that
+// are multiples of 8 elements but not those of a dense tensor.
+TEST(GpuForward, PackedQkvAndPaddedOut) {
+  FUSEDATTN_REQUIRE_GPU();
+  constexpr int B = 2, S = 200, H = 4, D = kHeadDim;
+  constexpr int kOutPad = 24;  // elements after every out row (a multiple of 8: still aligned)
+  const Problem p = with_mask(dense(B, H, H, S, S, D), true, 60, -1);
+  for (DType dtype : kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    std::mt19937_64 rng = fresh_rng();
+    HostTensor qkv(dtype, {B, S, 3 * H, D});
+    qkv.fill(randn(rng, qkv.numel(), 1.0, dtype));
+    HostTensor out(dtype, {B, S, H * D + kOutPad, 1});
+    HostTensor lse(DType::kFloat32, lse_shape(p));
+    DeviceTensor d_qkv(qkv), d_out(out), d_lse(lse);
+    d_out.poison();
+    d_lse.poison();
+    const int64_t row = 3 * H * D, out_row = H * D + kOutPad;
+    ForwardArgs a;
+    a.q = strided_view(qkv, 0, {B, S, H, D}, {S * row, row, D, 1}, d_qkv.data(), kGpu);
+    a.k = strided_view(qkv, H * D, {B, S, H, D}, {S * row, row, D, 1}, d_qkv.data(), kGpu);
+    a.v = strided_view(qkv, 2 * H * D, {B, S, H, D}, {S * row, row, D, 1}, d_qkv.data(), kGpu);
+    a.out = strided_view(out, 0, {B, S, H, D}, {S * out_row, out_row, D, 1}, d_out.data(), kGpu);
+    a.lse = d_lse.view(lse);
+    a.options = options_for(p);
+    FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { forward(a); }));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    d_out.download(out);
+    d_lse.download(lse);
+    Tensors t;
+    t.q = gather_dense(strided_view(qkv, 0, {B, S, H, D}, {S * row, row, D, 1}));
+    t.k = gather_dense(strided_view(qkv, H * D, {B, S, H, D}, {S * row, row, D, 1}));
+    t.v = gather_dense(strided_view(qkv, 2 * H * D, {B, S, H, D}, {S * row, row, D, 1}));
+    Tensors ref = t, plain = t;
+    reference_forward(p, ref);
+    plain_forward(p, dtype, plain);
+    const auto got = gather_dense(strided_view(out, 0, {B, S, H, D}, {S * out_row, out_row, D, 1}));
+    EXPECT_TRUE(obeys_2x_rule(got, plain.out, ref.out, atol_for(dtype))) << "out";
+    EXPECT_TRUE(obeys_2x_rule(lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse";
+    const auto out_all = out.to_double();
+    for (int64_t r = 0; r < int64_t{B} * S; ++r)
+      for (int k = 0; k < kOutPad; ++k) ASSERT_TRUE(std::isnan(out_all[r * out_row + H * D + k])) << "out padding written";
+  }
+}
+
 // ---- head dims ---------------------------------------------------------------------------------
 
 // 40 and 80 have no instance of their own: they run on the next larger one (64, 96) with the

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <random>
@@ -153,6 +154,39 @@ inline BackwardArgs backward_args(HostCase& c) {
   a.dv = c.dv.view();
   a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view()) : options_for(c.problem);
   return a;
+}
+
+// A view of `shape` with explicit strides over `base`'s bytes, starting `first` elements in: for
+// packed QKV buffers and padded outputs. `data` replaces the base pointer (a device copy).
+inline TensorView strided_view(HostTensor& base, int64_t first, std::initializer_list<int64_t> shape,
+                               std::initializer_list<int64_t> stride, void* data = nullptr, Device device = {}) {
+  TensorView t;
+  t.data = static_cast<unsigned char*>(data ? data : base.data()) + first * static_cast<int64_t>(dtype_size(base.dtype()));
+  t.dtype = base.dtype();
+  t.device = device;
+  t.rank = static_cast<int>(shape.size());
+  int d = 0;
+  for (int64_t s : shape) t.shape[d++] = s;
+  d = 0;
+  for (int64_t s : stride) t.stride[d++] = s;
+  return t;
+}
+
+// The elements of a host [B, S, H, D] view (any strides) in canonical order.
+inline std::vector<double> gather_dense(const TensorView& t) {
+  std::vector<double> out;
+  out.reserve(static_cast<size_t>(t.numel()));
+  const int64_t elem = static_cast<int64_t>(dtype_size(t.dtype));
+  for (int64_t b = 0; b < t.shape[0]; ++b)
+    for (int64_t s = 0; s < t.shape[1]; ++s)
+      for (int64_t h = 0; h < t.shape[2]; ++h)
+        for (int64_t d = 0; d < t.shape[3]; ++d) {
+          double x;
+          const int64_t off = b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d;
+          decode(t.dtype, static_cast<const unsigned char*>(t.data) + off * elem, &x, 1);
+          out.push_back(x);
+        }
+  return out;
 }
 
 // Runs fn and returns the fusedattn::Error it throws; fails the test when it throws nothing.
