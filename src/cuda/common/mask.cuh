@@ -4,23 +4,18 @@
 // backend shares; the sequence end (key >= len_k) is part of it, so the partial last KV block is
 // masked by the same code as a causal diagonal.
 //
-// Policy interface (used by the forward and backward kernels):
+// Policy interface (the sm80 forward kernel; the backward keeps its own in bwd_mask.h):
 //   KeyRange keys(i)                       keys [lo, hi] query row i sees (empty when lo > hi)
 //   BlockRange kv_blocks(i_first, i_last, block_n)
 //                                          KV blocks [n_lo, n_hi) rows i_first..i_last touch
-//   bool block_is_cut(i_first, i_last, n, block_n)
-//                                          true when some (row, key) of that tile is masked
 //   BlockRange uncut_blocks(i_first, i_last, block_n)
 //                                          the blocks that are not cut, precomputed once
-//   BlockRange q_blocks(key_first, key_last, block_m, num_q_blocks)
-//                                          query blocks that see any of these keys (backward)
 //   KeyRange unclamped_keys(i)             keys(i) before the clamp to [0, len_k - 1]
 // and the free functions thread_window(policy, row0) and apply_mask(s, window, col0) for S
 // accumulators in the mma C layout.
 #pragma once
 
 #include <cstdint>
-#include <climits>
 
 #include "fusedattn/params.h"
 
@@ -52,24 +47,12 @@ struct MaskBase {
     return {static_cast<int>(lo / block_n), mask_detail::ceil_div(hi + 1, block_n)};
   }
 
-  __device__ __forceinline__ bool block_is_cut(int64_t i_first, int64_t i_last, int n, int block_n) const {
-    const int64_t k0 = static_cast<int64_t>(n) * block_n, k1 = k0 + block_n - 1;
-    return keys(i_last).lo > k0 || keys(i_first).hi < k1;
-  }
-
   // KV blocks [lo, hi) whose every (row, key) pair rows i_first..i_last see: the complement (within
   // kv_blocks) is where the mask is cut. Loop-invariant, so the per-block test is two int compares.
   __device__ __forceinline__ BlockRange uncut_blocks(int64_t i_first, int64_t i_last, int block_n) const {
     const int64_t lo = keys(i_last).lo, hi = keys(i_first).hi;
     if (hi < lo) return {0, 0};
     return {mask_detail::ceil_div(lo, block_n), static_cast<int>((hi + 1) / block_n)};
-  }
-
-  // Query blocks whose rows see any key in [key_first, key_last]: the inverse of kv_blocks, found
-  // from the monotone hi(i) >= key_first and lo(i) <= key_last by direct formula for the window.
-  __device__ __forceinline__ BlockRange q_blocks(int64_t key_first, int64_t key_last, int block_m,
-                                                 int num_q_blocks) const {
-    return static_cast<const Derived*>(this)->q_blocks_impl(key_first, key_last, block_m, num_q_blocks);
   }
 };
 
@@ -79,9 +62,6 @@ struct MaskFull : MaskBase<MaskFull> {
   __device__ __forceinline__ KeyRange keys(int64_t) const { return {0, len_k - 1}; }
   // Before clamping to [0, len_k - 1]: unbounded on both sides (apply_mask clamps).
   __device__ __forceinline__ KeyRange unclamped_keys(int64_t) const { return {INT64_MIN / 2, INT64_MAX / 2}; }
-  __device__ __forceinline__ BlockRange q_blocks_impl(int64_t, int64_t, int, int num_q_blocks) const {
-    return {0, num_q_blocks};
-  }
 };
 
 // Causal and sliding windows, bottom-right aligned: exactly key_range().
@@ -102,20 +82,6 @@ struct MaskWindow : MaskBase<MaskWindow> {
     const int64_t diag = i + len_k - len_q;
     return {window_left >= 0 ? diag - window_left : INT64_MIN / 2,
             window_right >= 0 ? diag + window_right : INT64_MAX / 2};
-  }
-
-  // Row i sees key j iff diag - wl <= j <= diag + wr with diag = i + len_k - len_q, i.e.
-  // j - wr - (len_k - len_q) <= i <= j + wl - (len_k - len_q).
-  __device__ __forceinline__ BlockRange q_blocks_impl(int64_t key_first, int64_t key_last, int block_m,
-                                                      int num_q_blocks) const {
-    const int64_t shift = len_k - len_q;
-    int64_t i_lo = window_right >= 0 ? key_first - window_right - shift : 0;
-    int64_t i_hi = window_left >= 0 ? key_last + window_left - shift : len_q - 1;
-    if (i_lo < 0) i_lo = 0;
-    if (i_hi > len_q - 1) i_hi = len_q - 1;
-    if (i_hi < i_lo) return {0, 0};
-    const int hi = mask_detail::ceil_div(i_hi + 1, block_m);
-    return {static_cast<int>(i_lo / block_m), hi < num_q_blocks ? hi : num_q_blocks};
   }
 };
 
