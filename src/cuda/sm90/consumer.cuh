@@ -118,6 +118,36 @@ struct Consumer {
     softmax.update(s, params.p.scale_log2, correction);
   }
 
+  // S = Q K^T of the block at kv with nothing else in flight: wait for its K, issue in my turn,
+  // wait until S is in registers.
+  __device__ __forceinline__ void qk_alone(float (&s)[kSAcc], const PipelineState& kv, const WarpgroupTurns& turns,
+                                           const KVPipeline<Storage>& pipe) const {
+    pipe.consumer_wait_k(kv);
+    turns.wait_turn();
+    ptx::wgmma_fence();
+    issue_qk(s, kv.stage);
+    ptx::wgmma_commit_group();
+    turns.pass_turn();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(s);
+  }
+
+  // O += P V of the block at kv with nothing else in flight; then the stage goes back to the
+  // producer and kv moves on.
+  __device__ __forceinline__ void pv_alone(const uint32_t (&p)[kPRegs], PipelineState& kv, const WarpgroupTurns& turns,
+                                           const KVPipeline<Storage>& pipe) {
+    pipe.consumer_wait_v(kv);
+    turns.wait_turn();
+    ptx::wgmma_fence();
+    issue_pv(p, kv.stage);
+    ptx::wgmma_commit_group();
+    turns.pass_turn();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(o);
+    pipe.consumer_release(kv, lane);
+    kv.advance();
+  }
+
   // One block of the overlapped loop: S of block n_next and O += P V of the current block are
   // issued together; the softmax of n_next runs while P V is still in flight.
   template <bool kMasked>
@@ -167,14 +197,7 @@ struct Consumer {
     int n = blocks.hi - 1;
 
     if (params.features.overlap) {
-      pipe.consumer_wait_k(kv);
-      turns.wait_turn();
-      ptx::wgmma_fence();
-      issue_qk(s, kv.stage);
-      ptx::wgmma_commit_group();
-      turns.pass_turn();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(s);
+      qk_alone(s, kv, turns, pipe);
       softmax_step(s, n, bounds, correction);
       convert_p(s, p);
       // Masked and unmasked blocks get separate copies of the step, so the common unmasked one
@@ -185,39 +208,14 @@ struct Consumer {
         else
           overlapped_step<false>(s, p, n - 1, kv, bounds, turns, pipe);
       }
-      pipe.consumer_wait_v(kv);
-      turns.wait_turn();
-      ptx::wgmma_fence();
-      issue_pv(p, kv.stage);
-      ptx::wgmma_commit_group();
-      turns.pass_turn();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(o);
-      pipe.consumer_release(kv, lane);
-      kv.advance();
+      pv_alone(p, kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {
-        pipe.consumer_wait_k(kv);
-        turns.wait_turn();
-        ptx::wgmma_fence();
-        issue_qk(s, kv.stage);
-        ptx::wgmma_commit_group();
-        turns.pass_turn();
-        ptx::wgmma_wait_group<0>();
-        ptx::fence_operands(s);
+        qk_alone(s, kv, turns, pipe);
         softmax_step(s, n, bounds, correction);
         rescale_rows(o, correction);
         convert_p(s, p);
-        pipe.consumer_wait_v(kv);
-        turns.wait_turn();
-        ptx::wgmma_fence();
-        issue_pv(p, kv.stage);
-        ptx::wgmma_commit_group();
-        turns.pass_turn();
-        ptx::wgmma_wait_group<0>();
-        ptx::fence_operands(o);
-        pipe.consumer_release(kv, lane);
-        kv.advance();
+        pv_alone(p, kv, turns, pipe);
       }
     }
   }
