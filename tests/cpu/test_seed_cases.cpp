@@ -6,26 +6,13 @@
 #include <algorithm>
 
 #include "cpu/cpu_check.h"
+#include "reference/seed_cases.h"
 
 namespace fusedattn::testing {
 namespace {
 
-constexpr double kSeedStddev = 0.5;
-constexpr float kSeedScale = 0.5f;
-constexpr double kSeedAtol = 1e-2, kSeedRtol = 1e-2;
-// Problems with more multiply-adds per head (Z*H*N*N*D) than this compare sampled rows only and
-// skip the backward: the naive float64 reference would dominate the suite's run time.
-constexpr int64_t kFullReferenceBudget = int64_t{1} << 28;
+// Problems above the full-reference budget compare this many sampled rows and skip the backward.
 constexpr int kSampledRows = 192;
-
-Problem seed_problem(int z, int h, int64_t n, int d, bool causal) {
-  Problem p = dense(z, h, h, n, n, d);
-  p.softmax_scale = kSeedScale;
-  p.causal = causal;
-  return p;
-}
-
-int64_t work_of(const Problem& p) { return int64_t{p.batch} * p.heads_q * p.seqlen_q * p.seqlen_k * p.head_dim; }
 
 // Compares `kSampledRows` random rows (plus the first and last) of out and lse with the
 // row-wise reference.
@@ -55,7 +42,7 @@ void run_seed_case(int z, int h, int64_t n, int d, DType dtype, bool causal = fa
                    double rtol = kSeedRtol) {
   const Problem p = seed_problem(z, h, n, d, causal);
   std::mt19937_64 rng = fresh_rng();
-  const bool full = work_of(p) <= kFullReferenceBudget;
+  const bool full = seed_full_reference(p);
   HostCase c = make_case(p, dtype, Layout::kBHSD, rng, kSeedStddev, /*with_backward=*/full);
   run_forward(c);
   if (!full) {
@@ -73,23 +60,18 @@ void run_seed_case(int z, int h, int64_t n, int d, DType dtype, bool causal = fa
   EXPECT_TRUE(all_close(c.dv.to_double(), ref.dv, atol, rtol)) << "dv of " << case_name(c);
 }
 
-TEST(SeedCases, Z1H1N128D128_fp16) { run_seed_case(1, 1, 128, 128, DType::kFloat16); }
-TEST(SeedCases, Z1H1N128D128_bf16) { run_seed_case(1, 1, 128, 128, DType::kBFloat16); }
-TEST(SeedCases, Z1H2N256D256_fp16) { run_seed_case(1, 2, 256, 256, DType::kFloat16); }
-TEST(SeedCases, Z1H2N256D256_bf16) { run_seed_case(1, 2, 256, 256, DType::kBFloat16); }
-TEST(SeedCases, Z2H2N128D256_fp16) { run_seed_case(2, 2, 128, 256, DType::kFloat16); }
-TEST(SeedCases, Z2H2N128D256_bf16) { run_seed_case(2, 2, 128, 256, DType::kBFloat16); }
-TEST(SeedCases, Z4H32N64D64_fp16) { run_seed_case(4, 32, 64, 64, DType::kFloat16); }
-TEST(SeedCases, Z4H32N64D64_bf16) { run_seed_case(4, 32, 64, 64, DType::kBFloat16); }
-TEST(SeedCases, Z4H32N1024D64_fp16) { run_seed_case(4, 32, 1024, 64, DType::kFloat16); }
-TEST(SeedCases, Z4H32N1024D64_bf16) { run_seed_case(4, 32, 1024, 64, DType::kBFloat16); }
-TEST(SeedCases, Z4H32N4096D64_fp16) { run_seed_case(4, 32, 4096, 64, DType::kFloat16); }
-TEST(SeedCases, Z4H32N4096D64_bf16) { run_seed_case(4, 32, 4096, 64, DType::kBFloat16); }
+#define FUSEDATTN_CPU_SEED_CASE(name, z, h, n, d)                                 \
+  TEST(SeedCases, name##_fp16) { run_seed_case(z, h, n, d, DType::kFloat16); } \
+  TEST(SeedCases, name##_bf16) { run_seed_case(z, h, n, d, DType::kBFloat16); }
+FUSEDATTN_SEED_CASES(FUSEDATTN_CPU_SEED_CASE)
+#undef FUSEDATTN_CPU_SEED_CASE
 
-// The causal case, forward and backward, at an absolute tolerance only.
-constexpr double kCausalAtol = 1e-2, kCausalRtol = 0.0;
-TEST(SeedCases, Z1H2N1024D64_causal_fp16) { run_seed_case(1, 2, 1024, 64, DType::kFloat16, true, kCausalAtol, kCausalRtol); }
-TEST(SeedCases, Z1H2N1024D64_causal_bf16) { run_seed_case(1, 2, 1024, 64, DType::kBFloat16, true, kCausalAtol, kCausalRtol); }
+TEST(SeedCases, Z1H2N1024D64_causal_fp16) {
+  run_seed_case(1, 2, 1024, 64, DType::kFloat16, true, kSeedCausalAtol, kSeedCausalRtol);
+}
+TEST(SeedCases, Z1H2N1024D64_causal_bf16) {
+  run_seed_case(1, 2, 1024, 64, DType::kBFloat16, true, kSeedCausalAtol, kSeedCausalRtol);
+}
 
 }  // namespace
 }  // namespace fusedattn::testing

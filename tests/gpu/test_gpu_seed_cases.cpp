@@ -5,25 +5,26 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_check.h"
+#include "reference/seed_cases.h"
 
 namespace fusedattn::testing {
 namespace {
 
-constexpr double kSeedStddev = 0.5;
-constexpr float kSeedScale = 0.5f;
-constexpr double kSeedAtol = 1e-2, kSeedRtol = 1e-2;
-// Above this many multiply-adds (Z*H*N*N*D) the reference runs on samples only.
-constexpr int64_t kFullReferenceBudget = int64_t{1} << 28;
+// Above the full-reference budget: how many rows (forward) and heads (backward) are compared.
 constexpr int kSampledRows = 256;
 constexpr int kSampledHeads = 2;
 
 enum class Direction { kForward, kForwardBackward };
+// The backward reference of one 4096-long head takes tens of seconds: longer seed cases run only
+// their forward here, and their backward in GpuSeedCasesLarge.
+constexpr int64_t kQuickBackwardMaxSeqlen = 1024;
+constexpr Direction quick_direction(int64_t n) {
+  return n <= kQuickBackwardMaxSeqlen ? Direction::kForwardBackward : Direction::kForward;
+}
 
 SkipReason run_seed_case(int z, int h, int64_t n, int d, DType dtype, Direction direction, bool causal = false,
                          double atol = kSeedAtol, double rtol = kSeedRtol, int sampled_heads = kSampledHeads) {
-  Problem p = dense(z, h, h, n, n, d);
-  p.softmax_scale = kSeedScale;
-  p.causal = causal;
+  const Problem p = seed_problem(z, h, n, d, causal);
   const bool backward = direction == Direction::kForwardBackward;
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(p, dtype, Layout::kBHSD, rng, kSeedStddev, backward);
@@ -32,7 +33,7 @@ SkipReason run_seed_case(int z, int h, int64_t n, int d, DType dtype, Direction 
   if (backward)
     if (SkipReason skip = dc.backward()) return skip;
   const std::string name = case_name(c);
-  if (int64_t{z} * h * n * n * d <= kFullReferenceBudget) {
+  if (seed_full_reference(p)) {
     Tensors ref = c.values;
     reference_forward(p, ref);
     EXPECT_TRUE(all_close(c.out.to_double(), ref.out, atol, rtol)) << "out of " << name;
@@ -60,23 +61,17 @@ SkipReason run_seed_case(int z, int h, int64_t n, int d, DType dtype, Direction 
   return std::nullopt;
 }
 
-#define FUSEDATTN_SEED_CASE(name, z, h, n, d, direction)                                                  \
+#define FUSEDATTN_GPU_SEED_CASE(name, z, h, n, d)                                                         \
   TEST(GpuSeedCases, name##_fp16) {                                                                        \
     FUSEDATTN_REQUIRE_GPU();                                                                               \
-    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kFloat16, Direction::direction));              \
+    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kFloat16, quick_direction(n)));                 \
   }                                                                                                        \
   TEST(GpuSeedCases, name##_bf16) {                                                                        \
     FUSEDATTN_REQUIRE_GPU();                                                                               \
-    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kBFloat16, Direction::direction));             \
+    FUSEDATTN_RUN_OR_SKIP(run_seed_case(z, h, n, d, DType::kBFloat16, quick_direction(n)));                \
   }
-
-FUSEDATTN_SEED_CASE(Z1H1N128D128, 1, 1, 128, 128, kForwardBackward)
-FUSEDATTN_SEED_CASE(Z1H2N256D256, 1, 2, 256, 256, kForwardBackward)
-FUSEDATTN_SEED_CASE(Z2H2N128D256, 2, 2, 128, 256, kForwardBackward)
-FUSEDATTN_SEED_CASE(Z4H32N64D64, 4, 32, 64, 64, kForwardBackward)
-FUSEDATTN_SEED_CASE(Z4H32N1024D64, 4, 32, 1024, 64, kForwardBackward)
-// The backward reference of one 4096-long head takes tens of seconds: that half is *Large*.
-FUSEDATTN_SEED_CASE(Z4H32N4096D64, 4, 32, 4096, 64, kForward)
+FUSEDATTN_SEED_CASES(FUSEDATTN_GPU_SEED_CASE)
+#undef FUSEDATTN_GPU_SEED_CASE
 
 TEST(GpuSeedCasesLarge, Z4H32N4096D64_backward_fp16) {
   FUSEDATTN_REQUIRE_GPU();
@@ -89,17 +84,16 @@ TEST(GpuSeedCasesLarge, Z4H32N4096D64_backward_bf16) {
                                       kSeedRtol, /*sampled_heads=*/1));
 }
 
-// The causal case, forward and backward, at an absolute tolerance only.
-constexpr double kCausalAtol = 1e-2, kCausalRtol = 0.0;
+// The causal case, forward and backward.
 TEST(GpuSeedCases, Z1H2N1024D64_causal_fp16) {
   FUSEDATTN_REQUIRE_GPU();
-  FUSEDATTN_RUN_OR_SKIP(
-      run_seed_case(1, 2, 1024, 64, DType::kFloat16, Direction::kForwardBackward, true, kCausalAtol, kCausalRtol));
+  FUSEDATTN_RUN_OR_SKIP(run_seed_case(1, 2, 1024, 64, DType::kFloat16, Direction::kForwardBackward, true,
+                                      kSeedCausalAtol, kSeedCausalRtol));
 }
 TEST(GpuSeedCases, Z1H2N1024D64_causal_bf16) {
   FUSEDATTN_REQUIRE_GPU();
-  FUSEDATTN_RUN_OR_SKIP(
-      run_seed_case(1, 2, 1024, 64, DType::kBFloat16, Direction::kForwardBackward, true, kCausalAtol, kCausalRtol));
+  FUSEDATTN_RUN_OR_SKIP(run_seed_case(1, 2, 1024, 64, DType::kBFloat16, Direction::kForwardBackward, true,
+                                      kSeedCausalAtol, kSeedCausalRtol));
 }
 
 }  // namespace
