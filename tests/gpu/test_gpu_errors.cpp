@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <memory>
 
 #include "gpu/gpu_check.h"
@@ -12,16 +11,6 @@ namespace fusedattn::testing {
 namespace {
 
 constexpr int kHeadDim = 64;
-
-void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& argument,
-                  const std::string& mentions) {
-  const std::optional<Error> e = error_of(call);
-  if (!e) return;
-  EXPECT_EQ(e->code(), code) << error_code_name(e->code()) << ": " << e->what();
-  EXPECT_EQ(e->argument(), argument) << e->what();
-  EXPECT_NE(std::string(e->what()).find(mentions), std::string::npos)
-      << "message \"" << e->what() << "\" should mention \"" << mentions << "\"";
-}
 
 // A valid case on the device, to break one thing at a time. Held by pointer: the DeviceCase
 // refers to the HostCase, which must not move.

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <optional>
@@ -199,6 +200,18 @@ std::optional<Error> error_of(Fn&& fn) {
   }
   ADD_FAILURE() << "expected a fusedattn::Error, nothing was thrown";
   return std::nullopt;
+}
+
+// Expects call to throw a fusedattn::Error with `code`, naming `argument`, whose message mentions
+// `mentions` (what is accepted).
+inline void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& argument,
+                         const std::string& mentions) {
+  const std::optional<Error> e = error_of(call);
+  if (!e) return;
+  EXPECT_EQ(e->code(), code) << error_code_name(e->code()) << ": " << e->what();
+  EXPECT_EQ(e->argument(), argument) << e->what();
+  EXPECT_NE(std::string(e->what()).find(mentions), std::string::npos)
+      << "message \"" << e->what() << "\" should mention \"" << mentions << "\"";
 }
 
 // |got - ref| <= atol + rtol |ref| everywhere (NaN/Inf must match exactly); returns a gtest result
