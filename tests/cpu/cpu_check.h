@@ -11,6 +11,9 @@
 
 namespace fusedattn::testing {
 
+// Every dtype the CPU backend serves; the CPU accuracy tests run each of them.
+constexpr DType kCpuDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
 // fp32: the backend accumulates in fp32 like the reference's rounding of its inputs, so only
 // accumulation-order error remains (a few ulps of fp32 times sqrt(seqlen)).
 constexpr double kFp32OutAtol = 2e-5, kFp32OutRtol = 1e-5;

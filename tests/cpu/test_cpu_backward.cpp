@@ -9,11 +9,10 @@
 namespace fusedattn::testing {
 namespace {
 
-constexpr DType kAllDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 constexpr int kDefaultHeadDim = 64;
 
 void check_all_dtypes(const Problem& p, Layout layout = Layout::kBSHD) {
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
     check_backward(p, dtype, layout);
   }
@@ -64,7 +63,7 @@ TEST(CpuBackward, HeadDims) {
 
 TEST(CpuBackward, DeterministicFlagIsCorrect) {
   const Problem p = with_mask(dense(1, 4, 2, 90, 90, kDefaultHeadDim), true, -1, -1);
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
     run_forward(c);

@@ -10,7 +10,6 @@
 namespace fusedattn::testing {
 namespace {
 
-constexpr DType kAllDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 constexpr int kHeadDim = 64;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -18,7 +17,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // A valid call with nothing to compute must return without throwing or touching memory.
 void expect_noop(const Problem& p) {
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
@@ -34,7 +33,7 @@ TEST(CpuZeroSizes, VarlenWithNoQueryRowsIsANoop) { expect_noop(packed(2, 2, kHea
 
 // No keys at all: every query row is fully masked.
 void expect_all_rows_masked(const Problem& p) {
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
@@ -55,7 +54,7 @@ TEST(CpuMaskedRows, CausalWithSqAboveSkGivesZeroAndMinusInf) {
   // Bottom-right alignment: with Sq = 100, Sk = 30 rows 0..69 see no key.
   constexpr int64_t kSq = 100, kSk = 30;
   const Problem p = with_mask(dense(2, 2, 2, kSq, kSk, kHeadDim), true, -1, -1);
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
     HostCase c = check_backward(p, dtype);
     const auto out = c.out.to_double(), lse = c.lse.to_double(), dq = c.dq.to_double();
@@ -101,7 +100,7 @@ constexpr double kFp32LargeLogitsRelL2 = 2e-4;
 TEST(CpuLargeLogits, QueryTimesHundredStaysFiniteAndCorrect) {
   constexpr double kQueryGain = 100.0;
   for (const Problem& p : {dense(1, 2, 2, 100, 120, kHeadDim), with_mask(dense(1, 2, 1, 120, 100, kHeadDim), true, -1, -1)}) {
-    for (DType dtype : kAllDtypes) {
+    for (DType dtype : kCpuDtypes) {
       SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
@@ -180,7 +179,7 @@ TEST(CpuNan, NanInOneQueryRowStaysInThatRow) {
   const Problem p = dense(2, 4, 2, 70, 90, kHeadDim);
   constexpr int kB = 1, kH = 3;
   constexpr int64_t kRow = 33;
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
     check_nan_confinement(
         p, dtype, Spread::kWholeRow, [&](Tensors& t) { t.q[out_offset(p, kB, kH, kRow) + kNanColumn] = kNaN; },
@@ -196,7 +195,7 @@ void check_key_side_nan(Member member, Spread spread) {
   constexpr int kGroup = 2;  // query heads 0 and 1 read KV head 0
   for (const Problem& p : {with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, -1, -1),
                            with_mask(dense(2, 4, 2, kS, kS, kHeadDim), true, kLeft, -1)}) {
-    for (DType dtype : kAllDtypes) {
+    for (DType dtype : kCpuDtypes) {
       SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
       const int64_t last = p.window_left >= 0 ? kKey + kLeft : kS - 1;
       const int64_t key_offset = (int64_t{kS} * 1 + kKey) * p.heads_kv * p.head_dim;  // batch 1, KV head 0
@@ -220,7 +219,7 @@ std::vector<unsigned char> bytes_of(const HostTensor& t) {
 TEST(CpuDeterminism, ForwardAndBackwardAreBitIdenticalRunToRun) {
   constexpr int kRuns = 3;
   const Problem p = with_mask(dense(2, 4, 2, 130, 100, kHeadDim), true, 40, -1);
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     for (bool deterministic : {false, true}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + (deterministic ? " deterministic" : ""));
       std::mt19937_64 rng = fresh_rng();

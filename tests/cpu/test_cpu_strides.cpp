@@ -10,14 +10,13 @@
 namespace fusedattn::testing {
 namespace {
 
-constexpr DType kAllDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
 TEST(CpuStrides, PackedQkvAndPaddedOutputs) {
   constexpr int B = 2, S = 70, H = 4, D = 40;
   constexpr int kOutPad = 24;  // extra elements at the end of every out row
   constexpr int kLsePad = 5;   // extra lse entries after every head's row
   Problem p = with_mask(dense(B, H, H, S, S, D), true, 30, -1);
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
     std::mt19937_64 rng = fresh_rng();
     // qkv [B, S, 3, H, D] as flash_attn's qkvpacked layout, flattened to rank 4 for HostTensor.
@@ -92,7 +91,7 @@ TEST(CpuStrides, PackedQkvAndPaddedOutputs) {
 TEST(CpuStrides, VarlenWithLargerMaxSeqlen) {
   // max_seqlen only bounds the lengths; a generous value must not change the result.
   const Problem p = packed(2, 1, 32, {30, 0, 70}, {50, 9, 60});
-  for (DType dtype : kAllDtypes) {
+  for (DType dtype : kCpuDtypes) {
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(with_mask(p, true, -1, -1), dtype, Layout::kBSHD, rng);
     ForwardArgs a = forward_args(c);
