@@ -219,18 +219,26 @@ RowResult plain_forward_row(const Problem& p, DType dtype, const Tensors& t, int
   return {std::move(r.out), r.lse};
 }
 
-void reference_forward(const Problem& p, Tensors& t) {
+namespace {
+// Fills t.out and t.lse row by row: row(s, h, i) gives query row i of head h in sequence s.
+template <typename RowFn>
+void store_rows(const Problem& p, Tensors& t, RowFn&& row) {
   t.out.assign(q_size(p), 0.0);
   t.lse.assign(lse_size(p), kNegInf);
   for (int b = 0; b < p.batch; ++b) {
     const Seq s = seq_of(p, b);
     for (int h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < s.len_q; ++i) {
-        const RowResult r = forward_row(p, t, s, h, i);
+        const auto r = row(s, h, i);
         std::copy(r.out.begin(), r.out.end(), t.out.begin() + q_offset(p, s.q_start + i, h));
         t.lse[lse_offset(p, b, h, i)] = r.lse;
       }
   }
+}
+}  // namespace
+
+void reference_forward(const Problem& p, Tensors& t) {
+  store_rows(p, t, [&](const Seq& s, int h, int64_t i) { return forward_row(p, t, s, h, i); });
 }
 
 namespace {
@@ -243,17 +251,7 @@ void round_inputs(DType dtype, Tensors& t) {
 
 void plain_forward(const Problem& p, DType dtype, Tensors& t) {
   round_inputs(dtype, t);
-  t.out.assign(q_size(p), 0.0);
-  t.lse.assign(lse_size(p), kNegInf);
-  for (int b = 0; b < p.batch; ++b) {
-    const Seq s = seq_of(p, b);
-    for (int h = 0; h < p.heads_q; ++h)
-      for (int64_t i = 0; i < s.len_q; ++i) {
-        const PlainRow r = plain_row(p, dtype, t, s, h, i);
-        std::copy(r.out.begin(), r.out.end(), t.out.begin() + q_offset(p, s.q_start + i, h));
-        t.lse[lse_offset(p, b, h, i)] = r.lse;
-      }
-  }
+  store_rows(p, t, [&](const Seq& s, int h, int64_t i) { return plain_row(p, dtype, t, s, h, i); });
 }
 
 // dS = P o (dP - delta) with P = softmax(S) recomputed in double, delta_i = sum_j P_ij dP_ij;
