@@ -12,13 +12,22 @@ namespace fusedattn::cuda::sm80 {
 // Every 16-bit tile is stored row-major with the XOR swizzle of cuda/common/swizzle.cuh. K and V
 // stay for the whole CTA; Q, dO, lse2 and delta are double-buffered per query block when
 // kStages == 2; dS^T ([key][query]) is the hand-off from the per-warp dS to the dQ warp grid.
+// Once dK and dV of an iteration are done, its Q and dO are dead until the load of the query
+// block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
+// to the coalesced global adds.
 template <typename Element, int kHeadDim>
 struct BwdShared {
   using T = BwdTile<kHeadDim>;
+  struct QueryStage {
+    alignas(16) Element q[T::kBlockM * T::kPitch];
+    alignas(16) Element dout[T::kBlockM * T::kPitch];
+    // The staged fp32 dQ tile, over q and dout (adjacent: q is a whole number of 16-byte chunks).
+    __device__ float* dq() { return reinterpret_cast<float*>(q); }
+  };
+  static_assert(sizeof(QueryStage) >= sizeof(float) * T::kBlockM * T::kOutDim, "the dQ tile fits over Q and dO");
   alignas(16) Element k[T::kBlockN * T::kPitch];
   alignas(16) Element v[T::kBlockN * T::kPitch];
-  alignas(16) Element q[T::kStages][T::kBlockM * T::kPitch];
-  alignas(16) Element dout[T::kStages][T::kBlockM * T::kPitch];
+  QueryStage stage[T::kStages];
   alignas(16) Element ds[T::kBlockN * T::kDsPitch];
   alignas(16) float lse2[T::kStages][T::kBlockM];
   alignas(16) float delta[T::kStages][T::kBlockM];

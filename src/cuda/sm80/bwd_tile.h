@@ -22,6 +22,7 @@ struct BwdTileConfig {
   int block_m;    // query rows per iteration of the main loop
   int stages;     // Q/dO/lse/delta buffers: 2 = prefetch the next query block during compute
   int col_split;  // CTAs that share one KV block, each owning head_dim / col_split output columns
+  int dq_warps_m;  // warps along the query rows of dQ = dS K (the rest split its columns)
 };
 
 // Shared memory (bytes) = 2 * block_n * pitch(D) * 2 (K, V) + stages * 2 * block_m * pitch(D) * 2
@@ -31,10 +32,12 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim) {
   // d64: 128 query rows per iteration halve the per-iteration overhead (barriers, K/V fragment
   // reloads); measured +11% on H200 over 64 rows. d128 keeps 64: 128 would not fit the registers,
   // and 32 measured 10% slower.
-  if (head_dim <= 64) return {8, 128, 2, 1};   // 128 key rows: d64 130 KiB
-  if (head_dim <= 128) return {8, 64, 2, 1};  // 128 key rows: d128 144 KiB
-  if (head_dim <= 192) return {4, 64, 2, 2};  // 64 key rows, 96 columns per CTA: 152 KiB
-  return {4, 64, 1, 2};                       // d256: 64 key rows, 128 columns per CTA: 136 KiB
+  // dQ on a 4 x 2 warp grid (32 x D/2 warp tiles) reads 4 ldmatrix per 8 mma instead of the 5 of
+  // an 8 x 1 grid (16 x D).
+  if (head_dim <= 64) return {8, 128, 2, 1, 4};   // 128 key rows: d64 130 KiB
+  if (head_dim <= 128) return {8, 64, 2, 1, 4};  // 128 key rows: d128 144 KiB
+  if (head_dim <= 192) return {4, 64, 2, 2, 4};  // 64 key rows, 96 columns per CTA: 152 KiB
+  return {4, 64, 1, 2, 4};                       // d256: 64 key rows, 128 columns per CTA: 136 KiB
 }
 
 template <int kHeadDim>
@@ -51,7 +54,7 @@ struct BwdTile {
   static constexpr int kDsPitch = swizzle_pitch(kBlockM);  // elements per stored dS^T row
 
   // dQ = dS K is split over a (kDqWarpsM x kDqWarpsN) warp grid of [kDqRows x kDqCols] tiles.
-  static constexpr int kDqWarpsM = kBlockM / kMmaRows < kWarps ? kBlockM / kMmaRows : kWarps;
+  static constexpr int kDqWarpsM = kCfg.dq_warps_m;
   static constexpr int kDqWarpsN = kWarps / kDqWarpsM;
   static constexpr int kDqRows = kBlockM / kDqWarpsM;
   static constexpr int kDqCols = kOutDim / kDqWarpsN;

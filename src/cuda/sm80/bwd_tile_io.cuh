@@ -1,6 +1,6 @@
 // Global <-> shared/register traffic of the sm80 backward kernel: cp.async tile loads (zero-filled
 // outside the sequence and beyond p.head_dim), the dK/dV epilogue, and the dQ hand-off into the
-// fp32 workspace (atomics, or ordered adds in deterministic mode).
+// fp32 workspace through a staged shared tile (atomics, or ordered adds in deterministic mode).
 #pragma once
 
 #include <cuda/atomic>
@@ -74,28 +74,70 @@ __device__ __forceinline__ void store_warp_rows(Element* base, int64_t row_strid
   }
 }
 
-// Adds a warp's [kRowTiles*16 x kColTiles*8] dQ tile into dq_acc rows [row0, ...) (row pitch
-// `pitch` floats) with fp32 atomics: every KV block of the sequence adds into the same rows, in
-// whatever order the CTAs run.
-template <int kRowTiles, int kColTiles>
-__device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0,
-                                              const float (&dq)[kRowTiles][kColTiles][4], int64_t valid_rows,
-                                              int head_dim) {
+// The fp32 dQ tile of one iteration, [kRows x kCols] row-major in shared memory. Float pair
+// (col / 2) of row r is stored at pair (col / 2) ^ (4 * (r % 4)): the warp's 64-bit fragment
+// stores (rows g, pairs 4j + t) then spread each half-warp over all 32 banks, and a row segment
+// of 32 floats read by one warp stays a permutation of itself (the XOR keeps an aligned group of
+// 16 pairs), so both sides are conflict free.
+constexpr int kDqStageSwizzleRows = 4;
+constexpr int kDqStagePairStep = 4;  // pairs swapped per row step: 4 = one fragment row's t span
+constexpr int kDqSegment = kWarpSize;  // floats per row segment of one add instruction (128 bytes)
+
+template <int kCols>
+__device__ __forceinline__ int dq_stage_offset(int row, int col) {
+  static_assert(kCols % kDqSegment == 0, "rows are whole 32-float segments");
+  return row * kCols + ((col / 2) ^ (row % kDqStageSwizzleRows * kDqStagePairStep)) * 2 + col % 2;
+}
+
+// Stores a warp's [kRowTiles*16 x kColTiles*8] mma C tile at (row0, col0) of the staged dQ tile.
+template <int kCols, int kRowTiles, int kColTiles>
+__device__ __forceinline__ void stage_dq_fragments(float* tile, const float (&dq)[kRowTiles][kColTiles][4], int row0,
+                                                   int col0) {
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = row0 + mi * 16 + g + half * 8;
-      if (row >= valid_rows) continue;
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < kColTiles; ++j) {
-        const int col = col0 + j * 8 + 2 * t;
-        if (col >= head_dim) continue;
-        float* dst = acc_base + row * pitch + col;
-        atomicAdd(dst, dq[mi][j][2 * half]);
-        atomicAdd(dst + 1, dq[mi][j][2 * half + 1]);
+        const int row = row0 + mi * kMmaRows + g + half * kMmaCols, col = col0 + j * kMmaCols + 2 * t;
+        *reinterpret_cast<float2*>(tile + dq_stage_offset<kCols>(row, col)) =
+            make_float2(dq[mi][j][2 * half], dq[mi][j][2 * half + 1]);
       }
+}
+
+// One element of the staged tile as this lane handles it in the global adds: warp w takes rows
+// w, w + kWarps, ..., a row as 32-float segments, so the global access of each step is one
+// contiguous 128-byte run. With kWarps a multiple of the swizzle period every row of a thread has
+// the same XOR, so the shared offsets are one per-thread base plus constants. Rows >= valid_rows
+// and columns >= head_dim are not `valid`.
+struct StagedDq {
+  bool valid;
+  int64_t offset;  // floats from the (row 0, column 0) element of dq_acc
+  float value;
+};
+template <int kCols, int kWarps>
+__device__ __forceinline__ StagedDq staged_dq(const float* tile, int64_t pitch, int64_t row0, int col0,
+                                              int64_t valid_rows, int head_dim, int i, int seg) {
+  static_assert(kWarps % kDqStageSwizzleRows == 0, "every row of a warp has the same swizzle phase");
+  const int r = i * kWarps + threadIdx.x / kWarpSize, c = seg * kDqSegment + threadIdx.x % kWarpSize;
+  return {row0 + r < valid_rows && col0 + c < head_dim, (row0 + r) * pitch + col0 + c,
+          tile[dq_stage_offset<kCols>(r, c)]};
+}
+
+// Adds the staged dQ tile into dq_acc rows [row0, row0 + kRows) (row pitch `pitch` floats) with
+// fp32 atomics: every KV block of the sequence adds into the same rows, in whatever order the CTAs
+// run. The caller has synchronised the CTA after staging.
+template <int kRows, int kCols, int kWarps>
+__device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0, const float* tile,
+                                              int64_t valid_rows, int head_dim) {
+  static_assert(kRows % kWarps == 0, "warps take whole rows");
+#pragma unroll
+  for (int i = 0; i < kRows / kWarps; ++i)
+#pragma unroll
+    for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
+      const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i, seg);
+      if (e.valid) atomicAdd(acc_base + e.offset, e.value);
     }
 }
 
@@ -103,33 +145,40 @@ __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, in
 // The semaphore counts the blocks done; this CTA (the order-th contributor) waits for its turn,
 // does a plain read-add-write through L2 (.cg: L1 is not coherent across SMs), then passes the
 // turn on. Lower-numbered KV blocks are launched first (blockIdx.x), so the wait always ends.
-template <int kRowTiles, int kColTiles>
-__device__ __forceinline__ void ordered_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0,
-                                               const float (&dq)[kRowTiles][kColTiles][4], int64_t valid_rows,
-                                               int head_dim, int32_t* sem, int32_t order) {
+// The barrier after the wait also publishes the staged tile to every thread. The reads go out
+// kDqOrderedBatch at a time before their writes: one L2 round trip per batch while the turn is
+// held, instead of one per element (the compiler cannot tell the writes from the next reads).
+constexpr int kDqOrderedBatch = 8;
+
+template <int kRows, int kCols, int kWarps>
+__device__ __forceinline__ void ordered_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0, const float* tile,
+                                               int64_t valid_rows, int head_dim, int32_t* sem, int32_t order) {
+  constexpr int kSegs = kCols / kDqSegment;
+  constexpr int kBatchRows = kDqOrderedBatch / kSegs > 0 ? kDqOrderedBatch / kSegs : 1;
+  static_assert(kRows % kWarps == 0 && kRows / kWarps % kBatchRows == 0, "warps take whole batches of rows");
   ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> turn(*sem);
   if (threadIdx.x == 0)
     while (turn.load(::cuda::memory_order_acquire) != order) {
     }
   __syncthreads();
-  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int mi = 0; mi < kRowTiles; ++mi)
+  for (int i0 = 0; i0 < kRows / kWarps; i0 += kBatchRows) {
+    float sum[kBatchRows][kSegs];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = row0 + mi * 16 + g + half * 8;
-      if (row >= valid_rows) continue;
+    for (int i = 0; i < kBatchRows; ++i)
 #pragma unroll
-      for (int j = 0; j < kColTiles; ++j) {
-        const int col = col0 + j * 8 + 2 * t;
-        if (col >= head_dim) continue;
-        float2* dst = reinterpret_cast<float2*>(acc_base + row * pitch + col);
-        float2 v = __ldcg(dst);
-        v.x += dq[mi][j][2 * half];
-        v.y += dq[mi][j][2 * half + 1];
-        __stcg(dst, v);
+      for (int seg = 0; seg < kSegs; ++seg) {
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i0 + i, seg);
+        if (e.valid) sum[i][seg] = __ldcg(acc_base + e.offset) + e.value;
       }
-    }
+#pragma unroll
+    for (int i = 0; i < kBatchRows; ++i)
+#pragma unroll
+      for (int seg = 0; seg < kSegs; ++seg) {
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i0 + i, seg);
+        if (e.valid) __stcg(acc_base + e.offset, sum[i][seg]);
+      }
+  }
   __threadfence();  // this thread's adds are visible device-wide before the turn is passed on
   __syncthreads();
   if (threadIdx.x == 0) turn.fetch_add(1, ::cuda::memory_order_release);
