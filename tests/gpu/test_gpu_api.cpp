@@ -325,8 +325,11 @@ TEST(GpuEdges, LargeLogitsStayFiniteAndCorrect) {
 enum class Spread { kWholeRow, kOneColumn };
 constexpr int kNanColumn = 7;
 
-template <typename Plant, typename Reaches>
-SkipReason check_nan_confinement(const Problem& p, DType dtype, Spread spread, Plant plant, Reaches reaches) {
+// `reaches(b, h, i)`: rows that must show the NaN. `may_reach(b, h, i)`: rows that may show it in
+// the NaN's own column but need not (see check_key_side_nan); every other value must be finite.
+template <typename Plant, typename Reaches, typename MayReach>
+SkipReason check_nan_confinement(const Problem& p, DType dtype, Spread spread, Plant plant, Reaches reaches,
+                                 MayReach may_reach) {
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
   plant(c.values);
@@ -339,9 +342,11 @@ SkipReason check_nan_confinement(const Problem& p, DType dtype, Spread spread, P
     for (int h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         const bool reached = reaches(b, h, i);
+        const bool tolerated = !reached && may_reach(b, h, i);
         for (int d = 0; d < p.head_dim; ++d) {
           const double x = out[out_offset(p, b, h, i) + d];
           const bool nan_expected = reached && (spread == Spread::kWholeRow || d == kNanColumn);
+          if (tolerated && d == kNanColumn) continue;
           if (nan_expected ? !std::isnan(x) : !std::isfinite(x)) {
             if (wrong++ == 0) ADD_FAILURE() << "out (" << b << ", " << h << ", " << i << ", " << d << ") = " << x;
           }
@@ -364,11 +369,24 @@ TEST(GpuNan, NanInOneQueryRowStaysInThatRow) {
   for (DType dtype : kGpuDtypes)
     FUSEDATTN_RUN_OR_SKIP(check_nan_confinement(
         p, dtype, Spread::kWholeRow, [&](Tensors& t) { t.q[out_offset(p, kB, kH, kRow) + kNanColumn] = kNaN; },
-        [&](int b, int h, int64_t i) { return b == kB && h == kH && i == kRow; }));
+        [&](int b, int h, int64_t i) { return b == kB && h == kH && i == kRow; }, [](int, int, int64_t) { return false; }));
 }
 
 // A NaN in key row kKey of batch 1, KV head 0 reaches rows kKey.. (causal), or kKey..kKey+kLeft
 // with a left window, of query heads 0 and 1 only. In v it reaches only its own column.
+//
+// A known limit of the GPU kernels (docs/perf.md, README "Limits"): P*V runs on the tensor cores
+// over whole tiles, and a masked-off P entry is an exact 0, but 0 * NaN is NaN. So a NaN in v also
+// reaches, in its own column, rows of the same query tile that the mask hides the key from (the
+// tile shares the KV block the mask edge cuts). A NaN in k is confined exactly (masked scores
+// become -inf before the exponential). The CPU backend confines both exactly (tests/cpu).
+constexpr int64_t kLargestQueryTile = 128;  // the largest query block of any forward kernel
+
+bool same_query_tile_as_a_row_in(int64_t i, int64_t first, int64_t last) {
+  const int64_t tile_first = i / kLargestQueryTile * kLargestQueryTile;
+  return tile_first <= last && tile_first + kLargestQueryTile - 1 >= first;
+}
+
 void check_key_side_nan(std::vector<double> Tensors::*member, Spread spread) {
   constexpr int64_t kS = 300, kKey = 140, kLeft = 50;
   constexpr int kGroup = 2;
@@ -380,7 +398,10 @@ void check_key_side_nan(std::vector<double> Tensors::*member, Spread spread) {
       const int64_t key_offset = (kS + kKey) * p.heads_kv * p.head_dim;  // batch 1, KV head 0
       const SkipReason skip = check_nan_confinement(
           p, dtype, spread, [&](Tensors& t) { (t.*member)[key_offset + kNanColumn] = kNaN; },
-          [&](int b, int h, int64_t i) { return b == 1 && h < kGroup && i >= kKey && i <= last; });
+          [&](int b, int h, int64_t i) { return b == 1 && h < kGroup && i >= kKey && i <= last; },
+          [&](int b, int h, int64_t i) {
+            return member == &Tensors::v && b == 1 && h < kGroup && same_query_tile_as_a_row_in(i, kKey, last);
+          });
       if (skip) GTEST_SKIP() << *skip;
     }
   }
@@ -391,7 +412,7 @@ TEST(GpuNan, NanInOneKeyRowReachesExactlyTheRowsThatSeeIt) {
   check_key_side_nan(&Tensors::k, Spread::kWholeRow);
 }
 
-TEST(GpuNan, NanInOneValueRowReachesExactlyTheRowsThatSeeIt) {
+TEST(GpuNan, NanInOneValueRowReachesTheRowsThatSeeItAndStaysInItsTile) {
   FUSEDATTN_REQUIRE_GPU();
   check_key_side_nan(&Tensors::v, Spread::kOneColumn);
 }

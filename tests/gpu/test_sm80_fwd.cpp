@@ -58,6 +58,8 @@ class Sm80Forward : public ::testing::Test {
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
     setenv("FUSEDATTN_DISABLE_SM90", "1", 1);
   }
+  // The switch is process-wide: later suites in this binary must see default dispatch again.
+  void TearDown() override { unsetenv("FUSEDATTN_DISABLE_SM90"); }
 };
 
 // Runs c on the GPU (out and lse poisoned on the device too) and copies the results back.
