@@ -4,6 +4,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+
 namespace fusedattn::torch_binding {
 namespace {
 
@@ -45,8 +47,14 @@ TensorView to_view(const at::Tensor& t, const char* name) {
 }
 
 void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
-  TORCH_CHECK_VALUE(t.dim() == rank, "fusedattn: ", name, ": expected rank ", rank, " ", layout, ", got rank ",
-                    t.dim(), " with shape ", t.sizes());
+  if (t.dim() == rank) return;
+  // The shape is spelled out here rather than streamed as an IntArrayRef: a build of this module
+  // with g++ 13 against torch 2.11 crashed (SIGSEGV) formatting that message on the H200 machine.
+  std::string shape = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
+  shape += "]";
+  TORCH_CHECK_VALUE(false, "fusedattn: ", name, ": expected rank ", rank, " ", layout, ", got rank ", t.dim(),
+                    " with shape ", shape);
 }
 
 Options make_options(const c10::Device& device, std::optional<double> softmax_scale, bool causal,

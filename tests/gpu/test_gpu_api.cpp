@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -375,16 +376,23 @@ TEST(GpuNan, NanInOneQueryRowStaysInThatRow) {
 // A NaN in key row kKey of batch 1, KV head 0 reaches rows kKey.. (causal), or kKey..kKey+kLeft
 // with a left window, of query heads 0 and 1 only. In v it reaches only its own column.
 //
-// A known limit of the GPU kernels (docs/perf.md, README "Limits"): P*V runs on the tensor cores
-// over whole tiles, and a masked-off P entry is an exact 0, but 0 * NaN is NaN. So a NaN in v also
-// reaches, in its own column, rows of the same query tile that the mask hides the key from (the
-// tile shares the KV block the mask edge cuts). A NaN in k is confined exactly (masked scores
-// become -inf before the exponential). The CPU backend confines both exactly (tests/cpu).
-constexpr int64_t kLargestQueryTile = 128;  // the largest query block of any forward kernel
+// A known limit of the GPU kernels (README "Limits"): P*V runs on the tensor cores over whole
+// tiles, and a masked-off P entry is an exact 0, but 0 * NaN is NaN. So a NaN in v also reaches,
+// in its own column, rows the mask hides the key from whenever their query tile processes the KV
+// block holding the key (a block the mask edge cuts). A NaN in k is confined exactly (masked
+// scores become -inf before the exponential). The CPU backend confines both exactly (tests/cpu).
+constexpr int64_t kLargestTile = 128;  // the largest query or KV block of any forward kernel
 
-bool same_query_tile_as_a_row_in(int64_t i, int64_t first, int64_t last) {
-  const int64_t tile_first = i / kLargestQueryTile * kLargestQueryTile;
-  return tile_first <= last && tile_first + kLargestQueryTile - 1 >= first;
+// Whether some row of row i's query tile may see some key of `key`'s KV block (dense problem,
+// tiles aligned at multiples of kLargestTile; a superset of what smaller tiles process).
+bool tile_processes_block_of(const Problem& p, int64_t i, int64_t key) {
+  const int64_t t0 = i / kLargestTile * kLargestTile, t1 = std::min(t0 + kLargestTile, p.seqlen_q) - 1;
+  const int64_t b0 = key / kLargestTile * kLargestTile, b1 = b0 + kLargestTile - 1;
+  const int64_t shift = p.seqlen_k - p.seqlen_q;  // bottom-right alignment
+  const int64_t right = p.causal ? 0 : p.window_right;
+  const int64_t lo = p.window_left >= 0 ? t0 + shift - p.window_left : 0;  // first key of row t0
+  const int64_t hi = right >= 0 ? t1 + shift + right : p.seqlen_k - 1;     // last key of row t1
+  return lo <= b1 && hi >= b0;
 }
 
 void check_key_side_nan(std::vector<double> Tensors::*member, Spread spread) {
@@ -400,7 +408,7 @@ void check_key_side_nan(std::vector<double> Tensors::*member, Spread spread) {
           p, dtype, spread, [&](Tensors& t) { (t.*member)[key_offset + kNanColumn] = kNaN; },
           [&](int b, int h, int64_t i) { return b == 1 && h < kGroup && i >= kKey && i <= last; },
           [&](int b, int h, int64_t i) {
-            return member == &Tensors::v && b == 1 && h < kGroup && same_query_tile_as_a_row_in(i, kKey, last);
+            return member == &Tensors::v && b == 1 && h < kGroup && tile_processes_block_of(p, i, kKey);
           });
       if (skip) GTEST_SKIP() << *skip;
     }
@@ -412,7 +420,7 @@ TEST(GpuNan, NanInOneKeyRowReachesExactlyTheRowsThatSeeIt) {
   check_key_side_nan(&Tensors::k, Spread::kWholeRow);
 }
 
-TEST(GpuNan, NanInOneValueRowReachesTheRowsThatSeeItAndStaysInItsTile) {
+TEST(GpuNan, NanInOneValueRowReachesTheRowsThatSeeItAndStaysInItsTiles) {
   FUSEDATTN_REQUIRE_GPU();
   check_key_side_nan(&Tensors::v, Spread::kOneColumn);
 }
