@@ -71,19 +71,20 @@ if has pytest; then
 fi
 
 peers=$root/.devbuild/carry/peers.py
+# peer runs: "dtype" or "dtype-sm80" (the portable forward alone, for issue 3's comparison with FA2);
+# their JSON lines go straight to $dest so a call cut short still returns what was measured.
+peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
   suite=$([ "$mode" = full ] && echo fa || echo quick)
-  for dt in float16 bfloat16; do
-    step "peers-$suite-$dt" 300 "peers_${suite}_$dt.log" env PYTHONUNBUFFERED=1 python3 "$peers" --suite "$suite" \
-      --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$out/peers_${suite}_$dt.jsonl"
+  for run in ${peer_runs//,/ }; do
+    dt=${run%-sm80}
+    if [ "$run" = "$dt" ]; then env_extra=(); provs=sdpa_flash,sdpa_cudnn,ours; else env_extra=(FUSEDATTN_DISABLE_SM90=1); provs=sdpa_flash,ours; fi
+    step "peers-$suite-$run" 300 "peers_${suite}_$run.log" env "${env_extra[@]}" PYTHONUNBUFFERED=1 python3 "$peers" \
+      --suite "$suite" --dtype "$dt" --providers "$provs" --ours-module fusedattn --out "$dest/peers_${suite}_$run.jsonl"
   done
-  # the portable (sm80) forward alone, for issue 3's comparison with FA2
-  step "peers-$suite-float16-sm80" 300 "peers_${suite}_float16_sm80.log" env FUSEDATTN_DISABLE_SM90=1 PYTHONUNBUFFERED=1 \
-    python3 "$peers" --suite "$suite" --dtype float16 --providers sdpa_flash,ours --ours-module fusedattn \
-    --out "$out/peers_${suite}_float16_sm80.jsonl"
 fi
 
 tag=$(echo "$steps" | tr ',' '-')
-tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt" && cp "$out"/peers_*.jsonl "$dest/" 2>/dev/null
+tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
 echo; echo "==== summary ===="; cat "$summary"
 for f in "$out"/peers_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; sed -n '/^suite/,$p' "$f"; }; done
