@@ -9,6 +9,13 @@
 namespace fusedattn::torch_binding {
 namespace {
 
+// Messages that carry numbers are assembled with std::to_string and handed to torch as one C
+// string. Streaming integers through c10::str crashed a g++ 13 build of this module on the H200
+// machine (cuda-gdb: SIGSEGV inside a copy of ostream::_M_insert<long> linked into the module),
+// while messages made only of strings, as rethrow_as_torch_error sends, always worked.
+[[noreturn]] void value_error(const std::string& message) { TORCH_CHECK_VALUE(false, message.c_str()); }
+
+
 DType to_dtype(at::ScalarType type, const char* name) {
   switch (type) {
     case at::kHalf: return DType::kFloat16;
@@ -32,8 +39,9 @@ Device to_device(const c10::Device& device, const char* name) {
 
 TensorView to_view(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.defined(), "fusedattn: ", name, ": expected a tensor, got None");
-  TORCH_CHECK_VALUE(t.dim() <= kMaxRank, "fusedattn: ", name, ": rank ", t.dim(), " exceeds the maximum ",
-                    kMaxRank);
+  if (t.dim() > kMaxRank)
+    value_error(std::string("fusedattn: ") + name + ": rank " + std::to_string(t.dim()) + " exceeds the maximum " +
+                std::to_string(kMaxRank));
   TensorView view;
   view.data = t.data_ptr();
   view.dtype = to_dtype(t.scalar_type(), name);
@@ -48,13 +56,10 @@ TensorView to_view(const at::Tensor& t, const char* name) {
 
 void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {
   if (t.dim() == rank) return;
-  // The shape is spelled out here rather than streamed as an IntArrayRef: a build of this module
-  // with g++ 13 against torch 2.11 crashed (SIGSEGV) formatting that message on the H200 machine.
   std::string shape = "[";
   for (int64_t d = 0; d < t.dim(); ++d) shape += (d ? ", " : "") + std::to_string(t.size(d));
-  shape += "]";
-  TORCH_CHECK_VALUE(false, "fusedattn: ", name, ": expected rank ", rank, " ", layout, ", got rank ", t.dim(),
-                    " with shape ", shape);
+  value_error(std::string("fusedattn: ") + name + ": expected rank " + std::to_string(rank) + " " + layout +
+              ", got rank " + std::to_string(t.dim()) + " with shape " + shape + "]");
 }
 
 Options make_options(const c10::Device& device, std::optional<double> softmax_scale, bool causal,
