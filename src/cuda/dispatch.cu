@@ -83,10 +83,9 @@ bool sm90_allowed() {
   return !(env && env[0] == '1');
 }
 
-// The Hopper forward kernel's feature limits; requests outside them use the portable path.
-// The Hopper kernel: dense batches only (varlen is not implemented there), at least one key
-// (TMA maps need non-empty extents), int32 TMA coordinates, and a positive scale (its online
-// softmax takes the row max before scaling).
+// The Hopper forward kernel's limits; requests outside them use the portable path: dense batches
+// only (varlen is not implemented there), at least one key (TMA maps need non-empty extents),
+// int32 TMA coordinates, and a positive scale (its online softmax takes the row max before scaling).
 bool sm90_supports(const FwdParams& p) {
   constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
   return p.cu_seqlens_q == nullptr && p.seqlen_k > 0 && p.seqlen_q <= kMaxTmaCoordinate &&
