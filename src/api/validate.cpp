@@ -219,6 +219,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * M_LOG2E);
   p.window_left = opt.window_left;
   p.window_right = opt.causal ? 0 : opt.window_right;
+  // A side of the window that reaches past every key of every row is no bound at all: folding it
+  // to -1 keeps each backend's row +/- window arithmetic far from int64 overflow and lets dispatch
+  // pick the unmasked kernels. (Row i sees keys down to i + Sk - Sq - left >= 0 when left < Sq + Sk.)
+  const int64_t unbounded_span = sq + sk;
+  if (p.window_left >= unbounded_span) p.window_left = -1;
+  if (p.window_right >= unbounded_span) p.window_right = -1;
 
   const bool noop = batch == 0 || hq == 0 || (varlen ? q.shape[0] == 0 : sq == 0);
   if (noop) return false;

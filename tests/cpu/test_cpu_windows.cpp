@@ -1,0 +1,59 @@
+// Windows wider than any sequence: they mean "unbounded" on that side, including values whose
+// row + window arithmetic would overflow int64 if a backend used them as given.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "cpu/cpu_check.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr int kHeadDim = 32;
+constexpr int64_t kWide = int64_t{1} << 40;  // wider than any sequence, still safe for the reference
+constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
+
+std::vector<unsigned char> bytes_of(const HostTensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
+// Runs the forward of c with the window (left, right) and returns out and lse as bytes.
+std::pair<std::vector<unsigned char>, std::vector<unsigned char>> forward_with(HostCase& c, int64_t left,
+                                                                              int64_t right) {
+  c.out.poison();
+  c.lse.poison();
+  ForwardArgs a = forward_args(c);
+  a.options.window_left = left;
+  a.options.window_right = right;
+  forward(a);
+  return {bytes_of(c.out), bytes_of(c.lse)};
+}
+
+TEST(CpuWindows, WiderThanTheSequencesMatchesTheReference) {
+  for (DType dtype : kCpuDtypes) {
+    check_forward(with_mask(dense(2, 2, 1, 70, 90, kHeadDim), false, kWide, 5), dtype);
+    check_forward(with_mask(dense(2, 2, 1, 90, 70, kHeadDim), false, 5, kWide), dtype);
+    check_backward(with_mask(dense(1, 2, 2, 65, 65, kHeadDim), true, kWide, -1), dtype);
+  }
+}
+
+TEST(CpuWindows, Int64MaxMeansUnboundedBitForBit) {
+  const Problem p = dense(2, 4, 2, 77, 100, kHeadDim);
+  for (DType dtype : kCpuDtypes) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    const auto unbounded = forward_with(c, -1, -1);
+    EXPECT_EQ(forward_with(c, kHuge, kHuge), unbounded) << dtype_name(dtype);
+    EXPECT_EQ(forward_with(c, kHuge, -1), unbounded) << dtype_name(dtype);
+    EXPECT_EQ(forward_with(c, -1, kHuge), unbounded) << dtype_name(dtype);
+    // A one-sided bound stays a bound when the other side is huge.
+    EXPECT_EQ(forward_with(c, kHuge, 3), forward_with(c, -1, 3)) << dtype_name(dtype);
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
