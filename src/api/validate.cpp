@@ -238,6 +238,13 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (!cuda::supports_head_dim(p.head_dim))
       fail(ErrorCode::kUnsupported, "head_dim", "got " + std::to_string(d) + "; the CUDA backend supports " +
                                                     cuda::supported_head_dims());
+    if (batch > kCudaMaxGridYZ)
+      fail(ErrorCode::kUnsupported, varlen ? "cu_seqlens_q" : "q",
+           "batch of " + std::to_string(batch) + " sequences; the CUDA backend runs at most " +
+               std::to_string(kCudaMaxGridYZ) + " per call (split the batch)");
+    if (hq > kCudaMaxGridYZ)
+      fail(ErrorCode::kUnsupported, "q", std::to_string(hq) + " heads; the CUDA backend runs at most " +
+                                             std::to_string(kCudaMaxGridYZ) + " per call");
     check_cuda_alignment(q, "q");
     check_cuda_alignment(k, "k");
     check_cuda_alignment(v, "v");

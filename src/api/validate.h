@@ -18,5 +18,8 @@ bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backe
 constexpr int kMaxHeadDim = 256;
 // Alignment the CUDA kernels' 16-byte vector loads need, for pointers and for strides.
 constexpr int kCudaAlignBytes = 16;
+// The portable CUDA kernels put heads and batch on the grid's y and z dimensions, whose hardware
+// limit is 65535.
+constexpr int64_t kCudaMaxGridYZ = 65535;
 
 }  // namespace fusedattn::detail

@@ -68,6 +68,21 @@ TEST(GpuErrors, StrideNotAMultipleOf8Elements) {
   expect_error([&] { forward(a); }, ErrorCode::kLayout, "q", "multiple of 8 elements");
 }
 
+// Batch and heads ride on grid dimensions of at most 65535. The oversized batch aliases one
+// small allocation (batch stride 0): validation rejects it before any memory is touched.
+TEST(GpuErrors, BatchAboveTheGridLimit) {
+  FUSEDATTN_REQUIRE_GPU();
+  ValidGpu v = valid_gpu(dense(1, 2, 2, 16, 16, kHeadDim));
+  ForwardArgs a = v.dc->forward_args();
+  for (TensorView* t : {&a.q, &a.k, &a.v, &a.out}) {
+    t->shape[0] = 65536;
+    t->stride[0] = 0;
+  }
+  a.lse.shape[0] = 65536;
+  a.lse.stride[0] = 0;
+  expect_error([&] { forward(a); }, ErrorCode::kUnsupported, "q", "at most 65535");
+}
+
 TEST(GpuErrors, CpuAndGpuTensorsMixed) {
   FUSEDATTN_REQUIRE_GPU();
   ValidGpu v = valid_gpu();
