@@ -211,11 +211,6 @@ TEST(CpuNan, NanInOneValueRowReachesExactlyTheRowsThatSeeIt) { check_key_side_na
 
 // ---- determinism -------------------------------------------------------------------------------------
 
-std::vector<unsigned char> bytes_of(const HostTensor& t) {
-  const auto* p = static_cast<const unsigned char*>(t.data());
-  return {p, p + t.nbytes()};
-}
-
 TEST(CpuDeterminism, ForwardAndBackwardAreBitIdenticalRunToRun) {
   constexpr int kRuns = 3;
   const Problem p = with_mask(dense(2, 4, 2, 130, 100, kHeadDim), true, 40, -1);

@@ -16,11 +16,6 @@ constexpr int kHeadDim = 32;
 constexpr int64_t kWide = int64_t{1} << 40;  // wider than any sequence, still safe for the reference
 constexpr int64_t kHuge = std::numeric_limits<int64_t>::max();
 
-std::vector<unsigned char> bytes_of(const HostTensor& t) {
-  const auto* p = static_cast<const unsigned char*>(t.data());
-  return {p, p + t.nbytes()};
-}
-
 // Runs the forward of c with the window (left, right) and returns out and lse as bytes.
 std::pair<std::vector<unsigned char>, std::vector<unsigned char>> forward_with(HostCase& c, int64_t left,
                                                                               int64_t right) {

@@ -427,11 +427,6 @@ TEST(GpuNan, NanInOneValueRowReachesTheRowsThatSeeItAndStaysInItsTiles) {
 
 // ---- determinism and workspace ---------------------------------------------------------------------
 
-std::vector<unsigned char> bytes_of(const HostTensor& t) {
-  const auto* p = static_cast<const unsigned char*>(t.data());
-  return {p, p + t.nbytes()};
-}
-
 // Long enough that several KV blocks and query blocks meet in the backward's accumulations.
 Problem determinism_problem() { return with_mask(dense(1, 8, 2, 600, 700, kHeadDim), true, -1, -1); }
 constexpr int kRuns = 3;

@@ -3,19 +3,12 @@
 // backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 
 #include "gpu/gpu_check.h"
+#include "gpu/portable_path.h"
 
 namespace fusedattn::testing {
 namespace {
-
-// Restores FUSEDATTN_DISABLE_SM90 when a test ends, whatever it did.
-class PortablePathOnly {
- public:
-  PortablePathOnly() { setenv("FUSEDATTN_DISABLE_SM90", "1", 1); }
-  ~PortablePathOnly() { unsetenv("FUSEDATTN_DISABLE_SM90"); }
-};
 
 void run_small_set() {
   const Problem ragged = with_mask(dense(2, 4, 2, 77, 133, 64), true, -1, -1);

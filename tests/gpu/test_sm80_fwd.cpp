@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/cpu_check.h"  // dense(), packed(), with_mask(), atol_for()
+#include "gpu/portable_path.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -56,10 +57,8 @@ class Sm80Forward : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-    setenv("FUSEDATTN_DISABLE_SM90", "1", 1);
   }
-  // The switch is process-wide: later suites in this binary must see default dispatch again.
-  void TearDown() override { unsetenv("FUSEDATTN_DISABLE_SM90"); }
+  PortablePathOnly portable_;
 };
 
 // Runs c on the GPU (out and lse poisoned on the device too) and copies the results back.

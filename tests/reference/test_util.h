@@ -106,6 +106,12 @@ inline HostCase make_case(const Problem& p, DType dtype, Layout layout, std::mt1
   return c;
 }
 
+// A tensor's bytes, for bit-identity checks across runs.
+inline std::vector<unsigned char> bytes_of(const HostTensor& t) {
+  const auto* p = static_cast<const unsigned char*>(t.data());
+  return {p, p + t.nbytes()};
+}
+
 // Re-encodes c.values' inputs into the host tensors (after a test edits them, e.g. adds a NaN).
 inline void refill_inputs(HostCase& c) {
   c.q.fill(c.values.q);
