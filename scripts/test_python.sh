@@ -24,7 +24,8 @@ if ! has_module torch; then
 fi
 missing=()
 has_module scikit_build_core || missing+=(scikit-build-core)
-has_module ninja || missing+=(ninja)
+# scikit-build-core runs a ninja found on PATH; the PyPI package is only needed without one.
+has_module ninja || command -v ninja >/dev/null || missing+=(ninja)
 has_module pytest || missing+=(pytest)
 has_module numpy || missing+=(numpy)
 if [[ ${#missing[@]} -gt 0 ]]; then

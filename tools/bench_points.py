@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""A few FA-grid points, ours against the peers in one process, with ratios: the quick A/B tool
+for kernel work on the GPU machine (the full grid is tools/gpu_check.sh's `peers` step).
+
+Timing is peers.py's own (`bench_one`, triton do_bench median, autograd for the backward), so the
+numbers compare with the performance log. peers.py is read from .devbuild/carry/ (copied there
+from ../shared/bench and carried with the device call).
+
+  tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
+      [--dtype float16] [--env NAME=VALUE ...]
+A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048). Each --env
+setting adds one more `ours` column measured with that environment variable set (read by the
+library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
+"""
+import argparse
+import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbuild" / "carry"))
+import torch  # noqa: E402
+import peers  # noqa: E402
+
+FA_TOKENS, FA_MODEL_DIM = 16384, 2048
+
+
+def parse_point(text):
+    mode, dim, mask, seqlen = text.split(":")
+    if mode not in ("fwd", "bwd") or mask not in ("full", "causal"):
+        raise SystemExit(f"bad point '{text}': expected mode:head_dim:mask:seqlen, mode fwd|bwd, mask full|causal")
+    d, s = int(dim), int(seqlen)
+    return mode, d, mask == "causal", s, FA_TOKENS // s, FA_MODEL_DIM // d
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--points", required=True)
+    ap.add_argument("--providers", default="sdpa_flash,ours")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE: one more `ours` column with it set")
+    ap.add_argument("--module", default="fusedattn")
+    args = ap.parse_args()
+    peers.OURS["mod"] = __import__(args.module)
+    dtype = getattr(torch, args.dtype)
+    columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
+    names = [p if e is None else f"ours[{e}]" for p, e in columns]
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s")
+    print("%-24s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
+    for text in args.points.split(","):
+        mode, d, causal, s, batch, heads = parse_point(text)
+        row = []
+        for provider, env in columns:
+            saved = {}
+            if env:
+                key, value = env.split("=", 1)
+                saved[key] = os.environ.get(key)
+                os.environ[key] = value
+            try:
+                ms = peers.bench_one(provider, batch, heads, heads, s, s, d, causal, mode, dtype)
+                row.append(peers.flops(batch, heads, s, s, d, causal, mode) / ms * 1e-9)
+            except Exception as e:  # a provider that cannot run the point says why, the row goes on
+                print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
+                row.append(float("nan"))
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+            torch.cuda.empty_cache()
+        ratios = " ".join("%.2f" % (x / row[0]) for x in row[1:])
+        print("%-24s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)
+
+
+if __name__ == "__main__":
+    main()
