@@ -170,10 +170,22 @@ TEST_P(Sm80Backward, DeterministicVarlenWindow) {
   check_backward({varlen(window(dense(0, 4, 4, 64, 0, 0), 50, 0), {300, 1, 129}, {310, 64, 100}), GetParam(),
                   Layout::kBSHD, true});
 }
+// Head dims above 128 split the output columns over warps that share key rows (P^T and dS^T go
+// through shared memory): causal GQA with ragged lengths, a window over varlen sequences in
+// deterministic mode, and head dims below the instance (zero-filled columns of the last warp).
+TEST_P(Sm80Backward, WideHeadCausalGqa) { check_backward({causal(dense(2, 4, 2, 256, 150, 170)), GetParam()}); }
+TEST_P(Sm80Backward, WideHeadDeterministicVarlenWindow) {
+  check_backward({varlen(window(dense(0, 2, 2, 256, 0, 0), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
+                  Layout::kBSHD, true});
+}
+TEST_P(Sm80Backward, WideHeadDimsBelowInstance) {
+  for (int d : {136, 200}) check_backward({dense(1, 2, 1, d, 97, 130), GetParam(), Layout::kBHSD});
+}
 // Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*).
 TEST_P(Sm80Backward, SanitizerSmallRagged) {
   check_backward({causal(dense(2, 2, 1, 64, 77, 133)), GetParam()});
   check_backward({varlen(causal(dense(0, 2, 2, 40, 0, 0)), {17, 0, 70}, {40, 33, 20}), GetParam(), Layout::kBSHD, true});
+  check_backward({causal(dense(1, 2, 1, 256, 70, 90)), GetParam()});
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Sm80Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),

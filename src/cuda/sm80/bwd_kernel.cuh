@@ -3,7 +3,8 @@
 // One CTA owns KV block n of (sequence b, KV head kvh) and keeps its dK and dV in registers while
 // it walks over every (query head of the GQA group, query block that sees block n); so dK/dV of a
 // group are summed without atomics and K/V are never expanded. Warp w owns key rows
-// [16w, 16w + 16) and works on transposed scores, which keeps P and dS in registers for dV and dK:
+// [16r, 16r + 16), r = w % kKeyWarps, and works on transposed scores, which keeps P and dS in
+// registers for dV and dK:
 //
 //   S^T  = K Q^T                      (warp: 16 keys x kBlockM queries)
 //   P^T  = exp2(S^T * scale_log2 - lse2[query])      lse2 = +inf for rows without keys => P = 0
@@ -13,6 +14,10 @@
 //   dQ  += dS K         (dS^T goes through shared memory to a warp grid over [kBlockM x D]; the
 //                        fp32 result is staged in shared memory and added to the workspace in
 //                        128-byte row segments: atomics, or ordered adds when deterministic)
+//
+// With column warps (kColWarps > 1, large head dims) the warps sharing key rows each compute S^T
+// and dP^T for 1/kColWarps of the queries, hand P^T and dS^T over in shared memory, and each
+// accumulate dV and dK for 1/kColWarps of the columns from there.
 //
 // dK is scaled by the softmax scale once at the end; dQ is scaled by the convert kernel.
 #pragma once
@@ -36,8 +41,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
   using T = BwdTile<kHeadDim>;
   using Shared = BwdShared<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch, kOutDim = T::kOutDim;
-  constexpr int kQueryTiles = kBlockM / kMmaCols;  // n8 tiles of a warp's S^T row block
-  constexpr int kOutTiles = kOutDim / kMmaCols;
+  constexpr int kWarpQueries = T::kWarpQueries;
+  constexpr int kQueryTiles = kWarpQueries / kMmaCols;  // n8 tiles of a warp's S^T row block
+  constexpr int kOutTiles = T::kWarpOutDim / kMmaCols;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
@@ -57,13 +63,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int warp_key0 = warp * kMmaRows;  // this warp's first key row inside the block
+  const int warp_key0 = warp % T::kKeyWarps * kMmaRows;  // this warp's first key row inside the block
+  const int col_warp = warp / T::kKeyWarps;
+  const int warp_q0 = col_warp * kWarpQueries;  // this warp's first S^T column inside the query block
 
   const uint32_t smem_k = ptx::smem_addr(smem.k), smem_v = ptx::smem_addr(smem.v);
-  const uint32_t smem_ds = ptx::smem_addr(smem.ds);
+  const uint32_t smem_ds = ptx::smem_addr(smem.ds), smem_pt = ptx::smem_addr(smem.pt);
   const LdsmLane lane_tile = ldsm_lane<kPitch, Element>();  // Q, K, V, dO tiles
   const LdsmLane lane_ds = ldsm_lane<T::kDsPitch, Element>();
-  const int out_pair0 = col0 / (2 * kMmaCols);  // first 16-column pair of this CTA's output
+  const int warp_col0 = col0 + col_warp * T::kWarpOutDim;  // first dK/dV column of this warp
+  const int out_pair0 = warp_col0 / (2 * kMmaCols);
 
   // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` into buffer `stage`.
   auto load_query_block = [&](const QueryCursor& at, int stage) {
@@ -122,60 +131,78 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
 
     // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
     float pt[kQueryTiles][4];
-    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q, lane_tile);
-    const bool masked = block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q,
-                                         cta.seq.len_k);
+    warp_gemm_abt<kWarpQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q, lane_tile,
+                                                                   warp_q0);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + j * kMmaCols + 2 * t);
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + warp_q0 + j * kMmaCols + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float pv = ptx::ex2_approx(fmaf(pt[j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
-        if (masked) {
+      for (int e = 0; e < 4; ++e) pt[j][e] = ptx::ex2_approx(fmaf(pt[j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+    }
+    // A separate pass over the few blocks that need it: a mask test inside the loop above put a
+    // branch between every two exponentials and serialised them.
+    if (block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k)) {
+#pragma unroll
+      for (int j = 0; j < kQueryTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
           const int64_t key = key0 + warp_key0 + g + e / 2 * 8;
-          const int64_t row = m * kBlockM + j * kMmaCols + 2 * t + e % 2;
+          const int64_t row = m * kBlockM + warp_q0 + j * kMmaCols + 2 * t + e % 2;
           const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
                                                           : key < cta.seq.len_k;
-          if (!visible) pv = 0.f;
+          if (!visible) pt[j][e] = 0.f;
         }
-        pt[j][e] = pv;
-      }
     }
-    // dV += P^T dO (this CTA's output columns).
-    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, lane_tile, out_pair0);
+    // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
+    if constexpr (T::kScoresShared)
+      store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, warp_q0);
+    else
+      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, lane_tile, out_pair0);
 
     // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
     float dst[kQueryTiles][4];
-    warp_gemm_abt<kBlockM, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile);
+    warp_gemm_abt<kWarpQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile,
+                                                                   warp_q0);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
-      const float2 d2 = *reinterpret_cast<const float2*>(delta + j * kMmaCols + 2 * t);
+      const float2 d2 = *reinterpret_cast<const float2*>(delta + warp_q0 + j * kMmaCols + 2 * t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) dst[j][e] = pt[j][e] * (dst[j][e] - (e % 2 ? d2.y : d2.x));
     }
     // dK += dS^T Q.
-    warp_gemm_rab<kOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, lane_tile, out_pair0);
+    if constexpr (!T::kScoresShared)
+      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, lane_tile, out_pair0);
 
-    // Hand dS^T to the dQ warp grid through shared memory, rounded like the dK operand. The
-    // swizzle makes these 32-bit stores conflict free: the 8 rows g hit 8 different chunks.
-#pragma unroll
-    for (int j = 0; j < kQueryTiles; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<uint32_t*>(&smem.ds[swizzle_offset(warp_key0 + g + half * 8, j * kMmaCols + 2 * t, T::kDsPitch)]) =
-            pack2<Element>(dst[j][2 * half], dst[j][2 * half + 1]);
+    // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
+    // the dK operand.
+    store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, warp_q0);
     __syncthreads();
 
-    // dQ[kBlockM x kOutDim] += dS K over this block's keys.
-    const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
-    const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = col0 + dq_wn * T::kDqCols;
-    float dq[T::kDqRows / kMmaRows][T::kDqCols / kMmaCols][4];
-    warp_gemm_atb<T::kDqRows / kMmaRows, T::kDqCols, kBlockN, T::kDsPitch, kPitch, Element>(
-        dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, dq_col0 / (2 * kMmaCols));
-    // Stage the tile in fp32 so the global adds below go out as whole 128-byte row segments
+    if constexpr (T::kScoresShared) {
+      // dV += P^T dO and dK += dS^T Q over the whole query block, for this warp's columns.
+      warp_gemm_sab<T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dv, smem_pt, lane_ds, warp_key0, smem_do,
+                                                                           lane_tile, out_pair0);
+      warp_gemm_sab<T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dk, smem_ds, lane_ds, warp_key0, smem_q,
+                                                                           lane_tile, out_pair0);
+    }
+
+    // dQ[kBlockM x kOutDim] += dS K over this block's keys, kDqPasses column slices at a time.
+    // The tile is staged in fp32 so the global adds below go out as whole 128-byte row segments
     // instead of 8 half-used sectors per instruction (the adds were a quarter of the run time).
+    const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
+    const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = dq_wn * T::kDqCols;  // inside the CTA's tile
+    constexpr int kPassCols = T::kDqCols / T::kDqPasses;
     float* dq_tile = smem.stage[stage].dq();
-    stage_dq_fragments<kOutDim>(dq_tile, dq, dq_row0, dq_wn * T::kDqCols);
+#pragma unroll
+    for (int pass = 0; pass < T::kDqPasses; ++pass) {
+      const int pass_col0 = dq_col0 + pass * kPassCols;
+      float dq[T::kDqRows / kMmaRows][kPassCols / kMmaCols][4];
+      warp_gemm_atb<T::kDqRows / kMmaRows, kPassCols, kBlockN, T::kDsPitch, kPitch, Element>(
+          dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, (col0 + pass_col0) / (2 * kMmaCols));
+      // Column warps read Q and dO, which the staged tile overwrites, until their dK and dV are done.
+      if (T::kScoresShared && pass == 0) __syncthreads();
+      stage_dq_fragments<kOutDim>(dq_tile, dq, dq_row0, pass_col0);
+    }
     float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM;
     if (ws.dq_sem == nullptr) {
@@ -194,8 +221,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
   const int64_t key_row0 = key0 + warp_key0;
   auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start, cta.kvh));
   auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start, cta.kvh));
-  store_warp_rows(dk, p.dk_stride.row, key_row0, col0, acc_dk, p.scale, cta.seq.len_k, p.head_dim);
-  store_warp_rows(dv, p.dv_stride.row, key_row0, col0, acc_dv, 1.f, cta.seq.len_k, p.head_dim);
+  store_warp_rows(dk, p.dk_stride.row, key_row0, warp_col0, acc_dk, p.scale, cta.seq.len_k, p.head_dim);
+  store_warp_rows(dv, p.dv_stride.row, key_row0, warp_col0, acc_dv, 1.f, cta.seq.len_k, p.head_dim);
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -11,7 +11,8 @@ namespace fusedattn::cuda::sm80 {
 
 // Every 16-bit tile is stored row-major with the XOR swizzle of cuda/common/swizzle.cuh. K and V
 // stay for the whole CTA; Q, dO, lse2 and delta are double-buffered per query block when
-// kStages == 2; dS^T ([key][query]) is the hand-off from the per-warp dS to the dQ warp grid.
+// kStages == 2; dS^T ([key][query]) is the hand-off from the per-warp dS to the dQ warp grid and,
+// with column warps, P^T and dS^T are the hand-off to the partner warps of the same key rows.
 // Once dK and dV of an iteration are done, its Q and dO are dead until the load of the query
 // block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
 // to the coalesced global adds.
@@ -29,6 +30,7 @@ struct BwdShared {
   alignas(16) Element v[T::kBlockN * T::kPitch];
   QueryStage stage[T::kStages];
   alignas(16) Element ds[T::kBlockN * T::kDsPitch];
+  alignas(16) Element pt[T::kScoresShared ? T::kBlockN * T::kDsPitch : kSwizzleChunkElems];  // one chunk without column warps
   alignas(16) float lse2[T::kStages][T::kBlockM];
   alignas(16) float delta[T::kStages][T::kBlockM];
 };

@@ -128,10 +128,22 @@ __device__ __forceinline__ StagedDq staged_dq(const float* tile, int64_t pitch, 
 // Adds the staged dQ tile into dq_acc rows [row0, row0 + kRows) (row pitch `pitch` floats) with
 // fp32 atomics: every KV block of the sequence adds into the same rows, in whatever order the CTAs
 // run. The caller has synchronised the CTA after staging.
+// A tile wholly inside the rows and columns (all but the last query block and narrower head dims)
+// takes one test instead of a branch around every add.
 template <int kRows, int kCols, int kWarps>
 __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0, const float* tile,
                                               int64_t valid_rows, int head_dim) {
   static_assert(kRows % kWarps == 0, "warps take whole rows");
+  if (row0 + kRows <= valid_rows && col0 + kCols <= head_dim) {
+#pragma unroll
+    for (int i = 0; i < kRows / kWarps; ++i)
+#pragma unroll
+      for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i, seg);
+        atomicAdd(acc_base + e.offset, e.value);
+      }
+    return;
+  }
 #pragma unroll
   for (int i = 0; i < kRows / kWarps; ++i)
 #pragma unroll
