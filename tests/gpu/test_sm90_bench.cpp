@@ -145,10 +145,11 @@ TEST(Sm90Bench, DISABLED_Ablation) {
       {"intra-wg overlap off", {{"FUSEDATTN_SM90_OVERLAP", "0"}}},
       {"intra-wg overlap on", {{"FUSEDATTN_SM90_OVERLAP", "1"}}},
       {"persistent off", {{"FUSEDATTN_SM90_PERSISTENT", "0"}}},
-      {"persistent on", {{"FUSEDATTN_SM90_PERSISTENT", "1"}}},
+      {"static persistent", {{"FUSEDATTN_SM90_DYNAMIC", "0"}, {"FUSEDATTN_SM90_PERSISTENT", "1"}}},
+      {"K released with V", {{"FUSEDATTN_SM90_EARLY_K", "0"}}},
       {"1 stage, no overlap", {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}}},
       {"none", {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"},
-                {"FUSEDATTN_SM90_PERSISTENT", "0"}}},
+                {"FUSEDATTN_SM90_PERSISTENT", "0"}, {"FUSEDATTN_SM90_EARLY_K", "0"}}},
   };
   const Buffers buf(false);
   for (const auto& [name, env] : variants) {

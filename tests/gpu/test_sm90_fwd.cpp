@@ -259,28 +259,48 @@ TEST(Sm90Fwd, NanStaysInItsRow) {
 
 // Many tiles per CTA (phases wrap many times) on a problem too large for the full reference:
 // sampled rows against the float64 row reference, 2x rule per row.
+void expect_sampled_rows_match(bool causal, std::mt19937_64& rng, const std::string& label) {
+  const Problem pr = make_problem(4, 16, 4, 128, 1500, 1500, causal);
+  HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
+  const auto run = run_kernel(c);
+  if (!run) GTEST_SKIP() << "no sm90 instance";
+  const RunResult& got = *run;
+  std::uniform_int_distribution<int64_t> row(0, pr.seqlen_q - 1);
+  constexpr int kSamples = 48;
+  for (int s = 0; s < kSamples; ++s) {
+    const int b = s % pr.batch, h = (s * 7) % pr.heads_q;
+    const int64_t i = s == 0 ? pr.seqlen_q - 1 : row(rng);
+    const RowResult ref = reference_forward_row(pr, c.values, b, h, i);
+    const RowResult plain = plain_forward_row(pr, c.dtype, c.values, b, h, i);
+    const int64_t off = out_offset(pr, b, h, i);
+    const std::vector<double> mine(got.out.begin() + off, got.out.begin() + off + pr.head_dim);
+    EXPECT_TRUE(obeys_2x_rule(mine, plain.out, ref.out, kAtol))
+        << pr.str() << " " << label << " b" << b << " h" << h << " row " << i;
+    EXPECT_NEAR(got.lse[lse_offset(pr, b, h, i)], ref.lse, kLseAtol * (1 + std::fabs(ref.lse))) << label;
+  }
+}
+
 TEST(Sm90Fwd, SampledRowsOfALargeProblem) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  for (bool causal : {false, true}) {
-    const Problem pr = make_problem(4, 16, 4, 128, 1500, 1500, causal);
-    HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
-    const auto run = run_kernel(c);
-    if (!run) GTEST_SKIP() << "no sm90 instance";
-    const RunResult& got = *run;
-    std::uniform_int_distribution<int64_t> row(0, pr.seqlen_q - 1);
-    constexpr int kSamples = 48;
-    for (int s = 0; s < kSamples; ++s) {
-      const int b = s % pr.batch, h = (s * 7) % pr.heads_q;
-      const int64_t i = s == 0 ? pr.seqlen_q - 1 : row(rng);
-      const RowResult ref = reference_forward_row(pr, c.values, b, h, i);
-      const RowResult plain = plain_forward_row(pr, c.dtype, c.values, b, h, i);
-      const int64_t off = out_offset(pr, b, h, i);
-      const std::vector<double> mine(got.out.begin() + off, got.out.begin() + off + pr.head_dim);
-      EXPECT_TRUE(obeys_2x_rule(mine, plain.out, ref.out, kAtol)) << pr.str() << " b" << b << " h" << h << " row " << i;
-      EXPECT_NEAR(got.lse[lse_offset(pr, b, h, i)], ref.lse, kLseAtol * (1 + std::fabs(ref.lse)));
-    }
-  }
+  for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "default schedule");
+}
+
+// The same under the static and the dynamic persistent schedule; the dynamic one for several
+// launches in a row on fresh inputs, since each launch must leave its tile counter at zero for
+// the next (a stale counter skips tiles, whose poisoned outputs then fail).
+TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  setenv("FUSEDATTN_SM90_PERSISTENT", "1", 1);
+  setenv("FUSEDATTN_SM90_DYNAMIC", "0", 1);
+  for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "static persistent");
+  setenv("FUSEDATTN_SM90_DYNAMIC", "1", 1);
+  constexpr int kLaunches = 3;
+  for (int launch = 0; launch < kLaunches; ++launch)
+    for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "dynamic, launch " + std::to_string(launch));
+  unsetenv("FUSEDATTN_SM90_PERSISTENT");
+  unsetenv("FUSEDATTN_SM90_DYNAMIC");
 }
 
 // Every optimisation switched off in turn must still give the same answers.
@@ -293,12 +313,18 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_PINGPONG", "0"}},
       {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
       {{"FUSEDATTN_SM90_PERSISTENT", "1"}},
+      {{"FUSEDATTN_SM90_DYNAMIC", "1"}},
+      {{"FUSEDATTN_SM90_DYNAMIC", "1"}, {"FUSEDATTN_SM90_OVERLAP", "1"}},
+      {{"FUSEDATTN_SM90_DYNAMIC", "0"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
+      {{"FUSEDATTN_SM90_DYNAMIC", "0"}},
+      {{"FUSEDATTN_SM90_EARLY_K", "0"}},
+      {{"FUSEDATTN_SM90_EARLY_K", "0"}, {"FUSEDATTN_SM90_OVERLAP", "1"}},
       {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"}},
   };
   for (const auto& env : settings) {
     for (const auto& [k, v] : env) setenv(k, v, 1);
     for (bool causal : {false, true}) {
-      for (int d : {64, 128}) {
+      for (int d : {64, 128, 256}) {
         HostCase c = make_case(make_problem(1, 4, 2, d, 300, 270, causal), DType::kFloat16, Layout::kBSHD, rng);
         expect_matches_reference(c);
       }

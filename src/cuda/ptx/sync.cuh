@@ -17,6 +17,15 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// mov.u32 %laneid; any SM. Volatile on purpose: values derived from it are recomputed where they
+// are used instead of being hoisted out of a loop, which matters when dozens of them (per-lane
+// shared-memory offsets) would otherwise stay live across a register-bound loop and spill.
+__device__ __forceinline__ int lane_id_here() {
+  uint32_t lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return static_cast<int>(lane);
+}
+
 // elect.sync _|p, 0xffffffff; PTX ISA 8.0, sm_90. True in exactly one lane of the full warp;
 // CUDA 13.0's <cuda/ptx> predates a wrapper for it.
 __device__ __forceinline__ bool elect_one_sync() {

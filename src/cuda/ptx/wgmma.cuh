@@ -77,6 +77,20 @@ __device__ __forceinline__ void fence_operands(T (&r)[kN]) {
   for (int i = 0; i < kN; ++i) fence_operand(r[i]);
 }
 
+// @p st.shared.v2.f32 [addr], {x0, x1} with p never true; any SM. A scheduling anchor:
+// complete_before_wait: the computation of x (here the softmax row sums, which depend on every
+// probability of the block) finishes before the next wgmma.wait_group. ptxas treats the wait as
+// free to hoist and fills latency gaps (a shuffle's) with it, so without an anchor the softmax
+// meant to overlap the in-flight P V GEMM ends up waiting for it. The anchor is a shared-memory
+// store predicated on a condition that never holds at run time but that ptxas cannot fold
+// (callers pass e.g. `batch == 0`): ptxas keeps it ahead of the wait and needs x computed for it.
+__device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32_t smem_address, bool never) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
+      "@p st.shared.v2.f32 [%2], {%0, %1};\n}\n" ::"f"(x[0]),
+      "f"(x[1]), "r"(smem_address), "r"(static_cast<int>(never)));
+}
+
 // ---- the MMAs --------------------------------------------------------------------------------
 // The accumulator operand lists spelled out ("%0, %1, ...") for 32, 64 and 128 registers.
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"

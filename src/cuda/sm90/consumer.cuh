@@ -130,6 +130,13 @@ struct Consumer {
     turns.pass_turn();
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(s);
+    if (params.features.early_k_release) pipe.consumer_release_k(kv, lane);
+  }
+
+  // The stage's V (and its K, unless that went right after S = Q K^T) back to the producer.
+  __device__ __forceinline__ void release_after_pv(const PipelineState& kv, const KVPipeline<Storage>& pipe) const {
+    if (!params.features.early_k_release) pipe.consumer_release_k(kv, lane);
+    pipe.consumer_release_v(kv, lane);
   }
 
   // O += P V of the block at kv with nothing else in flight; then the stage goes back to the
@@ -144,15 +151,17 @@ struct Consumer {
     turns.pass_turn();
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
-    pipe.consumer_release(kv, lane);
+    release_after_pv(kv, pipe);
     kv.advance();
   }
 
   // One block of the overlapped loop: S of block n_next and O += P V of the current block are
-  // issued together; the softmax of n_next runs while P V is still in flight.
+  // issued together; the softmax of n_next runs while P V is still in flight. O takes the
+  // previous softmax's correction between the two issues (it is idle there), so after the
+  // final wait only P's conversion is left and nothing pulls that wait above the softmax.
   template <bool kMasked>
-  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], int n_next,
-                                                  PipelineState& kv, const TileBounds& bounds,
+  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], float (&correction)[2],
+                                                  int n_next, PipelineState& kv, const TileBounds& bounds,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     PipelineState next = kv;
     next.advance();
@@ -162,19 +171,23 @@ struct Consumer {
     ptx::wgmma_fence();
     issue_qk(s, next.stage);
     ptx::wgmma_commit_group();
+    rescale_rows(o, correction);
+    ptx::wgmma_fence();
     issue_pv(p, kv.stage);
     ptx::wgmma_commit_group();
     turns.pass_turn();
     ptx::wgmma_wait_group<1>();  // S ready; P V may still run
     ptx::fence_operands(s);
+    if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
     if constexpr (kMasked) Mask::apply(s, n_next, bounds.rows, 2 * (lane % 4));
-    float correction[2];
     softmax.update(s, params.p.scale_log2, correction);
+    // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
+    // kernel has batch >= 1, so the anchoring store never runs.
+    ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q), params.p.batch == 0);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(p);
-    pipe.consumer_release(kv, lane);
-    rescale_rows(o, correction);
+    release_after_pv(kv, pipe);
     convert_p(s, p);  // only now: the P V just finished was reading the old p
     kv = next;
   }
@@ -204,10 +217,11 @@ struct Consumer {
       // carries no mask code (and its register pressure) at all.
       for (; n > blocks.lo; --n) {
         if (Mask::cuts(bounds.interior, n - 1))
-          overlapped_step<true>(s, p, n - 1, kv, bounds, turns, pipe);
+          overlapped_step<true>(s, p, correction, n - 1, kv, bounds, turns, pipe);
         else
-          overlapped_step<false>(s, p, n - 1, kv, bounds, turns, pipe);
+          overlapped_step<false>(s, p, correction, n - 1, kv, bounds, turns, pipe);
       }
+      rescale_rows(o, correction);
       pv_alone(p, kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {

@@ -46,8 +46,12 @@ struct Epilogue {
     const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogueWg0, warpgroup);
     // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-    const int row0 = warpgroup * kWarpgroupRows + warp * 16 + lane / 4;
-    const int col0 = 2 * (lane % 4);
+    // The lane is re-read here so the 2 * kOAcc / 4 staging offsets below are computed per tile
+    // rather than hoisted out of the tile loop, where they would spill (the mainloop needs the
+    // registers).
+    const int lane_now = ptx::lane_id_here();
+    const int row0 = warpgroup * kWarpgroupRows + warp * 16 + lane_now / 4;
+    const int col0 = 2 * (lane_now % 4);
 #pragma unroll
     for (int j = 0; j < kOAcc / 4; ++j)
 #pragma unroll

@@ -1,6 +1,7 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
 // registers); warpgroups 1 and 2 consume (wgmma + softmax + epilogue, many registers), each
-// owning 64 rows of every 128-row query tile. Both roles walk the same static tile schedule.
+// owning 64 rows of every 128-row query tile. The producer picks the tiles (tile_scheduler.cuh)
+// and announces each one's index in shared memory with its Q (q_full).
 #pragma once
 
 #include "cuda/ptx/mbarrier.cuh"
@@ -24,7 +25,8 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
-    ptx::mbarrier_init(&smem.kv_empty[s], kConsumerWarps);
+    ptx::mbarrier_init(&smem.k_empty[s], kConsumerWarps);
+    ptx::mbarrier_init(&smem.v_empty[s], kConsumerWarps);
   }
   ptx::fence_barrier_init();
 }
@@ -55,9 +57,13 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant_
     PipelineState kv;
     kv.num_stages = params.features.num_stages;
     uint32_t tile_parity = 0;
-    const StaticTileScheduler scheduler(params.num_m_blocks, params.p.heads_q, params.p.batch);
-    for (WorkTile t = scheduler.get_initial_work(); scheduler.is_valid(t); t = scheduler.get_next_work(t)) {
+    const TileScheduler scheduler(params.num_m_blocks, params.p.heads_q, params.p.batch, params.tile_counter);
+    for (;;) {
       ptx::mbarrier_wait(&smem.q_full, tile_parity);
+      // One atomic read per warp (see the producer for why atomic), shared over the lanes.
+      const int index = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index, 0) : 0, 0);
+      if (index == kNoTile) break;
+      const WorkTile t = scheduler.tile_at(index);
       mainloop.mma_tile(t, kv, turns);
       epilogue.store(t, mainloop.o, mainloop.softmax);
       tile_parity ^= 1;

@@ -15,6 +15,8 @@ struct Features {
   bool pingpong = true;    // the two consumer warpgroups take turns issuing their GEMMs
   bool overlap = true;     // Q*K^T of block n-1 is issued before the softmax of block n
   bool persistent = true;  // one CTA per SM walking tiles; off: one CTA per tile
+  bool dynamic = true;     // persistent CTAs take tiles from an atomic counter (else round robin)
+  bool early_k_release = true;  // a stage's K goes back to the producer once S is done, not with V
 };
 
 struct KernelParams {
@@ -24,6 +26,7 @@ struct KernelParams {
   CUtensorMap tma_o;  // box 64 x 64: each consumer warpgroup stores its own rows
   FwdParams p;
   int num_m_blocks;
+  int* tile_counter;  // zero at launch; null: static schedule
   Features features;
 };
 

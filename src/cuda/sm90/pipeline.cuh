@@ -22,15 +22,20 @@ struct PipelineState {
   }
 };
 
-// Views the barrier arrays of SharedStorage.
+// Views the barrier arrays of SharedStorage. K and V of a stage are freed separately: K is done
+// once S = Q K^T has completed, a whole softmax before P V finishes with V, so with the early K
+// release the producer can refill K that much sooner.
 template <class Storage>
 struct KVPipeline {
   Storage& smem;
 
   // The producer's first pass finds fresh "empty" barriers in phase 0: waiting for parity 1
   // returns at once, so it can fill every stage before any consumer has released one.
-  __device__ __forceinline__ void producer_acquire(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.kv_empty[s.stage], s.phase ^ 1);
+  __device__ __forceinline__ void producer_acquire_k(const PipelineState& s) const {
+    ptx::mbarrier_wait(&smem.k_empty[s.stage], s.phase ^ 1);
+  }
+  __device__ __forceinline__ void producer_acquire_v(const PipelineState& s) const {
+    ptx::mbarrier_wait(&smem.v_empty[s.stage], s.phase ^ 1);
   }
   __device__ __forceinline__ void consumer_wait_k(const PipelineState& s) const {
     ptx::mbarrier_wait(&smem.k_full[s.stage], s.phase);
@@ -38,10 +43,13 @@ struct KVPipeline {
   __device__ __forceinline__ void consumer_wait_v(const PipelineState& s) const {
     ptx::mbarrier_wait(&smem.v_full[s.stage], s.phase);
   }
-  // One arrival per consumer warp (kv_empty counts kConsumerWarps): each warp arrives after its
-  // own wgmma.wait_group, so the stage is free only once every warp's reads have completed.
-  __device__ __forceinline__ void consumer_release(const PipelineState& s, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.kv_empty[s.stage]);
+  // One arrival per consumer warp (the empty barriers count kConsumerWarps): each warp arrives
+  // after its own wgmma.wait_group, so the buffer is free only once every warp's reads completed.
+  __device__ __forceinline__ void consumer_release_k(const PipelineState& s, int lane) const {
+    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[s.stage]);
+  }
+  __device__ __forceinline__ void consumer_release_v(const PipelineState& s, int lane) const {
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[s.stage]);
   }
 };
 

@@ -1,7 +1,8 @@
-// The producer warpgroup: one elected thread walks the same tile sequence as the consumers and
-// issues every TMA load. Per tile: K of the first (highest) visible KV block, then Q once the
-// previous tile's O has left the Q buffer, then V, then K/V pairs for the remaining blocks,
-// each stage acquired from the ring before it is overwritten.
+// The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
+// Per tile: K of the first (highest) visible KV block, then -- once the previous tile's O has
+// left the Q buffer -- the tile's index for the consumers and Q, then V, then K/V pairs for the
+// remaining blocks, each stage acquired from the ring before it is overwritten. After the last
+// tile it publishes kNoTile, which sends the consumers home.
 #pragma once
 
 #include "cuda/ptx/mbarrier.cuh"
@@ -44,33 +45,45 @@ struct Producer {
     PipelineState kv;
     kv.num_stages = params.features.num_stages;
     uint32_t tile_parity = 0;
-    const StaticTileScheduler scheduler(params.num_m_blocks, p.heads_q, p.batch);
-    for (WorkTile t = scheduler.get_initial_work(); scheduler.is_valid(t); t = scheduler.get_next_work(t)) {
-      const KVBlockRange blocks = mask.kv_blocks(t.m_block);
+    const TileScheduler scheduler(params.num_m_blocks, p.heads_q, p.batch, params.tile_counter);
+    for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
+      const bool valid = scheduler.is_valid(t);
+      const KVBlockRange blocks = valid ? mask.kv_blocks(t.m_block) : KVBlockRange{0, 0};
       const int head_kv = t.head / group;
       int n = blocks.hi - 1;
       if (blocks.count() > 0) {
-        pipe.producer_acquire(kv);
+        pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage], kKVBytes);
         load_tile(&params.tma_k, smem.k[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.k_full[kv.stage]);
       }
       // The Q buffer doubles as the previous tile's O staging: wait until both warpgroups' TMA
-      // stores have read it (first tile: a fresh barrier, parity 1 passes at once).
+      // stores have read it (first tile: a fresh barrier, parity 1 passes at once). By then the
+      // consumers have also read the previous tile index, so it can be overwritten; q_full's
+      // arrival (release) publishes it. Atomic on both sides: the mbarriers already order the
+      // accesses, but compute-sanitizer's racecheck does not follow that chain and flags plain
+      // ones, while atomics are never a data race.
       ptx::mbarrier_wait(&smem.q_empty, tile_parity ^ 1);
+      atomicExch(&smem.tile_index, valid ? t.index : kNoTile);
+      if (!valid) {
+        ptx::mbarrier_arrive(&smem.q_full);
+        return;
+      }
       ptx::mbarrier_arrive_expect_tx(&smem.q_full, kQBytes);
       load_tile(&params.tma_q, smem.q, kQSlabElems, t.m_block * Cfg::kBlockM, t.head, t.batch, &smem.q_full);
       if (blocks.count() > 0) {
+        pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
         load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.v_full[kv.stage]);
         kv.advance();
       }
       for (--n; n >= blocks.lo; --n) {
-        pipe.producer_acquire(kv);
+        pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage], kKVBytes);
         load_tile(&params.tma_k, smem.k[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.k_full[kv.stage]);
+        pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
         load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.v_full[kv.stage]);

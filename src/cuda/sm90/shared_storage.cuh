@@ -21,8 +21,12 @@ struct SharedStorage {
   uint64_t q_empty;  // consumers -> producer: O stored, Q buffer free for the next tile
   uint64_t k_full[Cfg::kStages];
   uint64_t v_full[Cfg::kStages];
-  uint64_t kv_empty[Cfg::kStages];  // consumers -> producer: both K and V of the stage consumed
+  uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
+  uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
+  int tile_index;  // producer -> consumers: the tile q_full announces (kNoTile: the CTA is done)
 };
+
+constexpr int kNoTile = -1;
 
 template <typename Element, class Cfg>
 constexpr int shared_bytes() {
