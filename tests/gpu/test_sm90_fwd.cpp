@@ -333,5 +333,49 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   }
 }
 
+// Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs and
+// torch.compile's "reduce-overhead" do this): the dynamic schedule's counter cannot be allocated
+// during a capture, so the launch must fall back to a static schedule instead of failing, and
+// every replay of the graph must give the right answer.
+TEST(Sm90Fwd, GraphCaptureOnAFreshStream) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (bool causal : {false, true}) {
+    HostCase c = make_case(make_problem(2, 4, 2, 128, 700, 650, causal), DType::kFloat16, Layout::kBSHD, rng);
+    DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
+    FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
+    const cuda::FwdFn fn = hopper_instance(p);
+    if (fn == nullptr) GTEST_SKIP() << "no sm90 d128 instance in this build";
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    p.stream = stream;
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    fn(p);
+    check(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t exec = nullptr;
+    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    Tensors ref = c.values, plain = c.values;
+    reference_forward(c.problem, ref);
+    plain_forward(c.problem, c.dtype, plain);
+    constexpr int kReplays = 2;
+    for (int replay = 0; replay < kReplays; ++replay) {
+      c.out.poison();
+      c.lse.poison();
+      check(cudaMemcpy(o.ptr, c.out.data(), o.bytes, cudaMemcpyHostToDevice), "poison out");
+      check(cudaMemcpy(lse.ptr, c.lse.data(), lse.bytes, cudaMemcpyHostToDevice), "poison lse");
+      check(cudaGraphLaunch(exec, stream), "graph launch");
+      check(cudaStreamSynchronize(stream), "replay");
+      o.copy_to(c.out);
+      lse.copy_to(c.lse);
+      EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, kAtol)) << c.problem.str() << " replay " << replay;
+      EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kLseAtol, kLseAtol)) << "lse, replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

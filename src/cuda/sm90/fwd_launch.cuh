@@ -68,9 +68,14 @@ void run_fwd(const FwdParams& p) {
   int device = 0, num_sms = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
   FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  const int64_t grid = kp.features.persistent ? std::min<int64_t>(tiles, num_sms) : tiles;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
+  if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
+    // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0.
+    kp.features.dynamic = false;
+    kp.features.persistent = kMask == MaskKind::kFull;
+  }
+  const int64_t grid = kp.features.persistent ? std::min<int64_t>(tiles, num_sms) : tiles;
 
   auto kernel = fwd_kernel<Element, Cfg, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));

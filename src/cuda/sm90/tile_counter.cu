@@ -16,13 +16,17 @@ int* tile_counter(cudaStream_t stream) {
   int device = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
   const std::lock_guard<std::mutex> lock(mutex);
-  int*& counter = counters[{device, stream}];
-  if (counter == nullptr) {
-    int* fresh = nullptr;
-    FUSEDATTN_CUDA_CHECK(cudaMalloc(&fresh, sizeof(int)));
-    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(fresh, 0, sizeof(int), stream));
-    counter = fresh;
-  }
+  const auto found = counters.find({device, stream});
+  if (found != counters.end()) return found->second;
+  // cudaMalloc is not allowed while the stream is being captured into a CUDA graph (torch's
+  // CUDA graphs, torch.compile's "reduce-overhead"): the caller then schedules statically.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  int* counter = nullptr;
+  FUSEDATTN_CUDA_CHECK(cudaMalloc(&counter, sizeof(int)));
+  FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
+  counters[{device, stream}] = counter;
   return counter;
 }
 

@@ -8,8 +8,9 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// Throws fusedattn::Error(kRuntime) when the allocation fails. Not for use inside a CUDA graph
-// capture the first time a stream is seen (it allocates).
+// Throws fusedattn::Error(kRuntime) when the allocation fails. Returns nullptr when the stream has
+// no counter yet and is being captured into a CUDA graph (allocation is not allowed there): the
+// launch then uses a static schedule. A counter made before the capture is captured by pointer.
 int* tile_counter(cudaStream_t stream);
 
 }  // namespace fusedattn::cuda::sm90
