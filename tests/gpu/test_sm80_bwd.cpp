@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -180,6 +181,25 @@ TEST_P(Sm80Backward, WideHeadDeterministicVarlenWindow) {
 }
 TEST_P(Sm80Backward, WideHeadDimsBelowInstance) {
   for (int d : {136, 200}) check_backward({dense(1, 2, 1, d, 97, 130), GetParam(), Layout::kBHSD});
+}
+TEST_P(Sm80Backward, Head192CausalGqa) { check_backward({causal(dense(2, 4, 2, 192, 150, 170)), GetParam()}); }
+
+// Forces the backward's default (A100-sized) tiles for the lifetime of the object, so the kernel
+// that Hopper replaces with a larger-memory one is checked on Hopper too; restores the default
+// afterwards (the variable is process-wide).
+class Sm80TilesOnly {
+ public:
+  Sm80TilesOnly() { setenv("FUSEDATTN_BWD_SM80_TILE", "1", 1); }
+  ~Sm80TilesOnly() { unsetenv("FUSEDATTN_BWD_SM80_TILE"); }
+  Sm80TilesOnly(const Sm80TilesOnly&) = delete;
+  Sm80TilesOnly& operator=(const Sm80TilesOnly&) = delete;
+};
+
+TEST_P(Sm80Backward, WideHeadSm80Tiles) {
+  const Sm80TilesOnly guard;
+  check_backward({causal(dense(2, 4, 2, 256, 150, 170)), GetParam()});
+  check_backward({varlen(window(dense(0, 2, 2, 256, 0, 0), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
+                  Layout::kBSHD, true});
 }
 // Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*).
 TEST_P(Sm80Backward, SanitizerSmallRagged) {

@@ -3,10 +3,9 @@
 // One CTA owns KV block n of (sequence b, KV head kvh) and keeps its dK and dV in registers while
 // it walks over every (query head of the GQA group, query block that sees block n); so dK/dV of a
 // group are summed without atomics and K/V are never expanded. Warp w owns key rows
-// [16r, 16r + 16), r = w % kKeyWarps, and works on transposed scores, which keeps P and dS in
-// registers for dV and dK:
+// [kWarpKeys r, kWarpKeys (r + 1)), r = w % kKeyWarps, and works on transposed scores:
 //
-//   S^T  = K Q^T                      (warp: 16 keys x kBlockM queries)
+//   S^T  = K Q^T                      (warp: its keys x kBlockM queries)
 //   P^T  = exp2(S^T * scale_log2 - lse2[query])      lse2 = +inf for rows without keys => P = 0
 //   dP^T = V dO^T
 //   dS^T = P^T o (dP^T - delta[query])
@@ -15,9 +14,9 @@
 //                        fp32 result is staged in shared memory and added to the workspace in
 //                        128-byte row segments: atomics, or ordered adds when deterministic)
 //
-// With column warps (kColWarps > 1, large head dims) the warps sharing key rows each compute S^T
-// and dP^T for 1/kColWarps of the queries, hand P^T and dS^T over in shared memory, and each
-// accumulate dV and dK for 1/kColWarps of the columns from there.
+// With column warps (kColWarps > 1, head dims above 96) the kColWarps warps sharing key rows
+// each compute S^T and dP^T for 1/kColWarps of the queries, hand P^T and dS^T over in shared
+// memory, and accumulate dV and dK for 1/kColWarps of the columns from there.
 //
 // dK is scaled by the softmax scale once at the end; dQ is scaled by the convert kernel.
 #pragma once
@@ -35,35 +34,33 @@
 
 namespace fusedattn::cuda::sm80 {
 
-template <typename Element, int kHeadDim, MaskKind kMask>
-__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     bwd_main_kernel(const BwdParams p, const BwdWorkspace ws) {
-  using T = BwdTile<kHeadDim>;
-  using Shared = BwdShared<Element, kHeadDim>;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch, kOutDim = T::kOutDim;
+  using T = BwdTile<kHeadDim, kLargeSmem>;
+  using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
   constexpr int kWarpQueries = T::kWarpQueries;
   constexpr int kQueryTiles = kWarpQueries / kMmaCols;  // n8 tiles of a warp's S^T row block
   constexpr int kOutTiles = T::kWarpOutDim / kMmaCols;
+  constexpr int kKeyTiles = T::kKeyTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
   BwdCoords cta;
   cta.n = blockIdx.x;
-  cta.split = blockIdx.y % T::kColSplit;
-  cta.kvh = blockIdx.y / T::kColSplit;
+  cta.kvh = blockIdx.y;
   cta.b = blockIdx.z;
   cta.group = p.heads_q / p.heads_kv;
   cta.seq = seq_info(p, cta.b);
   const int64_t key0 = cta.n * kBlockN;
-  const int col0 = cta.split * kOutDim;  // first output column of this CTA
-  // Varlen grids cover max_seqlen_k; a column half past head_dim has nothing to write.
-  if (key0 >= cta.seq.len_k || col0 >= p.head_dim) return;
+  if (key0 >= cta.seq.len_k) return;  // varlen grids cover max_seqlen_k
   cta.m_blocks = query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
   cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * (cta.m_blocks.end - cta.m_blocks.begin);
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
-  const int warp_key0 = warp % T::kKeyWarps * kMmaRows;  // this warp's first key row inside the block
+  const int warp_key0 = warp % T::kKeyWarps * T::kWarpKeys;  // this warp's first key row inside the block
   const int col_warp = warp / T::kKeyWarps;
   const int warp_q0 = col_warp * kWarpQueries;  // this warp's first S^T column inside the query block
 
@@ -71,7 +68,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
   const uint32_t smem_ds = ptx::smem_addr(smem.ds), smem_pt = ptx::smem_addr(smem.pt);
   const LdsmLane lane_tile = ldsm_lane<kPitch, Element>();  // Q, K, V, dO tiles
   const LdsmLane lane_ds = ldsm_lane<T::kDsPitch, Element>();
-  const int warp_col0 = col0 + col_warp * T::kWarpOutDim;  // first dK/dV column of this warp
+  const int warp_col0 = col_warp * T::kWarpOutDim;  // first dK/dV column of this warp
   const int out_pair0 = warp_col0 / (2 * kMmaCols);
 
   // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` into buffer `stage`.
@@ -89,7 +86,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
   };
 
-  float acc_dk[kOutTiles][4] = {}, acc_dv[kOutTiles][4] = {};
+  float acc_dk[kKeyTiles][kOutTiles][4] = {}, acc_dv[kKeyTiles][kOutTiles][4] = {};
 
   if (cta.iterations > 0) {
     load_tile_async<kBlockN, kHeadDim, kPitch, T::kThreads>(
@@ -130,48 +127,55 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     const float* delta = smem.delta[stage];
 
     // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
-    float pt[kQueryTiles][4];
-    warp_gemm_abt<kWarpQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q, lane_tile,
-                                                                   warp_q0);
+    float pt[kKeyTiles][kQueryTiles][4];
+    warp_gemm_abt<kKeyTiles, kWarpQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q,
+                                                                              lane_tile, warp_q0);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse2 + warp_q0 + j * kMmaCols + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) pt[j][e] = ptx::ex2_approx(fmaf(pt[j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+      for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          pt[mi][j][e] = ptx::ex2_approx(fmaf(pt[mi][j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
     }
     // A separate pass over the few blocks that need it: a mask test inside the loop above put a
     // branch between every two exponentials and serialised them.
     if (block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k)) {
 #pragma unroll
-      for (int j = 0; j < kQueryTiles; ++j)
+      for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t key = key0 + warp_key0 + g + e / 2 * 8;
-          const int64_t row = m * kBlockM + warp_q0 + j * kMmaCols + 2 * t + e % 2;
-          const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
-                                                          : key < cta.seq.len_k;
-          if (!visible) pt[j][e] = 0.f;
-        }
+        for (int j = 0; j < kQueryTiles; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t key = key0 + warp_key0 + mi * kMmaRows + g + e / 2 * 8;
+            const int64_t row = m * kBlockM + warp_q0 + j * kMmaCols + 2 * t + e % 2;
+            const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
+                                                            : key < cta.seq.len_k;
+            if (!visible) pt[mi][j][e] = 0.f;
+          }
     }
     // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
     if constexpr (T::kScoresShared)
       store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, warp_q0);
     else
-      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dv, pt, smem_do, lane_tile, out_pair0);
+      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, out_pair0);
 
     // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
-    float dst[kQueryTiles][4];
-    warp_gemm_abt<kWarpQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile,
-                                                                   warp_q0);
+    float dst[kKeyTiles][kQueryTiles][4];
+    warp_gemm_abt<kKeyTiles, kWarpQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do,
+                                                                              lane_tile, warp_q0);
 #pragma unroll
     for (int j = 0; j < kQueryTiles; ++j) {
       const float2 d2 = *reinterpret_cast<const float2*>(delta + warp_q0 + j * kMmaCols + 2 * t);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dst[j][e] = pt[j][e] * (dst[j][e] - (e % 2 ? d2.y : d2.x));
+      for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] - (e % 2 ? d2.y : d2.x));
     }
     // dK += dS^T Q.
     if constexpr (!T::kScoresShared)
-      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dk, dst, smem_q, lane_tile, out_pair0);
+      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, out_pair0);
 
     // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
     // the dK operand.
@@ -180,17 +184,17 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
 
     if constexpr (T::kScoresShared) {
       // dV += P^T dO and dK += dS^T Q over the whole query block, for this warp's columns.
-      warp_gemm_sab<T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dv, smem_pt, lane_ds, warp_key0, smem_do,
-                                                                           lane_tile, out_pair0);
-      warp_gemm_sab<T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dk, smem_ds, lane_ds, warp_key0, smem_q,
-                                                                           lane_tile, out_pair0);
+      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dv, smem_pt, lane_ds, warp_key0,
+                                                                                      smem_do, lane_tile, out_pair0);
+      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dk, smem_ds, lane_ds, warp_key0,
+                                                                                      smem_q, lane_tile, out_pair0);
     }
 
-    // dQ[kBlockM x kOutDim] += dS K over this block's keys, kDqPasses column slices at a time.
+    // dQ[kBlockM x kHeadDim] += dS K over this block's keys, kDqPasses column slices at a time.
     // The tile is staged in fp32 so the global adds below go out as whole 128-byte row segments
     // instead of 8 half-used sectors per instruction (the adds were a quarter of the run time).
     const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
-    const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = dq_wn * T::kDqCols;  // inside the CTA's tile
+    const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = dq_wn * T::kDqCols;
     constexpr int kPassCols = T::kDqCols / T::kDqPasses;
     float* dq_tile = smem.stage[stage].dq();
 #pragma unroll
@@ -198,21 +202,21 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
       const int pass_col0 = dq_col0 + pass * kPassCols;
       float dq[T::kDqRows / kMmaRows][kPassCols / kMmaCols][4];
       warp_gemm_atb<T::kDqRows / kMmaRows, kPassCols, kBlockN, T::kDsPitch, kPitch, Element>(
-          dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, (col0 + pass_col0) / (2 * kMmaCols));
+          dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, pass_col0 / (2 * kMmaCols));
       // Column warps read Q and dO, which the staged tile overwrites, until their dK and dV are done.
       if (T::kScoresShared && pass == 0) __syncthreads();
-      stage_dq_fragments<kOutDim>(dq_tile, dq, dq_row0, pass_col0);
+      stage_dq_fragments<kHeadDim>(dq_tile, dq, dq_row0, pass_col0);
     }
     float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM;
     if (ws.dq_sem == nullptr) {
       __syncthreads();  // the whole tile is staged
-      atomic_add_dq<kBlockM, kOutDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, col0, dq_tile, cta.seq.len_q, p.head_dim);
+      atomic_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim);
     } else {
-      int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + row0) / kBwdSemRows * kBwdMaxColSplit + cta.split;
+      int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + row0) / kBwdSemRows;
       const int64_t first = first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
-      ordered_add_dq<kBlockM, kOutDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, col0, dq_tile, cta.seq.len_q, p.head_dim,
-                                                   sem, static_cast<int32_t>(cta.n - first));
+      ordered_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim, sem,
+                                                    static_cast<int32_t>(cta.n - first));
     }
     cur = next;
   }
@@ -221,8 +225,12 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
   const int64_t key_row0 = key0 + warp_key0;
   auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start, cta.kvh));
   auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start, cta.kvh));
-  store_warp_rows(dk, p.dk_stride.row, key_row0, warp_col0, acc_dk, p.scale, cta.seq.len_k, p.head_dim);
-  store_warp_rows(dv, p.dv_stride.row, key_row0, warp_col0, acc_dv, 1.f, cta.seq.len_k, p.head_dim);
+#pragma unroll
+  for (int mi = 0; mi < kKeyTiles; ++mi) {
+    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dk[mi], p.scale, cta.seq.len_k,
+                    p.head_dim);
+    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, cta.seq.len_k, p.head_dim);
+  }
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -11,6 +11,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdlib>
+
 #include "cuda/common/check.cuh"
 #include "cuda/common/kinds.h"
 #include "cuda/sm80/bwd_aux.h"
@@ -19,27 +22,55 @@
 
 namespace fusedattn::cuda::sm80 {
 
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
+void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  using T = BwdTile<kHeadDim, kLargeSmem>;
+  constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim, kLargeSmem>));
+  static_assert(kSharedBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
+                "backward tile does not fit the shared memory of its GPUs");
+  const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  // blockIdx.x (the KV block) varies fastest, so lower KV blocks of a head start first: the
+  // deterministic mode's ordered dQ adds rely on that.
+  const dim3 grid(static_cast<unsigned>((p.seqlen_k + T::kBlockN - 1) / T::kBlockN),
+                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws);
+  FUSEDATTN_CHECK_LAUNCH();
+}
+
+// FUSEDATTN_BWD_SM80_TILE=1 keeps the default (A100-sized) tile on every GPU, so the tests cover
+// that kernel on Hopper too; also an A/B switch.
+inline bool sm80_tile_forced() {
+  const char* env = std::getenv("FUSEDATTN_BWD_SM80_TILE");
+  return env && env[0] == '1';
+}
+
+// The large-memory tile where the head dim has one and the current device fits it (Hopper),
+// the default tile otherwise; only the head dims with two rows compile two kernels.
+template <typename Element, int kHeadDim, MaskKind kMask>
+void launch_bwd_main_for_device(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  if constexpr (bwd_has_large_smem_tile(kHeadDim)) {
+    if (sm80_tile_forced()) {
+      launch_bwd_main<Element, kHeadDim, kMask, false>(p, ws, stream);
+      return;
+    }
+    int device = 0, optin = 0;
+    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+    FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (sizeof(BwdShared<Element, kHeadDim, true>) <= static_cast<std::size_t>(optin)) {
+      launch_bwd_main<Element, kHeadDim, kMask, true>(p, ws, stream);
+      return;
+    }
+  }
+  launch_bwd_main<Element, kHeadDim, kMask, false>(p, ws, stream);
+}
+
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& p) {
-  using T = BwdTile<kHeadDim>;
-  constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim>));
-  static_assert(kSharedBytes <= kSm80MaxSharedBytes, "backward tile does not fit sm80 shared memory");
-
   auto stream = static_cast<cudaStream_t>(p.stream);
   const BwdWorkspace ws = bwd_workspace_view(p);
   launch_bwd_preprocess<Element>(p, ws, stream);
-
-  if (p.seqlen_k > 0) {
-    const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask>;
-    FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-    // blockIdx.x (the KV block) varies fastest, so lower KV blocks of a head start first: the
-    // deterministic mode's ordered dQ adds rely on that.
-    const dim3 grid(static_cast<unsigned>((p.seqlen_k + T::kBlockN - 1) / T::kBlockN),
-                    static_cast<unsigned>(p.heads_kv * T::kColSplit), static_cast<unsigned>(p.batch));
-    kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws);
-    FUSEDATTN_CHECK_LAUNCH();
-  }
-
+  if (p.seqlen_k > 0) launch_bwd_main_for_device<Element, kHeadDim, kMask>(p, ws, stream);
   launch_bwd_convert_dq<Element>(p, ws, stream);
 }
 

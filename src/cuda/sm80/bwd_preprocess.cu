@@ -57,8 +57,7 @@ __global__ void __launch_bounds__(kRowCtaThreads) bwd_preprocess_kernel(const Bw
   }
   auto* acc = reinterpret_cast<float4*>(ws.dq_acc + row * ws.dq_pitch);
   for (int64_t c = lane; c < ws.dq_pitch / 4; c += kRowThreads) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (ws.dq_sem != nullptr && i % kBwdSemRows == 0 && lane < kBwdMaxColSplit)
-    ws.dq_sem[row / kBwdSemRows * kBwdMaxColSplit + lane] = 0;
+  if (ws.dq_sem != nullptr && i % kBwdSemRows == 0 && lane == 0) ws.dq_sem[row / kBwdSemRows] = 0;
 }
 
 }  // namespace

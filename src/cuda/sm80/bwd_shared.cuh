@@ -16,16 +16,16 @@ namespace fusedattn::cuda::sm80 {
 // Once dK and dV of an iteration are done, its Q and dO are dead until the load of the query
 // block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
 // to the coalesced global adds.
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, bool kLargeSmem = false>
 struct BwdShared {
-  using T = BwdTile<kHeadDim>;
+  using T = BwdTile<kHeadDim, kLargeSmem>;
   struct QueryStage {
     alignas(16) Element q[T::kBlockM * T::kPitch];
     alignas(16) Element dout[T::kBlockM * T::kPitch];
     // The staged fp32 dQ tile, over q and dout (adjacent: q is a whole number of 16-byte chunks).
     __device__ float* dq() { return reinterpret_cast<float*>(q); }
   };
-  static_assert(sizeof(QueryStage) >= sizeof(float) * T::kBlockM * T::kOutDim, "the dQ tile fits over Q and dO");
+  static_assert(sizeof(QueryStage) >= sizeof(float) * T::kBlockM * kHeadDim, "the dQ tile fits over Q and dO");
   alignas(16) Element k[T::kBlockN * T::kPitch];
   alignas(16) Element v[T::kBlockN * T::kPitch];
   QueryStage stage[T::kStages];
@@ -35,13 +35,11 @@ struct BwdShared {
   alignas(16) float delta[T::kStages][T::kBlockM];
 };
 
-// The sm80 per-CTA opt-in shared-memory limit (A100; H100 allows more): the table must fit it.
-constexpr int kSm80MaxSharedBytes = 163 * 1024;
 
-// Where one CTA works: KV block n of (sequence b, KV head kvh), output column half `split`,
-// looping over the group's query heads and the query blocks that see the KV block.
+// Where one CTA works: KV block n of (sequence b, KV head kvh), looping over the group's query
+// heads and the query blocks that see the KV block.
 struct BwdCoords {
-  int b, kvh, split, group;
+  int b, kvh, group;
   int64_t n;
   SeqInfo seq;
   BlockRange m_blocks;

@@ -1,12 +1,11 @@
 // Tile sizes of the sm80 backward kernel, one row per head dim, usable on host and device.
 //
-// Every warp owns kMmaRows (16) key rows of the CTA's KV block and keeps their dK and dV rows in
-// fp32 registers for the whole query loop. With one warp per key-row block (d <= 128) each thread
-// holds 2 * 16 * head_dim / 32 = head_dim accumulator registers and the scores stay in registers.
-// Larger head dims split the output columns: either over col_warps warps that share the same key
-// rows inside one CTA (each computes S^T and dP^T for its share of the query columns and hands
-// P^T and dS^T to its partners through shared memory), or over col_split CTAs (each recomputes S
-// and dP, 2 of the 5 matmuls, in exchange for half the accumulators).
+// Every warp owns key_tiles * 16 key rows of the CTA's KV block and keeps their dK and dV rows in
+// fp32 registers for the whole query loop. With one warp per 16 key rows (d64, d96) each thread
+// holds 2 * 16 * head_dim / 32 = head_dim accumulator registers and P^T/dS^T stay in registers as
+// the dV/dK operands. Larger head dims split the output columns over col_warps warps that share
+// key rows (each computes S^T and dP^T for its share of the query columns and hands P^T and dS^T
+// to its partners through shared memory), which bounds the accumulators at 128 registers.
 #pragma once
 
 #include "cuda/common/swizzle.cuh"
@@ -19,47 +18,64 @@ constexpr int kMmaCols = 8;   // N of mma.m16n8k16
 constexpr int kMmaK = 16;     // K of mma.m16n8k16
 constexpr int kWarpSize = 32;
 
+// The per-CTA opt-in shared-memory limits: sm80 (A100), which the default table fits so it
+// serves every GPU, and sm90 (H100/H200), which the large-memory rows use where they differ.
+constexpr int kSm80MaxSharedBytes = 163 * 1024;
+constexpr int kSm90MaxSharedBytes = 227 * 1024;
+
 struct BwdTileConfig {
-  int warps;      // 16 key rows each
-  int block_m;    // query rows per iteration of the main loop
-  int stages;     // Q/dO/lse/delta buffers: 2 = prefetch the next query block during compute
-  int col_split;  // CTAs that share one KV block, each owning head_dim / col_split output columns
+  int warps;       // key-row warps x column warps
+  int block_m;     // query rows per iteration of the main loop
+  int stages;      // Q/dO/lse/delta buffers: 2 = prefetch the next query block during compute
   int dq_warps_m;  // warps along the query rows of dQ = dS K (the rest split its columns)
-  int col_warps;   // warps that share 16 key rows, each owning 1 / col_warps of the CTA's columns
+  int col_warps;   // warps that share key rows, each owning 1 / col_warps of the CTA's columns
   int dq_passes;   // column slices a warp computes its dQ tile in (fewer live registers)
+  int key_tiles;   // 16-row key tiles per warp: every Q/dO fragment read from shared memory feeds
+                   // key_tiles MMAs
+  constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
 // Shared memory (bytes) = 2 * block_n * pitch(D) * 2 (K, V) + stages * 2 * block_m * pitch(D) * 2
-// (Q, dO) + block_n * pitch(block_m) * 2 (dS, and P when col_warps > 1) + stages * 2 * block_m * 4
-// (lse2, delta); every row
-// stays under the 163 KiB an sm80 CTA may use so the same table serves A100 and H100.
-constexpr BwdTileConfig bwd_tile_config(int head_dim) {
+// (Q, dO) + block_n * pitch(block_m) * 2 (dS^T, and P^T with column warps) + stages * 2 * block_m * 4
+// (lse2, delta), block_n = 16 * key_tiles * warps / col_warps. Measurements: H200, fp16, FA grid.
+constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // d64: 128 query rows per iteration halve the per-iteration overhead (barriers, K/V fragment
-  // reloads); measured +11% on H200 over 64 rows. d128 keeps 64: 128 would not fit the registers,
-  // and 32 measured 10% slower.
-  // dQ on a 4 x 2 warp grid (32 x D/2 warp tiles) reads 4 ldmatrix per 8 mma instead of the 5 of
-  // an 8 x 1 grid (16 x D).
-  // d256: 8 warps as 4 key-row blocks x 2 column halves in one CTA instead of two 4-warp CTAs
-  // that each recompute S and dP: 1.4x fewer MMAs, Q/dO read once, two warps per scheduler.
-  if (head_dim <= 64) return {8, 128, 2, 1, 4, 1, 1};   // 128 key rows: d64 130 KiB
-  if (head_dim <= 128) return {8, 64, 2, 1, 4, 1, 1};  // 128 key rows: d128 144 KiB
-  if (head_dim <= 192) return {4, 64, 2, 2, 4, 1, 1};  // 64 key rows, 96 columns per CTA: 152 KiB
-  return {8, 64, 1, 1, 2, 2, 2};                       // d256: 64 key rows, 128 columns per warp: 145 KiB
+  // reloads): +11% over 64 rows. dQ on a 4 x 2 warp grid (32 x 32 warp tiles). Column warps
+  // with 32 key rows each measured the same speed, with 64 query rows 15% slower.
+  if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1};  // 128 key rows: 130 KiB
+  // d96 keeps the d64 layout with 64 query rows (not measured with column warps).
+  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1};  // 128 key rows: 144 KiB
+  // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
+  // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
+  // 16 key rows (253 vs 238 TFLOP/s at 4k). dQ on a 2 x 4 grid (32 x 32 warp tiles).
+  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2};  // 128 key rows: 161 KiB
+  // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
+  // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
+  // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
+  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1};  // 64 key rows: 161 KiB
+  // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
+  if (large_smem) return {8, 64, 2, 2, 2, 2, 1};  // 64 key rows: 209 KiB
+  return {8, 64, 1, 2, 2, 2, 1};                  // 64 key rows: 145 KiB
 }
 
-template <int kHeadDim>
+// True when the head dim has a separate row for GPUs with sm90's shared memory.
+constexpr bool bwd_has_large_smem_tile(int head_dim) {
+  return !(bwd_tile_config(head_dim, true) == bwd_tile_config(head_dim, false));
+}
+
+template <int kHeadDim, bool kLargeSmem = false>
 struct BwdTile {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kLargeSmem);
   static constexpr int kWarps = kCfg.warps;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kColWarps = kCfg.col_warps;
   static constexpr int kKeyWarps = kWarps / kColWarps;  // warps along the key rows
-  static constexpr int kBlockN = kKeyWarps * kMmaRows;
+  static constexpr int kKeyTiles = kCfg.key_tiles;
+  static constexpr int kWarpKeys = kKeyTiles * kMmaRows;  // key rows of one warp
+  static constexpr int kBlockN = kKeyWarps * kWarpKeys;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kStages = kCfg.stages;
-  static constexpr int kColSplit = kCfg.col_split;
-  static constexpr int kOutDim = kHeadDim / kColSplit;  // dK/dV/dQ columns of one CTA
-  static constexpr int kWarpOutDim = kOutDim / kColWarps;  // dK/dV columns of one warp
+  static constexpr int kWarpOutDim = kHeadDim / kColWarps;  // dK/dV columns of one warp
   static constexpr int kWarpQueries = kBlockM / kColWarps;  // S^T/dP^T columns of one warp
   // P^T and dS^T go through shared memory to the warps that share the key rows.
   static constexpr bool kScoresShared = kColWarps > 1;
@@ -70,22 +86,20 @@ struct BwdTile {
   static constexpr int kDqWarpsM = kCfg.dq_warps_m;
   static constexpr int kDqWarpsN = kWarps / kDqWarpsM;
   static constexpr int kDqRows = kBlockM / kDqWarpsM;
-  static constexpr int kDqCols = kOutDim / kDqWarpsN;
+  static constexpr int kDqCols = kHeadDim / kDqWarpsN;
   static constexpr int kDqPasses = kCfg.dq_passes;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
-  static_assert(kHeadDim % kColSplit == 0 && kOutDim % (2 * kMmaCols) == 0,
-                "output columns are loaded as pairs of n8 tiles");
-  static_assert(kWarps % kColWarps == 0 && kOutDim % (2 * kMmaCols * kColWarps) == 0 &&
+  static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&
                     kBlockM % (2 * kMmaCols * kColWarps) == 0,
                 "column warps split the output columns and the query columns into pairs of n8 tiles");
-  static_assert(kColSplit <= kBwdMaxColSplit, "the workspace holds semaphores for at most two column halves");
   static_assert(kBlockM % (2 * kMmaCols) == 0 && kBlockM % kMmaK == 0, "query block is a whole number of k16 steps");
   static_assert(kBwdRowPad % kBlockM == 0, "query blocks must tile the workspace row padding (kBwdRowPad)");
   static_assert(kBlockM % kBwdSemRows == 0, "query blocks align with the dq semaphore granule");
   static_assert(kDqRows % kMmaRows == 0 && kDqCols % (2 * kMmaCols * kDqPasses) == 0 && kDqWarpsM * kDqWarpsN == kWarps,
-                "the dQ warp grid must tile the [kBlockM x kOutDim] output");
+                "the dQ warp grid must tile the [kBlockM x kHeadDim] output");
   static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
+  static_assert(kKeyTiles == 1 || kScoresShared, "scores kept in registers feed dV/dK one 16-row tile per warp");
 };
 
 }  // namespace fusedattn::cuda::sm80

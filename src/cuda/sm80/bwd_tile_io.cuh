@@ -117,12 +117,11 @@ struct StagedDq {
   float value;
 };
 template <int kCols, int kWarps>
-__device__ __forceinline__ StagedDq staged_dq(const float* tile, int64_t pitch, int64_t row0, int col0,
-                                              int64_t valid_rows, int head_dim, int i, int seg) {
+__device__ __forceinline__ StagedDq staged_dq(const float* tile, int64_t pitch, int64_t row0, int64_t valid_rows,
+                                              int head_dim, int i, int seg) {
   static_assert(kWarps % kDqStageSwizzleRows == 0, "every row of a warp has the same swizzle phase");
   const int r = i * kWarps + threadIdx.x / kWarpSize, c = seg * kDqSegment + threadIdx.x % kWarpSize;
-  return {row0 + r < valid_rows && col0 + c < head_dim, (row0 + r) * pitch + col0 + c,
-          tile[dq_stage_offset<kCols>(r, c)]};
+  return {row0 + r < valid_rows && c < head_dim, (row0 + r) * pitch + c, tile[dq_stage_offset<kCols>(r, c)]};
 }
 
 // Adds the staged dQ tile into dq_acc rows [row0, row0 + kRows) (row pitch `pitch` floats) with
@@ -131,15 +130,15 @@ __device__ __forceinline__ StagedDq staged_dq(const float* tile, int64_t pitch, 
 // A tile wholly inside the rows and columns (all but the last query block and narrower head dims)
 // takes one test instead of a branch around every add.
 template <int kRows, int kCols, int kWarps>
-__device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0, const float* tile,
+__device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, const float* tile,
                                               int64_t valid_rows, int head_dim) {
   static_assert(kRows % kWarps == 0, "warps take whole rows");
-  if (row0 + kRows <= valid_rows && col0 + kCols <= head_dim) {
+  if (row0 + kRows <= valid_rows && kCols <= head_dim) {
 #pragma unroll
     for (int i = 0; i < kRows / kWarps; ++i)
 #pragma unroll
       for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
-        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i, seg);
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i, seg);
         atomicAdd(acc_base + e.offset, e.value);
       }
     return;
@@ -148,7 +147,7 @@ __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, in
   for (int i = 0; i < kRows / kWarps; ++i)
 #pragma unroll
     for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
-      const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i, seg);
+      const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i, seg);
       if (e.valid) atomicAdd(acc_base + e.offset, e.value);
     }
 }
@@ -163,7 +162,7 @@ __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, in
 constexpr int kDqOrderedBatch = 8;
 
 template <int kRows, int kCols, int kWarps>
-__device__ __forceinline__ void ordered_add_dq(float* acc_base, int64_t pitch, int64_t row0, int col0, const float* tile,
+__device__ __forceinline__ void ordered_add_dq(float* acc_base, int64_t pitch, int64_t row0, const float* tile,
                                                int64_t valid_rows, int head_dim, int32_t* sem, int32_t order) {
   constexpr int kSegs = kCols / kDqSegment;
   constexpr int kBatchRows = kDqOrderedBatch / kSegs > 0 ? kDqOrderedBatch / kSegs : 1;
@@ -180,14 +179,14 @@ __device__ __forceinline__ void ordered_add_dq(float* acc_base, int64_t pitch, i
     for (int i = 0; i < kBatchRows; ++i)
 #pragma unroll
       for (int seg = 0; seg < kSegs; ++seg) {
-        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i0 + i, seg);
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i0 + i, seg);
         if (e.valid) sum[i][seg] = __ldcg(acc_base + e.offset) + e.value;
       }
 #pragma unroll
     for (int i = 0; i < kBatchRows; ++i)
 #pragma unroll
       for (int seg = 0; seg < kSegs; ++seg) {
-        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, col0, valid_rows, head_dim, i0 + i, seg);
+        const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i0 + i, seg);
         if (e.valid) __stcg(acc_base + e.offset, sum[i][seg]);
       }
   }

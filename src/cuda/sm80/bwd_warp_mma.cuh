@@ -65,22 +65,27 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
   ptx::mma_m16n8k16<Element>(c1, a, b1);
 }
 
-// c[16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k], B stored
-// [n][k], both in shared.
-template <int kN, int kK, int kPitchA, int kPitchB, typename Element>
-__device__ __forceinline__ void warp_gemm_abt(float (&c)[kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a, int a_row0,
-                                              uint32_t tile_b, LdsmLane lane_b, int b_row0) {
+// c[kRowTiles*16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k],
+// B stored [n][k], both in shared. Every B fragment feeds kRowTiles MMAs.
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+__device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
+                                              int a_row0, uint32_t tile_b, LdsmLane lane_b, int b_row0) {
 #pragma unroll
-  for (int j = 0; j < kN / kMmaCols; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.f;
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int j = 0; j < kN / kMmaCols; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
-    uint32_t a[4];
-    ptx::ldmatrix_x4(a, ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0, kb));
+    uint32_t a[kRowTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; ++mi)
+      ptx::ldmatrix_x4(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0 + mi * kMmaRows, kb));
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
       ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b_row0 + np * 2 * kMmaCols, kb));
-      mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
+#pragma unroll
+      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
     }
   }
 }
@@ -106,34 +111,40 @@ __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], cons
   }
 }
 
-// Stores a warp's [16 x 8 * kTiles] C tile, rounded to Element, at (row0, col0) of a swizzled
-// [rows x kPitch] tile, where warp_gemm_sab and warp_gemm_atb read it back as an operand. The
-// swizzle makes these 32-bit stores conflict free: the 8 rows g hit 8 different chunks.
-template <int kPitch, typename Element, int kTiles>
-__device__ __forceinline__ void store_c_tile(Element* tile, const float (&c)[kTiles][4], int row0, int col0) {
+// Stores a warp's [kRowTiles*16 x 8 * kTiles] C tile, rounded to Element, at (row0, col0) of a
+// swizzled [rows x kPitch] tile, where warp_gemm_sab and warp_gemm_atb read it back as an operand.
+// The swizzle makes these 32-bit stores conflict free: the 8 rows g hit 8 different chunks.
+template <int kPitch, typename Element, int kRowTiles, int kTiles>
+__device__ __forceinline__ void store_c_tile(Element* tile, const float (&c)[kRowTiles][kTiles][4], int row0, int col0) {
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j)
+  for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll
-    for (int half = 0; half < 2; ++half)
-      *reinterpret_cast<uint32_t*>(&tile[swizzle_offset(row0 + g + half * 8, col0 + j * kMmaCols + 2 * t, kPitch)]) =
-          pack2<Element>(c[j][2 * half], c[j][2 * half + 1]);
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(
+            &tile[swizzle_offset(row0 + mi * kMmaRows + g + half * 8, col0 + j * kMmaCols + 2 * t, kPitch)]) =
+            pack2<Element>(c[mi][j][2 * half], c[mi][j][2 * half + 1]);
 }
 
-// c[16 x kN] += A * B with A [rows a_row0.., 0..kK) stored [m][k] and B stored [k][n], starting at
-// column 16 * pair0: warp_gemm_rab for an A that another warp computed.
-template <int kN, int kK, int kPitchA, int kPitchB, typename Element>
-__device__ __forceinline__ void warp_gemm_sab(float (&c)[kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a, int a_row0,
-                                              uint32_t tile_b, LdsmLane lane_b, int pair0) {
+// c[kRowTiles*16 x kN] += A * B with A [rows a_row0.., 0..kK) stored [m][k] and B stored [k][n],
+// starting at column 16 * pair0: warp_gemm_rab for an A that other warps computed.
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+__device__ __forceinline__ void warp_gemm_sab(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
+                                              int a_row0, uint32_t tile_b, LdsmLane lane_b, int pair0) {
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
-    uint32_t a[4];
-    ptx::ldmatrix_x4(a, ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0, kb));
+    uint32_t a[kRowTiles][4];
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; ++mi)
+      ptx::ldmatrix_x4(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0 + mi * kMmaRows, kb));
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
       ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, pair0 + np));
-      mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
+#pragma unroll
+      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
     }
   }
 }

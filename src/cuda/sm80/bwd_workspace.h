@@ -9,8 +9,8 @@
 //                                       (fully masked rows), so exp2(s - lse2) is 0 there.
 //   delta   fp32 [B, Hq, rows]          rowsum(dO o O), the softmax-backward correction
 //   dq_acc  fp32 [B, Hq, rows, dq_pitch] dQ accumulated across KV blocks (unscaled)
-//   dq_sem  int32 [B, Hq, rows / kBwdSemRows, kBwdMaxColSplit]  deterministic mode only: how many
-//           KV blocks have already added their share into that query block of dq_acc.
+//   dq_sem  int32 [B, Hq, rows / kBwdSemRows]  deterministic mode only: how many KV blocks have
+//           already added their share into that query block of dq_acc.
 //
 // O(B*H*S) + O(B*H*S*D) bytes; nothing quadratic in the sequence length.
 #pragma once
@@ -24,7 +24,6 @@ namespace fusedattn::cuda::sm80 {
 
 constexpr int64_t kBwdRowPad = 128;        // query rows per (b, h) round up to this (>= every kBlockM)
 constexpr int64_t kBwdSemRows = 16;        // one dq semaphore per this many query rows
-constexpr int64_t kBwdMaxColSplit = 2;     // head-dim column halves with their own semaphores
 constexpr int64_t kBwdDqPitchMultiple = 8; // dq_acc rows start 32-byte aligned (8 floats)
 constexpr std::size_t kBwdBufferAlign = 256;
 
@@ -53,7 +52,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   at = bwd_align_up(at + row_floats * static_cast<std::size_t>(w.dq_pitch) * sizeof(float), kBwdBufferAlign);
   w.dq_sem = at;
   if (p.deterministic)
-    at = bwd_align_up(at + row_floats / kBwdSemRows * kBwdMaxColSplit * sizeof(int32_t), kBwdBufferAlign);
+    at = bwd_align_up(at + row_floats / kBwdSemRows * sizeof(int32_t), kBwdBufferAlign);
   w.total = at;
   return w;
 }
