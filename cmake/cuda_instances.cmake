@@ -34,8 +34,10 @@ file(CONFIGURE OUTPUT ${_gen_dir}/instance_table.inc CONTENT "${_table}")
 
 set(_cuda_flags -Xptxas=-v --expt-relaxed-constexpr -lineinfo)
 set(_sm80_gencode "")
+# Each architecture compiles from its own PTX level, so sm_90 code may use the sm_90-only
+# instructions the kernels select with __CUDA_ARCH__ (the vector dQ reductions of the backward).
 foreach(a IN LISTS FUSEDATTN_SM80_ARCHS)
-  list(APPEND _sm80_gencode -gencode=arch=compute_80,code=sm_${a})
+  list(APPEND _sm80_gencode -gencode=arch=compute_${a},code=sm_${a})
 endforeach()
 
 # Kernels built from sm80 instructions, compiled for every architecture in FUSEDATTN_SM80_ARCHS.

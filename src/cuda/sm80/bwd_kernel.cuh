@@ -12,7 +12,12 @@
 //   dV  += P^T dO       dK += dS^T Q  (A operand straight from the C fragments above)
 //   dQ  += dS K         (dS^T goes through shared memory to a warp grid over [kBlockM x D]; the
 //                        fp32 result is staged in shared memory and added to the workspace in
-//                        128-byte row segments: atomics, or ordered adds when deterministic)
+//                        contiguous row segments: atomics -- per warp, 16-byte vector reductions
+//                        on sm_90, where the tile table says so -- or ordered adds when
+//                        deterministic)
+//
+// A warp computes its S^T columns in T::kQuerySlices slices, each consumed (dV, dK, dS^T
+// hand-off) before the next, so fewer score registers are live at once.
 //
 // With column warps (kColWarps > 1, head dims above 96) the kColWarps warps sharing key rows
 // each compute S^T and dP^T for 1/kColWarps of the queries, hand P^T and dS^T over in shared
@@ -41,7 +46,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
   constexpr int kWarpQueries = T::kWarpQueries;
-  constexpr int kQueryTiles = kWarpQueries / kMmaCols;  // n8 tiles of a warp's S^T row block
+  constexpr int kSlices = T::kQuerySlices, kSliceQueries = T::kSliceQueries;
+  constexpr int kSliceTiles = kSliceQueries / kMmaCols;  // n8 tiles of one slice
   constexpr int kOutTiles = T::kWarpOutDim / kMmaCols;
   constexpr int kKeyTiles = T::kKeyTiles;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -126,60 +132,71 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     const float* lse2 = smem.lse2[stage];
     const float* delta = smem.delta[stage];
 
-    // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
-    float pt[kKeyTiles][kQueryTiles][4];
-    warp_gemm_abt<kKeyTiles, kWarpQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0, smem_q,
-                                                                              lane_tile, warp_q0);
+    // The warp's S^T columns, kSliceQueries at a time: each slice's P^T and dS^T are consumed
+    // (dV, dK, hand-off) before the next slice's are computed.
+    const bool needs_mask =
+        block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
-    for (int j = 0; j < kQueryTiles; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + warp_q0 + j * kMmaCols + 2 * t);
-#pragma unroll
-      for (int mi = 0; mi < kKeyTiles; ++mi)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          pt[mi][j][e] = ptx::ex2_approx(fmaf(pt[mi][j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
-    }
-    // A separate pass over the few blocks that need it: a mask test inside the loop above put a
-    // branch between every two exponentials and serialised them.
-    if (block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k)) {
-#pragma unroll
-      for (int mi = 0; mi < kKeyTiles; ++mi)
-#pragma unroll
-        for (int j = 0; j < kQueryTiles; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int64_t key = key0 + warp_key0 + mi * kMmaRows + g + e / 2 * 8;
-            const int64_t row = m * kBlockM + warp_q0 + j * kMmaCols + 2 * t + e % 2;
-            const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
-                                                            : key < cta.seq.len_k;
-            if (!visible) pt[mi][j][e] = 0.f;
-          }
-    }
-    // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
-    if constexpr (T::kScoresShared)
-      store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, warp_q0);
-    else
-      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, out_pair0);
+    for (int slice = 0; slice < kSlices; ++slice) {
+      const int q0 = warp_q0 + slice * kSliceQueries;  // first S^T column of this slice
 
-    // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
-    float dst[kKeyTiles][kQueryTiles][4];
-    warp_gemm_abt<kKeyTiles, kWarpQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0, smem_do,
-                                                                              lane_tile, warp_q0);
+      // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
+      float pt[kKeyTiles][kSliceTiles][4];
+      warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0,
+                                                                                 smem_q, lane_tile, q0);
 #pragma unroll
-    for (int j = 0; j < kQueryTiles; ++j) {
-      const float2 d2 = *reinterpret_cast<const float2*>(delta + warp_q0 + j * kMmaCols + 2 * t);
+      for (int j = 0; j < kSliceTiles; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + j * kMmaCols + 2 * t);
 #pragma unroll
-      for (int mi = 0; mi < kKeyTiles; ++mi)
+        for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] - (e % 2 ? d2.y : d2.x));
-    }
-    // dK += dS^T Q.
-    if constexpr (!T::kScoresShared)
-      warp_gemm_rab<T::kWarpOutDim, kBlockM, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, out_pair0);
+          for (int e = 0; e < 4; ++e)
+            pt[mi][j][e] = ptx::ex2_approx(fmaf(pt[mi][j][e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+      }
+      // A separate pass over the few blocks that need it: a mask test inside the loop above put a
+      // branch between every two exponentials and serialised them.
+      if (needs_mask) {
+#pragma unroll
+        for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+          for (int j = 0; j < kSliceTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int64_t key = key0 + warp_key0 + mi * kMmaRows + g + e / 2 * 8;
+              const int64_t row = m * kBlockM + q0 + j * kMmaCols + 2 * t + e % 2;
+              const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
+                                                              : key < cta.seq.len_k;
+              if (!visible) pt[mi][j][e] = 0.f;
+            }
+      }
+      // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
+      if constexpr (T::kScoresShared)
+        store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, q0);
+      else
+        warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, q0,
+                                                                       out_pair0);
 
-    // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
-    // the dK operand.
-    store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, warp_q0);
+      // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
+      float dst[kKeyTiles][kSliceTiles][4];
+      warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
+                                                                                 smem_do, lane_tile, q0);
+#pragma unroll
+      for (int j = 0; j < kSliceTiles; ++j) {
+        const float2 d2 = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);
+#pragma unroll
+        for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] - (e % 2 ? d2.y : d2.x));
+      }
+      // dK += dS^T Q.
+      if constexpr (!T::kScoresShared)
+        warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, q0,
+                                                                       out_pair0);
+
+      // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
+      // the dK operand.
+      store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, q0);
+    }
     __syncthreads();
 
     if constexpr (T::kScoresShared) {
@@ -210,8 +227,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM;
     if (ws.dq_sem == nullptr) {
-      __syncthreads();  // the whole tile is staged
-      atomic_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim);
+      if constexpr (T::kWarpDq) {
+        // Each warp adds the region it staged; the next iteration's first barrier orders these
+        // shared reads before the refill of this buffer.
+        __syncwarp();
+        warp_add_dq<kHeadDim, T::kDqRows, T::kDqCols, ptx::kHasVectorRed>(dq_rows, ws.dq_pitch, row0, dq_tile, dq_row0,
+                                                                          dq_col0, cta.seq.len_q, p.head_dim);
+      } else {
+        __syncthreads();  // the whole tile is staged
+        atomic_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim);
+      }
     } else {
       int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + row0) / kBwdSemRows;
       const int64_t first = first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);

@@ -32,6 +32,10 @@ struct BwdTileConfig {
   int dq_passes;   // column slices a warp computes its dQ tile in (fewer live registers)
   int key_tiles;   // 16-row key tiles per warp: every Q/dO fragment read from shared memory feeds
                    // key_tiles MMAs
+  int query_slices;  // S^T/dP^T/dS^T of a warp computed in this many column slices, each consumed
+                     // (dV, dK, dS^T hand-off) before the next: fewer live score registers
+  bool warp_dq;      // every warp adds the dQ rows it computed itself, no CTA barrier before the
+                     // adds (16-byte vector reductions on sm_90); else the CTA adds the whole tile
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
@@ -42,20 +46,27 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // d64: 128 query rows per iteration halve the per-iteration overhead (barriers, K/V fragment
   // reloads): +11% over 64 rows. dQ on a 4 x 2 warp grid (32 x 32 warp tiles). Column warps
   // with 32 key rows each measured the same speed, with 64 query rows 15% slower.
-  if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1};  // 128 key rows: 130 KiB
+  // Two query slices and per-warp vector dQ adds: +4% (236 -> 246 TFLOP/s at 4k; spills 16-20 ->
+  // 28-48 B). Slices alone: +1%, per-warp vector adds alone: +3%.
+  // d32 keeps the layout without them (not measured; its dQ warp tiles are 16 columns wide).
+  if (head_dim <= 32) return {8, 128, 2, 4, 1, 1, 1, 1, false};  // 128 key rows
+  if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true};   // 128 key rows: 130 KiB
   // d96 keeps the d64 layout with 64 query rows (not measured with column warps).
-  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1};  // 128 key rows: 144 KiB
+  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 1, false};  // 128 key rows: 144 KiB
   // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
   // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
-  // 16 key rows (253 vs 238 TFLOP/s at 4k). dQ on a 2 x 4 grid (32 x 32 warp tiles).
-  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2};  // 128 key rows: 161 KiB
+  // 16 key rows (253 vs 238 TFLOP/s at 4k). dQ on a 2 x 4 grid (32 x 32 warp tiles). Per-warp
+  // vector dQ adds: +8% at 4k (254 -> 275); two query slices there lost 12%.
+  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true};  // 128 key rows: 161 KiB
   // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
   // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
-  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1};  // 64 key rows: 161 KiB
+  // d192's dQ warp tiles are 48 columns wide: the CTA adds the tile.
+  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
-  if (large_smem) return {8, 64, 2, 2, 2, 2, 1};  // 64 key rows: 209 KiB
-  return {8, 64, 1, 2, 2, 2, 1};                  // 64 key rows: 145 KiB
+  // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
+  if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true};  // 64 key rows: 209 KiB
+  return {8, 64, 1, 2, 2, 2, 1, 1, true};                  // 64 key rows: 145 KiB
 }
 
 // True when the head dim has a separate row for GPUs with sm90's shared memory.
@@ -88,6 +99,9 @@ struct BwdTile {
   static constexpr int kDqRows = kBlockM / kDqWarpsM;
   static constexpr int kDqCols = kHeadDim / kDqWarpsN;
   static constexpr int kDqPasses = kCfg.dq_passes;
+  static constexpr int kQuerySlices = kCfg.query_slices;
+  static constexpr int kSliceQueries = kWarpQueries / kQuerySlices;  // S^T columns computed and consumed at once
+  static constexpr bool kWarpDq = kCfg.warp_dq;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&
@@ -99,6 +113,9 @@ struct BwdTile {
   static_assert(kDqRows % kMmaRows == 0 && kDqCols % (2 * kMmaCols * kDqPasses) == 0 && kDqWarpsM * kDqWarpsN == kWarps,
                 "the dQ warp grid must tile the [kBlockM x kHeadDim] output");
   static_assert(kStages == 1 || kStages == 2, "one or two Q/dO buffers");
+  static_assert(kWarpQueries % kQuerySlices == 0 && kSliceQueries % kMmaK == 0, "slices are whole k16 steps of dV/dK");
+  static_assert(!kWarpDq || kDqCols % kWarpSize == 0,
+                "per-warp dQ adds need whole 32-float swizzle groups of the staged tile (warp_add_dq)");
   static_assert(kKeyTiles == 1 || kScoresShared, "scores kept in registers feed dV/dK one 16-row tile per warp");
 };
 

@@ -6,10 +6,12 @@
 #include <cuda/atomic>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/element.cuh"
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/red.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/sm80/bwd_shared.cuh"
 
@@ -150,6 +152,41 @@ __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, in
       const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i, seg);
       if (e.valid) atomicAdd(acc_base + e.offset, e.value);
     }
+}
+
+// Adds one warp's own [kRows x kCols] region (rows r0.., columns c0..) of the staged
+// [.. x kTileCols] tile into dq_acc, with no CTA barrier: the warp staged that region itself, so
+// a __syncwarp publishes it, and the other warps go on computing while these adds go out. Each
+// lane adds kLaneFloats consecutive floats: four with the sm_90 vector reduction (one
+// instruction covers 512 contiguous bytes of four rows), one otherwise (one 128-byte row
+// segment per instruction). kCols is a multiple of the 32-float swizzle group, so the region's
+// staged rows stay inside it and both the shared reads and the global adds are contiguous.
+template <int kTileCols, int kRows, int kCols, bool kVector>
+__device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int64_t row0, const float* tile, int r0,
+                                            int c0, int64_t valid_rows, int head_dim) {
+  constexpr int kLaneFloats = kVector ? 4 : 1;
+  constexpr int kStepFloats = kWarpSize * kLaneFloats;
+  static_assert(kCols % kDqSegment == 0 && (kRows * kCols) % kStepFloats == 0, "whole warp steps over the region");
+  const int lane = threadIdx.x % kWarpSize;
+  auto add_all = [&](auto checked) {
+#pragma unroll
+    for (int step = 0; step < kRows * kCols / kStepFloats; ++step) {
+      const int e = step * kStepFloats + lane * kLaneFloats;
+      const int r = r0 + e / kCols, c = c0 + e % kCols;
+      // head_dim is a multiple of 8, so a 4-float group is wholly inside or outside it.
+      if (decltype(checked)::value && (row0 + r >= valid_rows || c >= head_dim)) continue;
+      float* dst = acc_base + (row0 + r) * pitch + c;
+      const float* src = tile + dq_stage_offset<kTileCols>(r, c);
+      if constexpr (kVector)
+        ptx::red_add_f32x4(dst, *reinterpret_cast<const float4*>(src));
+      else
+        atomicAdd(dst, *src);
+    }
+  };
+  if (row0 + r0 + kRows <= valid_rows && c0 + kCols <= head_dim)
+    add_all(std::false_type{});
+  else
+    add_all(std::true_type{});
 }
 
 // Deterministic variant: KV blocks add into a query block strictly in increasing block order.

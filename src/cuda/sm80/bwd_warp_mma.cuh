@@ -92,10 +92,10 @@ __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCol
 
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
 // the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n],
-// starting at column 16 * pair0.
+// rows from b_row0 (a multiple of 16), columns from 16 * pair0.
 template <int kN, int kK, int kPitchB, typename Element>
 __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], const float (&a_acc)[kK / kMmaCols][4],
-                                              uint32_t tile_b, LdsmLane lane_b, int pair0) {
+                                              uint32_t tile_b, LdsmLane lane_b, int b_row0, int pair0) {
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     const float(&lo)[4] = a_acc[2 * kb];
@@ -105,7 +105,7 @@ __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], cons
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, pair0 + np));
+      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, b_row0 + kb * kMmaK, pair0 + np));
       mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
     }
   }
