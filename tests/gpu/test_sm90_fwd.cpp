@@ -320,6 +320,8 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_EARLY_K", "0"}},
       {{"FUSEDATTN_SM90_EARLY_K", "0"}, {"FUSEDATTN_SM90_OVERLAP", "1"}},
       {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"}},
+      {{"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
+      {{"FUSEDATTN_SM90_RESCALE_SLACK", "12"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
   };
   for (const auto& env : settings) {
     for (const auto& [k, v] : env) setenv(k, v, 1);

@@ -77,6 +77,16 @@ __device__ __forceinline__ void fence_operands(T (&r)[kN]) {
   for (int i = 0; i < kN; ++i) fence_operand(r[i]);
 }
 
+// mov.b32 (volatile); any SM. Returns x unchanged, but as a value ptxas must produce here: what is
+// derived from it (the per-k-step descriptors of a tile) is computed where it is used instead of
+// being hoisted out of the loop and kept live (16 registers at d128, 32 at d256, where the
+// hoisted copies spilled).
+__device__ __forceinline__ uint32_t value_here(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // @p st.shared.v2.f32 [addr], {x0, x1} with p never true; any SM. A scheduling anchor:
 // complete_before_wait: the computation of x (here the softmax row sums, which depend on every
 // probability of the block) finishes before the next wgmma.wait_group. ptxas treats the wait as
@@ -92,8 +102,9 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------
-// The accumulator operand lists spelled out ("%0, %1, ...") for 32, 64 and 128 registers.
+// The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 64 and 128 registers.
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
 #define FUSEDATTN_WGMMA_ACC_64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FUSEDATTN_WGMMA_ACC_128 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
@@ -102,6 +113,7 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define FUSEDATTN_ACC_OPS_32(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), FUSEDATTN_ACC_OPS_8(d, i + 16), FUSEDATTN_ACC_OPS_8(d, i + 24)
+#define FUSEDATTN_ACC_OPS_40(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_8(d, i + 32)
 #define FUSEDATTN_ACC_OPS_64(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_32(d, i + 32)
 #define FUSEDATTN_ACC_OPS_128(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_64(d, i + 64)
 
@@ -139,13 +151,17 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
 template <typename Element>
 constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
-// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major).
+// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 80 is
+// the KV block of d256 (see sm90/tile_config.h).
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 64 || kN == 128 || kN == 256, "instantiated for N = 64, 128, 256");
+  static_assert(kN == 64 || kN == 80 || kN == 128 || kN == 256, "instantiated for N = 64, 80, 128, 256");
   if constexpr (kN == 64) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(64, 32, "f16", 32, 33, 34);
     else FUSEDATTN_WGMMA_SS(64, 32, "bf16", 32, 33, 34);
+  } else if constexpr (kN == 80) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(80, 40, "f16", 40, 41, 42);
+    else FUSEDATTN_WGMMA_SS(80, 40, "bf16", 40, 41, 42);
   } else if constexpr (kN == 128) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(128, 64, "f16", 64, 65, 66);
     else FUSEDATTN_WGMMA_SS(128, 64, "bf16", 64, 65, 66);

@@ -66,9 +66,12 @@ struct Consumer {
   // k-steps are the first one plus a constant (the address field is bits 0..13, and no tile
   // crosses 256 KiB, so the addition never carries out of it).
   __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
-    const uint64_t desc_q = ptx::make_smem_desc(ptx::smem_addr(smem.q) + warpgroup * kWarpgroupRows * kRowBytes,
-                                                kUnusedLbo, ptx::kSwizzleAtomBytes);
-    const uint64_t desc_k = ptx::make_smem_desc(ptx::smem_addr(smem.k[stage]), kUnusedLbo, ptx::kSwizzleAtomBytes);
+    // The bases re-read per block (value_here): hoisted, the per-k-step descriptors stay live
+    // across the loop and spill (d256).
+    const uint32_t q_base = ptx::value_here(ptx::smem_addr(smem.q) + warpgroup * kWarpgroupRows * kRowBytes);
+    const uint64_t desc_q = ptx::make_smem_desc(q_base, kUnusedLbo, ptx::kSwizzleAtomBytes);
+    const uint64_t desc_k =
+        ptx::make_smem_desc(ptx::value_here(ptx::smem_addr(smem.k[stage])), kUnusedLbo, ptx::kSwizzleAtomBytes);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
       const uint32_t offset = (kk % kKStepsPerSlab) * kKStepBytes;
@@ -82,7 +85,8 @@ struct Consumer {
   // slabs: for wgmma that is B N-major, 64-column groups kBlockN rows apart (LBO), 8-key groups
   // one atom apart (SBO); each k-step moves 16 keys down.
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPRegs], int stage) {
-    const uint64_t desc_v = ptx::make_smem_desc(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes, ptx::kSwizzleAtomBytes);
+    const uint64_t desc_v =
+        ptx::make_smem_desc(ptx::value_here(ptx::smem_addr(smem.v[stage])), kBlockN * kRowBytes, ptx::kSwizzleAtomBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kKStep; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
@@ -113,9 +117,10 @@ struct Consumer {
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
-  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, const TileBounds& b, float (&correction)[2]) {
+  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, const TileBounds& b,
+                                               RowCorrection& correction) {
     if (Mask::cuts(b.interior, n)) Mask::apply(s, n, b.rows, 2 * (lane % 4));
-    softmax.update(s, params.p.scale_log2, correction);
+    softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
   }
 
   // S = Q K^T of the block at kv with nothing else in flight: wait for its K, issue in my turn,
@@ -160,7 +165,7 @@ struct Consumer {
   // previous softmax's correction between the two issues (it is idle there), so after the
   // final wait only P's conversion is left and nothing pulls that wait above the softmax.
   template <bool kMasked>
-  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], float (&correction)[2],
+  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], RowCorrection& correction,
                                                   int n_next, PipelineState& kv, const TileBounds& bounds,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     PipelineState next = kv;
@@ -171,7 +176,7 @@ struct Consumer {
     ptx::wgmma_fence();
     issue_qk(s, next.stage);
     ptx::wgmma_commit_group();
-    rescale_rows(o, correction);
+    apply_correction(o, correction);
     ptx::wgmma_fence();
     issue_pv(p, kv.stage);
     ptx::wgmma_commit_group();
@@ -180,7 +185,7 @@ struct Consumer {
     ptx::fence_operands(s);
     if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
     if constexpr (kMasked) Mask::apply(s, n_next, bounds.rows, 2 * (lane % 4));
-    softmax.update(s, params.p.scale_log2, correction);
+    softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
     // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
     // kernel has batch >= 1, so the anchoring store never runs.
     ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q), params.p.batch == 0);
@@ -206,7 +211,7 @@ struct Consumer {
 
     float s[kSAcc];
     uint32_t p[kPRegs];
-    float correction[2];
+    RowCorrection correction;
     int n = blocks.hi - 1;
 
     if (params.features.overlap) {
@@ -221,13 +226,13 @@ struct Consumer {
         else
           overlapped_step<false>(s, p, correction, n - 1, kv, bounds, turns, pipe);
       }
-      rescale_rows(o, correction);
+      apply_correction(o, correction);
       pv_alone(p, kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {
         qk_alone(s, kv, turns, pipe);
         softmax_step(s, n, bounds, correction);
-        rescale_rows(o, correction);
+        apply_correction(o, correction);
         convert_p(s, p);
         pv_alone(p, kv, turns, pipe);
       }

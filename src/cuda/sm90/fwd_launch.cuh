@@ -24,8 +24,9 @@ namespace fusedattn::cuda::sm90 {
 // matches or beats the static round robin on full ones.
 // FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0|1, FUSEDATTN_SM90_OVERLAP=0|1,
 // FUSEDATTN_SM90_PERSISTENT=0|1, FUSEDATTN_SM90_DYNAMIC=0|1 (0: static persistent for full
-// masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1 override them for A/B
-// measurements.
+// masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1 and
+// FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
+// online softmax) override them for A/B measurements.
 inline Features features_from_env(int compiled_stages, bool persistent_default, bool dynamic_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
@@ -42,6 +43,9 @@ inline Features features_from_env(int compiled_stages, bool persistent_default, 
   if (const char* v = std::getenv("FUSEDATTN_SM90_STAGES")) f.num_stages = std::clamp(std::atoi(v), 1, compiled_stages);
   // The overlapped loop holds one stage while it waits for the next: it needs two.
   if (f.overlap) f.num_stages = std::max(f.num_stages, 2);
+  if (const char* v = std::getenv("FUSEDATTN_SM90_RESCALE_SLACK")) {
+    f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
+  }
   return f;
 }
 

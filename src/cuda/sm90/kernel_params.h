@@ -8,6 +8,13 @@
 
 namespace fusedattn::cuda::sm90 {
 
+// How far (log2 units) a KV block's row max may exceed the running max before the running max
+// (and with it O) is rescaled: probabilities then reach up to 2^slack, which fp16/bf16 P and the
+// fp32 sums hold with the same relative precision as values <= 1 (fp16 overflows only past 2^15).
+// 0 is the textbook online softmax.
+constexpr float kDefaultRescaleSlack = 8.f;
+constexpr float kMaxRescaleSlack = 12.f;
+
 // Optimisations that can be turned off at run time (read from the environment on the host by
 // fwd_launch.cuh) so docs/hopper.md can record what each one buys.
 struct Features {
@@ -17,6 +24,7 @@ struct Features {
   bool persistent = true;  // one CTA per SM walking tiles; off: one CTA per tile
   bool dynamic = true;     // persistent CTAs take tiles from an atomic counter (else round robin)
   bool early_k_release = true;  // a stage's K goes back to the producer once S is done, not with V
+  float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
 };
 
 struct KernelParams {

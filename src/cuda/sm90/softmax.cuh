@@ -24,6 +24,13 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// Per-row factors for the O accumulated so far; `any` (the same in every lane of a warp) is false
+// when all of them are 1, so the rescale can be skipped.
+struct RowCorrection {
+  float factor[2];
+  bool any;
+};
+
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
   float row_max[kRows];  // running max of scale_log2 * s (log2 units); -inf until a key is seen
@@ -37,21 +44,30 @@ struct OnlineSoftmax {
     }
   }
 
-  // Turns scores s into unnormalised probabilities in place and returns, per row, the factor
-  // by which the O accumulated so far must be rescaled. Requires scale_log2 > 0.
+  // Turns scores s into unnormalised probabilities in place and sets, per row, the factor by
+  // which the O accumulated so far must be rescaled. Requires scale_log2 > 0. The running max
+  // moves only when the block's max exceeds it by more than `slack` (log2 units); otherwise the
+  // stale max stays the reference (probabilities up to 2^slack, as precise in fp16/bf16/fp32) and the
+  // factor is 1. The output and LSE do not depend on which max is used, only the work does:
+  // after the first blocks a row's max rarely moves that far, so O's rescale is mostly skipped.
   template <int kAcc>
-  __device__ __forceinline__ void update(float (&s)[kAcc], float scale_log2, float (&correction)[kRows]) {
+  __device__ __forceinline__ void update(float (&s)[kAcc], float scale_log2, float slack, RowCorrection& c) {
+    bool moved = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       float mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      const float m_new = fmaxf(row_max[r], quad_max(mx) * scale_log2);
+      const float m_block = quad_max(mx) * scale_log2;
+      // -inf + slack stays -inf: a row's first visible key always moves the max.
+      const bool move = m_block > row_max[r] + slack;
+      const float m_new = move ? m_block : row_max[r];
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead avoids
       // -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and sum at 0.
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      correction[r] = fast_exp2(row_max[r] - m_use);
+      c.factor[r] = move ? fast_exp2(row_max[r] - m_use) : 1.f;
       row_max[r] = m_new;
+      moved = moved || move;
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j)
@@ -61,8 +77,10 @@ struct OnlineSoftmax {
           x = fast_exp2(fmaf(x, scale_log2, -m_use));
           sum += x;
         }
-      row_sum[r] = row_sum[r] * correction[r] + sum;
+      row_sum[r] = row_sum[r] * c.factor[r] + sum;
     }
+    // Warp-uniform, so skipping the rescale never splits the warp.
+    c.any = __any_sync(0xffffffffu, moved);
   }
 
   // 1 / rowsum for the output and the natural-log LSE. A fully masked row has sum 0: its output
@@ -88,6 +106,12 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kAcc], const float (&fac
     o[4 * j + 2] *= factor[1];
     o[4 * j + 3] *= factor[1];
   }
+}
+
+// O *= the correction, unless every factor of the warp is 1.
+template <int kAcc>
+__device__ __forceinline__ void apply_correction(float (&o)[kAcc], const RowCorrection& c) {
+  if (c.any) rescale_rows(o, c.factor);
 }
 
 }  // namespace fusedattn::cuda::sm90

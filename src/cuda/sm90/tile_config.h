@@ -12,12 +12,14 @@ struct TileShape {
   int stages;   // depth of the K/V shared-memory pipeline
 };
 
-// d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers; d256: O alone takes
-// 128 registers per thread, so the KV block shrinks to 64 keys to leave room for S and P.
+// d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
+// 128 registers per thread, so the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of
+// 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3). A 176-key block at
+// d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 stage bought nothing.
 constexpr TileShape tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 128, 3};
   if (head_dim <= 128) return {128, 128, 2};
-  return {128, 64, 2};
+  return {128, 80, 2};
 }
 
 constexpr int kWarpgroupThreads = 128;
