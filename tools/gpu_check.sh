@@ -35,8 +35,11 @@ heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
 
 if has build || [ ! -x "$build/tests/fusedattn_gpu_tests" ]; then
+  # Every option named: a build folder left by an earlier call with other settings (the machine is
+  # shared by every call of a session) must not change what this one builds.
   step configure 120 configure.log cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_PYTHON=ON
+    -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF -DFUSEDATTN_HEAD_DIMS="$heads" \
+    -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON
   step build 480 build.log cmake --build "$build" -j "$(nproc)" || { tail -40 "$out/build.log"; }
   # ptxas lines with a non-zero spill or stack frame, per kernel instance (every spill is a defect to track)
   grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$out/build.log" | grep -E "Compiling entry|spill|stack" > "$out/spills.txt"
