@@ -39,6 +39,14 @@ set(_sm80_gencode "")
 foreach(a IN LISTS FUSEDATTN_SM80_ARCHS)
   list(APPEND _sm80_gencode -gencode=arch=compute_${a},code=sm_${a})
 endforeach()
+# Plus the PTX of the highest one, which the driver compiles at load time for GPUs newer than every
+# listed architecture (e.g. Blackwell) instead of failing with "no kernel image". On a Hopper GPU a
+# build with FUSEDATTN_SM80_ARCHS=80 runs this PTX, i.e. the code paths an A100 takes (scalar dQ
+# reductions): that is how the GPU tests cover them without an A100.
+set(_sm80_archs_sorted ${FUSEDATTN_SM80_ARCHS})
+list(SORT _sm80_archs_sorted COMPARE NATURAL)
+list(GET _sm80_archs_sorted -1 _sm80_ptx_arch)
+list(APPEND _sm80_gencode -gencode=arch=compute_${_sm80_ptx_arch},code=compute_${_sm80_ptx_arch})
 
 # Kernels built from sm80 instructions, compiled for every architecture in FUSEDATTN_SM80_ARCHS.
 # Non-instance CUDA sources (host glue, small helper kernels) are picked up by folder.
