@@ -299,6 +299,13 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   constexpr int kLaunches = 3;
   for (int launch = 0; launch < kLaunches; ++launch)
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "dynamic, launch " + std::to_string(launch));
+  // Many tiles per CTA walk the Q ring; once more with the single Q buffer.
+  for (const char* prefetch : {"0", "1"}) {
+    setenv("FUSEDATTN_SM90_Q_PREFETCH", prefetch, 1);
+    for (bool causal : {false, true})
+      expect_sampled_rows_match(causal, rng, std::string("dynamic, Q_PREFETCH=") + prefetch);
+  }
+  unsetenv("FUSEDATTN_SM90_Q_PREFETCH");
   unsetenv("FUSEDATTN_SM90_PERSISTENT");
   unsetenv("FUSEDATTN_SM90_DYNAMIC");
 }
@@ -322,6 +329,9 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"}},
       {{"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
       {{"FUSEDATTN_SM90_RESCALE_SLACK", "12"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
+      {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
+      {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
+      {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
   };
   for (const auto& env : settings) {
     for (const auto& [k, v] : env) setenv(k, v, 1);

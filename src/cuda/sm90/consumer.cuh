@@ -59,6 +59,8 @@ struct Consumer {
   int lane;
   int warp;  // within the warpgroup
 
+  int q_stage = 0;  // the Q buffer of the current tile
+
   float o[kOAcc];
   OnlineSoftmax softmax;
 
@@ -68,7 +70,8 @@ struct Consumer {
   __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
     // The bases re-read per block (value_here): hoisted, the per-k-step descriptors stay live
     // across the loop and spill (d256).
-    const uint32_t q_base = ptx::value_here(ptx::smem_addr(smem.q) + warpgroup * kWarpgroupRows * kRowBytes);
+    const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
+    const uint32_t q_base = ptx::value_here(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes);
     const uint64_t desc_q = ptx::make_smem_desc(q_base, kUnusedLbo, ptx::kSwizzleAtomBytes);
     const uint64_t desc_k =
         ptx::make_smem_desc(ptx::value_here(ptx::smem_addr(smem.k[stage])), kUnusedLbo, ptx::kSwizzleAtomBytes);
@@ -124,15 +127,17 @@ struct Consumer {
   }
 
   // S = Q K^T of the block at kv with nothing else in flight: wait for its K, issue in my turn,
-  // wait until S is in registers.
+  // wait until S is in registers. The previous tile's O staging, if still held, is released
+  // while this GEMM runs.
   __device__ __forceinline__ void qk_alone(float (&s)[kSAcc], const PipelineState& kv, const WarpgroupTurns& turns,
-                                           const KVPipeline<Storage>& pipe) const {
+                                           const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     pipe.consumer_wait_k(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
     issue_qk(s, kv.stage);
     ptx::wgmma_commit_group();
     turns.pass_turn();
+    pending.release(smem);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(s);
     if (params.features.early_k_release) pipe.consumer_release_k(kv, lane);
@@ -188,7 +193,7 @@ struct Consumer {
     softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
     // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
     // kernel has batch >= 1, so the anchoring store never runs.
-    ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q), params.p.batch == 0);
+    ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
     ptx::fence_operands(p);
@@ -197,9 +202,12 @@ struct Consumer {
     kv = next;
   }
 
-  // Runs the whole KV loop of tile t; leaves the unnormalised O in `o` and the row statistics in
-  // `softmax`. kv is the consumer's position in the K/V ring, carried across tiles.
-  __device__ __forceinline__ void mma_tile(const WorkTile& t, PipelineState& kv, const WarpgroupTurns& turns) {
+  // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
+  // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
+  // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.
+  __device__ __forceinline__ void mma_tile(const WorkTile& t, int q_buffer, PipelineState& kv,
+                                           const WarpgroupTurns& turns, PendingStore& pending) {
+    q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
     const Mask mask{params.p};
     const KVBlockRange blocks = mask.kv_blocks(t.m_block);
@@ -207,7 +215,10 @@ struct Consumer {
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();
-    if (blocks.count() == 0) return;
+    if (blocks.count() == 0) {
+      pending.release(smem);
+      return;
+    }
 
     float s[kSAcc];
     uint32_t p[kPRegs];
@@ -215,7 +226,7 @@ struct Consumer {
     int n = blocks.hi - 1;
 
     if (params.features.overlap) {
-      qk_alone(s, kv, turns, pipe);
+      qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, bounds, correction);
       convert_p(s, p);
       // Masked and unmasked blocks get separate copies of the step, so the common unmasked one
@@ -230,7 +241,7 @@ struct Consumer {
       pv_alone(p, kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {
-        qk_alone(s, kv, turns, pipe);
+        qk_alone(s, kv, turns, pipe, pending);
         softmax_step(s, n, bounds, correction);
         apply_correction(o, correction);
         convert_p(s, p);

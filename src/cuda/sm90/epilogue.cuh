@@ -1,5 +1,5 @@
 // A consumer warpgroup's epilogue: O normalised by the softmax row sums, converted to the
-// element type, staged in the warpgroup's own 64 rows of the Q buffer (in the 128B-swizzled
+// element type, staged in the warpgroup's own 64 rows of the tile's Q buffer (in the 128B-swizzled
 // layout of the O tensor map) and written by one TMA store per 64-column slab; the TMA clips rows
 // past seqlen_q and columns past head_dim. LSE (natural log) goes straight from registers.
 #pragma once
@@ -13,6 +13,7 @@
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/named_barriers.h"
+#include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
@@ -37,7 +38,8 @@ struct Epilogue {
     return slab * Cfg::kBlockM * Cfg::kSlabCols + row * Cfg::kSlabCols + chunk * kChunkElems + in_slab % kChunkElems;
   }
 
-  __device__ __forceinline__ void store(const WorkTile& t, float (&o)[kOAcc], OnlineSoftmax& softmax) const {
+  __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
+                                        PendingStore& pending) const {
     const FwdParams& p = params.p;
     float inv_sum[2], lse[2];
     softmax.finalize(inv_sum, lse);
@@ -57,7 +59,7 @@ struct Epilogue {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = row0 + 8 * half, col = 8 * j + col0;
-        *reinterpret_cast<uint32_t*>(&smem.q[swizzled_offset(row, col)]) =
+        *reinterpret_cast<uint32_t*>(&smem.q[q_stage][swizzled_offset(row, col)]) =
             pack2<Element>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
       }
     // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
@@ -67,11 +69,13 @@ struct Epilogue {
       const int row = t.m_block * Cfg::kBlockM + warpgroup * kWarpgroupRows;
 #pragma unroll
       for (int s = 0; s < Cfg::kSlabs; ++s)
-        ptx::tma_store_4d(&params.tma_o, smem.q + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
+        ptx::tma_store_4d(&params.tma_o,
+                          smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
                           s * Cfg::kSlabCols, row, t.head, t.batch);
       ptx::tma_store_commit();
-      ptx::tma_store_wait_read();  // the staging rows may now take the next tile's Q
-      ptx::mbarrier_arrive(&smem.q_empty);
+      pending.buffer = q_stage;
+      // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
+      if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem);
     }
 
     if (p.lse != nullptr && lane % 4 == 0) {

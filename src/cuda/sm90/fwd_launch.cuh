@@ -26,8 +26,12 @@ namespace fusedattn::cuda::sm90 {
 // FUSEDATTN_SM90_PERSISTENT=0|1, FUSEDATTN_SM90_DYNAMIC=0|1 (0: static persistent for full
 // masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1 and
 // FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
-// online softmax) override them for A/B measurements.
-inline Features features_from_env(int compiled_stages, bool persistent_default, bool dynamic_default) {
+// online softmax) and FUSEDATTN_SM90_Q_PREFETCH=0|1 (the next tile's Q loaded into a second
+// buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
+// A/B measurements.
+constexpr bool kQPrefetchDefault = true;
+inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
+                                  bool dynamic_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
     return v && v[0] ? v[0] != '0' : fallback;
@@ -46,6 +50,7 @@ inline Features features_from_env(int compiled_stages, bool persistent_default, 
   if (const char* v = std::getenv("FUSEDATTN_SM90_RESCALE_SLACK")) {
     f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
   }
+  f.q_buffers = flag("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
   return f;
 }
 
@@ -60,7 +65,7 @@ void run_fwd(const FwdParams& p) {
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
-  kp.features = features_from_env(Cfg::kStages, kMask == MaskKind::kFull, true);
+  kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
   };

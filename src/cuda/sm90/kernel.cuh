@@ -1,7 +1,8 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
 // registers); warpgroups 1 and 2 consume (wgmma + softmax + epilogue, many registers), each
 // owning 64 rows of every 128-row query tile. The producer picks the tiles (tile_scheduler.cuh)
-// and announces each one's index in shared memory with its Q (q_full).
+// and announces each one's index in shared memory with its Q (q_full); consecutive tiles take
+// the Q buffers in turn (a ring like the K/V stages, of depth features.q_buffers).
 #pragma once
 
 #include "cuda/ptx/mbarrier.cuh"
@@ -20,8 +21,10 @@ namespace fusedattn::cuda::sm90 {
 template <typename Element, class Cfg>
 __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
-  ptx::mbarrier_init(&smem.q_full, kProducerArrivals);
-  ptx::mbarrier_init(&smem.q_empty, kConsumerWarpgroups);  // one TMA-store thread per warpgroup
+  for (int b = 0; b < Cfg::kQBuffers; ++b) {
+    ptx::mbarrier_init(&smem.q_full[b], kProducerArrivals);
+    ptx::mbarrier_init(&smem.q_empty[b], kConsumerWarpgroups);  // one TMA-store thread per warpgroup
+  }
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
@@ -56,17 +59,21 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant_
     const Epilogue<Element, Cfg> epilogue{params, smem, consumer, warp, lane};
     PipelineState kv;
     kv.num_stages = params.features.num_stages;
-    uint32_t tile_parity = 0;
+    PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
+    // d256 (one buffer): a compile-time 1, since a run-time ring costs it 28 B more spills
+    q_ring.num_stages = Cfg::kQBuffers > 1 ? params.features.q_buffers : 1;
+    PendingStore pending;
     const TileScheduler scheduler(params.num_m_blocks, params.p.heads_q, params.p.batch, params.tile_counter);
     for (;;) {
-      ptx::mbarrier_wait(&smem.q_full, tile_parity);
+      ptx::mbarrier_wait(&smem.q_full[q_ring.stage], q_ring.phase);
       // One atomic read per warp (see the producer for why atomic), shared over the lanes.
-      const int index = __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index, 0) : 0, 0);
+      const int index =
+          __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index[q_ring.stage], 0) : 0, 0);
       if (index == kNoTile) break;
       const WorkTile t = scheduler.tile_at(index);
-      mainloop.mma_tile(t, kv, turns);
-      epilogue.store(t, mainloop.o, mainloop.softmax);
-      tile_parity ^= 1;
+      mainloop.mma_tile(t, q_ring.stage, kv, turns, pending);
+      epilogue.store(t, q_ring.stage, mainloop.o, mainloop.softmax, pending);
+      q_ring.advance();
     }
     if (consumer == 0) turns.wait_turn();
     if (warp == 0 && lane == 0) ptx::tma_store_wait_all();

@@ -25,6 +25,11 @@ struct Features {
   bool dynamic = true;     // persistent CTAs take tiles from an atomic counter (else round robin)
   bool early_k_release = true;  // a stage's K goes back to the producer once S is done, not with V
   float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
+  // Q buffers in use (1 .. compiled kQBuffers). 2: the producer loads the next tile's Q (and its
+  // first K/V) while the consumers still work on this tile, and the wait for O's TMA store to
+  // leave its staging buffer moves behind the next tile's first GEMM issue. 1: each tile's Q
+  // waits for the previous tile's O store.
+  int q_buffers = 1;
 };
 
 struct KernelParams {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/tma.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -50,6 +51,23 @@ struct KVPipeline {
   }
   __device__ __forceinline__ void consumer_release_v(const PipelineState& s, int lane) const {
     if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[s.stage]);
+  }
+};
+
+// The Q ring's way back: a tile's Q buffer is also its O staging, and it returns to the producer
+// (q_empty) only once O's TMA store has read it. Only the thread that issued the store can wait
+// for that, so that thread keeps the buffer here until it releases it: at once with one Q buffer
+// (the next tile's Q waits for it), behind the next tile's first GEMM issue with two (the next
+// Q is already in the other buffer).
+struct PendingStore {
+  int buffer = -1;  // the Q buffer whose O store may still be reading it; -1: none (other threads)
+
+  template <class Storage>
+  __device__ __forceinline__ void release(Storage& smem) {
+    if (buffer < 0) return;
+    ptx::tma_store_wait_read();
+    ptx::mbarrier_arrive(&smem.q_empty[buffer]);
+    buffer = -1;
   }
 };
 

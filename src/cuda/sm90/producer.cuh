@@ -1,7 +1,9 @@
 // The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
-// Per tile: K of the first (highest) visible KV block, then -- once the previous tile's O has
-// left the Q buffer -- the tile's index for the consumers and Q, then V, then K/V pairs for the
-// remaining blocks, each stage acquired from the ring before it is overwritten. After the last
+// Per tile: the tile's index for the consumers and its Q (into the next buffer of the Q ring,
+// once the O staged there has left), K and V of the first (highest) visible KV block, then K/V
+// pairs for the remaining blocks, each stage acquired from the ring before it is overwritten.
+// With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
+// With two, this all runs while the consumers still work on the previous tile. After the last
 // tile it publishes kNoTile, which sends the consumers home.
 #pragma once
 
@@ -34,6 +36,28 @@ struct Producer {
       ptx::tma_load_4d(dst + s * slab_elems, map, s * Cfg::kSlabCols, row, head, batch, bar);
   }
 
+  // Waits until the Q buffer at q_ring is free, publishes tile t's index in it (kNoTile when t
+  // is past the end) and loads t's Q. Returns false once kNoTile is out: the CTA is done.
+  // Atomic accesses to the index on both sides: the mbarriers already order them, but
+  // compute-sanitizer's racecheck does not follow that chain and flags plain ones, while atomics
+  // are never a data race.
+  __device__ __forceinline__ bool publish_q(const WorkTile& t, bool valid, const PipelineState& q_ring) const {
+    // The buffer was the O staging of the tile q_buffers back: wait until both warpgroups' TMA
+    // stores have read it (first pass: fresh barriers, parity 1 passes at once). By then the
+    // consumers have also read that tile's index, so it can be overwritten; q_full's arrival
+    // (release) publishes it.
+    ptx::mbarrier_wait(&smem.q_empty[q_ring.stage], q_ring.phase ^ 1);
+    uint64_t* q_full = &smem.q_full[q_ring.stage];
+    atomicExch(&smem.tile_index[q_ring.stage], valid ? t.index : kNoTile);
+    if (!valid) {
+      ptx::mbarrier_arrive(q_full);
+      return false;
+    }
+    ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
+    load_tile(&params.tma_q, smem.q[q_ring.stage], kQSlabElems, t.m_block * Cfg::kBlockM, t.head, t.batch, q_full);
+    return true;
+  }
+
   __device__ __forceinline__ void run() const {
     const FwdParams& p = params.p;
     ptx::tma_prefetch_descriptor(&params.tma_q);
@@ -44,33 +68,26 @@ struct Producer {
     const int group = p.heads_q / p.heads_kv;  // GQA/MQA: query heads per KV head
     PipelineState kv;
     kv.num_stages = params.features.num_stages;
-    uint32_t tile_parity = 0;
+    PipelineState q_ring;
+    // d256 (one buffer): a compile-time 1, since a run-time ring costs it 28 B more spills
+    q_ring.num_stages = Cfg::kQBuffers > 1 ? params.features.q_buffers : 1;
+    // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
+    // before that wait; with two, Q's buffer is free long before and goes first.
+    const bool q_first = q_ring.num_stages > 1;
     const TileScheduler scheduler(params.num_m_blocks, p.heads_q, p.batch, params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       const KVBlockRange blocks = valid ? mask.kv_blocks(t.m_block) : KVBlockRange{0, 0};
       const int head_kv = t.head / group;
       int n = blocks.hi - 1;
+      if (q_first && !publish_q(t, valid, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage], kKVBytes);
         load_tile(&params.tma_k, smem.k[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.k_full[kv.stage]);
       }
-      // The Q buffer doubles as the previous tile's O staging: wait until both warpgroups' TMA
-      // stores have read it (first tile: a fresh barrier, parity 1 passes at once). By then the
-      // consumers have also read the previous tile index, so it can be overwritten; q_full's
-      // arrival (release) publishes it. Atomic on both sides: the mbarriers already order the
-      // accesses, but compute-sanitizer's racecheck does not follow that chain and flags plain
-      // ones, while atomics are never a data race.
-      ptx::mbarrier_wait(&smem.q_empty, tile_parity ^ 1);
-      atomicExch(&smem.tile_index, valid ? t.index : kNoTile);
-      if (!valid) {
-        ptx::mbarrier_arrive(&smem.q_full);
-        return;
-      }
-      ptx::mbarrier_arrive_expect_tx(&smem.q_full, kQBytes);
-      load_tile(&params.tma_q, smem.q, kQSlabElems, t.m_block * Cfg::kBlockM, t.head, t.batch, &smem.q_full);
+      if (!q_first && !publish_q(t, valid, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
@@ -89,7 +106,7 @@ struct Producer {
                   &smem.v_full[kv.stage]);
         kv.advance();
       }
-      tile_parity ^= 1;
+      q_ring.advance();
     }
   }
 };

@@ -1,4 +1,4 @@
-// Shared memory of one CTA: the Q tile (reused as O staging), the K/V pipeline stages and the
+// Shared memory of one CTA: the Q tile(s) (reused as O staging), the K/V pipeline stages and the
 // barriers. Its sizeof() is the dynamic shared-memory request.
 #pragma once
 
@@ -14,16 +14,18 @@ struct SharedStorage {
   static constexpr int kKVElems = Cfg::kBlockN * Cfg::kHeadDim;
   // 1024-byte alignment: every tile starts a 128B-swizzle atom, so wgmma descriptors use base
   // offset 0 and the TMA's swizzle pattern matches the one wgmma assumes.
-  alignas(1024) Element q[kQElems];  // Q tile; O staging for the TMA store in the epilogue
+  // Q tiles, used in turn by consecutive tiles of the CTA (a ring of kQBuffers); each is also
+  // its tile's O staging for the TMA store in the epilogue.
+  alignas(1024) Element q[Cfg::kQBuffers][kQElems];
   alignas(1024) Element k[Cfg::kStages][kKVElems];
   alignas(1024) Element v[Cfg::kStages][kKVElems];
-  uint64_t q_full;   // TMA -> consumers: Q landed
-  uint64_t q_empty;  // consumers -> producer: O stored, Q buffer free for the next tile
+  uint64_t q_full[Cfg::kQBuffers];   // TMA -> consumers: Q landed
+  uint64_t q_empty[Cfg::kQBuffers];  // consumers -> producer: O stored, Q buffer free for a later tile
   uint64_t k_full[Cfg::kStages];
   uint64_t v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
   uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
-  int tile_index;  // producer -> consumers: the tile q_full announces (kNoTile: the CTA is done)
+  int tile_index[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces (kNoTile: the CTA is done)
 };
 
 constexpr int kNoTile = -1;
@@ -32,6 +34,8 @@ template <typename Element, class Cfg>
 constexpr int shared_bytes() {
   constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
   static_assert(bytes <= kMaxSharedBytesPerBlock, "tile configuration exceeds the shared memory of an SM");
+  static_assert(bytes <= Cfg::kQBuffers * Cfg::kQTileBytes + 2 * Cfg::kStages * Cfg::kKVTileBytes + Cfg::kBarrierBytes,
+                "kBarrierBytes in tile_config.h is too small: the Q buffer count was chosen on a wrong size");
   return bytes;
 }
 

@@ -48,6 +48,15 @@ struct KernelConfig {
   // so every slab is a plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on.
   static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
   static constexpr int kSlabs = kHeadDim / kSlabCols;
+  // Two Q buffers where they fit beside the K/V stages (d64: 128 KiB, d128: 192 KiB), so the
+  // producer can load the next tile's Q while the consumers still work on (and stage O in) this
+  // tile's; d256 (2 x 64 KiB Q + 160 KiB K/V) keeps one. kBarrierBytes: the barriers and tile
+  // indices after the 1024-aligned buffers.
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kBarrierBytes = 1024;
+  static constexpr int kQBuffers =
+      2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kMaxSharedBytesPerBlock ? 2 : 1;
   static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
   static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma k-steps are 16 wide");
