@@ -5,7 +5,7 @@
 
 
 #include "gpu/gpu_check.h"
-#include "gpu/portable_path.h"
+#include "gpu/scoped_env.h"
 
 namespace fusedattn::testing {
 namespace {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "gpu/scoped_env.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -184,19 +185,10 @@ TEST_P(Sm80Backward, WideHeadDimsBelowInstance) {
 }
 TEST_P(Sm80Backward, Head192CausalGqa) { check_backward({causal(dense(2, 4, 2, 192, 150, 170)), GetParam()}); }
 
-// Forces the backward's default (A100-sized) tiles for the lifetime of the object, so the kernel
-// that Hopper replaces with a larger-memory one is checked on Hopper too; restores the default
-// afterwards (the variable is process-wide).
-class Sm80TilesOnly {
- public:
-  Sm80TilesOnly() { setenv("FUSEDATTN_BWD_SM80_TILE", "1", 1); }
-  ~Sm80TilesOnly() { unsetenv("FUSEDATTN_BWD_SM80_TILE"); }
-  Sm80TilesOnly(const Sm80TilesOnly&) = delete;
-  Sm80TilesOnly& operator=(const Sm80TilesOnly&) = delete;
-};
-
+// The backward's default (A100-sized) tiles, which Hopper replaces with larger-memory ones, checked
+// on Hopper too.
 TEST_P(Sm80Backward, WideHeadSm80Tiles) {
-  const Sm80TilesOnly guard;
+  const ScopedEnv sm80_tiles("FUSEDATTN_BWD_SM80_TILE", "1");
   check_backward({causal(dense(2, 4, 2, 256, 150, 170)), GetParam()});
   check_backward({varlen(window(dense(0, 2, 2, 256, 0, 0), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
                   Layout::kBSHD, true});

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "cpu/cpu_check.h"  // dense(), packed(), with_mask(), atol_for()
-#include "gpu/portable_path.h"
+#include "gpu/scoped_env.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {

@@ -1,0 +1,28 @@
+// Environment switches set for one scope. The library reads its switches (FUSEDATTN_DISABLE_SM90,
+// FUSEDATTN_BWD_SM80_TILE, ...) at every call and they are process-wide, so a test that left one
+// set would silently move every later test in the binary onto another kernel.
+#pragma once
+
+#include <cstdlib>
+
+namespace fusedattn::testing {
+
+// Sets `name` to `value` for the lifetime of the object and unsets it afterwards.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// The portable (sm80-instruction) forward, also on Hopper.
+class PortablePathOnly : public ScopedEnv {
+ public:
+  PortablePathOnly() : ScopedEnv("FUSEDATTN_DISABLE_SM90", "1") {}
+};
+
+}  // namespace fusedattn::testing
