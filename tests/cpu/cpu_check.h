@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "reference/problems.h"  // dense(), packed(), with_mask()
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -89,36 +90,6 @@ inline HostCase check_backward(const Problem& p, DType dtype, Layout layout = La
   expect_matches("dk", dtype, c.dk.to_double(), ref.dk, plain.dk, kFp32GradAtol, kFp32GradRtol, low, name);
   expect_matches("dv", dtype, c.dv.to_double(), ref.dv, plain.dv, kFp32GradAtol, kFp32GradRtol, low, name);
   return c;
-}
-
-// A dense problem in one line.
-inline Problem dense(int batch, int heads_q, int heads_kv, int64_t seqlen_q, int64_t seqlen_k, int head_dim) {
-  Problem p;
-  p.batch = batch;
-  p.heads_q = heads_q;
-  p.heads_kv = heads_kv;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.head_dim = head_dim;
-  return p;
-}
-
-inline Problem packed(int heads_q, int heads_kv, int head_dim, std::vector<int64_t> lens_q, std::vector<int64_t> lens_k) {
-  Problem p;
-  p.batch = static_cast<int>(lens_q.size());
-  p.heads_q = heads_q;
-  p.heads_kv = heads_kv;
-  p.head_dim = head_dim;
-  p.lens_q = std::move(lens_q);
-  p.lens_k = std::move(lens_k);
-  return p;
-}
-
-inline Problem with_mask(Problem p, bool causal, int64_t left, int64_t right) {
-  p.causal = causal;
-  p.window_left = left;
-  p.window_right = right;
-  return p;
 }
 
 }  // namespace fusedattn::testing

@@ -12,6 +12,7 @@
 
 #include "fusedattn/attention.h"
 #include "gpu/scoped_env.h"
+#include "reference/problems.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -122,11 +123,6 @@ void check_backward(const GpuCase& gc) {
   }
 }
 
-Problem dense(int batch, int hq, int hkv, int d, int64_t sq, int64_t sk) {
-  Problem p;
-  p.batch = batch, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d, p.seqlen_q = sq, p.seqlen_k = sk;
-  return p;
-}
 Problem causal(Problem p) {
   p.causal = true;
   return p;
@@ -144,60 +140,60 @@ Problem varlen(Problem p, std::vector<int64_t> lens_q, std::vector<int64_t> lens
 
 class Sm80Backward : public ::testing::TestWithParam<DType> {};
 
-TEST_P(Sm80Backward, RaggedLengths) { check_backward({dense(2, 4, 4, 64, 77, 133), GetParam()}); }
+TEST_P(Sm80Backward, RaggedLengths) { check_backward({dense(2, 4, 4, 77, 133, 64), GetParam()}); }
 TEST_P(Sm80Backward, CausalMoreQueriesThanKeys) {
-  check_backward({causal(dense(1, 2, 2, 128, 200, 130)), GetParam()});  // leading rows see no key
+  check_backward({causal(dense(1, 2, 2, 200, 130, 128)), GetParam()});  // leading rows see no key
 }
 TEST_P(Sm80Backward, CausalBhsdLayout) {
-  check_backward({causal(dense(1, 2, 2, 128, 130, 300)), GetParam(), Layout::kBHSD});
+  check_backward({causal(dense(1, 2, 2, 130, 300, 128)), GetParam(), Layout::kBHSD});
 }
-TEST_P(Sm80Backward, SlidingWindow) { check_backward({window(dense(1, 2, 1, 64, 257, 300), 40, 10), GetParam()}); }
-TEST_P(Sm80Backward, NarrowWindowFewKeys) { check_backward({window(dense(1, 2, 2, 64, 300, 5), 3, 0), GetParam()}); }
-TEST_P(Sm80Backward, GroupedQueryCausal) { check_backward({causal(dense(2, 6, 2, 128, 150, 150)), GetParam()}); }
-TEST_P(Sm80Backward, SingleQueryMultiQueryAttention) { check_backward({dense(1, 3, 1, 64, 1, 400), GetParam()}); }
+TEST_P(Sm80Backward, SlidingWindow) { check_backward({window(dense(1, 2, 1, 257, 300, 64), 40, 10), GetParam()}); }
+TEST_P(Sm80Backward, NarrowWindowFewKeys) { check_backward({window(dense(1, 2, 2, 300, 5, 64), 3, 0), GetParam()}); }
+TEST_P(Sm80Backward, GroupedQueryCausal) { check_backward({causal(dense(2, 6, 2, 150, 150, 128)), GetParam()}); }
+TEST_P(Sm80Backward, SingleQueryMultiQueryAttention) { check_backward({dense(1, 3, 1, 1, 400, 64), GetParam()}); }
 TEST_P(Sm80Backward, VarlenCausalWithEmptySequences) {
-  check_backward({varlen(causal(dense(0, 4, 2, 64, 0, 0)), {17, 0, 130, 64}, {40, 33, 130, 1}), GetParam()});
+  check_backward({varlen(causal(dense(0, 4, 2, 0, 0, 64)), {17, 0, 130, 64}, {40, 33, 130, 1}), GetParam()});
 }
 TEST_P(Sm80Backward, VarlenWindow) {
-  check_backward({varlen(window(dense(0, 2, 2, 128, 0, 0), 20, 5), {100, 200, 7}, {250, 90, 7}), GetParam()});
+  check_backward({varlen(window(dense(0, 2, 2, 0, 0, 128), 20, 5), {100, 200, 7}, {250, 90, 7}), GetParam()});
 }
 TEST_P(Sm80Backward, HeadDimsBelowInstance) {
-  for (int d : {40, 112}) check_backward({causal(dense(1, 2, 2, d, 150, 170)), GetParam()});
+  for (int d : {40, 112}) check_backward({causal(dense(1, 2, 2, 150, 170, d)), GetParam()});
 }
-TEST_P(Sm80Backward, LargeLogits) { check_backward({dense(1, 2, 2, 64, 200, 200), GetParam(), Layout::kBSHD, false, 100.0}); }
+TEST_P(Sm80Backward, LargeLogits) { check_backward({dense(1, 2, 2, 200, 200, 64), GetParam(), Layout::kBSHD, false, 100.0}); }
 TEST_P(Sm80Backward, DeterministicCausalGqa) {
-  check_backward({causal(dense(2, 4, 2, 128, 300, 400)), GetParam(), Layout::kBSHD, true});
+  check_backward({causal(dense(2, 4, 2, 300, 400, 128)), GetParam(), Layout::kBSHD, true});
 }
 TEST_P(Sm80Backward, DeterministicVarlenWindow) {
-  check_backward({varlen(window(dense(0, 4, 4, 64, 0, 0), 50, 0), {300, 1, 129}, {310, 64, 100}), GetParam(),
+  check_backward({varlen(window(dense(0, 4, 4, 0, 0, 64), 50, 0), {300, 1, 129}, {310, 64, 100}), GetParam(),
                   Layout::kBSHD, true});
 }
 // Head dims above 128 split the output columns over warps that share key rows (P^T and dS^T go
 // through shared memory): causal GQA with ragged lengths, a window over varlen sequences in
 // deterministic mode, and head dims below the instance (zero-filled columns of the last warp).
-TEST_P(Sm80Backward, WideHeadCausalGqa) { check_backward({causal(dense(2, 4, 2, 256, 150, 170)), GetParam()}); }
+TEST_P(Sm80Backward, WideHeadCausalGqa) { check_backward({causal(dense(2, 4, 2, 150, 170, 256)), GetParam()}); }
 TEST_P(Sm80Backward, WideHeadDeterministicVarlenWindow) {
-  check_backward({varlen(window(dense(0, 2, 2, 256, 0, 0), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
+  check_backward({varlen(window(dense(0, 2, 2, 0, 0, 256), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
                   Layout::kBSHD, true});
 }
 TEST_P(Sm80Backward, WideHeadDimsBelowInstance) {
-  for (int d : {136, 200}) check_backward({dense(1, 2, 1, d, 97, 130), GetParam(), Layout::kBHSD});
+  for (int d : {136, 200}) check_backward({dense(1, 2, 1, 97, 130, d), GetParam(), Layout::kBHSD});
 }
-TEST_P(Sm80Backward, Head192CausalGqa) { check_backward({causal(dense(2, 4, 2, 192, 150, 170)), GetParam()}); }
+TEST_P(Sm80Backward, Head192CausalGqa) { check_backward({causal(dense(2, 4, 2, 150, 170, 192)), GetParam()}); }
 
 // The backward's default (A100-sized) tiles, which Hopper replaces with larger-memory ones, checked
 // on Hopper too.
 TEST_P(Sm80Backward, WideHeadSm80Tiles) {
   const ScopedEnv sm80_tiles("FUSEDATTN_BWD_SM80_TILE", "1");
-  check_backward({causal(dense(2, 4, 2, 256, 150, 170)), GetParam()});
-  check_backward({varlen(window(dense(0, 2, 2, 256, 0, 0), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
+  check_backward({causal(dense(2, 4, 2, 150, 170, 256)), GetParam()});
+  check_backward({varlen(window(dense(0, 2, 2, 0, 0, 256), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
                   Layout::kBSHD, true});
 }
 // Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*).
 TEST_P(Sm80Backward, SanitizerSmallRagged) {
-  check_backward({causal(dense(2, 2, 1, 64, 77, 133)), GetParam()});
-  check_backward({varlen(causal(dense(0, 2, 2, 40, 0, 0)), {17, 0, 70}, {40, 33, 20}), GetParam(), Layout::kBSHD, true});
-  check_backward({causal(dense(1, 2, 1, 256, 70, 90)), GetParam()});
+  check_backward({causal(dense(2, 2, 1, 77, 133, 64)), GetParam()});
+  check_backward({varlen(causal(dense(0, 2, 2, 0, 0, 40)), {17, 0, 70}, {40, 33, 20}), GetParam(), Layout::kBSHD, true});
+  check_backward({causal(dense(1, 2, 1, 70, 90, 256)), GetParam()});
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Sm80Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),

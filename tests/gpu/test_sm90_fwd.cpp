@@ -19,6 +19,7 @@
 
 #include "cuda/dispatch.h"
 #include "fusedattn/params.h"
+#include "reference/problems.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -135,17 +136,7 @@ void expect_matches_reference(HostCase& c, double atol = kAtol) {
 
 Problem make_problem(int b, int hq, int hkv, int d, int64_t sq, int64_t sk, bool causal, int64_t wl = -1,
                      int64_t wr = -1) {
-  Problem p;
-  p.batch = b;
-  p.heads_q = hq;
-  p.heads_kv = hkv;
-  p.head_dim = d;
-  p.seqlen_q = sq;
-  p.seqlen_k = sk;
-  p.causal = causal;
-  p.window_left = wl;
-  p.window_right = wr;
-  return p;
+  return with_mask(dense(b, hq, hkv, sq, sk, d), causal, wl, wr);
 }
 
 struct ShapeCase {

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "reference/reference.h"
+#include "reference/problems.h"
 
 namespace fusedattn::testing {
 
@@ -30,13 +30,7 @@ constexpr int64_t kSeedFullReferenceBudget = int64_t{1} << 28;
   X(Z4H32N4096D64, 4, 32, 4096, 64)
 
 inline Problem seed_problem(int z, int h, int64_t n, int d, bool causal) {
-  Problem p;
-  p.batch = z;
-  p.heads_q = h;
-  p.heads_kv = h;
-  p.seqlen_q = n;
-  p.seqlen_k = n;
-  p.head_dim = d;
+  Problem p = dense(z, h, h, n, n, d);
   p.softmax_scale = kSeedScale;
   p.causal = causal;
   return p;
