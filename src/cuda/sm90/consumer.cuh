@@ -23,18 +23,22 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// Turn-taking between the two consumer warpgroups: wait for my turn before issuing GEMMs, hand
-// the turn over right after issuing them. Each bar.sync of one warpgroup pairs with one
-// bar.arrive of the other (128 + 128 threads).
+// Turn-taking between the consumer warpgroups, round robin (0, 1, .., count - 1, 0, ..): wait
+// for my turn before issuing GEMMs, hand it to the next warpgroup right after issuing them. Each
+// bar.sync of one warpgroup pairs with one bar.arrive of its predecessor (128 + 128 threads).
+// Every warpgroup of a CTA works on the same tiles and issues the same number of times, so the
+// ring never gets out of step.
 struct WarpgroupTurns {
   bool enabled;
   int warpgroup;
+  int count;  // consumer warpgroups in the ring
   static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;
   __device__ __forceinline__ void wait_turn() const {
-    if (enabled) ptx::named_barrier_sync(barrier_id(NamedBarrier::kSchedulerWg0, warpgroup), kThreads);
+    if (enabled) ptx::named_barrier_sync(barrier_id(NamedBarrier::kTurn, warpgroup), kThreads);
   }
   __device__ __forceinline__ void pass_turn() const {
-    if (enabled) ptx::named_barrier_arrive(barrier_id(NamedBarrier::kSchedulerWg0, 1 - warpgroup), kThreads);
+    const int next = warpgroup + 1 == count ? 0 : warpgroup + 1;
+    if (enabled) ptx::named_barrier_arrive(barrier_id(NamedBarrier::kTurn, next), kThreads);
   }
 };
 
@@ -55,7 +59,7 @@ struct Consumer {
 
   const KernelParams& params;
   Storage& smem;
-  int warpgroup;  // 0 or 1: rows [64 warpgroup, 64 warpgroup + 64) of the tile
+  int warpgroup;  // 0 .. Cfg::kConsumerWarpgroups - 1: rows [64 warpgroup, 64 warpgroup + 64) of the tile
   int lane;
   int warp;  // within the warpgroup
 
@@ -104,25 +108,37 @@ struct Consumer {
   }
 
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
+  // Only the interior bounds are kept across the KV loop; the bounds of this thread's two rows
+  // are recomputed (a few integer ops) in the blocks that need them, so they hold no registers
+  // in the unmasked ones.
   struct TileBounds {
     typename Mask::Bounds interior;  // of the warpgroup's 64 rows: which blocks need masking
-    typename Mask::Bounds rows[2];   // of this thread's two rows
+    int row0;                        // this thread's first row (the second is row0 + 8)
   };
 
   __device__ __forceinline__ TileBounds tile_bounds(const WorkTile& t, const Mask& mask) const {
-    const int64_t row_first = int64_t{t.m_block} * kBlockM + warpgroup * kWarpgroupRows;
-    const int64_t len_q = params.p.seqlen_q;
-    // Rows past seqlen_q are never stored; bound the interior test by the last real row.
-    const int64_t last = row_first + kWarpgroupRows - 1;
-    const int64_t row_last = last < len_q ? last : (len_q - 1 > row_first ? len_q - 1 : row_first);
+    const int64_t row_first = int64_t{t.first_row} + warpgroup * kWarpgroupRows;
     const int64_t row0 = row_first + warp * 16 + lane / 4;
-    return {mask.interior_bounds(row_first, row_last), {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)}};
+    // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows
+    // (any one row when the warpgroup has none).
+    const int64_t len_q = params.p.seqlen_q;
+    const int64_t last = row_first + kWarpgroupRows - 1;
+    const int64_t real_first = row_first > 0 ? row_first : 0;
+    const int64_t real_last = last < len_q ? last : len_q - 1;
+    return {mask.interior_bounds(real_first, real_last >= real_first ? real_last : real_first), static_cast<int>(row0)};
+  }
+
+  // Masks block n of S outside this thread's two rows' keys.
+  __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n, const TileBounds& b) const {
+    const Mask mask{params.p};
+    const typename Mask::Bounds rows[2] = {mask.bounds_of_row(b.row0), mask.bounds_of_row(b.row0 + 8)};
+    Mask::apply(s, n, rows, 2 * (lane % 4));
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
   __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, const TileBounds& b,
                                                RowCorrection& correction) {
-    if (Mask::cuts(b.interior, n)) Mask::apply(s, n, b.rows, 2 * (lane % 4));
+    if (Mask::cuts(b.interior, n)) apply_mask(s, n, b);
     softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
   }
 
@@ -162,7 +178,7 @@ struct Consumer {
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
     release_after_pv(kv, pipe);
-    kv.advance();
+    kv.advance(params.features.num_stages);
   }
 
   // One block of the overlapped loop: S of block n_next and O += P V of the current block are
@@ -174,7 +190,7 @@ struct Consumer {
                                                   int n_next, PipelineState& kv, const TileBounds& bounds,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     PipelineState next = kv;
-    next.advance();
+    next.advance(params.features.num_stages);
     pipe.consumer_wait_k(next);
     pipe.consumer_wait_v(kv);
     turns.wait_turn();
@@ -189,7 +205,7 @@ struct Consumer {
     ptx::wgmma_wait_group<1>();  // S ready; P V may still run
     ptx::fence_operands(s);
     if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
-    if constexpr (kMasked) Mask::apply(s, n_next, bounds.rows, 2 * (lane % 4));
+    if constexpr (kMasked) apply_mask(s, n_next, bounds);
     softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
     // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
     // kernel has batch >= 1, so the anchoring store never runs.
@@ -210,7 +226,7 @@ struct Consumer {
     q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
     const Mask mask{params.p};
-    const KVBlockRange blocks = mask.kv_blocks(t.m_block);
+    const KVBlockRange blocks = mask.kv_blocks(t.first_row);
     const TileBounds bounds = tile_bounds(t, mask);
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
@@ -225,7 +241,7 @@ struct Consumer {
     RowCorrection correction;
     int n = blocks.hi - 1;
 
-    if (params.features.overlap) {
+    if (Cfg::kShape.intra_overlap && params.features.overlap) {
       qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, bounds, correction);
       convert_p(s, p);

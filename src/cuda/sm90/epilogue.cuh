@@ -45,7 +45,7 @@ struct Epilogue {
     softmax.finalize(inv_sum, lse);
     rescale_rows(o, inv_sum);
 
-    const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogueWg0, warpgroup);
+    const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
     // The lane is re-read here so the 2 * kOAcc / 4 staging offsets below are computed per tile
@@ -66,7 +66,7 @@ struct Epilogue {
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
     if (warp == 0 && lane == 0) {
-      const int row = t.m_block * Cfg::kBlockM + warpgroup * kWarpgroupRows;
+      const int row = t.first_row + warpgroup * kWarpgroupRows;
 #pragma unroll
       for (int s = 0; s < Cfg::kSlabs; ++s)
         ptx::tma_store_4d(&params.tma_o,
@@ -82,7 +82,7 @@ struct Epilogue {
       float* lse_bh = p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int64_t row = int64_t{t.m_block} * Cfg::kBlockM + row0 + 8 * half;
+        const int64_t row = int64_t{t.first_row} + row0 + 8 * half;
         if (row < p.seqlen_q) lse_bh[row] = lse[half];
       }
     }

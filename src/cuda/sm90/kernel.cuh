@@ -1,6 +1,6 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
-// registers); warpgroups 1 and 2 consume (wgmma + softmax + epilogue, many registers), each
-// owning 64 rows of every 128-row query tile. The producer picks the tiles (tile_scheduler.cuh)
+// registers); warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many
+// registers), each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
 // and announces each one's index in shared memory with its Q (q_full); consecutive tiles take
 // the Q buffers in turn (a ring like the K/V stages, of depth features.q_buffers).
 #pragma once
@@ -23,19 +23,19 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
   for (int b = 0; b < Cfg::kQBuffers; ++b) {
     ptx::mbarrier_init(&smem.q_full[b], kProducerArrivals);
-    ptx::mbarrier_init(&smem.q_empty[b], kConsumerWarpgroups);  // one TMA-store thread per warpgroup
+    ptx::mbarrier_init(&smem.q_empty[b], Cfg::kConsumerWarpgroups);  // one TMA-store thread per warpgroup
   }
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
-    ptx::mbarrier_init(&smem.k_empty[s], kConsumerWarps);
-    ptx::mbarrier_init(&smem.v_empty[s], kConsumerWarps);
+    ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumerWarps);
+    ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumerWarps);
   }
   ptx::fence_barrier_init();
 }
 
 template <typename Element, class Cfg, MaskKind kMask>
-__global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams params) {
   extern __shared__ __align__(1024) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<SharedStorage<Element, Cfg>*>(smem_bytes);
   const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
@@ -49,21 +49,19 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant_
     ptx::setmaxnreg_dec<kProducerRegisters>();
     if (warp == 0 && ptx::elect_one_sync()) Producer<Element, Cfg, kMask>{params, smem}.run();
   } else {
-    ptx::setmaxnreg_inc<kConsumerRegisters>();
+    ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
     const int consumer = warpgroup - 1;
-    const WarpgroupTurns turns{params.features.pingpong, consumer};
-    // Warpgroup 0 issues first: warpgroup 1 hands it the first turn. That leaves one arrival on
-    // warpgroup 0's barrier unmatched, which its final wait_turn() below consumes.
-    if (consumer == 1) turns.pass_turn();
+    const WarpgroupTurns turns{params.features.pingpong, consumer, Cfg::kConsumerWarpgroups};
+    // Warpgroup 0 issues first: the last warpgroup hands it the first turn. That leaves one
+    // arrival on warpgroup 0's barrier unmatched, which its final wait_turn() below consumes.
+    if (consumer == Cfg::kConsumerWarpgroups - 1) turns.pass_turn();
     Consumer<Element, Cfg, kMask> mainloop{params, smem, consumer, lane, warp};
     const Epilogue<Element, Cfg> epilogue{params, smem, consumer, warp, lane};
     PipelineState kv;
-    kv.num_stages = params.features.num_stages;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
-    // d256 (one buffer): a compile-time 1, since a run-time ring costs it 28 B more spills
-    q_ring.num_stages = Cfg::kQBuffers > 1 ? params.features.q_buffers : 1;
     PendingStore pending;
-    const TileScheduler scheduler(params.num_m_blocks, params.p.heads_q, params.p.batch, params.tile_counter);
+    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, params.p.heads_q,
+                                  params.p.batch, params.tile_counter);
     for (;;) {
       ptx::mbarrier_wait(&smem.q_full[q_ring.stage], q_ring.phase);
       // One atomic read per warp (see the producer for why atomic), shared over the lanes.
@@ -73,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 1) fwd_kernel(const __grid_constant_
       const WorkTile t = scheduler.tile_at(index);
       mainloop.mma_tile(t, q_ring.stage, kv, turns, pending);
       epilogue.store(t, q_ring.stage, mainloop.o, mainloop.softmax, pending);
-      q_ring.advance();
+      q_ring.advance(q_ring_depth<Cfg>(params.features));
     }
     if (consumer == 0) turns.wait_turn();
     if (warp == 0 && lane == 0) ptx::tma_store_wait_all();

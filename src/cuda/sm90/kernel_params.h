@@ -19,7 +19,7 @@ constexpr float kMaxRescaleSlack = 12.f;
 // fwd_launch.cuh) so docs/hopper.md can record what each one buys.
 struct Features {
   int num_stages = 2;      // K/V pipeline depth in use (1 .. compiled kStages)
-  bool pingpong = true;    // the two consumer warpgroups take turns issuing their GEMMs
+  bool pingpong = true;    // the consumer warpgroups take turns (round robin) issuing their GEMMs
   bool overlap = true;     // Q*K^T of block n-1 is issued before the softmax of block n
   bool persistent = true;  // one CTA per SM walking tiles; off: one CTA per tile
   bool dynamic = true;     // persistent CTAs take tiles from an atomic counter (else round robin)

@@ -21,15 +21,16 @@ template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
   const FwdParams& p;
 
-  // Keys visible to any row of query block m_block. key_range's lo and hi both grow with the
-  // row, so the union over the tile is [lo(first row), hi(last row)].
-  __device__ __forceinline__ KVBlockRange kv_blocks(int m_block) const {
+  // Keys visible to any row of the query tile that starts at first_row. key_range's lo and hi
+  // both grow with the row, so the union over the tile is [lo(first row), hi(last row)].
+  __device__ __forceinline__ KVBlockRange kv_blocks(int first_row) const {
     const int64_t num_n = (p.seqlen_k + kBlockN - 1) / kBlockN;
     if constexpr (kMask == MaskKind::kFull) {
       return {0, static_cast<int>(num_n)};
     } else {
-      const int64_t first = int64_t{m_block} * kBlockM;
-      const int64_t last = (first + kBlockM < p.seqlen_q ? first + kBlockM : p.seqlen_q) - 1;
+      const int64_t first = first_row;
+      const int64_t end = int64_t{first_row} + kBlockM;
+      const int64_t last = (end < p.seqlen_q ? end : p.seqlen_q) - 1;
       const int64_t lo = key_range(p, first, p.seqlen_q, p.seqlen_k).lo;
       const int64_t hi = key_range(p, last, p.seqlen_q, p.seqlen_k).hi;
       if (hi < lo) return {0, 0};

@@ -1,17 +1,20 @@
-// Named hardware barriers of the forward kernel (id 0 belongs to __syncthreads).
+// Named hardware barriers of the forward kernel (id 0 belongs to __syncthreads): one turn barrier
+// and one epilogue barrier per consumer warpgroup, for up to kMaxConsumerWarpgroups of them.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/sm90/tile_config.h"
+
 namespace fusedattn::cuda::sm90 {
 
 enum class NamedBarrier : uint32_t {
-  kSchedulerWg0 = 1,  // consumer warpgroup 0 may issue its next GEMMs (ping-pong)
-  kSchedulerWg1 = 2,
-  kEpilogueWg0 = 3,  // the 128 threads of consumer warpgroup 0 meet around the O staging
-  kEpilogueWg1 = 4,
+  kTurn = 1,                                    // + w: consumer warpgroup w may issue its next GEMMs
+  kEpilogue = 1 + kMaxConsumerWarpgroups,       // + w: warpgroup w's 128 threads meet around the O staging
 };
 
 constexpr uint32_t barrier_id(NamedBarrier b, int warpgroup) { return static_cast<uint32_t>(b) + warpgroup; }
+constexpr uint32_t kHardwareNamedBarriers = 16;
+static_assert(static_cast<uint32_t>(NamedBarrier::kEpilogue) + kMaxConsumerWarpgroups <= kHardwareNamedBarriers);
 
 }  // namespace fusedattn::cuda::sm90

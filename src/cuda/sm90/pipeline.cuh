@@ -7,21 +7,31 @@
 
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/kernel_params.h"
 
 namespace fusedattn::cuda::sm90 {
 
+// The ring's run-time depth (<= the compiled count, for ablation runs) is passed to each advance()
+// rather than carried: read from the kernel parameters where it is used, it holds no register
+// across the consumers' register-bound loop.
 struct PipelineState {
   int stage = 0;
   uint32_t phase = 0;  // parity of the barrier phase this pass over the ring waits for
-  int num_stages = 1;  // run-time depth (<= the compiled stage count) for ablation runs
 
-  __device__ __forceinline__ void advance() {
+  __device__ __forceinline__ void advance(int num_stages) {
     if (++stage == num_stages) {
       stage = 0;
       phase ^= 1;
     }
   }
 };
+
+// Depth of the Q ring: the Q buffers in use. With one compiled buffer (d256) a compile-time 1,
+// since a run-time depth there cost 28 B more spills.
+template <class Cfg>
+__device__ __forceinline__ int q_ring_depth(const Features& f) {
+  return Cfg::kQBuffers > 1 ? f.q_buffers : 1;
+}
 
 // Views the barrier arrays of SharedStorage. K and V of a stage are freed separately: K is done
 // once S = Q K^T has completed, a whole softmax before P V finishes with V, so with the early K
@@ -44,7 +54,7 @@ struct KVPipeline {
   __device__ __forceinline__ void consumer_wait_v(const PipelineState& s) const {
     ptx::mbarrier_wait(&smem.v_full[s.stage], s.phase);
   }
-  // One arrival per consumer warp (the empty barriers count kConsumerWarps): each warp arrives
+  // One arrival per consumer warp (the empty barriers count Cfg::kConsumerWarps): each warp arrives
   // after its own wgmma.wait_group, so the buffer is free only once every warp's reads completed.
   __device__ __forceinline__ void consumer_release_k(const PipelineState& s, int lane) const {
     if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[s.stage]);

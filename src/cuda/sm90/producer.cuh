@@ -54,7 +54,7 @@ struct Producer {
       return false;
     }
     ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
-    load_tile(&params.tma_q, smem.q[q_ring.stage], kQSlabElems, t.m_block * Cfg::kBlockM, t.head, t.batch, q_full);
+    load_tile(&params.tma_q, smem.q[q_ring.stage], kQSlabElems, t.first_row, t.head, t.batch, q_full);
     return true;
   }
 
@@ -67,17 +67,15 @@ struct Producer {
     const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p};
     const int group = p.heads_q / p.heads_kv;  // GQA/MQA: query heads per KV head
     PipelineState kv;
-    kv.num_stages = params.features.num_stages;
     PipelineState q_ring;
-    // d256 (one buffer): a compile-time 1, since a run-time ring costs it 28 B more spills
-    q_ring.num_stages = Cfg::kQBuffers > 1 ? params.features.q_buffers : 1;
     // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
     // before that wait; with two, Q's buffer is free long before and goes first.
-    const bool q_first = q_ring.num_stages > 1;
-    const TileScheduler scheduler(params.num_m_blocks, p.heads_q, p.batch, params.tile_counter);
+    const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
+    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, p.heads_q, p.batch,
+                                  params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
-      const KVBlockRange blocks = valid ? mask.kv_blocks(t.m_block) : KVBlockRange{0, 0};
+      const KVBlockRange blocks = valid ? mask.kv_blocks(t.first_row) : KVBlockRange{0, 0};
       const int head_kv = t.head / group;
       int n = blocks.hi - 1;
       if (q_first && !publish_q(t, valid, q_ring)) return;
@@ -93,7 +91,7 @@ struct Producer {
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
         load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.v_full[kv.stage]);
-        kv.advance();
+        kv.advance(params.features.num_stages);
       }
       for (--n; n >= blocks.lo; --n) {
         pipe.producer_acquire_k(kv);
@@ -104,9 +102,9 @@ struct Producer {
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
         load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.v_full[kv.stage]);
-        kv.advance();
+        kv.advance(params.features.num_stages);
       }
-      q_ring.advance();
+      q_ring.advance(q_ring_depth<Cfg>(params.features));
     }
   }
 };

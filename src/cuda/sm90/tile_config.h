@@ -7,9 +7,13 @@
 namespace fusedattn::cuda::sm90 {
 
 struct TileShape {
-  int block_m;  // query rows per CTA tile (two consumer warpgroups of 64 rows)
-  int block_n;  // keys per KV block
-  int stages;   // depth of the K/V shared-memory pipeline
+  int block_m;              // query rows per CTA tile: consumer_warpgroups slices of 64
+  int block_n;              // keys per KV block
+  int stages;               // depth of the K/V shared-memory pipeline
+  int consumer_warpgroups;  // 64-row slices, one per consumer warpgroup (each takes GEMM turns)
+  // Whether the intra-warpgroup overlap (Q K^T of the next block issued with P V of this one,
+  // FUSEDATTN_SM90_OVERLAP) is compiled in: it keeps S, P and O live at once.
+  bool intra_overlap = true;
 };
 
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
@@ -17,33 +21,51 @@ struct TileShape {
 // 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3). A 176-key block at
 // d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 stage bought nothing.
 constexpr TileShape tile_shape(int head_dim) {
-  if (head_dim <= 64) return {128, 128, 3};
-  if (head_dim <= 128) return {128, 128, 2};
-  return {128, 80, 2};
+  if (head_dim <= 64) return {128, 128, 3, 2};
+  if (head_dim <= 128) return {128, 128, 2, 2};
+  return {128, 80, 2, 2};
 }
 
+// d64 also has a 192-row tile for long query sequences (fwd_launch.cuh chooses): three consumer
+// warpgroups of 64 rows take GEMM turns round robin, so one more warp per scheduler hides the
+// softmax between turns. At 160 registers per consumer thread S (64) + P (32) + O (32) fit, but
+// not with the intra-warpgroup overlap compiled in (kD64TallOverlap spills 180 B); the three-way
+// turn hides the softmax instead.
+constexpr TileShape kD64Tall{192, 128, 3, 3, false};
+constexpr TileShape kD64TallOverlap{192, 128, 3, 3, true};
+
 constexpr int kWarpgroupThreads = 128;
-constexpr int kConsumerWarpgroups = 2;
+constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
-constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
-constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpgroupThreads / 32;
-// Register split after setmaxnreg: 24 for the producer, 240 for each consumer thread;
-// 128 * 24 + 256 * 240 = 64512 <= the 65536 registers of an SM.
-constexpr int kProducerRegisters = 24;
-constexpr int kConsumerRegisters = 240;
+constexpr int kMaxConsumerWarpgroups = 3;  // named barriers are laid out for this many (named_barriers.h)
 constexpr int kRegisterFileSize = 65536;
-static_assert(kWarpgroupThreads * kProducerRegisters + kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
-              kRegisterFileSize);
+constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
+constexpr int kMaxRegistersPerThread = 256;
+constexpr int kRegisterGranule = 8;  // setmaxnreg counts are multiples of 8
+
+// What the consumers get after setmaxnreg: all the producer leaves, shared evenly and rounded down
+// to setmaxnreg's granule (2 consumer warpgroups: 240, 3: 160).
+constexpr int consumer_registers(int consumer_warpgroups) {
+  const int per_thread =
+      (kRegisterFileSize - kWarpgroupThreads * kProducerRegisters) / (consumer_warpgroups * kWarpgroupThreads);
+  const int granular = per_thread / kRegisterGranule * kRegisterGranule;
+  return granular < kMaxRegistersPerThread ? granular : kMaxRegistersPerThread;
+}
+
 constexpr int kMaxSharedBytesPerBlock = 227 * 1024;  // sm_90 opt-in limit per block
 constexpr int kSwizzleBytes = 128;                   // TMA/wgmma 128-byte swizzle span (one smem row)
 
-template <typename Element, int kHeadDim_>
+template <typename Element, int kHeadDim_, TileShape kShape_ = tile_shape(kHeadDim_)>
 struct KernelConfig {
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr TileShape kShape = tile_shape(kHeadDim);
+  static constexpr TileShape kShape = kShape_;
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kStages = kShape.stages;
+  static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
+  static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // producer + consumers
+  static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups);
   // A tile row of kHeadDim elements is stored as kHeadDim / kSlabCols "slabs" of 128 bytes each,
   // so every slab is a plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on.
   static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
@@ -59,6 +81,10 @@ struct KernelConfig {
       2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kMaxSharedBytesPerBlock ? 2 : 1;
   static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
   static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
+  static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+                "the GEMM turns need a partner; named barriers exist for kMaxConsumerWarpgroups");
+  static_assert(kWarpgroupThreads * kProducerRegisters + kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
+                kRegisterFileSize);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma k-steps are 16 wide");
 };
 

@@ -15,6 +15,7 @@ namespace fusedattn::cuda::sm90 {
 struct WorkTile {
   int index;
   int m_block;
+  int first_row;  // m_block * block_m
   int head;
   int batch;
 };
@@ -22,8 +23,12 @@ struct WorkTile {
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule.
-  __device__ TileScheduler(int num_m_blocks, int heads, int batch, int* counter)
-      : num_m_blocks_(num_m_blocks), heads_(heads), total_(num_m_blocks * heads * batch), counter_(counter) {}
+  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int batch, int* counter)
+      : num_m_blocks_(num_m_blocks),
+        block_m_(block_m),
+        heads_(heads),
+        total_(num_m_blocks * heads * batch),
+        counter_(counter) {}
 
   __device__ WorkTile first() const { return tile_at(static_cast<int>(blockIdx.x)); }
 
@@ -44,11 +49,12 @@ class TileScheduler {
   __device__ WorkTile tile_at(int index) const {
     const int head_batch = index / num_m_blocks_;
     const int m_block = num_m_blocks_ - 1 - index % num_m_blocks_;
-    return {index, m_block, head_batch % heads_, head_batch / heads_};
+    return {index, m_block, m_block * block_m_, head_batch % heads_, head_batch / heads_};
   }
 
  private:
   int num_m_blocks_;
+  int block_m_;
   int heads_;
   int total_;
   int* counter_;
