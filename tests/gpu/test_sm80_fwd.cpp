@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,14 +88,16 @@ void run_on_gpu(HostCase& c, bool with_lse = true) {
   lse.copy_back();
 }
 
-// Fresh inputs (q scaled by q_scale), a GPU run, and the 2x rule on out plus a tolerance on lse.
-void check(const Problem& p, DType dtype, Layout layout = Layout::kBSHD, double q_scale = 1.0) {
+// Fresh inputs (q scaled by q_scale, then reshaped by `shape` if given), a GPU run, and the 2x
+// rule on out plus a tolerance on lse.
+void check(const Problem& p, DType dtype, Layout layout = Layout::kBSHD, double q_scale = 1.0,
+           const std::function<void(Tensors&)>& shape = {}) {
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(p, dtype, layout, rng);
-  if (q_scale != 1.0) {
+  if (q_scale != 1.0)
     for (double& x : c.values.q) x = round_to(dtype, x * q_scale);
-    refill_inputs(c);
-  }
+  if (shape) shape(c.values);
+  if (q_scale != 1.0 || shape) refill_inputs(c);
   run_on_gpu(c);
   Tensors ref = c.values, plain = c.values;
   reference_forward(p, ref);
@@ -172,6 +175,27 @@ TEST_F(Sm80Forward, LargeLogitsDoNotOverflow) {
     check(dense(1, 2, 2, 200, 200, 64), dt, Layout::kBSHD, 100.0);
     check(with_mask(dense(1, 2, 2, 200, 200, 128), true, -1, -1), dt, Layout::kBSHD, 100.0);
   }
+}
+
+// Scores that rise towards the first keys, which the kernel visits last: a row's running max
+// moves in most KV blocks, by less than the rescale slack in some and by far more in others, so
+// both the kept (stale) reference max and the rescale of O are exercised.
+TEST_F(Sm80Forward, RowMaximumRisingAcrossKeyBlocks) {
+  constexpr int64_t kSq = 300, kSk = 700, kHeads = 2;
+  constexpr double kQRamp = 16.0, kKRamp = 16.0;  // logits up to 256 * scale: ~46 log2 units at d64
+  for (DType dt : kDtypes)
+    for (int d : {64, 128})
+      for (bool causal : {false, true}) {
+        auto rising = [&](Tensors& t) {  // dim 0 of every q row and a ramp in dim 0 of k (BSHD)
+          for (int64_t i = 0; i < kSq; ++i)
+            for (int64_t h = 0; h < kHeads; ++h) t.q[(i * kHeads + h) * d] = round_to(dt, kQRamp);
+          for (int64_t j = 0; j < kSk; ++j) {
+            const double ramp = static_cast<double>(kSk - j) / kSk;
+            for (int64_t h = 0; h < kHeads; ++h) t.k[(j * kHeads + h) * d] = round_to(dt, kKRamp * ramp * ramp);
+          }
+        };
+        check(with_mask(dense(1, kHeads, kHeads, kSq, kSk, d), causal, -1, -1), dt, Layout::kBSHD, 1.0, rising);
+      }
 }
 
 TEST_F(Sm80Forward, NegativeAndZeroScale) {

@@ -24,17 +24,18 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(kFullWarpMask, x, 2);
 }
 
-// The row maximum in scaled log2 units, with a fully masked row (max = -inf) mapped to 0 so that
-// exp2(s * scale_log2 - max) computes exp2(-inf) = 0 instead of -inf - (-inf) = NaN.
-__device__ __forceinline__ float safe_scaled_max(float row_max, float scale_log2) {
-  return row_max == -INFINITY ? 0.f : row_max * scale_log2;
-}
+// Per-row factors by which the O accumulated so far must be rescaled after an update; `any` (the
+// same in every lane of a warp) is false when all of them are 1, so the rescale can be skipped.
+template <int kMTiles>
+struct RowCorrection {
+  float factor[kMTiles][2];
+  bool any;
+};
 
 template <int kMTiles>
 struct OnlineSoftmax {
-  float row_max[kMTiles][2];  // running max of raw scores; -inf until a visible key is seen
+  float row_max[kMTiles][2];  // running reference max of scale_log2 * s; -inf until a visible key is seen
   float row_sum[kMTiles][2];  // this thread's partial sum of exp2; quad-reduced in finalize()
-  float correction[kMTiles][2];  // exp2(previous max - current max), scaled, of the last update
 
   __device__ __forceinline__ void init() {
 #pragma unroll
@@ -46,59 +47,71 @@ struct OnlineSoftmax {
       }
   }
 
-  // One KV block: updates the maxima, turns the scores in s into unnormalised probabilities P
-  // (fp32, in place) and keeps the factor exp2(old max - new max) by which the caller must rescale
-  // O (rescale_o). The rescale is separate so it can run after P is packed to 16 bits, when S's
-  // registers are free; on the first block (kFirst) O is still zero and needs none.
+  // One block of keys: turns the scores in s into unnormalised probabilities P (fp32, in place)
+  // and sets in c the factors by which the caller must rescale O (rescale_o). The reference max
+  // moves only when the block's max exceeds it by more than `slack` (log2 units); otherwise the
+  // stale max stays (probabilities up to 2^slack, as precise in fp16/bf16/fp32) and the factor is
+  // 1. The output and LSE do not depend on which max is the reference, only the work does: after
+  // the first blocks a row's max rarely moves that far, so the rescale of O is mostly skipped.
+  // kFirst: O and the sums are still zero, so no factor is needed. Requires scale_log2 > 0.
   template <bool kFirst, int kNTiles>
-  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float scale_log2) {
+  __device__ __forceinline__ void update(float (&s)[kMTiles][kNTiles][4], float scale_log2, float slack,
+                                         RowCorrection<kMTiles>& c) {
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float block_max = row_max[mt][h];
+        float block_max = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
           block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-        const float new_max = quad_max(block_max);
-        const float scaled_max = safe_scaled_max(new_max, scale_log2);
+        const float m_block = quad_max(block_max) * scale_log2;
+        // -inf + slack stays -inf: a row's first visible key always moves the max.
+        const bool move = kFirst || m_block > row_max[mt][h] + slack;
+        const float m_new = move ? m_block : row_max[mt][h];
+        // A row that has seen only masked keys keeps max -inf; subtracting 0 instead avoids
+        // -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and sum at 0. Its
+        // factor exp2(-inf - m) is 0, never exp2(0 - m), which overflows for very negative logits.
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
         if (!kFirst) {
-          // A row with no visible key so far has O = 0 and sum = 0: its correction must be 0, not
-          // exp2(0 - new max), which overflows to inf for very negative logits (0 * inf = NaN).
-          const float old_max = row_max[mt][h];
-          correction[mt][h] = old_max == -INFINITY ? 0.f : ptx::ex2_approx(old_max * scale_log2 - scaled_max);
-          row_sum[mt][h] *= correction[mt][h];
+          c.factor[mt][h] = move ? ptx::ex2_approx(row_max[mt][h] - m_use) : 1.f;
+          row_sum[mt][h] *= c.factor[mt][h];
+          moved = moved || move;
         }
-        row_max[mt][h] = new_max;
+        row_max[mt][h] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * h + e];
-            x = ptx::ex2_approx(fmaf(x, scale_log2, -scaled_max));
+            x = ptx::ex2_approx(fmaf(x, scale_log2, -m_use));
             sum += x;
           }
         row_sum[mt][h] += sum;
       }
+    // Warp-uniform, so skipping the rescale never splits the warp.
+    if (!kFirst) c.any = __any_sync(kFullWarpMask, moved);
   }
 
-  // O *= the corrections of the last update (not after a kFirst update).
-  template <int kDTiles>
-  __device__ __forceinline__ void rescale_o(float (&o)[kMTiles][kDTiles][4]) const {
+  // O *= the factors of an update (not after a kFirst update). kSkipUnit: not when all of the
+  // warp's factors are 1 (a warp-uniform branch, which costs registers where O is large).
+  template <bool kSkipUnit, int kDTiles>
+  static __device__ __forceinline__ void rescale_o(float (&o)[kMTiles][kDTiles][4], const RowCorrection<kMTiles>& c) {
+    if (kSkipUnit && !c.any) return;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int dt = 0; dt < kDTiles; ++dt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o[mt][dt][i] *= correction[mt][i / 2];  // C layout: i / 2 = h
+        for (int i = 0; i < 4; ++i) o[mt][dt][i] *= c.factor[mt][i / 2];  // C layout: i / 2 = h
   }
 
   // Completes the row sums; returns per row the factor that normalises O (0 for a fully masked
   // row, whose O is 0, so out is 0 and never 0 * inf) and the natural-log LSE (-inf for a fully
   // masked row).
-  __device__ __forceinline__ void finalize(float scale_log2, float (&inv_sum)[kMTiles][2],
-                                           float (&lse)[kMTiles][2]) {
+  __device__ __forceinline__ void finalize(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -106,7 +119,7 @@ struct OnlineSoftmax {
         const float sum = quad_sum(row_sum[mt][h]);
         const bool empty = sum == 0.f;
         inv_sum[mt][h] = empty ? 0.f : 1.f / sum;
-        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] * scale_log2 + log2f(sum)) * kLn2;
+        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + log2f(sum)) * kLn2;
       }
   }
 };

@@ -5,7 +5,10 @@
 // at the tile-load barriers. Per KV block n (visited from the last to the first):
 //   K[n] ready -> start V[n] -> S = Q K[n]^T -> mask (cut blocks only) -> online softmax
 //   V[n] ready -> start K[n-1] -> O += P V[n]
-// so the load of V overlaps Q K^T and the softmax, and the load of the next K overlaps P V.
+// so the load of V overlaps Q K^T and the softmax, and the load of the next K overlaps P V. Where
+// the tile has key slices, S = Q K^T and the softmax run slice by slice (each slice's P packed to
+// 16 bits before the next slice's scores exist) and O += P V consumes the slices in order, each
+// after O's rescale for that slice's max.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,10 @@
 
 namespace fusedattn::cuda::sm80 {
 
+// How far (log2 units) a row's block max may exceed its reference max before O is rescaled
+// (OnlineSoftmax::update): probabilities stay below 2^8, far from any overflow.
+constexpr float kRescaleSlack = 8.f;
+
 template <MaskKind kMask>
 using MaskPolicy = std::conditional_t<kMask == MaskKind::kFull, MaskFull, MaskWindow>;
 
@@ -40,6 +47,7 @@ template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p) {
   using Cfg = FwdConfig<kHeadDim>;
+  constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
   constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
@@ -103,32 +111,46 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
     const ThreadWindow window = thread_window(mask, m0 + warp_row0 + lane / 4);
     const int col_in_tile = 2 * (lane % 4);
 
+    constexpr uint32_t kSliceBytes = Cfg::kSliceN * Cfg::kPitch * sizeof(Element);
     auto step = [&](auto first, int n) {
+      constexpr bool kFirst = decltype(first)::value;
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
       load_kv(smem_v_addr, v, p.v_stride.row, n);
 
-      float s[Cfg::kMTiles][Cfg::kNTiles][4];
-      gemm_qk<Element, kHeadDim>(s, lanes, q_warp_offset, Cfg::kSmemQ);
-      if (n < uncut.lo || n >= uncut.hi)
-        apply_mask(s, window, n * kBlockN + col_in_tile);
-      constexpr bool kFirst = decltype(first)::value;
-      softmax.template update<kFirst>(s, scale_log2);
-      uint32_t p_frag[Cfg::kMTiles][Cfg::kNTiles / 2][4];
-      pack_p<Element>(p_frag, s);
-      if constexpr (!kFirst) softmax.rescale_o(o);
+      const bool cut = n < uncut.lo || n >= uncut.hi;
+      uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
+      RowCorrection<Cfg::kMTiles> correction[kSlices];
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {
+        float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
+        gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, q_warp_offset, Cfg::kSmemQ + j * kSliceBytes);
+        if (cut) apply_mask(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile);
+        if (kFirst && j == 0)
+          softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
+        else
+          softmax.template update<false>(s, scale_log2, kRescaleSlack, correction[j]);
+        pack_p<Element>(p_frag[j], s);
+        // O of the earlier blocks needs the first slice's factors before any P V; doing it now
+        // frees their registers before the barrier and the tile load.
+        if (j == 0 && !kFirst) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[0]);
+      }
 
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
       if (n > kv.lo) load_kv(smem_k_addr, k, p.k_stride.row, n - 1);
-      gemm_pv<Element>(o, p_frag, lanes, Cfg::kSmemQ + Cfg::kSmemKV);
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) {
+        if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);
+        gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
+      }
     };
     step(std::true_type{}, kv.hi - 1);
     for (int n = kv.hi - 2; n >= kv.lo; --n) step(std::false_type{}, n);
   }
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
-  softmax.finalize(scale_log2, inv_sum, lse);
+  softmax.finalize(inv_sum, lse);
   // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
   // rows, so both sides of the staging need a block barrier.
   __syncthreads();

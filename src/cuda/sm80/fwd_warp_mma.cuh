@@ -4,7 +4,7 @@
 // Fragment layouts: src/cuda/ptx/mma_sm80.cuh and ldmatrix.cuh. A warp owns kMTiles m16 tiles of
 // query rows; every lane passes one row address per ldmatrix, and because all tile row offsets are
 // multiples of 8, a lane's row % 8 is lane % 8 in every tile: the swizzle XOR is a per-lane
-// constant computed once.
+// constant folded into one base address per operand pattern (LaneAddress).
 #pragma once
 
 #include <cstdint>
@@ -16,36 +16,35 @@
 
 namespace fusedattn::cuda::sm80 {
 
-// Shared-memory byte addressing of one lane's ldmatrix rows in a swizzled tile, arranged so every
-// address in the unrolled GEMM loops is a per-lane base register plus a compile-time offset (the
-// form ldmatrix encodes as [reg + imm]). Column pair cp covers chunks 2cp and 2cp+1; the swizzle
-// xors a lane constant into chunk bits 0-2, which touches only bits 0-1 of cp, so one base per
-// value of cp % 4 suffices and the rest of cp becomes an immediate.
+// Shared-memory byte addressing of one lane's ldmatrix rows in a swizzled tile: a per-lane base
+// register plus offsets. Column pair cp covers chunks 2cp and 2cp+1; the swizzle xors a lane
+// constant into chunk bits 0-2, which touches only bits 0-1 of cp within a 128-byte group, so the
+// address is the base with (cp % 4) xored into its chunk bits (tiles are 128-byte aligned, so
+// those bits of the base are the lane's swizzled chunk alone) plus the group and row offsets.
+// One base instead of one per cp % 4 keeps the address registers off the mainloop's budget, and
+// stays a register operation (no indexed array) when the k loop is not fully unrolled.
 template <typename Element, int kPitch>
 struct LaneAddress {
   static constexpr int kChunkBytes = kSwizzleChunkElems * sizeof(Element);
   static constexpr int kRowBytes = kPitch * sizeof(Element);
   static constexpr int kPairBytes = 2 * kChunkBytes;
-  static constexpr int kPairsPerGroup = kSwizzleRows / 2;  // column pairs within one 128-byte group
-  static constexpr int kPairsPerRow = kPitch / (2 * kSwizzleChunkElems);
-  static constexpr int kBases = kPairsPerRow < kPairsPerGroup ? kPairsPerRow : kPairsPerGroup;
-  uint32_t base[kBases];
+  static constexpr int kGroupBytes = kSwizzleRows * kChunkBytes;  // 128 bytes
+  static constexpr int kPairsPerGroup = kSwizzleRows / 2;          // column pairs within one group
+  static_assert(kRowBytes % kGroupBytes == 0, "rows must keep the chunk bits of the base free");
+  uint32_t base;
 
   // lane_row: 0..15 within a 16-row block; lane_chunk: 0 or 1 within a 16-column block.
   __device__ __forceinline__ LaneAddress(uint32_t tile, int lane_row, int lane_chunk) {
-    // 2 * cp has a zero low bit, so adding lane_chunk equals xoring it: the swizzled chunk of
-    // (2 * cp + lane_chunk) is 2 * cp ^ (lane_chunk ^ row % 8).
     const int lane_xor = lane_chunk ^ (lane_row % kSwizzleRows);
-#pragma unroll
-    for (int j = 0; j < kBases; ++j)
-      base[j] = tile + lane_row * kRowBytes + static_cast<uint32_t>(((2 * j) ^ lane_xor) * kChunkBytes);
+    base = tile + lane_row * kRowBytes + static_cast<uint32_t>(lane_xor * kChunkBytes);
   }
 
   // Address of (row_offset + lane_row, 16 * col_pair + 8 * lane_chunk) in the tile tile_offset
-  // bytes after the one the bases were built for; row_offset and col_pair are compile-time
-  // constants in the unrolled loops, and tile_offset is one too except for Q's per-warp rows.
+  // bytes after the one the base was built for (tile_offset and row_offset * kRowBytes are
+  // multiples of 128 bytes, so adding them leaves the chunk bits alone).
   __device__ __forceinline__ uint32_t at(uint32_t tile_offset, int row_offset, int col_pair) const {
-    return base[col_pair % kBases] + tile_offset + (col_pair / kBases) * kBases * kPairBytes + row_offset * kRowBytes;
+    return (base ^ static_cast<uint32_t>((col_pair % kPairsPerGroup) * kPairBytes)) + tile_offset +
+           (col_pair / kPairsPerGroup) * kGroupBytes + row_offset * kRowBytes;
   }
 };
 
@@ -63,7 +62,9 @@ struct FwdLaneAddresses {
       : a_or_v(smem, lane % 16, lane / 16), k(smem, lane % 8 + lane / 16 * 8, lane / 8 % 2) {}
 };
 
-template <typename Element, int kHeadDim, int kPitch, int kMTiles, int kNTiles>
+// kUnroll: k16 steps unrolled together. Fewer than all of them bounds how many Q and K fragments
+// the scheduler keeps in flight ahead of their MMAs (S's registers are what the rest competes for).
+template <typename Element, int kHeadDim, int kUnroll, int kPitch, int kMTiles, int kNTiles>
 __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const FwdLaneAddresses<Element, kPitch>& lanes,
                                         uint32_t q_offset, uint32_t k_offset) {
   constexpr int kTileM = 16, kTileN = 8, kKSteps = kHeadDim / 16;
@@ -73,7 +74,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const F
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
-#pragma unroll
+#pragma unroll kUnroll
   for (int ks = 0; ks < kKSteps; ++ks) {
     uint32_t a[kMTiles][4];
 #pragma unroll

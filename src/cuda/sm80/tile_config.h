@@ -16,26 +16,39 @@ constexpr int kElementBytes = 2;  // fp16 / bf16
 // Opt-in shared memory per block on sm80 (A100: 163 KiB); Hopper allows more, but the portable
 // kernel must also run on Ampere.
 constexpr int kMaxSmemBytesSm80 = 163 * 1024;
-// Accumulator floats one thread may hold (S + O) and still fit in 255 registers with addresses,
-// softmax statistics and fragments.
+// Accumulator registers one thread may hold at the peak (O, one key slice of S, the packed P of
+// the earlier slices) and still fit in 255 registers with addresses, softmax statistics and
+// fragments.
 constexpr int kMaxAccumulatorRegs = 200;
 
 struct FwdTile {
   int block_m;  // query rows per thread block
   int block_n;  // key rows per KV block
   int warps;    // each warp owns block_m / warps query rows (split-Q: no cross-warp softmax)
+  // The KV block's keys are processed in this many slices, each through Q K^T, the softmax and
+  // its packing to 16-bit P before the next slice's scores exist, so only one slice of S is held
+  // in fp32 (the registers of the rest of S would push the O accumulator into local memory).
+  int key_slices;
+  int qk_unroll;  // k16 steps of Q K^T unrolled together (src/cuda/sm80/fwd_warp_mma.cuh)
+  // Skip O's rescale when no row of the warp moved its max (OnlineSoftmax::rescale_o); the branch
+  // around O's registers costs registers of its own, so only where they are not short.
+  bool skip_unit_rescale;
 };
 
 // Chosen like FA2 for the same register budget: 128 query rows where the O accumulator still
 // fits, otherwise 64; wide KV blocks for small head dims (fewer softmax passes per FLOP).
+// d64 holds S of 128 keys next to O: two 64-key slices and Q K^T unrolled two k16 steps at a
+// time keep it out of local memory (ptxas -v: 0 B spilled, was 56-72 B) at the same speed.
+// d128 keeps one slice: its slices would reload the Q fragments per slice, which cost 1-7% on
+// H200; without the rescale-skipping branch it spills 24-28 B (sm_90; was 36-40 B).
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
-    case 32: return {128, 128, 4};
-    case 64: return {128, 128, 4};
-    case 96: return {128, 64, 4};
-    case 128: return {128, 64, 4};
-    case 192: return {64, 64, 4};
-    default: return {64, 64, 4};  // 256
+    case 32: return {128, 128, 4, 1, 2, true};
+    case 64: return {128, 128, 4, 2, 2, true};
+    case 96: return {128, 64, 4, 1, 6, true};
+    case 128: return {128, 64, 4, 1, 8, false};
+    case 192: return {64, 64, 4, 1, 12, true};
+    default: return {64, 64, 4, 1, 16, true};  // 256
   }
 }
 
@@ -58,6 +71,11 @@ struct FwdConfig {
   static constexpr int kWarpRows = kBlockM / kWarps;
   static constexpr int kMTiles = kWarpRows / kMmaM;    // m16 tiles per warp
   static constexpr int kNTiles = kBlockN / kMmaN;      // n8 tiles of S per warp
+  static constexpr int kSlices = kTile.key_slices;
+  static constexpr int kQkUnroll = kTile.qk_unroll;
+  static constexpr bool kSkipUnitRescale = kTile.skip_unit_rescale;
+  static constexpr int kSliceN = kBlockN / kSlices;    // keys per slice
+  static constexpr int kSliceNTiles = kSliceN / kMmaN;  // n8 tiles of one slice of S
   static constexpr int kDTiles = kHeadDim / kMmaN;     // n8 tiles of O per warp
   static constexpr int kPitch = smem_pitch(kHeadDim);  // elements per shared-memory row
   // Shared memory: Q (reused for O in the epilogue), one K and one V tile. K of block n-1 is
@@ -72,9 +90,13 @@ struct FwdConfig {
   static_assert(kHeadDim % kMmaK == 0, "head dim must be a multiple of the mma k (16)");
   static_assert(kBlockM % (kWarps * kMmaM) == 0, "each warp must own whole m16 tiles");
   static_assert(kBlockN % kMmaK == 0, "P*V consumes keys 16 at a time");
-  static_assert(kNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 loads n8 tiles in pairs");
+  static_assert(kBlockN % kSlices == 0 && kSliceN % kMmaK == 0, "slices must be whole k16 steps of P*V");
+  static_assert(kSliceNTiles % 2 == 0 && kDTiles % 2 == 0, "ldmatrix.x4 loads n8 tiles in pairs");
   static_assert(kSmemBytes <= kMaxSmemBytesSm80, "tiles exceed the sm80 shared-memory limit");
-  static_assert(kMTiles * (kNTiles + kDTiles) * 4 <= kMaxAccumulatorRegs, "accumulators would spill");
+  // At the peak, while the last slice's scores are computed: O, that slice of S in fp32 and the
+  // earlier slices' P packed two per register.
+  static constexpr int kPeakAccumulatorRegs = kMTiles * 4 * (kDTiles + kSliceNTiles + (kNTiles - kSliceNTiles) / 2);
+  static_assert(kPeakAccumulatorRegs <= kMaxAccumulatorRegs, "accumulators would spill");
 };
 
 }  // namespace fusedattn::cuda::sm80
