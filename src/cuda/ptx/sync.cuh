@@ -26,6 +26,14 @@ __device__ __forceinline__ int lane_id_here() {
   return static_cast<int>(lane);
 }
 
+// mov.u32 %tid.x (volatile); any SM. The same reason as lane_id_here, for values derived from the
+// warp's index in its warpgroup.
+__device__ __forceinline__ int thread_index_here() {
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return static_cast<int>(tid);
+}
+
 // elect.sync _|p, 0xffffffff; PTX ISA 8.0, sm_90. True in exactly one lane of the full warp;
 // CUDA 13.0's <cuda/ptx> predates a wrapper for it.
 __device__ __forceinline__ bool elect_one_sync() {

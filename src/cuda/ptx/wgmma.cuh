@@ -102,12 +102,10 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------
-// The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 48, 64, 96 and 128 registers.
+// The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 64 and 128 registers.
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
-#define FUSEDATTN_WGMMA_ACC_48 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define FUSEDATTN_WGMMA_ACC_64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-#define FUSEDATTN_WGMMA_ACC_96 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FUSEDATTN_WGMMA_ACC_128 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
 #define FUSEDATTN_ACC_OPS_8(d, i)                                                                    \
@@ -116,9 +114,7 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
 #define FUSEDATTN_ACC_OPS_32(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), FUSEDATTN_ACC_OPS_8(d, i + 16), FUSEDATTN_ACC_OPS_8(d, i + 24)
 #define FUSEDATTN_ACC_OPS_40(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_8(d, i + 32)
-#define FUSEDATTN_ACC_OPS_48(d, i) FUSEDATTN_ACC_OPS_40(d, i), FUSEDATTN_ACC_OPS_8(d, i + 40)
 #define FUSEDATTN_ACC_OPS_64(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_32(d, i + 32)
-#define FUSEDATTN_ACC_OPS_96(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_32(d, i + 64)
 #define FUSEDATTN_ACC_OPS_128(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_64(d, i + 64)
 
 // wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, 0, 0; sm_90a.
@@ -155,30 +151,17 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
 template <typename Element>
 constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
-// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 80, 96
-// and 192 are KV blocks of sm90/tile_config.h.
+// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128 and
+// 80 are the KV blocks of sm90/tile_config.h.
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 64 || kN == 80 || kN == 96 || kN == 128 || kN == 192 || kN == 256,
-                "instantiated for N = 64, 80, 96, 128, 192, 256");
-  if constexpr (kN == 64) {
-    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(64, 32, "f16", 32, 33, 34);
-    else FUSEDATTN_WGMMA_SS(64, 32, "bf16", 32, 33, 34);
-  } else if constexpr (kN == 80) {
+  static_assert(kN == 80 || kN == 128, "instantiated for N = 80, 128");
+  if constexpr (kN == 80) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(80, 40, "f16", 40, 41, 42);
     else FUSEDATTN_WGMMA_SS(80, 40, "bf16", 40, 41, 42);
-  } else if constexpr (kN == 96) {
-    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(96, 48, "f16", 48, 49, 50);
-    else FUSEDATTN_WGMMA_SS(96, 48, "bf16", 48, 49, 50);
-  } else if constexpr (kN == 128) {
+  } else {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(128, 64, "f16", 64, 65, 66);
     else FUSEDATTN_WGMMA_SS(128, 64, "bf16", 64, 65, 66);
-  } else if constexpr (kN == 192) {
-    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(192, 96, "f16", 96, 97, 98);
-    else FUSEDATTN_WGMMA_SS(192, 96, "bf16", 96, 97, 98);
-  } else {
-    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(256, 128, "f16", 128, 129, 130);
-    else FUSEDATTN_WGMMA_SS(256, 128, "bf16", 128, 129, 130);
   }
 }
 

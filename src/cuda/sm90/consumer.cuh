@@ -108,39 +108,52 @@ struct Consumer {
   }
 
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
-  // Only the interior bounds are kept across the KV loop; the bounds of this thread's two rows
-  // are recomputed (a few integer ops) in the blocks that need them, so they hold no registers
-  // in the unmasked ones.
-  struct TileBounds {
-    typename Mask::Bounds interior;  // of the warpgroup's 64 rows: which blocks need masking
-    int row0;                        // this thread's first row (the second is row0 + 8)
-  };
+  // Whether a cut block's mask may run while P V is in flight, i.e. beside S, P and O: with 240
+  // registers per thread (d128: 160 of accumulators, d256: 188) it fits; with 160 (the 192-row
+  // d64 tile: 128 of accumulators) its row bounds and compares spilled, so there the cut blocks
+  // wait for P V first.
+  static constexpr int kAccumulatorRegisters = kSAcc + kPRegs + kOAcc;
+  // Headroom the masked overlapped step needs besides them: 32 spilled 124-144 B, d256's 52 did not.
+  static constexpr int kMaskHeadroomRegisters = 48;
+  static constexpr bool kMaskBesidePV = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
+  // The mask's per-tile facts (the slice's first row, which blocks are cut) wait in shared memory,
+  // one copy per warp written by its lane 0, and are read back in the blocks that need them: the
+  // KV loop has no register to spare for them at 160 per thread (the 192-row tile), where they
+  // spilled when carried.
+  __device__ __forceinline__ MaskedSlice& slice() const { return smem.slice[warpgroup * kWarpsPerWarpgroup + warp]; }
 
-  __device__ __forceinline__ TileBounds tile_bounds(const WorkTile& t, const Mask& mask) const {
+  __device__ __forceinline__ void publish_slice(const WorkTile& t) const {
+    const Mask mask{params.p};
     const int64_t row_first = int64_t{t.first_row} + warpgroup * kWarpgroupRows;
-    const int64_t row0 = row_first + warp * 16 + lane / 4;
     // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows
     // (any one row when the warpgroup has none).
     const int64_t len_q = params.p.seqlen_q;
     const int64_t last = row_first + kWarpgroupRows - 1;
-    const int64_t real_first = row_first > 0 ? row_first : 0;
     const int64_t real_last = last < len_q ? last : len_q - 1;
-    return {mask.interior_bounds(real_first, real_last >= real_first ? real_last : real_first), static_cast<int>(row0)};
+    __syncwarp();  // the lanes' reads of the previous tile's copy are done
+    if (lane == 0) slice() = {static_cast<int>(row_first), mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first)};
+    __syncwarp();
   }
 
+  __device__ __forceinline__ bool cuts(int n) const { return Mask::cuts(slice().uncut, n); }
+
   // Masks block n of S outside this thread's two rows' keys.
-  __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n, const TileBounds& b) const {
+  __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n) const {
     const Mask mask{params.p};
-    const typename Mask::Bounds rows[2] = {mask.bounds_of_row(b.row0), mask.bounds_of_row(b.row0 + 8)};
+    const int64_t row0 = int64_t{slice().first_row} + warp * 16 + lane / 4;
+    const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
     Mask::apply(s, n, rows, 2 * (lane % 4));
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
-  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, const TileBounds& b,
-                                               RowCorrection& correction) {
-    if (Mask::cuts(b.interior, n)) apply_mask(s, n, b);
+  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, RowCorrection& correction) {
+    if (cuts(n)) apply_mask(s, n);
     softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
   }
+
+  // A store still pending when the next tile starts is the previous tile's, which (two Q
+  // buffers in use: only then is the release deferred, see PendingStore) took the other buffer.
+  __device__ __forceinline__ int previous_q_buffer() const { return Cfg::kQBuffers > 1 ? q_stage ^ 1 : 0; }
 
   // S = Q K^T of the block at kv with nothing else in flight: wait for its K, issue in my turn,
   // wait until S is in registers. The previous tile's O staging, if still held, is released
@@ -150,10 +163,10 @@ struct Consumer {
     pipe.consumer_wait_k(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_qk(s, kv.stage);
+    issue_qk(s, kv.stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
-    pending.release(smem);
+    pending.release(smem, previous_q_buffer());
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(s);
     if (params.features.early_k_release) pipe.consumer_release_k(kv, lane);
@@ -172,7 +185,7 @@ struct Consumer {
     pipe.consumer_wait_v(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_pv(p, kv.stage);
+    issue_pv(p, kv.stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
     ptx::wgmma_wait_group<0>();
@@ -187,7 +200,7 @@ struct Consumer {
   // final wait only P's conversion is left and nothing pulls that wait above the softmax.
   template <bool kMasked>
   __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], RowCorrection& correction,
-                                                  int n_next, PipelineState& kv, const TileBounds& bounds,
+                                                  int n_next, PipelineState& kv,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     PipelineState next = kv;
     next.advance(params.features.num_stages);
@@ -195,25 +208,38 @@ struct Consumer {
     pipe.consumer_wait_v(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_qk(s, next.stage);
+    issue_qk(s, next.stage());
     ptx::wgmma_commit_group();
     apply_correction(o, correction);
     ptx::wgmma_fence();
-    issue_pv(p, kv.stage);
+    issue_pv(p, kv.stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
-    ptx::wgmma_wait_group<1>();  // S ready; P V may still run
-    ptx::fence_operands(s);
-    if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
-    if constexpr (kMasked) apply_mask(s, n_next, bounds);
-    softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
-    // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
-    // kernel has batch >= 1, so the anchoring store never runs.
-    ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(o);
-    ptx::fence_operands(p);
-    release_after_pv(kv, pipe);
+    if constexpr (kMasked && !kMaskBesidePV) {
+      // The cut block waits for P V first, so P is dead while the mask runs. Only the few blocks
+      // a window edge or the sequence end cuts take this path.
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(s);
+      ptx::fence_operands(o);
+      ptx::fence_operands(p);
+      if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
+      release_after_pv(kv, pipe);
+      apply_mask(s, n_next);
+      softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+    } else {
+      ptx::wgmma_wait_group<1>();  // S ready; P V may still run
+      ptx::fence_operands(s);
+      if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
+      if constexpr (kMasked) apply_mask(s, n_next);
+      softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
+      // kernel has batch >= 1, so the anchoring store never runs.
+      ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(o);
+      ptx::fence_operands(p);
+      release_after_pv(kv, pipe);
+    }
     convert_p(s, p);  // only now: the P V just finished was reading the old p
     kv = next;
   }
@@ -227,12 +253,12 @@ struct Consumer {
     const KVPipeline<Storage> pipe{smem};
     const Mask mask{params.p};
     const KVBlockRange blocks = mask.kv_blocks(t.first_row);
-    const TileBounds bounds = tile_bounds(t, mask);
+    publish_slice(t);
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();
     if (blocks.count() == 0) {
-      pending.release(smem);
+      pending.release(smem, previous_q_buffer());
       return;
     }
 
@@ -241,24 +267,24 @@ struct Consumer {
     RowCorrection correction;
     int n = blocks.hi - 1;
 
-    if (Cfg::kShape.intra_overlap && params.features.overlap) {
+    if (params.features.overlap) {
       qk_alone(s, kv, turns, pipe, pending);
-      softmax_step(s, n, bounds, correction);
+      softmax_step(s, n, correction);
       convert_p(s, p);
       // Masked and unmasked blocks get separate copies of the step, so the common unmasked one
       // carries no mask code (and its register pressure) at all.
       for (; n > blocks.lo; --n) {
-        if (Mask::cuts(bounds.interior, n - 1))
-          overlapped_step<true>(s, p, correction, n - 1, kv, bounds, turns, pipe);
+        if (cuts(n - 1))
+          overlapped_step<true>(s, p, correction, n - 1, kv, turns, pipe);
         else
-          overlapped_step<false>(s, p, correction, n - 1, kv, bounds, turns, pipe);
+          overlapped_step<false>(s, p, correction, n - 1, kv, turns, pipe);
       }
       apply_correction(o, correction);
       pv_alone(p, kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {
         qk_alone(s, kv, turns, pipe, pending);
-        softmax_step(s, n, bounds, correction);
+        softmax_step(s, n, correction);
         apply_correction(o, correction);
         convert_p(s, p);
         pv_alone(p, kv, turns, pipe);

@@ -51,8 +51,9 @@ struct Epilogue {
     // The lane is re-read here so the 2 * kOAcc / 4 staging offsets below are computed per tile
     // rather than hoisted out of the tile loop, where they would spill (the mainloop needs the
     // registers).
-    const int lane_now = ptx::lane_id_here();
-    const int row0 = warpgroup * kWarpgroupRows + warp * 16 + lane_now / 4;
+    const int thread_now = ptx::thread_index_here() % kWarpgroupThreads;
+    const int lane_now = thread_now % 32;
+    const int row0 = warpgroup * kWarpgroupRows + thread_now / 32 * 16 + lane_now / 4;
     const int col0 = 2 * (lane_now % 4);
 #pragma unroll
     for (int j = 0; j < kOAcc / 4; ++j)
@@ -73,9 +74,9 @@ struct Epilogue {
                           smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
                           s * Cfg::kSlabCols, row, t.head, t.batch);
       ptx::tma_store_commit();
-      pending.buffer = q_stage;
+      pending.held = true;
       // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
-      if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem);
+      if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
     }
 
     if (p.lse != nullptr && lane % 4 == 0) {

@@ -93,12 +93,12 @@ void launch_fwd(const FwdParams& p) {
   FUSEDATTN_CHECK_LAUNCH();
 }
 
-// d64: the 192-row tile with the intra-warpgroup overlap (tile_config.h) where the query sequence
-// is long enough that its padding rows and coarser causal steps cost less than the third consumer
-// warpgroup gains (H200 fp16, ours/cuDNN against the 128-row tile in one run: full 2k 0.99 vs
-// 0.92, 8k 1.05 vs 0.91, causal 4k 0.90 vs 0.89, 16k 1.00 vs 0.95, causal 2k 0.88 vs 0.89),
-// the table's 128-row tile otherwise. FUSEDATTN_SM90_D64_TILE=128|192|192o forces one (192:
-// kD64Tall, no overlap; 192o: kD64TallOverlap).
+// d64: the 192-row tile (tile_config.h) where the query sequence is long enough that its padding
+// rows and coarser causal steps cost less than the third consumer warpgroup gains (H200 fp16,
+// ours/cuDNN against the 128-row tile in one run: full 2k 0.99 vs 0.92, 8k 1.05 vs 0.91, causal
+// 4k 0.90 vs 0.89, 16k 1.00 vs 0.95, causal 2k 0.88 vs 0.89), the table's 128-row tile
+// otherwise. FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile
+// without the overlap existed, still means 192).
 constexpr int64_t kD64TallMinQueriesFull = 2048;
 constexpr int64_t kD64TallMinQueriesMasked = 4096;
 
@@ -107,14 +107,9 @@ void run_fwd(const FwdParams& p) {
   if constexpr (kHeadDim == 64) {
     const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
     const std::string forced = v ? v : "";
-    if (forced == "192") return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
     const int64_t min_queries = kMask == MaskKind::kFull ? kD64TallMinQueriesFull : kD64TallMinQueriesMasked;
-    const bool tall = forced.empty() ? p.seqlen_q >= min_queries : forced == "192o";
-    if (tall) return launch_fwd<Element, kHeadDim, kMask, kD64TallOverlap>(p);
-  }
-  if constexpr (kHeadDim == 128) {  // EXPERIMENT: 192 x 96 tiles, three consumer warpgroups
-    const char* v = std::getenv("FUSEDATTN_SM90_D128_TILE");
-    if (v && std::string(v) == "192") return launch_fwd<Element, kHeadDim, kMask, TileShape{192, 96, 2, 3, false}>(p);
+    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= min_queries);
+    if (tall) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p);
 }

@@ -62,16 +62,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     PendingStore pending;
     const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, params.p.heads_q,
                                   params.p.batch, params.tile_counter);
-    for (;;) {
-      ptx::mbarrier_wait(&smem.q_full[q_ring.stage], q_ring.phase);
-      // One atomic read per warp (see the producer for why atomic), shared over the lanes.
-      const int index =
-          __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index[q_ring.stage], 0) : 0, 0);
+    // One atomic read per warp (see the producer for why atomic), shared over the lanes. The
+    // index stays in shared memory until the tile's O store has left its Q buffer.
+    const auto tile_index = [&](int q_buffer) {
+      return __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index[q_buffer], 0) : 0, 0);
+    };
+    for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
+      const int q_stage = q_ring.stage();
+      ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
+      const int index = tile_index(q_stage);
       if (index == kNoTile) break;
-      const WorkTile t = scheduler.tile_at(index);
-      mainloop.mma_tile(t, q_ring.stage, kv, turns, pending);
-      epilogue.store(t, q_ring.stage, mainloop.o, mainloop.softmax, pending);
-      q_ring.advance(q_ring_depth<Cfg>(params.features));
+      mainloop.mma_tile(scheduler.tile_at(index), q_stage, kv, turns, pending);
+      // The epilogue looks the tile up again instead of carrying it through the KV loop, where
+      // its fields would take registers (the 192-row tile has 160 per thread).
+      epilogue.store(scheduler.tile_at(tile_index(q_ring.stage())), q_ring.stage(), mainloop.o, mainloop.softmax, pending);
     }
     if (consumer == 0) turns.wait_turn();
     if (warp == 0 && lane == 0) ptx::tma_store_wait_all();

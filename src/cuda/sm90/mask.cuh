@@ -17,6 +17,13 @@ struct KVBlockRange {
   __device__ int count() const { return hi > lo ? hi - lo : 0; }
 };
 
+// What the mask needs of a consumer warpgroup's 64-row slice of the current tile: the first query
+// row and the KV blocks that need no element-wise mask.
+struct MaskedSlice {
+  int first_row;
+  KVBlockRange uncut;
+};
+
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
   const FwdParams& p;
@@ -49,15 +56,16 @@ struct TileMask {
     return {static_cast<int>(kr.lo), static_cast<int>(kr.hi < kr.lo - 1 ? kr.lo - 1 : kr.hi)};
   }
 
-  // For query rows [row_first, row_last]: the largest lo and the smallest hi over the rows (lo
-  // and hi both grow with the row). A KV block needs no element-wise mask iff every row sees
-  // all of its keys: max lo <= first key and min hi >= last key.
-  __device__ __forceinline__ Bounds interior_bounds(int64_t row_first, int64_t row_last) const {
-    return {bounds_of_row(row_last).lo, bounds_of_row(row_first).hi};
+  // For query rows [row_first, row_last]: the KV blocks that need no element-wise mask, i.e. where
+  // every row sees all keys. lo and hi both grow with the row, so that is where the largest lo
+  // (the last row's) <= the block's first key and the smallest hi (the first row's) >= its last;
+  // those blocks are contiguous. Empty (lo >= hi) when every block is cut.
+  __device__ __forceinline__ KVBlockRange uncut_blocks(int64_t row_first, int64_t row_last) const {
+    const int key_lo = bounds_of_row(row_last).lo, key_hi = bounds_of_row(row_first).hi;  // key_hi >= -1
+    return {(key_lo + kBlockN - 1) / kBlockN, (key_hi + 1) / kBlockN};
   }
-  __device__ __forceinline__ static bool cuts(const Bounds& interior, int n_block) {
-    const int key_first = n_block * kBlockN;
-    return interior.lo > key_first || interior.hi < key_first + kBlockN - 1;
+  __device__ __forceinline__ static bool cuts(const KVBlockRange& uncut, int n_block) {
+    return n_block < uncut.lo || n_block >= uncut.hi;
   }
 
   // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator: this thread

@@ -13,17 +13,24 @@ namespace fusedattn::cuda::sm90 {
 
 // The ring's run-time depth (<= the compiled count, for ablation runs) is passed to each advance()
 // rather than carried: read from the kernel parameters where it is used, it holds no register
-// across the consumers' register-bound loop.
-struct PipelineState {
-  int stage = 0;
-  uint32_t phase = 0;  // parity of the barrier phase this pass over the ring waits for
+// across the consumers' register-bound loop. For the same reason stage and phase share one word
+// (the consumers carry two of these, the K/V and the Q ring, through the tile loop; at 160
+// registers per thread a second word each spilled).
+class PipelineState {
+ public:
+  __device__ __forceinline__ int stage() const { return static_cast<int>(bits_ & ~kPhaseBit); }
+  // Parity of the barrier phase this pass over the ring waits for.
+  __device__ __forceinline__ uint32_t phase() const { return bits_ >> kPhaseShift; }
 
-  __device__ __forceinline__ void advance(int num_stages) {
-    if (++stage == num_stages) {
-      stage = 0;
-      phase ^= 1;
-    }
+  __device__ __forceinline__ void advance(int depth) {
+    ++bits_;
+    if (stage() == depth) bits_ = (bits_ & kPhaseBit) ^ kPhaseBit;  // stage 0, phase flipped
   }
+
+ private:
+  static constexpr int kPhaseShift = 31;
+  static constexpr uint32_t kPhaseBit = 1u << kPhaseShift;
+  uint32_t bits_ = 0;
 };
 
 // Depth of the Q ring: the Q buffers in use. With one compiled buffer (d256) a compile-time 1,
@@ -43,24 +50,24 @@ struct KVPipeline {
   // The producer's first pass finds fresh "empty" barriers in phase 0: waiting for parity 1
   // returns at once, so it can fill every stage before any consumer has released one.
   __device__ __forceinline__ void producer_acquire_k(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.k_empty[s.stage], s.phase ^ 1);
+    ptx::mbarrier_wait(&smem.k_empty[s.stage()], s.phase() ^ 1);
   }
   __device__ __forceinline__ void producer_acquire_v(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.v_empty[s.stage], s.phase ^ 1);
+    ptx::mbarrier_wait(&smem.v_empty[s.stage()], s.phase() ^ 1);
   }
   __device__ __forceinline__ void consumer_wait_k(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.k_full[s.stage], s.phase);
+    ptx::mbarrier_wait(&smem.k_full[s.stage()], s.phase());
   }
   __device__ __forceinline__ void consumer_wait_v(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.v_full[s.stage], s.phase);
+    ptx::mbarrier_wait(&smem.v_full[s.stage()], s.phase());
   }
   // One arrival per consumer warp (the empty barriers count Cfg::kConsumerWarps): each warp arrives
   // after its own wgmma.wait_group, so the buffer is free only once every warp's reads completed.
   __device__ __forceinline__ void consumer_release_k(const PipelineState& s, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[s.stage]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[s.stage()]);
   }
   __device__ __forceinline__ void consumer_release_v(const PipelineState& s, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[s.stage]);
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[s.stage()]);
   }
 };
 
@@ -70,14 +77,17 @@ struct KVPipeline {
 // (the next tile's Q waits for it), behind the next tile's first GEMM issue with two (the next
 // Q is already in the other buffer).
 struct PendingStore {
-  int buffer = -1;  // the Q buffer whose O store may still be reading it; -1: none (other threads)
+  // Whether this thread's last O store may still be reading its buffer. A flag, not the buffer's
+  // index (the caller knows which buffer: the tile's own with one Q buffer, the other one with
+  // two), so it can live in a predicate rather than one of the consumers' scarce registers.
+  bool held = false;
 
   template <class Storage>
-  __device__ __forceinline__ void release(Storage& smem) {
-    if (buffer < 0) return;
+  __device__ __forceinline__ void release(Storage& smem, int buffer) {
+    if (!held) return;
     ptx::tma_store_wait_read();
     ptx::mbarrier_arrive(&smem.q_empty[buffer]);
-    buffer = -1;
+    held = false;
   }
 };
 

@@ -46,15 +46,15 @@ struct Producer {
     // stores have read it (first pass: fresh barriers, parity 1 passes at once). By then the
     // consumers have also read that tile's index, so it can be overwritten; q_full's arrival
     // (release) publishes it.
-    ptx::mbarrier_wait(&smem.q_empty[q_ring.stage], q_ring.phase ^ 1);
-    uint64_t* q_full = &smem.q_full[q_ring.stage];
-    atomicExch(&smem.tile_index[q_ring.stage], valid ? t.index : kNoTile);
+    ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
+    uint64_t* q_full = &smem.q_full[q_ring.stage()];
+    atomicExch(&smem.tile_index[q_ring.stage()], valid ? t.index : kNoTile);
     if (!valid) {
       ptx::mbarrier_arrive(q_full);
       return false;
     }
     ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
-    load_tile(&params.tma_q, smem.q[q_ring.stage], kQSlabElems, t.first_row, t.head, t.batch, q_full);
+    load_tile(&params.tma_q, smem.q[q_ring.stage()], kQSlabElems, t.first_row, t.head, t.batch, q_full);
     return true;
   }
 
@@ -81,27 +81,27 @@ struct Producer {
       if (q_first && !publish_q(t, valid, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_k(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
-                  &smem.k_full[kv.stage]);
+        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
+        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+                  &smem.k_full[kv.stage()]);
       }
       if (!q_first && !publish_q(t, valid, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_v(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
-                  &smem.v_full[kv.stage]);
+        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
+        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+                  &smem.v_full[kv.stage()]);
         kv.advance(params.features.num_stages);
       }
       for (--n; n >= blocks.lo; --n) {
         pipe.producer_acquire_k(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
-                  &smem.k_full[kv.stage]);
+        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
+        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+                  &smem.k_full[kv.stage()]);
         pipe.producer_acquire_v(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
-                  &smem.v_full[kv.stage]);
+        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
+        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+                  &smem.v_full[kv.stage()]);
         kv.advance(params.features.num_stages);
       }
       q_ring.advance(q_ring_depth<Cfg>(params.features));

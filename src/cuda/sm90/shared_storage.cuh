@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -26,6 +27,7 @@ struct SharedStorage {
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
   uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
   int tile_index[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces (kNoTile: the CTA is done)
+  MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
 };
 
 constexpr int kNoTile = -1;

@@ -11,9 +11,6 @@ struct TileShape {
   int block_n;              // keys per KV block
   int stages;               // depth of the K/V shared-memory pipeline
   int consumer_warpgroups;  // 64-row slices, one per consumer warpgroup (each takes GEMM turns)
-  // Whether the intra-warpgroup overlap (Q K^T of the next block issued with P V of this one,
-  // FUSEDATTN_SM90_OVERLAP) is compiled in: it keeps S, P and O live at once.
-  bool intra_overlap = true;
 };
 
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
@@ -28,11 +25,10 @@ constexpr TileShape tile_shape(int head_dim) {
 
 // d64 also has a 192-row tile for long query sequences (fwd_launch.cuh chooses): three consumer
 // warpgroups of 64 rows take GEMM turns round robin, so one more warp per scheduler hides the
-// softmax between turns. At 160 registers per consumer thread S (64) + P (32) + O (32) fit, but
-// not with the intra-warpgroup overlap compiled in (kD64TallOverlap spills 180 B); the three-way
-// turn hides the softmax instead.
-constexpr TileShape kD64Tall{192, 128, 3, 3, false};
-constexpr TileShape kD64TallOverlap{192, 128, 3, 3, true};
+// softmax between turns. At 160 registers per consumer thread S (64) + P (32) + O (32) of the
+// intra-warpgroup overlap leave 32 for everything else: the consumers carry little per tile
+// (docs/hopper.md, session 6), and its cut blocks wait for P V before the mask (consumer.cuh).
+constexpr TileShape kD64Tall{192, 128, 3, 3};
 
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
