@@ -189,11 +189,23 @@ TEST_P(Sm80Backward, WideHeadSm80Tiles) {
   check_backward({varlen(window(dense(0, 2, 2, 0, 0, 256), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
                   Layout::kBSHD, true});
 }
-// Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*).
+// d64 and d128 take other layouts where Hopper's memory allows (column warps, a dQ staging
+// buffer of their own); their A100-sized tiles, checked on Hopper too.
+TEST_P(Sm80Backward, Sm80TilesHead64And128) {
+  const ScopedEnv sm80_tiles("FUSEDATTN_BWD_SM80_TILE", "1");
+  check_backward({causal(dense(2, 4, 2, 150, 170, 64)), GetParam()});
+  check_backward({varlen(window(dense(0, 2, 2, 0, 0, 128), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam(),
+                  Layout::kBSHD, true});
+  check_backward({dense(1, 4, 2, 77, 133, 128), GetParam()});
+}
+// Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*): every
+// tile family (d32 per-warp dQ adds, d64/d128 dQ staging buffers, d256 column passes).
 TEST_P(Sm80Backward, SanitizerSmallRagged) {
   check_backward({causal(dense(2, 2, 1, 77, 133, 64)), GetParam()});
   check_backward({varlen(causal(dense(0, 2, 2, 0, 0, 40)), {17, 0, 70}, {40, 33, 20}), GetParam(), Layout::kBSHD, true});
   check_backward({causal(dense(1, 2, 1, 70, 90, 256)), GetParam()});
+  check_backward({window(dense(1, 2, 1, 70, 90, 128), 20, 5), GetParam()});
+  check_backward({causal(dense(1, 2, 2, 90, 70, 32)), GetParam()});
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, Sm80Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   const int64_t key0 = cta.n * kBlockN;
   if (key0 >= cta.seq.len_k) return;  // varlen grids cover max_seqlen_k
   cta.m_blocks = query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
-  cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * (cta.m_blocks.end - cta.m_blocks.begin);
+  cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
   const int g = lane / 4, t = lane % 4;
@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` into buffer `stage`.
   auto load_query_block = [&](const QueryCursor& at, int stage) {
     const int h = at.h;
-    const int64_t row0 = at.m * kBlockM;
+    const int64_t row0 = static_cast<int64_t>(at.m) * kBlockM;
     load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
         ptx::smem_addr(smem.stage[stage].q), operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, h),
         p.q_stride.row, row0, cta.seq.len_q, p.head_dim);
@@ -102,15 +102,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
         smem_v, operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start, cta.kvh), p.v_stride.row, key0,
         cta.seq.len_k, p.head_dim);
   }
-  QueryCursor cur{cta.kvh * cta.group, cta.m_blocks.begin, cta.m_blocks.end - cta.m_blocks.begin};
+  QueryCursor cur{cta.kvh * cta.group, static_cast<int>(cta.m_blocks.begin),
+                  static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
   QueryCursor next = cur;
   if (cta.iterations > 0) {
     load_query_block(cur, 0);
     ptx::cp_async_commit();
   }
 
-  for (int64_t it = 0; it < cta.iterations; ++it) {
-    const int stage = T::kStages == 2 ? static_cast<int>(it % 2) : 0;
+  for (int it = 0; it < cta.iterations; ++it) {
+    const int stage = T::kStages == 2 ? it % 2 : 0;
     if (T::kStages == 1 && it > 0) {
       __syncthreads();  // every warp is done with the single Q/dO buffer of the last iteration
       load_query_block(cur, 0);
@@ -156,18 +157,15 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
       // A separate pass over the few blocks that need it: a mask test inside the loop above put a
       // branch between every two exponentials and serialised them.
       if (needs_mask) {
+        const LaneMask mask = lane_mask(p, kMask == MaskKind::kWindow, key0 + warp_key0 + g, m * kBlockM + q0 + 2 * t,
+                                        cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
         for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
           for (int j = 0; j < kSliceTiles; ++j)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int64_t key = key0 + warp_key0 + mi * kMmaRows + g + e / 2 * 8;
-              const int64_t row = m * kBlockM + q0 + j * kMmaCols + 2 * t + e % 2;
-              const bool visible = kMask == MaskKind::kWindow ? key_visible(p, row, key, cta.seq.len_q, cta.seq.len_k)
-                                                              : key < cta.seq.len_k;
-              if (!visible) pt[mi][j][e] = 0.f;
-            }
+            for (int e = 0; e < 4; ++e)
+              if (!mask.visible(mi * kMmaRows + e / 2 * 8, j * kMmaCols + e % 2)) pt[mi][j][e] = 0.f;
       }
       // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
       if constexpr (T::kScoresShared)
@@ -213,15 +211,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
     const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = dq_wn * T::kDqCols;
     constexpr int kPassCols = T::kDqCols / T::kDqPasses;
-    float* dq_tile = smem.stage[stage].dq();
+    float* dq_tile = T::kDqBuffer ? smem.dq_stage : smem.stage[stage].dq();
 #pragma unroll
     for (int pass = 0; pass < T::kDqPasses; ++pass) {
       const int pass_col0 = dq_col0 + pass * kPassCols;
       float dq[T::kDqRows / kMmaRows][kPassCols / kMmaCols][4];
       warp_gemm_atb<T::kDqRows / kMmaRows, kPassCols, kBlockN, T::kDsPitch, kPitch, Element>(
           dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, pass_col0 / (2 * kMmaCols));
-      // Column warps read Q and dO, which the staged tile overwrites, until their dK and dV are done.
-      if (T::kScoresShared && pass == 0) __syncthreads();
+      // Column warps read Q and dO, which a tile staged over them overwrites, until their dK and
+      // dV are done.
+      if (T::kScoresShared && !T::kDqBuffer && pass == 0) __syncthreads();
       stage_dq_fragments<kHeadDim>(dq_tile, dq, dq_row0, pass_col0);
     }
     float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;

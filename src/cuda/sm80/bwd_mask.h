@@ -69,10 +69,34 @@ FUSEDATTN_HD bool block_needs_mask(const FwdParams& p, bool windowed, int64_t m,
   return key_range(p, row_last, len_q, len_k).lo > key_first || key_range(p, row_first, len_q, len_k).hi < key_last;
 }
 
-// Element-wise rule: may query row i see key j? (the window test of key_range, unclipped)
-FUSEDATTN_HD bool key_visible(const FwdParams& p, int64_t i, int64_t j, int64_t len_q, int64_t len_k) {
-  const int64_t diag = i + len_k - len_q;
-  return j < len_k && (p.window_left < 0 || j >= diag - p.window_left) && (p.window_right < 0 || j <= diag + p.window_right);
+// Element-wise rule of key_range (unclipped) for the elements of one lane, (key_base + dk, row_base +
+// dr) with small tile offsets dk, dr: row i sees key j iff j < len_k and diag(i) - window_left <=
+// j <= diag(i) + window_right, diag(i) = i + len_k - len_q. Relative to the lane's first element
+// the bounds become 32-bit limits on dk and dk - dr, so the per-element test is three integer
+// compares instead of 64-bit positions per element (registers the main loop cannot spare).
+struct LaneMask {
+  int keys_left;      // dk < keys_left: the key exists
+  int lo, hi;         // lo <= dk - dr <= hi: inside the window
+  FUSEDATTN_HD bool visible(int dk, int dr) const { return dk < keys_left && dk - dr >= lo && dk - dr <= hi; }
+};
+
+// Limits are clamped far beyond any tile offset, which keeps them in 32 bits.
+constexpr int64_t kLaneMaskClamp = int64_t{1} << 30;
+
+FUSEDATTN_HD int lane_mask_clamp(int64_t x) {
+  return static_cast<int>(x < -kLaneMaskClamp ? -kLaneMaskClamp : x > kLaneMaskClamp ? kLaneMaskClamp : x);
+}
+
+FUSEDATTN_HD LaneMask lane_mask(const FwdParams& p, bool windowed, int64_t key_base, int64_t row_base, int64_t len_q,
+                                int64_t len_k) {
+  LaneMask mask{lane_mask_clamp(len_k - key_base), static_cast<int>(-kLaneMaskClamp), static_cast<int>(kLaneMaskClamp)};
+  if (windowed) {
+    // key - row = (key_base - row_base) + dk - dr is compared with len_k - len_q -/+ the window.
+    const int64_t diag = len_k - len_q - (key_base - row_base);
+    if (p.window_left >= 0) mask.lo = lane_mask_clamp(diag - p.window_left);
+    if (p.window_right >= 0) mask.hi = lane_mask_clamp(diag + p.window_right);
+  }
+  return mask;
 }
 
 }  // namespace fusedattn::cuda::sm80

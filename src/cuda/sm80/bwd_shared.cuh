@@ -15,7 +15,8 @@ namespace fusedattn::cuda::sm80 {
 // with column warps, P^T and dS^T are the hand-off to the partner warps of the same key rows.
 // Once dK and dV of an iteration are done, its Q and dO are dead until the load of the query
 // block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
-// to the coalesced global adds.
+// to the coalesced global adds -- or, with dq_buffer, in a buffer of its own, which column warps
+// may fill while their partners still read Q and dO.
 template <typename Element, int kHeadDim, bool kLargeSmem = false>
 struct BwdShared {
   using T = BwdTile<kHeadDim, kLargeSmem>;
@@ -31,6 +32,7 @@ struct BwdShared {
   QueryStage stage[T::kStages];
   alignas(16) Element ds[T::kBlockN * T::kDsPitch];
   alignas(16) Element pt[T::kScoresShared ? T::kBlockN * T::kDsPitch : kSwizzleChunkElems];  // one chunk without column warps
+  alignas(16) float dq_stage[T::kDqBuffer ? T::kBlockM * kHeadDim : kSwizzleChunkElems];  // a chunk without dq_buffer
   alignas(16) float lse2[T::kStages][T::kBlockM];
   alignas(16) float delta[T::kStages][T::kBlockM];
 };
@@ -43,15 +45,15 @@ struct BwdCoords {
   int64_t n;
   SeqInfo seq;
   BlockRange m_blocks;
-  int64_t iterations;  // group * |m_blocks|
+  int iterations;  // group * |m_blocks| (< 2^31: a block count, not an element offset)
 };
 
 // The (query head, query block) of one main-loop iteration, advanced incrementally: splitting
 // an iteration index instead would cost 64-bit divisions every iteration (measured ~5%).
 struct QueryCursor {
   int h;
-  int64_t m;
-  int64_t left;  // blocks of this head not yet visited, this one included
+  int m;     // a block index: 32 bits, like every block count
+  int left;  // blocks of this head not yet visited, this one included
 
   FUSEDATTN_HD void advance(const BwdCoords& c) {
     if (--left > 0) {
@@ -59,8 +61,8 @@ struct QueryCursor {
       return;
     }
     ++h;
-    m = c.m_blocks.begin;
-    left = c.m_blocks.end - c.m_blocks.begin;
+    m = static_cast<int>(c.m_blocks.begin);
+    left = static_cast<int>(c.m_blocks.end - c.m_blocks.begin);
   }
 };
 

@@ -1,11 +1,12 @@
 // Tile sizes of the sm80 backward kernel, one row per head dim, usable on host and device.
 //
 // Every warp owns key_tiles * 16 key rows of the CTA's KV block and keeps their dK and dV rows in
-// fp32 registers for the whole query loop. With one warp per 16 key rows (d64, d96) each thread
-// holds 2 * 16 * head_dim / 32 = head_dim accumulator registers and P^T/dS^T stay in registers as
-// the dV/dK operands. Larger head dims split the output columns over col_warps warps that share
-// key rows (each computes S^T and dP^T for its share of the query columns and hands P^T and dS^T
-// to its partners through shared memory), which bounds the accumulators at 128 registers.
+// fp32 registers for the whole query loop. With one warp per 16 key rows (d32-d96; d64 on
+// A100-sized memory) each thread holds 2 * 16 * head_dim / 32 = head_dim accumulator registers and
+// P^T/dS^T stay in registers as the dV/dK operands. Otherwise col_warps warps share key rows and
+// split the output columns (each computes S^T and dP^T for its share of the query columns and
+// hands P^T and dS^T to its partners through shared memory), which bounds the accumulators at 128
+// registers.
 #pragma once
 
 #include "cuda/common/swizzle.cuh"
@@ -36,37 +37,51 @@ struct BwdTileConfig {
                      // (dV, dK, dS^T hand-off) before the next: fewer live score registers
   bool warp_dq;      // every warp adds the dQ rows it computed itself, no CTA barrier before the
                      // adds (16-byte vector reductions on sm_90); else the CTA adds the whole tile
+  bool dq_buffer;    // the fp32 dQ tile is staged in its own shared buffer instead of over the
+                     // iteration's Q/dO: column warps then need no CTA barrier before staging it
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
 // Shared memory (bytes) = 2 * block_n * pitch(D) * 2 (K, V) + stages * 2 * block_m * pitch(D) * 2
 // (Q, dO) + block_n * pitch(block_m) * 2 (dS^T, and P^T with column warps) + stages * 2 * block_m * 4
-// (lse2, delta), block_n = 16 * key_tiles * warps / col_warps. Measurements: H200, fp16, FA grid.
+// (lse2, delta) [+ block_m * D * 4 with dq_buffer], block_n = 16 * key_tiles * warps / col_warps.
+// Measurements: H200, fp16, FA grid.
 constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // d64: 128 query rows per iteration halve the per-iteration overhead (barriers, K/V fragment
   // reloads): +11% over 64 rows. dQ on a 4 x 2 warp grid (32 x 32 warp tiles). Column warps
   // with 32 key rows each measured the same speed, with 64 query rows 15% slower.
-  // Two query slices and per-warp vector dQ adds: +4% (236 -> 246 TFLOP/s at 4k; spills 16-20 ->
-  // 28-48 B). Slices alone: +1%, per-warp vector adds alone: +3%.
-  // d32 keeps the layout without them (not measured; its dQ warp tiles are 16 columns wide).
-  if (head_dim <= 32) return {8, 128, 2, 4, 1, 1, 1, 1, false};  // 128 key rows
-  if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true};   // 128 key rows: 130 KiB
-  // d96 keeps the d64 layout with 64 query rows (not measured with column warps).
-  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 1, false};  // 128 key rows: 144 KiB
+  // Two query slices and per-warp vector dQ adds: +4% (236 -> 246 TFLOP/s at 4k). Slices alone:
+  // +1%, per-warp vector adds alone: +3%.
+  // Where the memory allows, d64 takes the d128 layout (4 x 2 warps of 32 key rows x 64 query
+  // columns) with its own dQ staging buffer: +2% at full 1k/4k/16k (253 -> 260 TFLOP/s at 4k),
+  // -2% at causal 4k; without the buffer that layout lost 3%, with two query slices 2%.
+  // d32: two query slices and the dQ on an 8 x 1 grid (16 x 32 warp tiles: per-warp vector
+  // adds): 177 -> 205 TFLOP/s at full 4k over the old row (the grid alone +9%, the slices alone
+  // +1%), no spills (52 B before).
+  if (head_dim <= 32) return {8, 128, 2, 8, 1, 1, 1, 2, true, false};                // 128 key rows
+  if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true};  // 128 key rows: 194 KiB
+  if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true, false};               // 128 key rows: 130 KiB
+  // d96 keeps the d64 layout with 64 query rows (not measured with column warps); two query
+  // slices measured 3% slower. Its loads walk the padded row (bwd_tile_io.cuh): no spills at full,
+  // but 2% slower at full 4k (230 -> 224 TFLOP/s).
+  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 1, false, false};  // 128 key rows: 144 KiB
   // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
   // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
   // 16 key rows (253 vs 238 TFLOP/s at 4k). dQ on a 2 x 4 grid (32 x 32 warp tiles). Per-warp
-  // vector dQ adds: +8% at 4k (254 -> 275); two query slices there lost 12%.
-  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true};  // 128 key rows: 161 KiB
+  // vector dQ adds: +8% at 4k (254 -> 275); two query slices there lost 12%. Where the memory
+  // allows, a dQ staging buffer of its own drops the CTA barrier before the staging: +1% at full
+  // 4k, +3% at causal 4k (252 -> 259 TFLOP/s); dQ in two column passes there lost 6%.
+  if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true};  // 128 key rows: 193 KiB
+  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false};               // 128 key rows: 161 KiB
   // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
   // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
   // d192's dQ warp tiles are 48 columns wide: the CTA adds the tile.
-  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false};  // 64 key rows: 161 KiB
+  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false, false};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
   // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
-  if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true};  // 64 key rows: 209 KiB
-  return {8, 64, 1, 2, 2, 2, 1, 1, true};                  // 64 key rows: 145 KiB
+  if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true, false};  // 64 key rows: 209 KiB
+  return {8, 64, 1, 2, 2, 2, 1, 1, true, false};                  // 64 key rows: 145 KiB
 }
 
 // True when the head dim has a separate row for GPUs with sm90's shared memory.
@@ -102,6 +117,7 @@ struct BwdTile {
   static constexpr int kQuerySlices = kCfg.query_slices;
   static constexpr int kSliceQueries = kWarpQueries / kQuerySlices;  // S^T columns computed and consumed at once
   static constexpr bool kWarpDq = kCfg.warp_dq;
+  static constexpr bool kDqBuffer = kCfg.dq_buffer;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&

@@ -22,19 +22,41 @@ constexpr int kElemsPerChunk = ptx::kCpAsyncBytes / 2;  // 16-bit elements per 1
 // Copies rows [row0, row0 + kRows) of a [row, dim] operand (row stride `row_stride`, first element
 // `base`) into a swizzled [kRows x pitch] tile. Rows >= valid_rows and chunks past head_dim are
 // zero-filled, so they contribute nothing to any product.
+// A thread copies the same column chunk of rows r0, r0 + kRowsPerStep, ...: one running source
+// pointer, and destinations a constant apart (kRowsPerStep is a multiple of the swizzle period).
+// Per-step 64-bit row offsets were loop-invariant values the compiler kept live across the whole
+// main loop: they made the backward spill. Where the thread count is no multiple of the row's
+// chunks (d96), the threads walk the padded row (the padding chunks are never read: no copy).
 template <int kRows, int kHeadDim, int kPitch, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* base, int64_t row_stride, int64_t row0,
                                                 int64_t valid_rows, int head_dim) {
   constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
+  constexpr int kLaneChunks = kThreads % kChunksPerRow == 0 ? kChunksPerRow : kPitch / kElemsPerChunk;
+  constexpr int kRowsPerStep = kThreads / kLaneChunks;
+  if constexpr (kThreads % kLaneChunks == 0 && kRowsPerStep % kSwizzleRows == 0 &&
+                kRows % kRowsPerStep == 0) {
+    const int r0 = threadIdx.x / kLaneChunks, c = threadIdx.x % kLaneChunks;
+    if (c >= kChunksPerRow) return;
+    const bool col_in = c * kElemsPerChunk < head_dim;
+    const Element* src = base + (row0 + r0) * row_stride + c * kElemsPerChunk;
+    const uint32_t dst = smem + swizzle_offset(r0, c * kElemsPerChunk, kPitch) * sizeof(Element);
 #pragma unroll
-  for (int step = 0; step < kChunks / kThreads; ++step) {
-    const int idx = step * kThreads + threadIdx.x;
-    const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-    const bool in = row0 + r < valid_rows && c * kElemsPerChunk < head_dim;
-    const Element* src = in ? base + (row0 + r) * row_stride + c * kElemsPerChunk : base;
-    ptx::cp_async_16(smem + swizzle_offset(r, c * kElemsPerChunk, kPitch) * sizeof(Element), src, in);
+    for (int step = 0; step < kRows / kRowsPerStep; ++step) {
+      const bool in = col_in && row0 + r0 + step * kRowsPerStep < valid_rows;
+      ptx::cp_async_16(dst + step * kRowsPerStep * kPitch * sizeof(Element), in ? src : base, in);
+      src += kRowsPerStep * row_stride;
+    }
+  } else {
+#pragma unroll
+    for (int step = 0; step < kChunks / kThreads; ++step) {
+      const int idx = step * kThreads + threadIdx.x;
+      const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+      const bool in = row0 + r < valid_rows && c * kElemsPerChunk < head_dim;
+      const Element* src = in ? base + (row0 + r) * row_stride + c * kElemsPerChunk : base;
+      ptx::cp_async_16(smem + swizzle_offset(r, c * kElemsPerChunk, kPitch) * sizeof(Element), src, in);
+    }
   }
 }
 
