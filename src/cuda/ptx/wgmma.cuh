@@ -101,6 +101,19 @@ __device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32
       "f"(x[1]), "r"(smem_address), "r"(static_cast<int>(never)));
 }
 
+// The same for packed 16-bit pairs (the next block's P, converted while P V still runs): one
+// never-taken vector store per four registers.
+template <int kN>
+__device__ __forceinline__ void complete_before_wait(const uint32_t (&x)[kN], uint32_t smem_address, bool never) {
+  static_assert(kN % 4 == 0, "stored four registers at a time");
+#pragma unroll
+  for (int i = 0; i < kN; i += 4)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+        "@p st.shared.v4.b32 [%4], {%0, %1, %2, %3};\n}\n" ::"r"(x[i]),
+        "r"(x[i + 1]), "r"(x[i + 2]), "r"(x[i + 3]), "r"(smem_address), "r"(static_cast<int>(never)));
+}
+
 // ---- the MMAs --------------------------------------------------------------------------------
 // The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 64 and 128 registers.
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"

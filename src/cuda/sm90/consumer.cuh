@@ -108,21 +108,39 @@ struct Consumer {
   }
 
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
-  // Whether a cut block's mask may run while P V is in flight, i.e. beside S, P and O: with 240
-  // registers per thread (d128: 160 of accumulators, d256: 188) it fits; with 160 (the 192-row
-  // d64 tile: 128 of accumulators) its row bounds and compares spilled, so there the cut blocks
-  // wait for P V first.
-  static constexpr int kAccumulatorRegisters = kSAcc + kPRegs + kOAcc;
-  // Headroom the masked overlapped step needs besides them: 32 spilled 124-144 B, d256's 52 did not.
+  // Registers of S, P and O, which the overlapped loop holds throughout.
+  static constexpr int kSinglePAccumulators = kSAcc + kPRegs + kOAcc;
+  // Headroom the masked overlapped step needs besides the accumulators: 32 spilled 124-144 B,
+  // d256's 52 did not.
   static constexpr int kMaskHeadroomRegisters = 48;
+  // A second P buffer: the next block's P is converted while P V still reads this one, so
+  // nothing but the wait sits between P V's end and the next GEMM issue; only where the masked
+  // step keeps its headroom beside it (d64 128-row tile, d128). See docs/hopper.md, session 7.
+  static constexpr bool kDoubleP =
+      Cfg::kConsumerRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters;
+  static constexpr int kPBuffers = kDoubleP ? 2 : 1;
+  static constexpr int kAccumulatorRegisters = kSinglePAccumulators + (kPBuffers - 1) * kPRegs;
+  // Whether a cut block's mask may run while P V is in flight, i.e. beside S, P and O: with 240
+  // registers per thread (d128: 192 of accumulators with its two P buffers, d256: 188) it fits;
+  // with 160 (the 192-row d64 tile: 128 of accumulators) its row bounds and compares spilled, so
+  // there the cut blocks wait for P V first.
   static constexpr bool kMaskBesidePV = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
-  // The mask's per-tile facts (the slice's first row, which blocks are cut) wait in shared memory,
-  // one copy per warp written by its lane 0, and are read back in the blocks that need them: the
-  // KV loop has no register to spare for them at 160 per thread (the 192-row tile), where they
-  // spilled when carried.
-  __device__ __forceinline__ MaskedSlice& slice() const { return smem.slice[warpgroup * kWarpsPerWarpgroup + warp]; }
+  // Where the registers left beside the accumulators are plenty (the d64 128-row tile: 80), the
+  // tile and the mask's per-tile facts stay in registers. Otherwise (the 192-row tile: 32 left;
+  // d128 with its second P buffer: 48; d256: 52) the facts (the slice's first row, which blocks
+  // are cut) wait in shared memory, one copy per warp written by its lane 0 and read back in the
+  // blocks that need them, and the epilogue looks the tile up again: carried at 160 registers,
+  // they spilled.
+  static constexpr int kCarryHeadroomRegisters = 64;
+  static constexpr bool kCarryTileState = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kCarryHeadroomRegisters;
+  MaskedSlice carried_slice;  // kCarryTileState only
 
-  __device__ __forceinline__ void publish_slice(const WorkTile& t) const {
+  __device__ __forceinline__ const MaskedSlice& slice() const {
+    if constexpr (kCarryTileState) return carried_slice;
+    else return smem.slice[warpgroup * kWarpsPerWarpgroup + warp];
+  }
+
+  __device__ __forceinline__ void publish_slice(const WorkTile& t) {
     const Mask mask{params.p};
     const int64_t row_first = int64_t{t.first_row} + warpgroup * kWarpgroupRows;
     // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows
@@ -130,9 +148,16 @@ struct Consumer {
     const int64_t len_q = params.p.seqlen_q;
     const int64_t last = row_first + kWarpgroupRows - 1;
     const int64_t real_last = last < len_q ? last : len_q - 1;
-    __syncwarp();  // the lanes' reads of the previous tile's copy are done
-    if (lane == 0) slice() = {static_cast<int>(row_first), mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first)};
-    __syncwarp();
+    const auto facts = [&] {
+      return MaskedSlice{static_cast<int>(row_first), mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first)};
+    };
+    if constexpr (kCarryTileState) {
+      carried_slice = facts();
+    } else {
+      __syncwarp();  // the lanes' reads of the previous tile's copy are done
+      if (lane == 0) smem.slice[warpgroup * kWarpsPerWarpgroup + warp] = facts();
+      __syncwarp();
+    }
   }
 
   __device__ __forceinline__ bool cuts(int n) const { return Mask::cuts(slice().uncut, n); }
@@ -198,10 +223,13 @@ struct Consumer {
   // issued together; the softmax of n_next runs while P V is still in flight. O takes the
   // previous softmax's correction between the two issues (it is idle there), so after the
   // final wait only P's conversion is left and nothing pulls that wait above the softmax.
+  // p is P V's operand; the next block's P goes to p_next (the same buffer without kDoubleP).
   template <bool kMasked>
-  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], RowCorrection& correction,
-                                                  int n_next, PipelineState& kv,
+  __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
+                                                  RowCorrection& correction, int n_next, PipelineState& kv,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
+    constexpr bool kWaitsForPV = kMasked && !kMaskBesidePV;
+    constexpr bool kConvertsBeforeWait = kDoubleP && !kWaitsForPV;
     PipelineState next = kv;
     next.advance(params.features.num_stages);
     pipe.consumer_wait_k(next);
@@ -215,7 +243,7 @@ struct Consumer {
     issue_pv(p, kv.stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
-    if constexpr (kMasked && !kMaskBesidePV) {
+    if constexpr (kWaitsForPV) {
       // The cut block waits for P V first, so P is dead while the mask runs. Only the few blocks
       // a window edge or the sequence end cuts take this path.
       ptx::wgmma_wait_group<0>();
@@ -232,6 +260,10 @@ struct Consumer {
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
       softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      if constexpr (kConvertsBeforeWait) {
+        convert_p(s, p_next);
+        ptx::complete_before_wait(p_next, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
+      }
       // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
       // kernel has batch >= 1, so the anchoring store never runs.
       ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
@@ -240,8 +272,20 @@ struct Consumer {
       ptx::fence_operands(p);
       release_after_pv(kv, pipe);
     }
-    convert_p(s, p);  // only now: the P V just finished was reading the old p
+    // With one P buffer only now: the P V just finished was reading the old p.
+    if constexpr (!kConvertsBeforeWait) convert_p(s, p_next);
     kv = next;
+  }
+
+  // One overlapped step, the masked or the unmasked copy (so the common unmasked one carries no
+  // mask code, and its register pressure, at all).
+  __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
+                                          RowCorrection& correction, int n_next, PipelineState& kv,
+                                          const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
+    if (cuts(n_next))
+      overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
+    else
+      overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);
   }
 
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
@@ -263,31 +307,37 @@ struct Consumer {
     }
 
     float s[kSAcc];
-    uint32_t p[kPRegs];
+    uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
     int n = blocks.hi - 1;
 
     if (params.features.overlap) {
       qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, correction);
-      convert_p(s, p);
-      // Masked and unmasked blocks get separate copies of the step, so the common unmasked one
-      // carries no mask code (and its register pressure) at all.
-      for (; n > blocks.lo; --n) {
-        if (cuts(n - 1))
-          overlapped_step<true>(s, p, correction, n - 1, kv, turns, pipe);
-        else
-          overlapped_step<false>(s, p, correction, n - 1, kv, turns, pipe);
+      convert_p(s, p[0]);
+      if constexpr (kDoubleP) {
+        // Unrolled by two, so the buffers swap roles without register moves.
+        for (; n > blocks.lo; --n) {
+          kv_step(s, p[0], p[1], correction, n - 1, kv, turns, pipe);
+          if (--n == blocks.lo) {
+            apply_correction(o, correction);
+            pv_alone(p[1], kv, turns, pipe);
+            return;
+          }
+          kv_step(s, p[1], p[0], correction, n - 1, kv, turns, pipe);
+        }
+      } else {
+        for (; n > blocks.lo; --n) kv_step(s, p[0], p[0], correction, n - 1, kv, turns, pipe);
       }
       apply_correction(o, correction);
-      pv_alone(p, kv, turns, pipe);
+      pv_alone(p[0], kv, turns, pipe);
     } else {
       for (; n >= blocks.lo; --n) {
         qk_alone(s, kv, turns, pipe, pending);
         softmax_step(s, n, correction);
         apply_correction(o, correction);
-        convert_p(s, p);
-        pv_alone(p, kv, turns, pipe);
+        convert_p(s, p[0]);
+        pv_alone(p[0], kv, turns, pipe);
       }
     }
   }

@@ -72,10 +72,18 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
       const int index = tile_index(q_stage);
       if (index == kNoTile) break;
-      mainloop.mma_tile(scheduler.tile_at(index), q_stage, kv, turns, pending);
-      // The epilogue looks the tile up again instead of carrying it through the KV loop, where
-      // its fields would take registers (the 192-row tile has 160 per thread).
-      epilogue.store(scheduler.tile_at(tile_index(q_ring.stage())), q_ring.stage(), mainloop.o, mainloop.softmax, pending);
+      if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
+        // Registers to spare (the d64 128-row tile): the tile goes to the epilogue as it is.
+        const WorkTile t = scheduler.tile_at(index);
+        mainloop.mma_tile(t, q_stage, kv, turns, pending);
+        epilogue.store(t, q_stage, mainloop.o, mainloop.softmax, pending);
+      } else {
+        mainloop.mma_tile(scheduler.tile_at(index), q_stage, kv, turns, pending);
+        // The epilogue looks the tile up again instead of carrying it through the KV loop, where
+        // its fields would take registers (the 192-row tile has 160 per thread).
+        epilogue.store(scheduler.tile_at(tile_index(q_ring.stage())), q_ring.stage(), mainloop.o, mainloop.softmax,
+                       pending);
+      }
     }
     if (consumer == 0) turns.wait_turn();
     if (warp == 0 && lane == 0) ptx::tma_store_wait_all();
