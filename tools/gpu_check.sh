@@ -59,6 +59,13 @@ if has sanitize; then
       "$build/tests/fusedattn_gpu_tests" --gtest_filter="*Sanitizer*" --gtest_brief=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests? ran" "$out/sanitizer_$tool.log" | tail -3 | tee -a "$summary"
   done
+  # The small shapes above take d64's 128-row Hopper tile; the 192-row one (long queries) forced.
+  for tool in memcheck racecheck; do
+    step "sanitizer-$tool-d64-192" 150 "sanitizer_${tool}_d64_192.log" env FUSEDATTN_SM90_D64_TILE=192 \
+      compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/fusedattn_gpu_tests" \
+      --gtest_filter="*Sanitizer*:Sm90Fwd.FullyMaskedRows:Sm90Fwd.NanStaysInItsRow" --gtest_brief=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/sanitizer_${tool}_d64_192.log" | tail -1 | tee -a "$summary"
+  done
 fi
 
 if has cli; then
