@@ -9,7 +9,7 @@
 
 namespace fusedattn::cuda::sm80 {
 
-// Per query row: delta = rowsum(dO o O) in fp32, lse2 = lse * log2(e) (+inf where P must be 0),
+// Per query row: delta = -rowsum(dO o O) in fp32, lse2 = lse * log2(e) (+inf where P must be 0),
 // a zeroed dq_acc row and, in deterministic mode, zeroed semaphores.
 template <typename Element>
 void launch_bwd_preprocess(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream);

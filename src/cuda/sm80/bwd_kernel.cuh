@@ -89,7 +89,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
         p.do_stride.row, row0, cta.seq.len_q, p.head_dim);
     const int64_t ws_row = ws.row_base(p, cta.b, h) + row0;
     load_floats_async<kBlockM, T::kThreads>(smem.lse2[stage], ws.lse2 + ws_row, threadIdx.x);
-    load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
+    if constexpr (T::kDeltaInDp)
+      load_float_quads_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
+    else
+      load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
   };
 
   float acc_dk[kKeyTiles][kOutTiles][4] = {}, acc_dv[kKeyTiles][kOutTiles][4] = {};
@@ -168,7 +171,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
               if (!mask.visible(mi * kMmaRows + e / 2 * 8, j * kMmaCols + e % 2)) pt[mi][j][e] = 0.f;
       }
       // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
-      if constexpr (T::kScoresShared)
+      if constexpr (T::kScoresShared && T::kStmatrix)
+        store_c_tile_stsm<T::kDsPitch, Element>(smem.pt, smem_pt, lane_ds, pt, warp_key0, q0);
+      else if constexpr (T::kScoresShared)
         store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, q0);
       else
         warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, q0,
@@ -176,15 +181,38 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 
       // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
       float dst[kKeyTiles][kSliceTiles][4];
-      warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
-                                                                                 smem_do, lane_tile, q0);
+      if constexpr (T::kDeltaInDp) {
+        // The accumulators start at -delta (quads in the C-fragment order): one multiply per element.
 #pragma unroll
-      for (int j = 0; j < kSliceTiles; ++j) {
-        const float2 d2 = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);
+        for (int j = 0; j < kSliceTiles; ++j) {
+          const float4 nd = *reinterpret_cast<const float4*>(delta + 2 * (q0 + j * kMmaCols + 2 * t));
+#pragma unroll
+          for (int mi = 0; mi < kKeyTiles; ++mi) {
+            dst[mi][j][0] = nd.x;
+            dst[mi][j][1] = nd.y;
+            dst[mi][j][2] = nd.z;
+            dst[mi][j][3] = nd.w;
+          }
+        }
+        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element, true>(dst, smem_v, lane_tile, warp_key0,
+                                                                                         smem_do, lane_tile, q0);
 #pragma unroll
         for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] - (e % 2 ? d2.y : d2.x));
+          for (int j = 0; j < kSliceTiles; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[mi][j][e] *= pt[mi][j][e];
+      } else {
+        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
+                                                                                   smem_do, lane_tile, q0);
+#pragma unroll
+        for (int j = 0; j < kSliceTiles; ++j) {
+          const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);
+#pragma unroll
+          for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] + (e % 2 ? nd.y : nd.x));
+        }
       }
       // dK += dS^T Q.
       if constexpr (!T::kScoresShared)
@@ -193,7 +221,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 
       // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
       // the dK operand.
-      store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, q0);
+      if constexpr (T::kStmatrix)
+        store_c_tile_stsm<T::kDsPitch, Element>(smem.ds, smem_ds, lane_ds, dst, warp_key0, q0);
+      else
+        store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, q0);
     }
     __syncthreads();
 
@@ -245,15 +276,18 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     cur = next;
   }
 
-  // Keys that no query sees keep their zero accumulators: dK = dV = 0 there.
-  const int64_t key_row0 = key0 + warp_key0;
-  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start, cta.kvh));
-  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start, cta.kvh));
+  // Keys that no query sees keep their zero accumulators: dK = dV = 0 there. The sequence's
+  // offsets are read again rather than kept live across the main loop (where they made ptxas
+  // spill them).
+  const SeqInfo seq = seq_info(p, blockIdx.z);
+  const int64_t key_row0 = static_cast<int64_t>(blockIdx.x) * kBlockN + warp_key0;
+  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, blockIdx.z, seq.k_start, blockIdx.y));
+  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, blockIdx.z, seq.k_start, blockIdx.y));
 #pragma unroll
   for (int mi = 0; mi < kKeyTiles; ++mi) {
-    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dk[mi], p.scale, cta.seq.len_k,
+    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dk[mi], p.scale, seq.len_k,
                     p.head_dim);
-    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, cta.seq.len_k, p.head_dim);
+    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, seq.len_k, p.head_dim);
   }
 }
 

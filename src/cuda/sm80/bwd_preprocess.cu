@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kRowCtaThreads) bwd_preprocess_kernel(const Bw
   for (int offset = kRowThreads / 2; offset > 0; offset /= 2) delta += __shfl_xor_sync(0xffffffffu, delta, offset);
 
   if (lane == 0) {
-    ws.delta[row] = delta;
+    ws.delta[row] = -delta;
     // lse = -inf marks a fully masked row: store +inf so exp2(s - lse2) = 0 without a guard in
     // the main loop (exp2(s + inf) would be inf and poison every dK/dV it touches).
     float lse2 = INFINITY;

@@ -34,7 +34,7 @@ struct BwdShared {
   alignas(16) Element pt[T::kScoresShared ? T::kBlockN * T::kDsPitch : kSwizzleChunkElems];  // one chunk without column warps
   alignas(16) float dq_stage[T::kDqBuffer ? T::kBlockM * kHeadDim : kSwizzleChunkElems];  // a chunk without dq_buffer
   alignas(16) float lse2[T::kStages][T::kBlockM];
-  alignas(16) float delta[T::kStages][T::kBlockM];
+  alignas(16) float delta[T::kStages][T::kDeltaInDp ? 2 * T::kBlockM : T::kBlockM];  // -delta (as C-fragment quads)
 };
 
 

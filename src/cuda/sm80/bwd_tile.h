@@ -39,12 +39,17 @@ struct BwdTileConfig {
                      // adds (16-byte vector reductions on sm_90); else the CTA adds the whole tile
   bool dq_buffer;    // the fp32 dQ tile is staged in its own shared buffer instead of over the
                      // iteration's Q/dO: column warps then need no CTA barrier before staging it
+  bool delta_in_dp = false;  // dP^T accumulators start at -delta (C-fragment quads in shared
+                             // memory): the dS pass is one multiply per element
+  bool stmatrix = false;     // P^T/dS^T go to shared memory with stmatrix on sm_90 (a quarter of
+                             // the store instructions)
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
 // Shared memory (bytes) = 2 * block_n * pitch(D) * 2 (K, V) + stages * 2 * block_m * pitch(D) * 2
 // (Q, dO) + block_n * pitch(block_m) * 2 (dS^T, and P^T with column warps) + stages * 2 * block_m * 4
-// (lse2, delta) [+ block_m * D * 4 with dq_buffer], block_n = 16 * key_tiles * warps / col_warps.
+// (lse2, delta; delta twice with delta_in_dp) [+ block_m * D * 4 with dq_buffer], block_n = 16 *
+// key_tiles * warps / col_warps.
 // Measurements: H200, fp16, FA grid.
 constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // d64: 128 query rows per iteration halve the per-iteration overhead (barriers, K/V fragment
@@ -55,15 +60,19 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // Where the memory allows, d64 takes the d128 layout (4 x 2 warps of 32 key rows x 64 query
   // columns) with its own dQ staging buffer: +2% at full 1k/4k/16k (253 -> 260 TFLOP/s at 4k),
   // -2% at causal 4k; without the buffer that layout lost 3%, with two query slices 2%.
+  // -delta in the dP^T accumulators and stmatrix stores (large-memory row): +3% at full 2k/8k
+  // (247 -> 254, 267 -> 275 TFLOP/s), +6% at causal 4k (230 -> 243); the same two at d128 lost 3%,
+  // dQ added from the fragments (8-byte vector reductions, no staging) lost 4% at d64 and 8% at d128.
   // d32: two query slices and the dQ on an 8 x 1 grid (16 x 32 warp tiles: per-warp vector
   // adds): 177 -> 205 TFLOP/s at full 4k over the old row (the grid alone +9%, the slices alone
   // +1%), no spills (52 B before).
   if (head_dim <= 32) return {8, 128, 2, 8, 1, 1, 1, 2, true, false};                // 128 key rows
-  if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true};  // 128 key rows: 194 KiB
+  if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true, true, true};  // 195 KiB
   if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true, false};               // 128 key rows: 130 KiB
   // d96 keeps the d64 layout with 64 query rows (not measured with column warps); two query
-  // slices measured 3% slower. Its loads walk the padded row (bwd_tile_io.cuh): no spills at full,
-  // but 2% slower at full 4k (230 -> 224 TFLOP/s).
+  // slices measured 3% slower. Tile loads walking its padded 128-element rows measured 205 TFLOP/s
+  // at full 4k against 227 for the plain chunk order (one call; the round before: 224 vs 230);
+  // -delta in dP^T with stmatrix stores on the padded walk: 220.
   if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 1, false, false};  // 128 key rows: 144 KiB
   // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
   // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
@@ -118,6 +127,8 @@ struct BwdTile {
   static constexpr int kSliceQueries = kWarpQueries / kQuerySlices;  // S^T columns computed and consumed at once
   static constexpr bool kWarpDq = kCfg.warp_dq;
   static constexpr bool kDqBuffer = kCfg.dq_buffer;
+  static constexpr bool kDeltaInDp = kCfg.delta_in_dp;
+  static constexpr bool kStmatrix = kCfg.stmatrix;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&

@@ -26,19 +26,17 @@ constexpr int kElemsPerChunk = ptx::kCpAsyncBytes / 2;  // 16-bit elements per 1
 // pointer, and destinations a constant apart (kRowsPerStep is a multiple of the swizzle period).
 // Per-step 64-bit row offsets were loop-invariant values the compiler kept live across the whole
 // main loop: they made the backward spill. Where the thread count is no multiple of the row's
-// chunks (d96), the threads walk the padded row (the padding chunks are never read: no copy).
+// chunks (d96), thread i copies chunks i, i + kThreads, ... of the tile in row order (walking the
+// padded 128-element rows instead measured 10% slower).
 template <int kRows, int kHeadDim, int kPitch, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* base, int64_t row_stride, int64_t row0,
                                                 int64_t valid_rows, int head_dim) {
   constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
-  constexpr int kLaneChunks = kThreads % kChunksPerRow == 0 ? kChunksPerRow : kPitch / kElemsPerChunk;
-  constexpr int kRowsPerStep = kThreads / kLaneChunks;
-  if constexpr (kThreads % kLaneChunks == 0 && kRowsPerStep % kSwizzleRows == 0 &&
-                kRows % kRowsPerStep == 0) {
-    const int r0 = threadIdx.x / kLaneChunks, c = threadIdx.x % kLaneChunks;
-    if (c >= kChunksPerRow) return;
+  constexpr int kRowsPerStep = kThreads / kChunksPerRow;
+  if constexpr (kThreads % kChunksPerRow == 0 && kRowsPerStep % kSwizzleRows == 0 && kRows % kRowsPerStep == 0) {
+    const int r0 = threadIdx.x / kChunksPerRow, c = threadIdx.x % kChunksPerRow;
     const bool col_in = c * kElemsPerChunk < head_dim;
     const Element* src = base + (row0 + r0) * row_stride + c * kElemsPerChunk;
     const uint32_t dst = smem + swizzle_offset(r0, c * kElemsPerChunk, kPitch) * sizeof(Element);
@@ -66,6 +64,26 @@ __device__ __forceinline__ void load_floats_async(float* smem, const float* src,
   constexpr int kFloatsPerChunk = ptx::kCpAsyncBytes / sizeof(float);
   for (int idx = thread; idx < kCount / kFloatsPerChunk; idx += kThreads)
     ptx::cp_async_16(ptx::smem_addr(smem + idx * kFloatsPerChunk), src + idx * kFloatsPerChunk, true);
+}
+
+// Copies kCount floats to shared as pair quads: floats 2q, 2q + 1 of the source land at
+// 4q..4q + 3 as (x, y, x, y), the C-fragment order of an mma tile whose columns they belong to
+// (rows g and g + 8 share the column values). 4-byte cp.async (.ca: .cg copies only 16 bytes).
+template <int kCount, int kThreads>
+__device__ __forceinline__ void load_float_quads_async(float* smem, const float* src, int thread) {
+  constexpr int kQuadFloats = 4, kDstFloats = 2 * kCount;
+  static_assert(kThreads % kQuadFloats == 0 && (kDstFloats % kThreads == 0 || kDstFloats < kThreads),
+                "whole quads per thread step");
+  // Destination float thread + i * kThreads copies source float (thread / 4) * 2 + thread % 2 +
+  // i * kThreads / 2: one base pointer per thread, constant steps.
+  const float* from = src + thread / kQuadFloats * 2 + thread % 2;
+  const uint32_t to = ptx::smem_addr(smem + thread);
+  if (kDstFloats < kThreads && thread >= kDstFloats) return;
+#pragma unroll
+  for (int i = 0; i < (kDstFloats + kThreads - 1) / kThreads; ++i) {
+    const uint32_t dst = to + static_cast<uint32_t>(i * kThreads * sizeof(float));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(from + i * kThreads / 2) : "memory");
+  }
 }
 
 // Element pointer of (row 0 of sequence b, head h) in a [.., row, head, dim] operand.

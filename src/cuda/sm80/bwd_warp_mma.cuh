@@ -66,14 +66,15 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
 }
 
 // c[kRowTiles*16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k],
-// B stored [n][k], both in shared. Every B fragment feeds kRowTiles MMAs.
-template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+// B stored [n][k], both in shared. Every B fragment feeds kRowTiles MMAs. kAccumulate: c += instead.
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kAccumulate = false>
 __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
                                               int a_row0, uint32_t tile_b, LdsmLane lane_b, int b_row0) {
 #pragma unroll
   for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll
-    for (int j = 0; j < kN / kMmaCols; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+    for (int j = 0; j < kN / kMmaCols; ++j)
+      if constexpr (!kAccumulate) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     uint32_t a[kRowTiles][4];
@@ -126,6 +127,31 @@ __device__ __forceinline__ void store_c_tile(Element* tile, const float (&c)[kRo
         *reinterpret_cast<uint32_t*>(
             &tile[swizzle_offset(row0 + mi * kMmaRows + g + half * 8, col0 + j * kMmaCols + 2 * t, kPitch)]) =
             pack2<Element>(c[mi][j][2 * half], c[mi][j][2 * half + 1]);
+}
+
+// store_c_tile with sm_90's stmatrix: one instruction stores the two n8 tiles of a 16-column pair
+// (four 8x8 matrices, in the kRowsFirst order of an A fragment) instead of four 32-bit stores.
+// tile is the shared address of the [rows x kPitch] tile; row0 % 8 == 0, col0 % 16 == 0.
+template <int kPitch, typename Element, int kRowTiles, int kTiles>
+__device__ __forceinline__ void store_c_tile_stsm(Element* tile_ptr, uint32_t tile, LdsmLane lane,
+                                                  const float (&c)[kRowTiles][kTiles][4], int row0, int col0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  static_assert(kTiles % 2 == 0, "whole 16-column pairs");
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int np = 0; np < kTiles / 2; ++np) {
+      const float(&lo)[4] = c[mi][2 * np];
+      const float(&hi)[4] = c[mi][2 * np + 1];
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                       ldsm_addr<kPitch, Element>(tile, lane.rows_first, row0 + mi * kMmaRows, col0 / (2 * kMmaCols) + np)),
+                   "r"(pack2<Element>(lo[0], lo[1])), "r"(pack2<Element>(lo[2], lo[3])), "r"(pack2<Element>(hi[0], hi[1])),
+                   "r"(pack2<Element>(hi[2], hi[3]))
+                   : "memory");
+    }
+#else
+  store_c_tile<kPitch>(tile_ptr, c, row0, col0);
+#endif
 }
 
 // c[kRowTiles*16 x kN] += A * B with A [rows a_row0.., 0..kK) stored [m][k] and B stored [k][n],

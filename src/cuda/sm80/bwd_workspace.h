@@ -7,7 +7,8 @@
 //
 //   lse2    fp32 [B, Hq, rows]          lse * log2(e); +inf for padding rows and for lse = -inf
 //                                       (fully masked rows), so exp2(s - lse2) is 0 there.
-//   delta   fp32 [B, Hq, rows]          rowsum(dO o O), the softmax-backward correction
+//   delta   fp32 [B, Hq, rows]          -rowsum(dO o O), the softmax-backward correction (negated:
+//                                       the main kernel adds it)
 //   dq_acc  fp32 [B, Hq, rows, dq_pitch] dQ accumulated across KV blocks (unscaled)
 //   dq_sem  int32 [B, Hq, rows / kBwdSemRows]  deterministic mode only: how many KV blocks have
 //           already added their share into that query block of dq_acc.
