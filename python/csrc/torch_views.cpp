@@ -15,7 +15,6 @@ namespace {
 // while messages made only of strings, as rethrow_as_torch_error sends, always worked.
 [[noreturn]] void value_error(const std::string& message) { TORCH_CHECK_VALUE(false, message.c_str()); }
 
-
 DType to_dtype(at::ScalarType type, const char* name) {
   switch (type) {
     case at::kHalf: return DType::kFloat16;

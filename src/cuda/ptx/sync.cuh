@@ -17,17 +17,9 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// mov.u32 %laneid; any SM. Volatile on purpose: values derived from it are recomputed where they
+// mov.u32 %tid.x; any SM. Volatile on purpose: values derived from it are recomputed where they
 // are used instead of being hoisted out of a loop, which matters when dozens of them (per-lane
 // shared-memory offsets) would otherwise stay live across a register-bound loop and spill.
-__device__ __forceinline__ int lane_id_here() {
-  uint32_t lane;
-  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
-  return static_cast<int>(lane);
-}
-
-// mov.u32 %tid.x (volatile); any SM. The same reason as lane_id_here, for values derived from the
-// warp's index in its warpgroup.
 __device__ __forceinline__ int thread_index_here() {
   uint32_t tid;
   asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));

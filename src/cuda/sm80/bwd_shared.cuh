@@ -37,7 +37,6 @@ struct BwdShared {
   alignas(16) float delta[T::kStages][T::kDeltaInDp ? 2 * T::kBlockM : T::kBlockM];  // -delta (as C-fragment quads)
 };
 
-
 // Where one CTA works: KV block n of (sequence b, KV head kvh), looping over the group's query
 // heads and the query blocks that see the KV block.
 struct BwdCoords {

@@ -48,9 +48,9 @@ struct Epilogue {
     const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-    // The lane is re-read here so the 2 * kOAcc / 4 staging offsets below are computed per tile
-    // rather than hoisted out of the tile loop, where they would spill (the mainloop needs the
-    // registers).
+    // The thread index is re-read here so the 2 * kOAcc / 4 staging offsets below are computed
+    // per tile rather than hoisted out of the tile loop, where they would spill (the mainloop
+    // needs the registers).
     const int thread_now = ptx::thread_index_here() % kWarpgroupThreads;
     const int lane_now = thread_now % 32;
     const int row0 = warpgroup * kWarpgroupRows + thread_now / 32 * 16 + lane_now / 4;

@@ -42,10 +42,10 @@ struct Producer {
   // compute-sanitizer's racecheck does not follow that chain and flags plain ones, while atomics
   // are never a data race.
   __device__ __forceinline__ bool publish_q(const WorkTile& t, bool valid, const PipelineState& q_ring) const {
-    // The buffer was the O staging of the tile q_buffers back: wait until both warpgroups' TMA
-    // stores have read it (first pass: fresh barriers, parity 1 passes at once). By then the
-    // consumers have also read that tile's index, so it can be overwritten; q_full's arrival
-    // (release) publishes it.
+    // The buffer was the O staging of the tile q_buffers back: wait until every consumer
+    // warpgroup's TMA store has read it (first pass: fresh barriers, parity 1 passes at once).
+    // By then the consumers have also read that tile's index, so it can be overwritten; q_full's
+    // arrival (release) publishes it.
     ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
     uint64_t* q_full = &smem.q_full[q_ring.stage()];
     atomicExch(&smem.tile_index[q_ring.stage()], valid ? t.index : kNoTile);
