@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cstdlib>
+#include <deque>
+#include <utility>
+#include <vector>
 
 namespace fusedattn::testing {
 
@@ -17,6 +20,17 @@ class ScopedEnv {
 
  private:
   const char* name_;
+};
+
+// Several switches set for one scope (a deque holds them: ScopedEnv does not move).
+class ScopedEnvs {
+ public:
+  explicit ScopedEnvs(const std::vector<std::pair<const char*, const char*>>& settings) {
+    for (const auto& [name, value] : settings) envs_.emplace_back(name, value);
+  }
+
+ private:
+  std::deque<ScopedEnv> envs_;
 };
 
 // The portable (sm80-instruction) forward, also on Hopper.

@@ -19,6 +19,7 @@
 #include "cuda/dispatch.h"
 #include "fusedattn/error.h"
 #include "fusedattn/params.h"
+#include "gpu/scoped_env.h"
 
 namespace fusedattn::testing {
 namespace {
@@ -153,13 +154,12 @@ TEST(Sm90Bench, DISABLED_Ablation) {
   };
   const Buffers buf(false);
   for (const auto& [name, env] : variants) {
-    for (const auto& [k, v] : env) setenv(k, v, 1);
+    const ScopedEnvs scoped(env);
     for (int d : {64, 128, 256})
       for (bool causal : {false, true})
         for (int64_t s : {1024, 8192})
           std::printf("ablation %-20s fp16 d%d %s seqlen %5lld : %6.1f TFLOP/s\n", name.c_str(), d,
                       causal ? "causal" : "full  ", static_cast<long long>(s), run_one(buf, {false, d, s, causal}));
-    for (const auto& [k, v] : env) unsetenv(k);
   }
 }
 

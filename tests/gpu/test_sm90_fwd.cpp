@@ -19,6 +19,7 @@
 
 #include "cuda/dispatch.h"
 #include "fusedattn/params.h"
+#include "gpu/scoped_env.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
 
@@ -283,22 +284,21 @@ TEST(Sm90Fwd, SampledRowsOfALargeProblem) {
 TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  setenv("FUSEDATTN_SM90_PERSISTENT", "1", 1);
-  setenv("FUSEDATTN_SM90_DYNAMIC", "0", 1);
-  for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "static persistent");
-  setenv("FUSEDATTN_SM90_DYNAMIC", "1", 1);
+  const ScopedEnv persistent("FUSEDATTN_SM90_PERSISTENT", "1");
+  {
+    const ScopedEnv static_schedule("FUSEDATTN_SM90_DYNAMIC", "0");
+    for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "static persistent");
+  }
+  const ScopedEnv dynamic_schedule("FUSEDATTN_SM90_DYNAMIC", "1");
   constexpr int kLaunches = 3;
   for (int launch = 0; launch < kLaunches; ++launch)
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, "dynamic, launch " + std::to_string(launch));
   // Many tiles per CTA walk the Q ring; once more with the single Q buffer.
   for (const char* prefetch : {"0", "1"}) {
-    setenv("FUSEDATTN_SM90_Q_PREFETCH", prefetch, 1);
+    const ScopedEnv q_prefetch("FUSEDATTN_SM90_Q_PREFETCH", prefetch);
     for (bool causal : {false, true})
       expect_sampled_rows_match(causal, rng, std::string("dynamic, Q_PREFETCH=") + prefetch);
   }
-  unsetenv("FUSEDATTN_SM90_Q_PREFETCH");
-  unsetenv("FUSEDATTN_SM90_PERSISTENT");
-  unsetenv("FUSEDATTN_SM90_DYNAMIC");
 }
 
 // The d64 tile shapes (FUSEDATTN_SM90_D64_TILE): 128-row tiles and 192-row ones (three consumer
@@ -315,7 +315,7 @@ TEST(Sm90Fwd, TileShapes) {
       {"FUSEDATTN_SM90_PINGPONG", "0"}, {"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_Q_PREFETCH", "0"},
       {"FUSEDATTN_SM90_PERSISTENT", "0"}, {"FUSEDATTN_SM90_DYNAMIC", "0"}};
   for (const char* shape : {"128", "192"}) {
-    setenv("FUSEDATTN_SM90_D64_TILE", shape, 1);
+    const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", shape);
     const std::string label = std::string("FUSEDATTN_SM90_D64_TILE=") + shape;
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
@@ -327,17 +327,15 @@ TEST(Sm90Fwd, TileShapes) {
         expect_matches_reference(c);
       }
     for (const auto& [k, v] : switches) {
-      setenv(k, v, 1);
+      const ScopedEnv scoped(k, v);
       for (bool causal : {false, true}) {
         HostCase c = make_case(make_problem(1, 4, 2, d, 450, 420, causal), DType::kFloat16, Layout::kBSHD, rng);
         SCOPED_TRACE(label + " " + k + "=" + v);
         expect_matches_reference(c);
       }
-      unsetenv(k);
     }
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d);
   }
-  unsetenv("FUSEDATTN_SM90_D64_TILE");
 }
 
 // Every optimisation switched off in turn must still give the same answers.
@@ -364,14 +362,13 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
   };
   for (const auto& env : settings) {
-    for (const auto& [k, v] : env) setenv(k, v, 1);
+    const ScopedEnvs scoped(env);
     for (bool causal : {false, true}) {
       for (int d : {64, 128, 256}) {
         HostCase c = make_case(make_problem(1, 4, 2, d, 300, 270, causal), DType::kFloat16, Layout::kBSHD, rng);
         expect_matches_reference(c);
       }
     }
-    for (const auto& [k, v] : env) unsetenv(k);
   }
 }
 
