@@ -175,23 +175,19 @@ template <int kRows, int kCols, int kWarps>
 __device__ __forceinline__ void atomic_add_dq(float* acc_base, int64_t pitch, int64_t row0, const float* tile,
                                               int64_t valid_rows, int head_dim) {
   static_assert(kRows % kWarps == 0, "warps take whole rows");
-  if (row0 + kRows <= valid_rows && kCols <= head_dim) {
+  auto add_all = [&](auto checked) {
 #pragma unroll
     for (int i = 0; i < kRows / kWarps; ++i)
 #pragma unroll
       for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
         const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i, seg);
-        atomicAdd(acc_base + e.offset, e.value);
+        if (!decltype(checked)::value || e.valid) atomicAdd(acc_base + e.offset, e.value);
       }
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kRows / kWarps; ++i)
-#pragma unroll
-    for (int seg = 0; seg < kCols / kDqSegment; ++seg) {
-      const StagedDq e = staged_dq<kCols, kWarps>(tile, pitch, row0, valid_rows, head_dim, i, seg);
-      if (e.valid) atomicAdd(acc_base + e.offset, e.value);
-    }
+  };
+  if (row0 + kRows <= valid_rows && kCols <= head_dim)
+    add_all(std::false_type{});
+  else
+    add_all(std::true_type{});
 }
 
 // Adds one warp's own [kRows x kCols] region (rows r0.., columns c0..) of the staged

@@ -65,16 +65,16 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
   ptx::mma_m16n8k16<Element>(c1, a, b1);
 }
 
-// c[kRowTiles*16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k],
-// B stored [n][k], both in shared. Every B fragment feeds kRowTiles MMAs. kAccumulate: c += instead.
-template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kAccumulate = false>
-__device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
-                                              int a_row0, uint32_t tile_b, LdsmLane lane_b, int b_row0) {
-#pragma unroll
-  for (int mi = 0; mi < kRowTiles; ++mi)
-#pragma unroll
-    for (int j = 0; j < kN / kMmaCols; ++j)
-      if constexpr (!kAccumulate) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+// How the B operand of a warp GEMM sits in shared memory: [n][k] (B^T row-major: plain
+// ldmatrix) or [k][n] (ldmatrix.trans).
+enum class BStorage { kNK, kKN };
+
+// c[kRowTiles*16 x kN] += A[rows a_row0.., 0..kK) * B, A stored [m][k] in shared, B in shared as
+// kB says: [n][k] from row b0, or [k][n] from column 16 * b0. Every B fragment feeds kRowTiles MMAs.
+template <BStorage kB, int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+__device__ __forceinline__ void warp_gemm_shared_ab(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a,
+                                                    LdsmLane lane_a, int a_row0, uint32_t tile_b, LdsmLane lane_b,
+                                                    int b0) {
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     uint32_t a[kRowTiles][4];
@@ -84,11 +84,28 @@ __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCol
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b_row0 + np * 2 * kMmaCols, kb));
+      if constexpr (kB == BStorage::kNK)
+        ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b0 + np * 2 * kMmaCols, kb));
+      else
+        ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b0 + np));
 #pragma unroll
       for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
     }
   }
+}
+
+// c[kRowTiles*16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k],
+// B stored [n][k], both in shared. kAccumulate: c += instead.
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kAccumulate = false>
+__device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
+                                              int a_row0, uint32_t tile_b, LdsmLane lane_b, int b_row0) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int j = 0; j < kN / kMmaCols; ++j)
+      if constexpr (!kAccumulate) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+  warp_gemm_shared_ab<BStorage::kNK, kRowTiles, kN, kK, kPitchA, kPitchB, Element>(c, tile_a, lane_a, a_row0, tile_b,
+                                                                                   lane_b, b_row0);
 }
 
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
@@ -159,20 +176,8 @@ __device__ __forceinline__ void store_c_tile_stsm(Element* tile_ptr, uint32_t ti
 template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
 __device__ __forceinline__ void warp_gemm_sab(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
                                               int a_row0, uint32_t tile_b, LdsmLane lane_b, int pair0) {
-#pragma unroll
-  for (int kb = 0; kb < kK / kMmaK; ++kb) {
-    uint32_t a[kRowTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < kRowTiles; ++mi)
-      ptx::ldmatrix_x4(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.rows_first, a_row0 + mi * kMmaRows, kb));
-#pragma unroll
-    for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
-      uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, pair0 + np));
-#pragma unroll
-      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
-    }
-  }
+  warp_gemm_shared_ab<BStorage::kKN, kRowTiles, kN, kK, kPitchA, kPitchB, Element>(c, tile_a, lane_a, a_row0, tile_b,
+                                                                                   lane_b, pair0);
 }
 
 // c[kRowTiles*16 x kN] = A * B with A's transpose stored [k][m] (columns from 16 * a_pair0) and B
