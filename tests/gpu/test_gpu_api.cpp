@@ -381,7 +381,9 @@ TEST(GpuNan, NanInOneQueryRowStaysInThatRow) {
 // in its own column, rows the mask hides the key from whenever their query tile processes the KV
 // block holding the key (a block the mask edge cuts). A NaN in k is confined exactly (masked
 // scores become -inf before the exponential). The CPU backend confines both exactly (tests/cpu).
-constexpr int64_t kLargestTile = 128;  // the largest query or KV block of any forward kernel
+// The largest query or KV block of the forward kernels at this test's lengths (the 192-row d64
+// Hopper tile runs only from 2k queries on, sm90/fwd_launch.cuh).
+constexpr int64_t kLargestTile = 128;
 
 // Whether some row of row i's query tile may see some key of `key`'s KV block (dense problem,
 // tiles aligned at multiples of kLargestTile; a superset of what smaller tiles process).
