@@ -19,6 +19,10 @@
 // A warp computes its S^T columns in T::kQuerySlices slices, each consumed (dV, dK, dS^T
 // hand-off) before the next, so fewer score registers are live at once.
 //
+// With kv_registers (T::kKvRegisters) a warp reads its K and V rows from shared memory once per
+// CTA, as the A fragments of S^T and dP^T, and keeps them in registers for the whole query loop;
+// dQ = dS K still reads K from shared memory (a warp's dQ tile spans all the block's keys).
+//
 // With column warps (kColWarps > 1, head dims above 96) the kColWarps warps sharing key rows
 // each compute S^T and dP^T for 1/kColWarps of the queries, hand P^T and dS^T over in shared
 // memory, and accumulate dV and dK for 1/kColWarps of the columns from there.
@@ -39,17 +43,18 @@
 
 namespace fusedattn::cuda::sm80 {
 
-template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
-__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem, int kKvRegisterSlices = 0>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>::kThreads, 1)
     bwd_main_kernel(const BwdParams p, const BwdWorkspace ws) {
-  using T = BwdTile<kHeadDim, kLargeSmem>;
-  using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
+  using T = BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>;
+  using Shared = BwdShared<Element, kHeadDim, kLargeSmem, kKvRegisterSlices>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
   constexpr int kWarpQueries = T::kWarpQueries;
   constexpr int kSlices = T::kQuerySlices, kSliceQueries = T::kSliceQueries;
   constexpr int kSliceTiles = kSliceQueries / kMmaCols;  // n8 tiles of one slice
   constexpr int kOutTiles = T::kWarpOutDim / kMmaCols;
   constexpr int kKeyTiles = T::kKeyTiles;
+  constexpr int kDimSteps = kHeadDim / kMmaK;  // k16 steps of S^T = K Q^T and dP^T = V dO^T
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
@@ -113,6 +118,20 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     ptx::cp_async_commit();
   }
 
+  // This warp's K and V rows as A fragments, with kv_registers (a single unused tile otherwise,
+  // never read).
+  constexpr int kKvFragmentTiles = T::kKvRegisters ? kKeyTiles : 1;
+  uint32_t k_frag[kKvFragmentTiles][kDimSteps][4], v_frag[kKvFragmentTiles][kDimSteps][4];
+  if constexpr (T::kKvRegisters) {
+    if (cta.iterations > 0) {
+      // K and V came with the first query block: the loop's first wait and barrier find it landed.
+      ptx::cp_async_wait<0>();
+      __syncthreads();
+      load_a_fragments<kKeyTiles, kHeadDim, kPitch, Element>(k_frag, smem_k, lane_tile, warp_key0);
+      load_a_fragments<kKeyTiles, kHeadDim, kPitch, Element>(v_frag, smem_v, lane_tile, warp_key0);
+    }
+  }
+
   for (int it = 0; it < cta.iterations; ++it) {
     const int stage = T::kStages == 2 ? it % 2 : 0;
     if (T::kStages == 1 && it > 0) {
@@ -146,8 +165,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 
       // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
       float pt[kKeyTiles][kSliceTiles][4];
-      warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0,
-                                                                                 smem_q, lane_tile, q0);
+      if constexpr (T::kKvRegisters)
+        warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(pt, k_frag, smem_q, lane_tile, q0);
+      else
+        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0,
+                                                                                   smem_q, lane_tile, q0);
 #pragma unroll
       for (int j = 0; j < kSliceTiles; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + j * kMmaCols + 2 * t);
@@ -194,8 +216,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
             dst[mi][j][3] = nd.w;
           }
         }
-        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element, true>(dst, smem_v, lane_tile, warp_key0,
-                                                                                         smem_do, lane_tile, q0);
+        if constexpr (T::kKvRegisters)
+          warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, true>(dst, v_frag, smem_do, lane_tile, q0);
+        else
+          warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element, true>(
+              dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile, q0);
 #pragma unroll
         for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
@@ -203,8 +228,11 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dst[mi][j][e] *= pt[mi][j][e];
       } else {
-        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
-                                                                                   smem_do, lane_tile, q0);
+        if constexpr (T::kKvRegisters)
+          warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(dst, v_frag, smem_do, lane_tile, q0);
+        else
+          warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
+                                                                                     smem_do, lane_tile, q0);
 #pragma unroll
         for (int j = 0; j < kSliceTiles; ++j) {
           const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);

@@ -43,6 +43,9 @@ struct BwdTileConfig {
                              // memory): the dS pass is one multiply per element
   bool stmatrix = false;     // P^T/dS^T go to shared memory with stmatrix on sm_90 (a quarter of
                              // the store instructions)
+  bool kv_registers = false;  // each warp's K and V rows stay in registers as A fragments for the
+                              // whole CTA: S^T = K Q^T and dP^T = V dO^T read only Q and dO from
+                              // shared memory
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
@@ -98,9 +101,34 @@ constexpr bool bwd_has_large_smem_tile(int head_dim) {
   return !(bwd_tile_config(head_dim, true) == bwd_tile_config(head_dim, false));
 }
 
-template <int kHeadDim, bool kLargeSmem = false>
+// Candidate rows, not measured yet (WIP.md on branch wip/bwd-kv-registers): the large-memory d64
+// row with K and V in registers, in one or two query slices. d64 is shared-memory bound (about
+// 6.6k 128-byte shared-memory transfers per CTA iteration against 3.7k cycles of tensor work); the
+// K/V ldmatrix reads of S^T and dP^T are 512 of them. Registers per thread of a warp with 32 key
+// rows and 32 dK/dV columns: 64 dK/dV accumulators + 2 x 32 K/V fragments (2 key tiles x 4 k16
+// steps x 4) live for the whole CTA; P^T and dS^T add 2 x 64 with one slice (256 if every score
+// were live at once: ptxas instead finishes dS^T one 16-column pair at a time, 12-byte spill),
+// 2 x 32 with two slices (192 + B fragments and addresses; 36-byte spill).
+constexpr BwdTileConfig bwd_kv_registers_tile_config(int head_dim, int query_slices) {
+  BwdTileConfig cfg = bwd_tile_config(head_dim, true);
+  if (head_dim > 32 && head_dim <= 64) {
+    cfg.query_slices = query_slices;
+    cfg.kv_registers = true;
+  }
+  return cfg;
+}
+
+// True when the head dim has K/V-in-registers rows (FUSEDATTN_BWD_KV_REGS=1 or 2 selects one on
+// GPUs with sm90's shared memory).
+constexpr bool bwd_has_kv_registers_tile(int head_dim) { return bwd_kv_registers_tile_config(head_dim, 1).kv_registers; }
+
+template <int kHeadDim, bool kLargeSmem = false, int kKvRegisterSlices = 0>
 struct BwdTile {
-  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kLargeSmem);
+  // kKvRegisterSlices > 0: the K/V-in-registers row with that many query slices.
+  static_assert(kKvRegisterSlices == 0 || kLargeSmem, "the K/V-in-registers rows are large-memory rows");
+  static constexpr BwdTileConfig kCfg = kKvRegisterSlices > 0
+                                            ? bwd_kv_registers_tile_config(kHeadDim, kKvRegisterSlices)
+                                            : bwd_tile_config(kHeadDim, kLargeSmem);
   static constexpr int kWarps = kCfg.warps;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kColWarps = kCfg.col_warps;
@@ -129,6 +157,7 @@ struct BwdTile {
   static constexpr bool kDqBuffer = kCfg.dq_buffer;
   static constexpr bool kDeltaInDp = kCfg.delta_in_dp;
   static constexpr bool kStmatrix = kCfg.stmatrix;
+  static constexpr bool kKvRegisters = kCfg.kv_registers;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&

@@ -108,6 +108,39 @@ __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCol
                                                                                    lane_b, b_row0);
 }
 
+// Reads a warp's rows [row0, row0 + kRowTiles*16) x [0, kK) of a [m][k] shared tile as the A
+// fragments of every k16 step, to be kept in registers (warp_gemm_rbt).
+template <int kRowTiles, int kK, int kPitch, typename Element>
+__device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kRowTiles][kK / kMmaK][4], uint32_t tile, LdsmLane lane,
+                                                 int row0) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int kb = 0; kb < kK / kMmaK; ++kb)
+      ptx::ldmatrix_x4(a[mi][kb], ldsm_addr<kPitch, Element>(tile, lane.rows_first, row0 + mi * kMmaRows, kb));
+}
+
+// warp_gemm_abt with A already in registers (load_a_fragments): only B comes from shared memory.
+template <int kRowTiles, int kN, int kK, int kPitchB, typename Element, bool kAccumulate = false>
+__device__ __forceinline__ void warp_gemm_rbt(float (&c)[kRowTiles][kN / kMmaCols][4],
+                                              const uint32_t (&a)[kRowTiles][kK / kMmaK][4], uint32_t tile_b,
+                                              LdsmLane lane_b, int b_row0) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int j = 0; j < kN / kMmaCols; ++j)
+      if constexpr (!kAccumulate) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+#pragma unroll
+  for (int kb = 0; kb < kK / kMmaK; ++kb)
+#pragma unroll
+    for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b_row0 + np * 2 * kMmaCols, kb));
+#pragma unroll
+      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi][kb], b);
+    }
+}
+
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
 // the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n],
 // rows from b_row0 (a multiple of 16), columns from 16 * pair0.
