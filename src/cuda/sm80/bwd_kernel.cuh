@@ -43,11 +43,11 @@
 
 namespace fusedattn::cuda::sm80 {
 
-template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem, int kKvRegisterSlices = 0>
-__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>::kThreads, 1)
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     bwd_main_kernel(const BwdParams p, const BwdWorkspace ws) {
-  using T = BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>;
-  using Shared = BwdShared<Element, kHeadDim, kLargeSmem, kKvRegisterSlices>;
+  using T = BwdTile<kHeadDim, kLargeSmem>;
+  using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
   constexpr int kWarpQueries = T::kWarpQueries;
   constexpr int kSlices = T::kQuerySlices, kSliceQueries = T::kSliceQueries;

@@ -22,13 +22,13 @@
 
 namespace fusedattn::cuda::sm80 {
 
-template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem, int kKvRegisterSlices = 0>
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
 void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
-  using T = BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>;
-  constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim, kLargeSmem, kKvRegisterSlices>));
+  using T = BwdTile<kHeadDim, kLargeSmem>;
+  constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim, kLargeSmem>));
   static_assert(kSharedBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
                 "backward tile does not fit the shared memory of its GPUs");
-  const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem, kKvRegisterSlices>;
+  const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   // blockIdx.x (the KV block) varies fastest, so lower KV blocks of a head start first: the
   // deterministic mode's ordered dQ adds rely on that.
@@ -45,18 +45,8 @@ inline bool sm80_tile_forced() {
   return env && env[0] == '1';
 }
 
-// FUSEDATTN_BWD_KV_REGS=1 (one query slice) or 2 (two) picks a K/V-in-registers candidate row
-// (bwd_kv_registers_tile_config) instead of the large-memory row, where the head dim has one and
-// the device fits it: an A/B switch until they are measured. 0 = the large-memory row.
-inline int kv_register_slices_requested() {
-  const char* env = std::getenv("FUSEDATTN_BWD_KV_REGS");
-  if (env == nullptr) return 0;
-  return env[0] == '1' ? 1 : env[0] == '2' ? 2 : 0;
-}
-
 // The large-memory tile where the head dim has one and the current device fits it (Hopper),
-// the default tile otherwise; only the head dims with two rows compile two kernels (three with a
-// K/V-in-registers row).
+// the default tile otherwise; only the head dims with two rows compile two kernels.
 template <typename Element, int kHeadDim, MaskKind kMask>
 void launch_bwd_main_for_device(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   if constexpr (bwd_has_large_smem_tile(kHeadDim)) {
@@ -68,20 +58,6 @@ void launch_bwd_main_for_device(const BwdParams& p, const BwdWorkspace& ws, cuda
     FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
     FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (sizeof(BwdShared<Element, kHeadDim, true>) <= static_cast<std::size_t>(optin)) {
-      if constexpr (bwd_has_kv_registers_tile(kHeadDim)) {
-        // The K/V-in-registers rows keep the large row's shared-memory layout (same size).
-        static_assert(sizeof(BwdShared<Element, kHeadDim, true, 1>) == sizeof(BwdShared<Element, kHeadDim, true>) &&
-                      sizeof(BwdShared<Element, kHeadDim, true, 2>) == sizeof(BwdShared<Element, kHeadDim, true>));
-        const int slices = kv_register_slices_requested();
-        if (slices == 1) {
-          launch_bwd_main<Element, kHeadDim, kMask, true, 1>(p, ws, stream);
-          return;
-        }
-        if (slices == 2) {
-          launch_bwd_main<Element, kHeadDim, kMask, true, 2>(p, ws, stream);
-          return;
-        }
-      }
       launch_bwd_main<Element, kHeadDim, kMask, true>(p, ws, stream);
       return;
     }

@@ -17,9 +17,9 @@ namespace fusedattn::cuda::sm80 {
 // block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
 // to the coalesced global adds -- or, with dq_buffer, in a buffer of its own, which column warps
 // may fill while their partners still read Q and dO.
-template <typename Element, int kHeadDim, bool kLargeSmem = false, int kKvRegisterSlices = 0>
+template <typename Element, int kHeadDim, bool kLargeSmem = false>
 struct BwdShared {
-  using T = BwdTile<kHeadDim, kLargeSmem, kKvRegisterSlices>;
+  using T = BwdTile<kHeadDim, kLargeSmem>;
   struct QueryStage {
     alignas(16) Element q[T::kBlockM * T::kPitch];
     alignas(16) Element dout[T::kBlockM * T::kPitch];

@@ -66,11 +66,17 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // -delta in the dP^T accumulators and stmatrix stores (large-memory row): +3% at full 2k/8k
   // (247 -> 254, 267 -> 275 TFLOP/s), +6% at causal 4k (230 -> 243); the same two at d128 lost 3%,
   // dQ added from the fragments (8-byte vector reductions, no staging) lost 4% at d64 and 8% at d128.
+  // Each warp's K and V rows kept in registers as A fragments for the whole CTA (large-memory row:
+  // S^T = K Q^T and dP^T = V dO^T read only Q and dO from shared memory, 16 fewer ldmatrix.x4 per
+  // warp per iteration). H200, 2026-11-21, TFLOP/s before -> after (FA2 = torch SDPA FLASH):
+  // full 1k 233.5 -> 238.1 (214.6), 4k 265.9 -> 273.1 (268.1), 8k 274.3 -> 281.9 (281.9),
+  // 16k 277.8 -> 285.9 (288.3); causal 2k 216.3 -> 218.8 (199.3), 16k 273.2 -> 278.3 (274.2). bf16
+  // alike (+2-3%). With two query slices (fewer live score registers) only about +1%.
   // d32: two query slices and the dQ on an 8 x 1 grid (16 x 32 warp tiles: per-warp vector
   // adds): 177 -> 205 TFLOP/s at full 4k over the old row (the grid alone +9%, the slices alone
   // +1%), no spills (52 B before).
   if (head_dim <= 32) return {8, 128, 2, 8, 1, 1, 1, 2, true, false};                // 128 key rows
-  if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true, true, true};  // 195 KiB
+  if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true, true, true, true};  // 195 KiB
   if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true, false};               // 128 key rows: 130 KiB
   // d96 keeps the d64 layout with 64 query rows (not measured with column warps); two query
   // slices measured 3% slower. Tile loads walking its padded 128-element rows measured 205 TFLOP/s
@@ -101,34 +107,9 @@ constexpr bool bwd_has_large_smem_tile(int head_dim) {
   return !(bwd_tile_config(head_dim, true) == bwd_tile_config(head_dim, false));
 }
 
-// Candidate rows, not measured yet (WIP.md on branch wip/bwd-kv-registers): the large-memory d64
-// row with K and V in registers, in one or two query slices. d64 is shared-memory bound (about
-// 6.6k 128-byte shared-memory transfers per CTA iteration against 3.7k cycles of tensor work); the
-// K/V ldmatrix reads of S^T and dP^T are 512 of them. Registers per thread of a warp with 32 key
-// rows and 32 dK/dV columns: 64 dK/dV accumulators + 2 x 32 K/V fragments (2 key tiles x 4 k16
-// steps x 4) live for the whole CTA; P^T and dS^T add 2 x 64 with one slice (256 if every score
-// were live at once: ptxas instead finishes dS^T one 16-column pair at a time, 12-byte spill),
-// 2 x 32 with two slices (192 + B fragments and addresses; 36-byte spill).
-constexpr BwdTileConfig bwd_kv_registers_tile_config(int head_dim, int query_slices) {
-  BwdTileConfig cfg = bwd_tile_config(head_dim, true);
-  if (head_dim > 32 && head_dim <= 64) {
-    cfg.query_slices = query_slices;
-    cfg.kv_registers = true;
-  }
-  return cfg;
-}
-
-// True when the head dim has K/V-in-registers rows (FUSEDATTN_BWD_KV_REGS=1 or 2 selects one on
-// GPUs with sm90's shared memory).
-constexpr bool bwd_has_kv_registers_tile(int head_dim) { return bwd_kv_registers_tile_config(head_dim, 1).kv_registers; }
-
-template <int kHeadDim, bool kLargeSmem = false, int kKvRegisterSlices = 0>
+template <int kHeadDim, bool kLargeSmem = false>
 struct BwdTile {
-  // kKvRegisterSlices > 0: the K/V-in-registers row with that many query slices.
-  static_assert(kKvRegisterSlices == 0 || kLargeSmem, "the K/V-in-registers rows are large-memory rows");
-  static constexpr BwdTileConfig kCfg = kKvRegisterSlices > 0
-                                            ? bwd_kv_registers_tile_config(kHeadDim, kKvRegisterSlices)
-                                            : bwd_tile_config(kHeadDim, kLargeSmem);
+  static constexpr BwdTileConfig kCfg = bwd_tile_config(kHeadDim, kLargeSmem);
   static constexpr int kWarps = kCfg.warps;
   static constexpr int kThreads = kWarps * kWarpSize;
   static constexpr int kColWarps = kCfg.col_warps;
