@@ -16,6 +16,7 @@
 
 #include "cuda/common/kinds.h"
 #include "cuda/common/mask.cuh"
+#include "cuda/common/schedule.h"
 #include "cuda/common/softmax.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/smem.cuh"
@@ -34,18 +35,28 @@ constexpr float kRescaleSlack = 8.f;
 template <MaskKind kMask>
 using MaskPolicy = std::conditional_t<kMask == MaskKind::kFull, MaskFull, MaskWindow>;
 
-// Grid: x = query block, y = query head, z = batch. Blocks are issued x-fastest, so the blocks
-// running together share one (batch, KV head): its K and V are read from HBM once and then hit in
-// L2. With a window, x runs backwards: bottom query blocks see the most keys and start first,
-// which shortens the tail of a causal launch.
+// Grid: x = query block, y = query head, z = batch, issued x-fastest. Without a window the CTA
+// takes exactly that block, so the blocks running together share one (batch, KV head): its K and
+// V are read from HBM once and then hit in L2. With a window the linear block number goes through
+// the grouped longest-first order of cuda/common/schedule.h (bottom query blocks see the most keys
+// and start first, over a group of heads that share L2), which shortens the tail of a causal launch.
+struct FwdCta {
+  int m_block, head, batch;
+};
+
 template <MaskKind kMask>
-__device__ __forceinline__ int query_block_index() {
-  return kMask == MaskKind::kWindow ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+__device__ __forceinline__ FwdCta fwd_cta(int schedule_shift) {
+  if constexpr (kMask == MaskKind::kFull) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                                                  static_cast<int>(blockIdx.z)};
+  const int blocks = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
+  const int linear = static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + heads * static_cast<int>(blockIdx.z));
+  const ScheduledItem item = scheduled_item({blocks, schedule_shift}, linear);
+  return {blocks - 1 - item.rank, item.pair % heads, item.pair / heads};
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p) {
+    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
@@ -60,9 +71,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warp_row0 = warp * Cfg::kWarpRows;
-  const int batch = blockIdx.z, head = blockIdx.y;
+  const FwdCta cta = fwd_cta<kMask>(schedule_shift);
+  const int batch = cta.batch, head = cta.head;
   const SeqInfo seq = seq_info(p, batch);
-  const int64_t m0 = static_cast<int64_t>(query_block_index<kMask>()) * kBlockM;
+  const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
   if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than the longest one
   const int rows_q = rows_inside<kBlockM>(seq.len_q - m0);
   const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V

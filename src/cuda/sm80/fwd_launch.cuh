@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/schedule.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "fusedattn/error.h"
 
@@ -31,7 +32,12 @@ void run_fwd(const FwdParams& p) {
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
   const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(p);
+  // A pair's K and V: 2 seqlen_k rows of head_dim elements (fwd_cta).
+  const int schedule_shift =
+      kMask == MaskKind::kFull
+          ? 0
+          : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(p, schedule_shift);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

@@ -11,6 +11,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/kinds.h"
+#include "cuda/common/schedule.h"
 #include "cuda/sm90/kernel.cuh"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
@@ -66,6 +67,13 @@ void launch_fwd(const FwdParams& p) {
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
+  // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
+  // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
+  // rows of head_dim elements.
+  kp.schedule_shift = kMask == MaskKind::kFull
+                          ? 0
+                          : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
+                                           p.heads_q * p.batch);
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};

@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     PipelineState kv;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
     PendingStore pending;
-    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, params.p.heads_q,
-                                  params.p.batch, params.tile_counter);
+    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, params.p.heads_q, params.p.batch,
+                                  params.schedule_shift, params.tile_counter);
     // One atomic read per warp (see the producer for why atomic), shared over the lanes. The
     // index stays in shared memory until the tile's O store has left its Q buffer.
     const auto tile_index = [&](int q_buffer) {

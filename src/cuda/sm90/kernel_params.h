@@ -39,6 +39,7 @@ struct KernelParams {
   CUtensorMap tma_o;  // box 64 x 64: each consumer warpgroup stores its own rows
   FwdParams p;
   int num_m_blocks;
+  int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
   int* tile_counter;  // zero at launch; null: static schedule
   Features features;
 };

@@ -72,7 +72,7 @@ struct Producer {
     // before that wait; with two, Q's buffer is free long before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
     const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, p.heads_q, p.batch,
-                                  params.tile_counter);
+                                  params.schedule_shift, params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       const KVBlockRange blocks = valid ? mask.kv_blocks(t.first_row) : KVBlockRange{0, 0};

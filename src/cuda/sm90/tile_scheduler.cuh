@@ -1,7 +1,8 @@
-// Which (query block, head, batch) tile a CTA works on next. Tiles are numbered head-major with
-// query blocks in reverse: CTAs running at the same time share one head's K/V in L2, and under a
-// causal mask (bottom-right aligned, so the last query block sees the most keys) the longest tiles
-// of each head come first and the short ones fill the tail.
+// Which (query block, head, batch) tile a CTA works on next. Tiles are numbered in the grouped
+// order of cuda/common/schedule.h with query blocks in reverse: under a causal mask (bottom-right
+// aligned, so the last query block sees the most keys) the longest tiles of a group of heads come
+// first and the short ones fill the tail, while the CTAs running together share the group's K/V
+// in L2. A group of one head (full masks: equal tiles) is head-major order.
 //
 // The producer thread owns the schedule and publishes each tile index to the consumers (see
 // kernel.cuh). CTA c starts with tile c; after that the next tile is either
@@ -9,6 +10,8 @@
 //  - dynamic: gridDim.x + atomicAdd(counter, 1), so a CTA that finishes early takes the next
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
 #pragma once
+
+#include "cuda/common/schedule.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -23,8 +26,8 @@ struct WorkTile {
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule.
-  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int batch, int* counter)
-      : num_m_blocks_(num_m_blocks),
+  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int batch, int group_shift, int* counter)
+      : order_{num_m_blocks, group_shift},
         block_m_(block_m),
         heads_(heads),
         total_(num_m_blocks * heads * batch),
@@ -47,13 +50,13 @@ class TileScheduler {
   __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
 
   __device__ WorkTile tile_at(int index) const {
-    const int head_batch = index / num_m_blocks_;
-    const int m_block = num_m_blocks_ - 1 - index % num_m_blocks_;
-    return {index, m_block, m_block * block_m_, head_batch % heads_, head_batch / heads_};
+    const ScheduledItem item = scheduled_item(order_, index);
+    const int m_block = order_.blocks - 1 - item.rank;
+    return {index, m_block, m_block * block_m_, item.pair % heads_, item.pair / heads_};
   }
 
  private:
-  int num_m_blocks_;
+  ScheduleOrder order_;
   int block_m_;
   int heads_;
   int total_;
