@@ -44,10 +44,26 @@ constexpr uint32_t kSwizzleRowBytes = 128;
 
 constexpr __host__ __device__ uint64_t desc_encode(uint32_t bytes) { return (bytes & kDescFieldMask) >> 4; }
 
+// The descriptor as two 32-bit words. The high word (stride byte offset, swizzle) is fixed by the
+// operand's layout, a compile-time constant; only the low word (start address, leading byte
+// offset) depends on where the tile sits. So a k-step's descriptor is the tile's low word plus
+// the encoded step offset -- one 32-bit add, no carry into the high word (tiles stay below
+// 256 KiB: the address field never overflows) -- and the high word never needs a register.
+constexpr int kDescWordBits = 32;
+constexpr __host__ __device__ uint32_t desc_low_word(uint32_t smem_address, uint32_t leading_byte_offset) {
+  return static_cast<uint32_t>(desc_encode(smem_address) | desc_encode(leading_byte_offset) << kDescLboShift);
+}
+constexpr __host__ __device__ uint32_t desc_high_word(uint32_t stride_byte_offset) {
+  return static_cast<uint32_t>(desc_encode(stride_byte_offset) << (kDescSboShift - kDescWordBits) |
+                               kDescSwizzle128B << (kDescSwizzleShift - kDescWordBits));
+}
+constexpr __host__ __device__ uint64_t desc_from_words(uint32_t low, uint32_t high) {
+  return uint64_t{high} << kDescWordBits | low;
+}
+
 constexpr __host__ __device__ uint64_t make_smem_desc(uint32_t smem_address, uint32_t leading_byte_offset,
                                                       uint32_t stride_byte_offset) {
-  return desc_encode(smem_address) | desc_encode(leading_byte_offset) << kDescLboShift |
-         desc_encode(stride_byte_offset) << kDescSboShift | kDescSwizzle128B << kDescSwizzleShift;
+  return desc_from_words(desc_low_word(smem_address, leading_byte_offset), desc_high_word(stride_byte_offset));
 }
 
 // ---- ordering --------------------------------------------------------------------------------

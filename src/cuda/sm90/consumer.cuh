@@ -68,23 +68,24 @@ struct Consumer {
   float o[kOAcc];
   OnlineSoftmax softmax;
 
-  // S (64 x kBlockN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps. Descriptors of later
-  // k-steps are the first one plus a constant (the address field is bits 0..13, and no tile
-  // crosses 256 KiB, so the addition never carries out of it).
+  // S (64 x kBlockN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps. A k-step's descriptors
+  // are the tiles' low words plus a constant (ptx::desc_low_word), with the constant high word.
   __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
     // The bases re-read per block (value_here): hoisted, the per-k-step descriptors stay live
     // across the loop and spill (d256).
     const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
-    const uint32_t q_base = ptx::value_here(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes);
-    const uint64_t desc_q = ptx::make_smem_desc(q_base, kUnusedLbo, ptx::kSwizzleAtomBytes);
-    const uint64_t desc_k =
-        ptx::make_smem_desc(ptx::value_here(ptx::smem_addr(smem.k[stage])), kUnusedLbo, ptx::kSwizzleAtomBytes);
+    const uint32_t q_low = ptx::value_here(
+        ptx::desc_low_word(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo));
+    const uint32_t k_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
+    constexpr uint32_t kHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
       const uint32_t offset = (kk % kKStepsPerSlab) * kKStepBytes;
       const int slab = kk / kKStepsPerSlab;
-      ptx::wgmma_ss<Element, kBlockN>(s, desc_q + ptx::desc_encode(slab * kBlockM * kRowBytes + offset),
-                                      desc_k + ptx::desc_encode(slab * kBlockN * kRowBytes + offset), kk > 0);
+      const uint32_t q_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockM * kRowBytes + offset));
+      const uint32_t k_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockN * kRowBytes + offset));
+      ptx::wgmma_ss<Element, kBlockN>(s, ptx::desc_from_words(q_low + q_step, kHigh),
+                                      ptx::desc_from_words(k_low + k_step, kHigh), kk > 0);
     }
   }
 
@@ -92,12 +93,13 @@ struct Consumer {
   // slabs: for wgmma that is B N-major, 64-column groups kBlockN rows apart (LBO), 8-key groups
   // one atom apart (SBO); each k-step moves 16 keys down.
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPRegs], int stage) {
-    const uint64_t desc_v =
-        ptx::make_smem_desc(ptx::value_here(ptx::smem_addr(smem.v[stage])), kBlockN * kRowBytes, ptx::kSwizzleAtomBytes);
+    const uint32_t v_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes));
+    constexpr uint32_t kHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kKStep; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
-      ptx::wgmma_rs<Element, kHeadDim>(o, a, desc_v + ptx::desc_encode(kk * kKStep * kRowBytes), true);
+      const uint32_t v_step = static_cast<uint32_t>(ptx::desc_encode(kk * kKStep * kRowBytes));
+      ptx::wgmma_rs<Element, kHeadDim>(o, a, ptx::desc_from_words(v_low + v_step, kHigh), true);
     }
   }
 

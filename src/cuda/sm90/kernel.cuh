@@ -38,8 +38,12 @@ template <typename Element, class Cfg, MaskKind kMask>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams params) {
   extern __shared__ __align__(1024) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<SharedStorage<Element, Cfg>*>(smem_bytes);
-  const int warpgroup = static_cast<int>(threadIdx.x) / kWarpgroupThreads;
-  const int warp = static_cast<int>(threadIdx.x) % kWarpgroupThreads / 32;
+  // Warpgroup and warp index broadcast from lane 0: the same value, but one ptxas knows to be
+  // warp-uniform, so what derives from it (the descriptors' shared-memory addresses, the pipeline
+  // stages, the tile loop's bounds) can live in uniform registers next to the wgmma issue.
+  const auto warp_uniform = [](int x) { return __shfl_sync(0xffffffffu, x, 0); };
+  const int warpgroup = warp_uniform(static_cast<int>(threadIdx.x) / kWarpgroupThreads);
+  const int warp = warp_uniform(static_cast<int>(threadIdx.x) % kWarpgroupThreads / 32);
   const int lane = static_cast<int>(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) init_barriers<Element, Cfg>(smem);
