@@ -169,7 +169,7 @@ struct Consumer {
     const Mask mask{params.p};
     const int64_t row0 = int64_t{slice().first_row} + warp * 16 + lane / 4;
     const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
-    Mask::apply(s, n, rows, 2 * (lane % 4));
+    Mask::apply(s, n, rows, 2 * (lane % 4), mask.left_bounded());
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.

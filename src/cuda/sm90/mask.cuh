@@ -68,22 +68,43 @@ struct TileMask {
     return n_block < uncut.lo || n_block >= uncut.hi;
   }
 
+  // Whether a row's visible keys can start after key 0, i.e. the window has a left edge. The full
+  // mask and causal (window_left unbounded) see every key from 0 on, so their cut blocks need only
+  // the right bound tested. A kernel parameter: the same for every thread.
+  __device__ __forceinline__ bool left_bounded() const {
+    if constexpr (kMask == MaskKind::kFull) return false;
+    else return p.window_left >= 0;
+  }
+
   // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator: this thread
   // holds two rows (bounds rows[0], rows[1]) and columns 8j + col0 + {0, 1} (see ptx/wgmma.cuh).
+  // The bounds are shifted once per row to this thread's first key, so each element is one
+  // compare of its compile-time offset 8j + e (and a second only with a left edge) and a select.
   template <int kAcc>
-  __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0) {
+  __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0,
+                                               bool left_bounded) {
     static_assert(kAcc == kBlockN / 2);
-    const int key_first = n_block * kBlockN;
+    const int thread_first_key = n_block * kBlockN + col0;
+    if (left_bounded) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int lo = rows[half].lo - key_first, hi = rows[half].hi - key_first;
+      for (int half = 0; half < 2; ++half) {
+        const int lo = rows[half].lo - thread_first_key, hi = rows[half].hi - thread_first_key;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+        for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * j + col0 + e;
-          if (col < lo || col > hi) s[4 * j + 2 * half + e] = -INFINITY;
-        }
+          for (int e = 0; e < 2; ++e)
+            if (8 * j + e < lo || 8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
+      }
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int hi = rows[half].hi - thread_first_key;
+#pragma unroll
+        for (int j = 0; j < kBlockN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
+      }
     }
   }
 };
