@@ -182,6 +182,24 @@ TEST(Sm90Fwd, SlidingWindows) {
   }
 }
 
+// The mask's two element-wise paths on every instance: windows with a left edge compare both
+// bounds, those without one (causal, right-only, the full mask's sequence end) only the right
+// bound; Sq > Sk gives causal rows that see no key (out 0, lse -inf in the reference).
+TEST(Sm90Fwd, MaskPathsOnEveryInstance) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const int d : {64, 128, 256})
+      for (const Problem& pr : {make_problem(1, 2, 1, d, 333, 333, false, 70, 20),
+                                make_problem(1, 2, 1, d, 300, 300, false, 40, -1),
+                                make_problem(1, 2, 1, d, 300, 300, false, -1, 9),
+                                make_problem(1, 2, 1, d, 390, 140, true),
+                                make_problem(1, 2, 1, d, 250, 250, false)}) {
+        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+}
+
 // Head dims below the instance's: the TMA zero-fills the columns past head_dim (d40 runs on the
 // 64 instance; d136 on the 256 instance, whose last 64-column slab is entirely out of bounds).
 TEST(Sm90Fwd, PartialHeadDims) {
