@@ -19,7 +19,7 @@
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
-#include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/tile_announcement.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -142,22 +142,12 @@ struct Consumer {
     else return smem.slice[warpgroup * kWarpsPerWarpgroup + warp];
   }
 
-  __device__ __forceinline__ void publish_slice(const WorkTile& t) {
-    const Mask mask{params.p};
-    const int64_t row_first = int64_t{t.first_row} + warpgroup * kWarpgroupRows;
-    // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows
-    // (any one row when the warpgroup has none).
-    const int64_t len_q = params.p.seqlen_q;
-    const int64_t last = row_first + kWarpgroupRows - 1;
-    const int64_t real_last = last < len_q ? last : len_q - 1;
-    const auto facts = [&] {
-      return MaskedSlice{static_cast<int>(row_first), mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first)};
-    };
+  __device__ __forceinline__ void publish_slice(const MaskedSlice& facts) {
     if constexpr (kCarryTileState) {
-      carried_slice = facts();
+      carried_slice = facts;
     } else {
       __syncwarp();  // the lanes' reads of the previous tile's copy are done
-      if (lane == 0) smem.slice[warpgroup * kWarpsPerWarpgroup + warp] = facts();
+      if (lane == 0) smem.slice[warpgroup * kWarpsPerWarpgroup + warp] = facts;
       __syncwarp();
     }
   }
@@ -293,13 +283,12 @@ struct Consumer {
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
   // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
   // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.
-  __device__ __forceinline__ void mma_tile(const WorkTile& t, int q_buffer, PipelineState& kv,
+  __device__ __forceinline__ void mma_tile(const AnnouncedTile& t, int q_buffer, PipelineState& kv,
                                            const WarpgroupTurns& turns, PendingStore& pending) {
     q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
-    const Mask mask{params.p};
-    const KVBlockRange blocks = mask.kv_blocks(t.first_row);
-    publish_slice(t);
+    const KVBlockRange blocks = t.blocks;
+    publish_slice(t.slice);
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();

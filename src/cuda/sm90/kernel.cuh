@@ -1,7 +1,7 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
 // registers); warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many
 // registers), each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
-// and announces each one's index in shared memory with its Q (q_full); consecutive tiles take
+// and announces each one in shared memory with its Q (q_full, tile_announcement.cuh); consecutive tiles take
 // the Q buffers in turn (a ring like the K/V stages, of depth features.q_buffers).
 #pragma once
 
@@ -14,7 +14,7 @@
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/producer.cuh"
 #include "cuda/sm90/shared_storage.cuh"
-#include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/tile_announcement.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -64,29 +64,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     PipelineState kv;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
     PendingStore pending;
-    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, params.p.heads_q, params.p.batch,
-                                  params.schedule_shift, params.tile_counter);
-    // One atomic read per warp (see the producer for why atomic), shared over the lanes. The
-    // index stays in shared memory until the tile's O store has left its Q buffer.
-    const auto tile_index = [&](int q_buffer) {
-      return __shfl_sync(0xffffffffu, lane == 0 ? atomicAdd(&smem.tile_index[q_buffer], 0) : 0, 0);
-    };
+    // The announcement stays in shared memory until the tile's O store has left its Q buffer.
+    const auto announced = [&](int q_buffer) { return read_announcement(smem.tile[q_buffer], lane, consumer); };
     for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
       const int q_stage = q_ring.stage();
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
-      const int index = tile_index(q_stage);
-      if (index == kNoTile) break;
+      const AnnouncedTile t = announced(q_stage);
+      if (!t.valid()) break;
       if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
         // Registers to spare (the d64 128-row tile): the tile goes to the epilogue as it is.
-        const WorkTile t = scheduler.tile_at(index);
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
-        epilogue.store(t, q_stage, mainloop.o, mainloop.softmax, pending);
+        epilogue.store(t.tile, q_stage, mainloop.o, mainloop.softmax, pending);
       } else {
-        mainloop.mma_tile(scheduler.tile_at(index), q_stage, kv, turns, pending);
-        // The epilogue looks the tile up again instead of carrying it through the KV loop, where
+        mainloop.mma_tile(t, q_stage, kv, turns, pending);
+        // The epilogue reads the tile again instead of carrying it through the KV loop, where
         // its fields would take registers (the 192-row tile has 160 per thread).
-        epilogue.store(scheduler.tile_at(tile_index(q_ring.stage())), q_ring.stage(), mainloop.o, mainloop.softmax,
-                       pending);
+        epilogue.store(announced(q_ring.stage()).tile, q_ring.stage(), mainloop.o, mainloop.softmax, pending);
       }
     }
     if (consumer == 0) turns.wait_turn();

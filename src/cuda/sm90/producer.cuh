@@ -1,5 +1,5 @@
 // The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
-// Per tile: the tile's index for the consumers and its Q (into the next buffer of the Q ring,
+// Per tile: the tile's announcement for the consumers (tile_announcement.cuh) and its Q (into the next buffer of the Q ring,
 // once the O staged there has left), K and V of the first (highest) visible KV block, then K/V
 // pairs for the remaining blocks, each stage acquired from the ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
@@ -13,6 +13,7 @@
 #include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/tile_announcement.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
 
 namespace fusedattn::cuda::sm90 {
@@ -36,20 +37,19 @@ struct Producer {
       ptx::tma_load_4d(dst + s * slab_elems, map, s * Cfg::kSlabCols, row, head, batch, bar);
   }
 
-  // Waits until the Q buffer at q_ring is free, publishes tile t's index in it (kNoTile when t
-  // is past the end) and loads t's Q. Returns false once kNoTile is out: the CTA is done.
-  // Atomic accesses to the index on both sides: the mbarriers already order them, but
-  // compute-sanitizer's racecheck does not follow that chain and flags plain ones, while atomics
-  // are never a data race.
-  __device__ __forceinline__ bool publish_q(const WorkTile& t, bool valid, const PipelineState& q_ring) const {
+  // Waits until the Q buffer at q_ring is free, publishes tile t's announcement a in it (a.index
+  // is kNoTile when t is past the end) and loads t's Q. Returns false once kNoTile is out: the
+  // CTA is done.
+  __device__ __forceinline__ bool publish_q(const WorkTile& t, const TileAnnouncement& a,
+                                            const PipelineState& q_ring) const {
     // The buffer was the O staging of the tile q_buffers back: wait until every consumer
     // warpgroup's TMA store has read it (first pass: fresh barriers, parity 1 passes at once).
-    // By then the consumers have also read that tile's index, so it can be overwritten; q_full's
+    // By then the consumers have also read that tile's announcement, so it can be overwritten; q_full's
     // arrival (release) publishes it.
     ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
     uint64_t* q_full = &smem.q_full[q_ring.stage()];
-    atomicExch(&smem.tile_index[q_ring.stage()], valid ? t.index : kNoTile);
-    if (!valid) {
+    announce(smem.tile[q_ring.stage()], a);
+    if (a.index == kNoTile) {
       ptx::mbarrier_arrive(q_full);
       return false;
     }
@@ -75,17 +75,19 @@ struct Producer {
                                   params.schedule_shift, params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
-      const KVBlockRange blocks = valid ? mask.kv_blocks(t.first_row) : KVBlockRange{0, 0};
+      // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
+      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups);
+      const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group;
       int n = blocks.hi - 1;
-      if (q_first && !publish_q(t, valid, q_ring)) return;
+      if (q_first && !publish_q(t, a, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
         load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
                   &smem.k_full[kv.stage()]);
       }
-      if (!q_first && !publish_q(t, valid, q_ring)) return;
+      if (!q_first && !publish_q(t, a, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);

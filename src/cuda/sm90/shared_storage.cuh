@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/mask.cuh"
+#include "cuda/sm90/tile_announcement.cuh"
 #include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -26,11 +27,9 @@ struct SharedStorage {
   uint64_t v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
   uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
-  int tile_index[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces (kNoTile: the CTA is done)
+  TileAnnouncement tile[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
 };
-
-constexpr int kNoTile = -1;
 
 template <typename Element, class Cfg>
 constexpr int shared_bytes() {

@@ -17,8 +17,7 @@ namespace fusedattn::cuda::sm90 {
 
 struct WorkTile {
   int index;
-  int m_block;
-  int first_row;  // m_block * block_m
+  int first_row;  // the query block's first row
   int head;
   int batch;
 };
@@ -52,7 +51,7 @@ class TileScheduler {
   __device__ WorkTile tile_at(int index) const {
     const ScheduledItem item = scheduled_item(order_, index);
     const int m_block = order_.blocks - 1 - item.rank;
-    return {index, m_block, m_block * block_m_, item.pair % heads_, item.pair / heads_};
+    return {index, m_block * block_m_, item.pair % heads_, item.pair / heads_};
   }
 
  private:

@@ -1,0 +1,90 @@
+// What the producer announces with each tile's Q: the tile, its visible KV blocks and, per
+// consumer warpgroup, the blocks its 64-row slice needs no element-wise mask on. The producer
+// thread works these out once (the schedule's divisions, key_range's 64-bit arithmetic) instead
+// of every consumer thread repeating them per tile; the consumers read a few words back.
+//
+// Both sides use atomics on the words: q_full's mbarrier already orders them, but
+// compute-sanitizer's racecheck does not follow that chain and flags plain accesses, while
+// atomics are never a data race.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm90/mask.cuh"
+#include "cuda/sm90/tile_config.h"
+#include "cuda/sm90/tile_scheduler.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+constexpr int kNoTile = -1;
+
+struct TileAnnouncement {
+  int index;  // kNoTile: no more tiles, the CTA is done
+  int first_row, head, batch;
+  KVBlockRange blocks;                          // visible KV blocks of the whole tile
+  KVBlockRange uncut[kMaxConsumerWarpgroups];  // per consumer warpgroup's slice, see MaskedSlice
+};
+constexpr int kAnnouncementWords = static_cast<int>(sizeof(TileAnnouncement) / sizeof(int));
+static_assert(sizeof(TileAnnouncement) == kAnnouncementWords * sizeof(int), "announced one word per lane");
+static_assert(kAnnouncementWords <= 32, "a warp reads the announcement with one word per lane");
+
+// A consumer warpgroup's view of an announcement: the tile and its own slice's facts.
+struct AnnouncedTile {
+  WorkTile tile;
+  KVBlockRange blocks;
+  MaskedSlice slice;
+  __device__ __forceinline__ bool valid() const { return tile.index != kNoTile; }
+};
+
+// Producer thread: the announcement of tile t (kNoTile when !valid) for a tile shape of
+// consumer_warpgroups 64-row slices.
+template <class Mask>
+__device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
+                                                            int consumer_warpgroups) {
+  TileAnnouncement a{};
+  a.index = valid ? t.index : kNoTile;
+  if (!valid) return a;
+  a.first_row = t.first_row;
+  a.head = t.head;
+  a.batch = t.batch;
+  a.blocks = mask.kv_blocks(t.first_row);
+  // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows (any
+  // one row when the slice has none).
+  const int64_t len_q = mask.p.seqlen_q;
+#pragma unroll
+  for (int wg = 0; wg < kMaxConsumerWarpgroups; ++wg) {
+    if (wg >= consumer_warpgroups) break;
+    const int64_t row_first = int64_t{t.first_row} + wg * kWarpgroupRows;
+    const int64_t last = row_first + kWarpgroupRows - 1;
+    const int64_t real_last = last < len_q ? last : len_q - 1;
+    a.uncut[wg] = mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first);
+  }
+  return a;
+}
+
+__device__ __forceinline__ void announce(TileAnnouncement& dst, const TileAnnouncement& a) {
+  const int* words = reinterpret_cast<const int*>(&a);
+  int* out = reinterpret_cast<int*>(&dst);
+#pragma unroll
+  for (int w = 0; w < kAnnouncementWords; ++w) atomicExch(&out[w], words[w]);
+}
+
+// Consumer warp: lane w reads word w (one shared-memory atomic per warp); the fields come back
+// by shuffles with constant (or warp-uniform) source lanes, so ptxas knows them warp-uniform.
+__device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src, int lane, int warpgroup) {
+  int* words = reinterpret_cast<int*>(&src);
+  const int mine = lane < kAnnouncementWords ? atomicAdd(&words[lane], 0) : 0;
+  const auto word = [&](size_t byte_offset) {
+    return __shfl_sync(0xffffffffu, mine, static_cast<int>(byte_offset / sizeof(int)));
+  };
+  constexpr size_t kHi = offsetof(KVBlockRange, hi);
+  const size_t my_uncut = offsetof(TileAnnouncement, uncut) + warpgroup * sizeof(KVBlockRange);
+  const int first_row = word(offsetof(TileAnnouncement, first_row));
+  return {{word(offsetof(TileAnnouncement, index)), first_row, word(offsetof(TileAnnouncement, head)),
+           word(offsetof(TileAnnouncement, batch))},
+          {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
+          {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}}};
+}
+
+}  // namespace fusedattn::cuda::sm90
