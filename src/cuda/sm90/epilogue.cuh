@@ -26,16 +26,22 @@ struct Epilogue {
   static constexpr int kOAcc = kWarpgroupRows * Cfg::kHeadDim / kWarpgroupThreads;
   static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));  // one 16-byte swizzle unit
   static constexpr int kAtomRows = 8;                                         // rows per swizzle atom
+  static constexpr int kChunksPerSlab = Cfg::kSlabCols / kChunkElems;
+  static constexpr int kSlabElems = Cfg::kBlockM * Cfg::kSlabCols;
+  // A thread's O columns are 8j + col0 + {0, 1} with col0 = 2 (lane % 4) < 8 (ptx/wgmma.cuh): each
+  // 8-column group of j lies in one 16-byte chunk, chunk j of the row.
+  static_assert(kChunkElems == 8, "one accumulator column group per 16-byte swizzle chunk");
 
   const KernelParams& params;
   Storage& smem;
   int warpgroup, warp, lane;
 
-  // Element offset of (row, col) in a 128B-swizzled [kBlockM x kHeadDim] tile stored as slabs.
-  __device__ __forceinline__ static int swizzled_offset(int row, int col) {
-    const int slab = col / Cfg::kSlabCols, in_slab = col % Cfg::kSlabCols;
-    const int chunk = (in_slab / kChunkElems) ^ (row % kAtomRows);
-    return slab * Cfg::kBlockM * Cfg::kSlabCols + row * Cfg::kSlabCols + chunk * kChunkElems + in_slab % kChunkElems;
+  // Element offset of chunk `chunk` (0 .. kHeadDim / kChunkElems - 1) of `row` in a 128B-swizzled
+  // [kBlockM x kHeadDim] tile stored as slabs, without the row's own offset: the 16-byte chunk c
+  // of a slab row sits at position c ^ (row % kAtomRows).
+  __device__ __forceinline__ static uint32_t swizzled_chunk(int chunk, uint32_t row_in_atom) {
+    const uint32_t slab = static_cast<uint32_t>(chunk / kChunksPerSlab), in_slab = static_cast<uint32_t>(chunk % kChunksPerSlab);
+    return slab * kSlabElems + (in_slab ^ row_in_atom) * kChunkElems;
   }
 
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
@@ -51,18 +57,20 @@ struct Epilogue {
     // The thread index is re-read here so the 2 * kOAcc / 4 staging offsets below are computed
     // per tile rather than hoisted out of the tile loop, where they would spill (the mainloop
     // needs the registers).
-    const int thread_now = ptx::thread_index_here() % kWarpgroupThreads;
-    const int lane_now = thread_now % 32;
-    const int row0 = warpgroup * kWarpgroupRows + thread_now / 32 * 16 + lane_now / 4;
-    const int col0 = 2 * (lane_now % 4);
+    // Unsigned, so the divisions below are shifts and masks. The thread's two rows, row0 and
+    // row0 + 8, share row % kAtomRows and with it the swizzle: per chunk j one xor, the rows'
+    // and slabs' offsets are constants of the stores.
+    const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
+    const uint32_t lane_now = thread_now % 32;
+    const int row0 = warpgroup * kWarpgroupRows + static_cast<int>(thread_now / 32 * 16 + lane_now / 4);
+    const uint32_t row_in_atom = lane_now / 4 % kAtomRows;
+    Element* const thread_base = smem.q[q_stage] + row0 * Cfg::kSlabCols + 2 * (lane_now % 4);
 #pragma unroll
     for (int j = 0; j < kOAcc / 4; ++j)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = row0 + 8 * half, col = 8 * j + col0;
-        *reinterpret_cast<uint32_t*>(&smem.q[q_stage][swizzled_offset(row, col)]) =
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<uint32_t*>(thread_base + swizzled_chunk(j, row_in_atom) + half * kAtomRows * Cfg::kSlabCols) =
             pack2<Element>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
-      }
     // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
