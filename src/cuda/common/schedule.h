@@ -46,6 +46,17 @@ __host__ __device__ inline ScheduledItem scheduled_item(const ScheduleOrder& ord
   return {within >> order.shift, (group << order.shift) + (within & ((1 << order.shift) - 1))};
 }
 
+#ifdef __CUDACC__
+// This CTA's item in a grid of x = row block, y = head, z = batch (issued x-fastest): a pair is
+// (y, z) = (pair % gridDim.y, pair / gridDim.y).
+__device__ __forceinline__ ScheduledItem scheduled_grid_item(int shift) {
+  const int blocks = static_cast<int>(gridDim.x);
+  const int linear =
+      static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + static_cast<int>(gridDim.y * blockIdx.z));
+  return scheduled_item({blocks, shift}, linear);
+}
+#endif
+
 // Fraction of the L2 that a group's operands may fill: the rest holds what other kernels and the
 // outputs (O, dQ's accumulator) keep there.
 constexpr int kScheduleL2Share = 3;

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "cuda/common/kinds.h"
+#include "cuda/common/schedule.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/ex2.cuh"
 #include "cuda/ptx/smem.cuh"
@@ -43,9 +44,28 @@
 
 namespace fusedattn::cuda::sm80 {
 
+// Grid: x = KV block, y = KV head, z = batch, issued x-fastest. Without a window the CTA takes
+// exactly that block. With a window the linear block number goes through the grouped order of
+// cuda/common/schedule.h: KV block 0 (under a causal mask the one most queries see) of every
+// (batch, KV head) of a group first, over a group whose Q/dO/dQ share the L2, which shortens the
+// tail of a causal launch. Either way the lower KV blocks of a head start first, which the
+// deterministic mode's ordered dQ adds rely on.
+struct BwdCta {
+  int n, kvh, b;
+};
+
+template <MaskKind kMask>
+__device__ __forceinline__ BwdCta bwd_cta(int schedule_shift) {
+  if constexpr (kMask == MaskKind::kFull)
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const ScheduledItem item = scheduled_grid_item(schedule_shift);
+  const int heads = static_cast<int>(gridDim.y);
+  return {item.rank, item.pair % heads, item.pair / heads};
+}
+
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
 __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
-    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws) {
+    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws, int schedule_shift) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
   using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
@@ -59,9 +79,10 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
   BwdCoords cta;
-  cta.n = blockIdx.x;
-  cta.kvh = blockIdx.y;
-  cta.b = blockIdx.z;
+  const BwdCta here = bwd_cta<kMask>(schedule_shift);
+  cta.n = here.n;
+  cta.kvh = here.kvh;
+  cta.b = here.b;
   cta.group = p.heads_q / p.heads_kv;
   cta.seq = seq_info(p, cta.b);
   const int64_t key0 = cta.n * kBlockN;
@@ -304,13 +325,14 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     cur = next;
   }
 
-  // Keys that no query sees keep their zero accumulators: dK = dV = 0 there. The sequence's
-  // offsets are read again rather than kept live across the main loop (where they made ptxas
-  // spill them).
-  const SeqInfo seq = seq_info(p, blockIdx.z);
-  const int64_t key_row0 = static_cast<int64_t>(blockIdx.x) * kBlockN + warp_key0;
-  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, blockIdx.z, seq.k_start, blockIdx.y));
-  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, blockIdx.z, seq.k_start, blockIdx.y));
+  // Keys that no query sees keep their zero accumulators: dK = dV = 0 there. The CTA's
+  // coordinates and the sequence's offsets are worked out again rather than kept live across the
+  // main loop (where they made ptxas spill them).
+  const BwdCta again = bwd_cta<kMask>(schedule_shift);
+  const SeqInfo seq = seq_info(p, again.b);
+  const int64_t key_row0 = static_cast<int64_t>(again.n) * kBlockN + warp_key0;
+  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, again.b, seq.k_start, again.kvh));
+  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, again.b, seq.k_start, again.kvh));
 #pragma unroll
   for (int mi = 0; mi < kKeyTiles; ++mi) {
     store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dk[mi], p.scale, seq.len_k,

@@ -16,6 +16,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/kinds.h"
+#include "cuda/common/schedule.h"
 #include "cuda/sm80/bwd_aux.h"
 #include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/bwd_workspace.h"
@@ -30,11 +31,15 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
                 "backward tile does not fit the shared memory of its GPUs");
   const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
-  // blockIdx.x (the KV block) varies fastest, so lower KV blocks of a head start first: the
-  // deterministic mode's ordered dQ adds rely on that.
+  // The CTAs' order (bwd_cta): lower KV blocks of a head start first, as the deterministic
+  // mode's ordered dQ adds need. What one (batch, KV head) pair's CTAs read again and again: its
+  // query heads' Q and dO rows and their fp32 dQ accumulator rows.
   const dim3 grid(static_cast<unsigned>((p.seqlen_k + T::kBlockN - 1) / T::kBlockN),
                   static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws);
+  const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
+                             (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
+  const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

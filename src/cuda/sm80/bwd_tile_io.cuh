@@ -228,7 +228,7 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
 // Deterministic variant: KV blocks add into a query block strictly in increasing block order.
 // The semaphore counts the blocks done; this CTA (the order-th contributor) waits for its turn,
 // does a plain read-add-write through L2 (.cg: L1 is not coherent across SMs), then passes the
-// turn on. Lower-numbered KV blocks are launched first (blockIdx.x), so the wait always ends.
+// turn on. Lower-numbered KV blocks are launched first (bwd_cta), so the wait always ends.
 // The barrier after the wait also publishes the staged tile to every thread. The reads go out
 // kDqOrderedBatch at a time before their writes: one L2 round trip per batch while the turn is
 // held, instead of one per element (the compiler cannot tell the writes from the next reads).

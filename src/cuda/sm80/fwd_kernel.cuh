@@ -48,10 +48,9 @@ template <MaskKind kMask>
 __device__ __forceinline__ FwdCta fwd_cta(int schedule_shift) {
   if constexpr (kMask == MaskKind::kFull) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
                                                   static_cast<int>(blockIdx.z)};
-  const int blocks = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
-  const int linear = static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + heads * static_cast<int>(blockIdx.z));
-  const ScheduledItem item = scheduled_item({blocks, schedule_shift}, linear);
-  return {blocks - 1 - item.rank, item.pair % heads, item.pair / heads};
+  const ScheduledItem item = scheduled_grid_item(schedule_shift);
+  const int heads = static_cast<int>(gridDim.y);
+  return {static_cast<int>(gridDim.x) - 1 - item.rank, item.pair % heads, item.pair / heads};
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask>
