@@ -55,9 +55,11 @@ struct OnlineSoftmax {
     bool moved = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float mx = -INFINITY;
+      // Seeded with the row's first pair rather than -inf (fmaxf(-inf, x) is no identity for
+      // ptxas: it keeps the op), one FMNMX per score.
+      float mx = fmaxf(s[2 * r], s[2 * r + 1]);
 #pragma unroll
-      for (int j = 0; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       const float m_block = quad_max(mx) * scale_log2;
       // -inf + slack stays -inf: a row's first visible key always moves the max.
       const bool move = m_block > row_max[r] + slack;
@@ -68,6 +70,7 @@ struct OnlineSoftmax {
       c.factor[r] = move ? fast_exp2(row_max[r] - m_use) : 1.f;
       row_max[r] = m_new;
       moved = moved || move;
+      // Seeded with the first probability rather than 0 (0.f + x is kept: it maps -0 to +0).
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j)
@@ -75,7 +78,7 @@ struct OnlineSoftmax {
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * r + e];
           x = fast_exp2(fmaf(x, scale_log2, -m_use));
-          sum += x;
+          sum = j == 0 && e == 0 ? x : sum + x;
         }
       row_sum[r] = row_sum[r] * c.factor[r] + sum;
     }
