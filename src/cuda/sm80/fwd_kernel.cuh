@@ -85,10 +85,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride.batch + seq.k_start * p.v_stride.row +
                      kv_head * p.v_stride.head;
   const int len_k = static_cast<int>(seq.len_k);  // < kMaxMaskedSeqlen (checked by the launcher)
-  auto load_kv = [&](uint32_t smem_tile, const Element* base, int64_t row_stride, int n) {
-    const int k0 = n * kBlockN;
-    KVTile::load_async(smem_tile, base + k0 * row_stride, row_stride, rows_inside<kBlockN>(len_k - k0),
-                       p.head_dim, tid);
+  // K and V of KV block n. Only the sequence's last block may end past it (rows there are
+  // zero-filled); it is the first one visited (kv.hi is at most ceil(len_k / kBlockN)), so every
+  // later block takes the lean whole-tile copies.
+  using KVSource = typename KVTile::TileSource;
+  const KVSource k_src(k, p.k_stride.row, p.head_dim, tid), v_src(v, p.v_stride.row, p.head_dim, tid);
+  auto load_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
+    src.load_async(smem_tile, n, rows_inside<kBlockN>(len_k - n * kBlockN), tid);
+    ptx::cp_async_commit();
+  };
+  auto load_whole_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
+    src.load_whole_async(smem_tile, n, tid);
     ptx::cp_async_commit();
   };
 
@@ -111,7 +118,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   if (kv.lo < kv.hi) {
     QTile::load_async(smem_q_addr, q, p.q_stride.row, rows_q, p.head_dim, tid);
-    load_kv(smem_k_addr, k, p.k_stride.row, kv.hi - 1);
+    load_kv(smem_k_addr, k_src, kv.hi - 1);
     if (p.scale_log2 < 0.f) {
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
@@ -127,7 +134,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       constexpr bool kFirst = decltype(first)::value;
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
-      load_kv(smem_v_addr, v, p.v_stride.row, n);
+      if constexpr (kFirst)
+        load_kv(smem_v_addr, v_src, n);
+      else
+        load_whole_kv(smem_v_addr, v_src, n);
 
       const bool cut = n < uncut.lo || n >= uncut.hi;
       uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
@@ -149,7 +159,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if (n > kv.lo) load_kv(smem_k_addr, k, p.k_stride.row, n - 1);
+      if (n > kv.lo) load_whole_kv(smem_k_addr, k_src, n - 1);
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);

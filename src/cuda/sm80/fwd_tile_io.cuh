@@ -71,6 +71,49 @@ struct TileIo {
     }
   }
 
+  // One thread's share of loading the tiles of a tensor that lie kRows rows apart (the KV blocks
+  // of a sequence). Every tile but the last lies wholly inside the sequence: its copies need no
+  // row predicates, so a copy's source is the thread's chunk pointer plus a multiple of the row
+  // stride, one 64-bit add per row instead of a predicated pointer select and an index-to-address
+  // conversion. Only the last tile (load_async) pays for them.
+  struct TileSource {
+    const Element* chunk;  // this thread's chunk in its first row of tile 0
+    int64_t row_stride;
+    bool col_inside;  // false for a chunk past valid_cols: zero-filled every time
+
+    __device__ __forceinline__ TileSource(const Element* gmem, int64_t row_stride_, int valid_cols, int tid)
+        : row_stride(row_stride_) {
+      const Slot slot(tid);
+      col_inside = slot.col < valid_cols;
+      // A zero-filled chunk reads nothing, but its source still stays inside the row.
+      chunk = gmem + slot.row * row_stride + (col_inside ? slot.col : 0);
+    }
+
+    // Starts the asynchronous copy of tile `tile`, all of whose rows lie inside the sequence.
+    __device__ __forceinline__ void load_whole_async(uint32_t smem, int tile, int tid) const {
+      const Slot slot(tid);
+      if (!slot.active()) return;
+      const Element* src = chunk + tile * (kRows * row_stride);
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i)
+        ptx::cp_async_16(smem + slot.smem(i), src + i * (kRowStep * row_stride), col_inside);
+    }
+
+    // Starts the asynchronous copy of rows [0, valid_rows) (valid_rows >= 1) of tile `tile`; the
+    // rows past them are zero-filled (see the static load_async), their copies pointed at row 0.
+    __device__ __forceinline__ void load_async(uint32_t smem, int tile, int valid_rows, int tid) const {
+      const Slot slot(tid);
+      if (!slot.active()) return;
+      const Element* src = chunk + tile * (kRows * row_stride);
+      const Element* row0 = src - slot.row * row_stride;
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const bool inside = col_inside && slot.row + i * kRowStep < valid_rows;
+        ptx::cp_async_16(smem + slot.smem(i), inside ? src + i * (kRowStep * row_stride) : row0, inside);
+      }
+    }
+  };
+
   // Flips the sign of the chunks this thread loaded (after its cp.async completed). Used to fold a
   // negative softmax scale into Q so the softmax can always track the maximum of raw scores.
   static __device__ __forceinline__ void negate_own_chunks(unsigned char* smem, int tid) {
