@@ -158,8 +158,13 @@ struct Consumer {
   __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n) const {
     const Mask mask{params.p};
     const int64_t row0 = int64_t{slice().first_row} + warp * 16 + lane / 4;
-    const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
-    Mask::apply(s, n, rows, 2 * (lane % 4), mask.left_bounded());
+    if (mask.left_bounded()) {
+      const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
+      Mask::apply(s, n, rows, 2 * (lane % 4));
+    } else {
+      const int row_hi[2] = {mask.right_bound_of_row(row0), mask.right_bound_of_row(row0 + 8)};
+      Mask::apply_right(s, n, row_hi, 2 * (lane % 4));
+    }
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.

@@ -56,6 +56,15 @@ struct TileMask {
     return {static_cast<int>(kr.lo), static_cast<int>(kr.hi < kr.lo - 1 ? kr.lo - 1 : kr.hi)};
   }
 
+  // The right bound alone, for masks without a left edge (see left_bounded: every row's keys
+  // start at 0): only key_range's hi is computed. A row with no keys (hi < 0) gets -1, so the
+  // bound shifted to a thread's first key cannot wrap.
+  __device__ __forceinline__ int right_bound_of_row(int64_t row) const {
+    const int64_t hi = key_range(p, row, p.seqlen_q, p.seqlen_k).hi;
+    return static_cast<int>(hi < kNoKey ? kNoKey : hi);
+  }
+  static constexpr int kNoKey = -1;
+
   // For query rows [row_first, row_last]: the KV blocks that need no element-wise mask, i.e. where
   // every row sees all keys. lo and hi both grow with the row, so that is where the largest lo
   // (the last row's) <= the block's first key and the smallest hi (the first row's) >= its last;
@@ -78,33 +87,36 @@ struct TileMask {
 
   // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator: this thread
   // holds two rows (bounds rows[0], rows[1]) and columns 8j + col0 + {0, 1} (see ptx/wgmma.cuh).
-  // The bounds are shifted once per row to this thread's first key, so each element is one
-  // compare of its compile-time offset 8j + e (and a second only with a left edge) and a select.
+  // The bounds are shifted once per row to this thread's first key, so each element is two
+  // compares of its compile-time offset 8j + e and a select.
   template <int kAcc>
-  __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0,
-                                               bool left_bounded) {
+  __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0) {
     static_assert(kAcc == kBlockN / 2);
     const int thread_first_key = n_block * kBlockN + col0;
-    if (left_bounded) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int lo = rows[half].lo - thread_first_key, hi = rows[half].hi - thread_first_key;
+    for (int half = 0; half < 2; ++half) {
+      const int lo = rows[half].lo - thread_first_key, hi = rows[half].hi - thread_first_key;
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
+      for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (8 * j + e < lo || 8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
-      }
-    } else {
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + e < lo || 8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
+    }
+  }
+
+  // The same without a left edge (right bounds from right_bound_of_row): one compare per element.
+  template <int kAcc>
+  __device__ __forceinline__ static void apply_right(float (&s)[kAcc], int n_block, const int (&row_hi)[2], int col0) {
+    static_assert(kAcc == kBlockN / 2);
+    const int thread_first_key = n_block * kBlockN + col0;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int hi = rows[half].hi - thread_first_key;
+    for (int half = 0; half < 2; ++half) {
+      const int hi = row_hi[half] - thread_first_key;
 #pragma unroll
-        for (int j = 0; j < kBlockN / 8; ++j)
+      for (int j = 0; j < kBlockN / 8; ++j)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
-      }
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
     }
   }
 };
