@@ -62,9 +62,10 @@ struct OnlineSoftmax {
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float block_max = -INFINITY;
+        // Seeded with the row's first pair, not -inf: ptxas keeps fmaxf(-inf, x) (x may be NaN).
+        float block_max = fmaxf(s[mt][0][2 * h], s[mt][0][2 * h + 1]);
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 1; nt < kNTiles; ++nt)
           block_max = fmaxf(block_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
         const float m_block = quad_max(block_max) * scale_log2;
         // -inf + slack stays -inf: a row's first visible key always moves the max.
@@ -80,6 +81,7 @@ struct OnlineSoftmax {
           moved = moved || move;
         }
         row_max[mt][h] = m_new;
+        // Seeded with the first probability, not 0: ptxas keeps 0 + x (x may be -0).
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
@@ -87,7 +89,7 @@ struct OnlineSoftmax {
           for (int e = 0; e < 2; ++e) {
             float& x = s[mt][nt][2 * h + e];
             x = ptx::ex2_approx(fmaf(x, scale_log2, -m_use));
-            sum += x;
+            sum = nt == 0 && e == 0 ? x : sum + x;
           }
         row_sum[mt][h] += sum;
       }
