@@ -69,7 +69,8 @@ struct Consumer {
   OnlineSoftmax softmax;
 
   // S (64 x kBlockN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps. A k-step's descriptors
-  // are the tiles' low words plus a constant (ptx::desc_low_word), with the constant high word.
+  // are the tiles' low words plus a constant (ptx::desc_low_word), with the operand's high word
+  // from the kernel parameters (see DescriptorHighWords).
   __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
     // The bases re-read per block (value_here): hoisted, the per-k-step descriptors stay live
     // across the loop and spill (d256).
@@ -77,15 +78,15 @@ struct Consumer {
     const uint32_t q_low = ptx::value_here(
         ptx::desc_low_word(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo));
     const uint32_t k_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
-    constexpr uint32_t kHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
+    const uint32_t q_high = params.desc_high.q, k_high = params.desc_high.k;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
       const uint32_t offset = (kk % kKStepsPerSlab) * kKStepBytes;
       const int slab = kk / kKStepsPerSlab;
       const uint32_t q_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockM * kRowBytes + offset));
       const uint32_t k_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockN * kRowBytes + offset));
-      ptx::wgmma_ss<Element, kBlockN>(s, ptx::desc_from_words(q_low + q_step, kHigh),
-                                      ptx::desc_from_words(k_low + k_step, kHigh), kk > 0);
+      ptx::wgmma_ss<Element, kBlockN>(s, ptx::desc_from_words(q_low + q_step, q_high),
+                                      ptx::desc_from_words(k_low + k_step, k_high), kk > 0);
     }
   }
 
@@ -94,12 +95,12 @@ struct Consumer {
   // one atom apart (SBO); each k-step moves 16 keys down.
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPRegs], int stage) {
     const uint32_t v_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes));
-    constexpr uint32_t kHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
+    const uint32_t v_high = params.desc_high.v;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kKStep; ++kk) {
       const uint32_t a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
       const uint32_t v_step = static_cast<uint32_t>(ptx::desc_encode(kk * kKStep * kRowBytes));
-      ptx::wgmma_rs<Element, kHeadDim>(o, a, ptx::desc_from_words(v_low + v_step, kHigh), true);
+      ptx::wgmma_rs<Element, kHeadDim>(o, a, ptx::desc_from_words(v_low + v_step, v_high), true);
     }
   }
 

@@ -74,6 +74,8 @@ void launch_fwd(const FwdParams& p) {
                           ? 0
                           : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
                                            p.heads_q * p.batch);
+  constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
+  kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};

@@ -4,6 +4,8 @@
 
 #include <cuda.h>
 
+#include <cstdint>
+
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -32,6 +34,15 @@ struct Features {
   int q_buffers = 1;
 };
 
+// The high words of the wgmma shared-memory descriptors (stride byte offset and swizzle,
+// ptx::desc_high_word), one per operand. They are compile-time constants, yet passed in: a
+// constant high word is re-materialised by ptxas before every wgmma (UMOVs per k-step), while
+// a value it cannot fold stays in the register of its descriptor pair. One word per operand
+// because a word shared by the Q, K and V pairs is copied into each pair per k-step.
+struct DescriptorHighWords {
+  uint32_t q, k, v;
+};
+
 struct KernelParams {
   CUtensorMap tma_q;  // [batch, seqlen_q, heads_q, head_dim], box 64 x kBlockM
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
@@ -42,6 +53,7 @@ struct KernelParams {
   int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
   int* tile_counter;  // zero at launch; null: static schedule
   Features features;
+  DescriptorHighWords desc_high;  // every field ptx::desc_high_word(ptx::kSwizzleAtomBytes)
 };
 
 }  // namespace fusedattn::cuda::sm90
