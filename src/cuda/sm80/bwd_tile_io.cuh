@@ -203,16 +203,26 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
   constexpr int kLaneFloats = kVector ? 4 : 1;
   constexpr int kStepFloats = kWarpSize * kLaneFloats;
   static_assert(kCols % kDqSegment == 0 && (kRows * kCols) % kStepFloats == 0, "whole warp steps over the region");
+  static_assert(kStepFloats % kCols == 0 || kCols % kStepFloats == 0, "a step covers whole rows or part of one");
+  // A step covers kStepRows whole rows, or 1 / kStepsPerRow of one row: either way the lane's
+  // (row, column) of a step is its first step's plus constants, so one 64-bit global pointer per
+  // lane serves every step (per-step 64-bit row offsets cost ~10 instructions per add).
+  constexpr int kStepRows = kStepFloats >= kCols ? kStepFloats / kCols : 1;
+  constexpr int kStepsPerRow = kStepFloats >= kCols ? 1 : kCols / kStepFloats;
   const int lane = threadIdx.x % kWarpSize;
+  const int lane_r = r0 + lane * kLaneFloats / kCols, lane_c = c0 + lane * kLaneFloats % kCols;
+  float* const lane_dst = acc_base + (row0 + lane_r) * pitch + lane_c;
   auto add_all = [&](auto checked) {
+    // Rows left in the sequence from the lane's first row, clamped into 32 bits (the region has
+    // kRows rows).
+    const int rows_left = static_cast<int>(valid_rows - row0 - lane_r < kRows ? valid_rows - row0 - lane_r : kRows);
 #pragma unroll
     for (int step = 0; step < kRows * kCols / kStepFloats; ++step) {
-      const int e = step * kStepFloats + lane * kLaneFloats;
-      const int r = r0 + e / kCols, c = c0 + e % kCols;
+      const int dr = step / kStepsPerRow * kStepRows, dc = step % kStepsPerRow * kStepFloats;
       // head_dim is a multiple of 8, so a 4-float group is wholly inside or outside it.
-      if (decltype(checked)::value && (row0 + r >= valid_rows || c >= head_dim)) continue;
-      float* dst = acc_base + (row0 + r) * pitch + c;
-      const float* src = tile + dq_stage_offset<kTileCols>(r, c);
+      if (decltype(checked)::value && (dr >= rows_left || lane_c + dc >= head_dim)) continue;
+      float* dst = lane_dst + dr * pitch + dc;
+      const float* src = tile + dq_stage_offset<kTileCols>(lane_r + dr, lane_c + dc);
       if constexpr (kVector)
         ptx::red_add_f32x4(dst, *reinterpret_cast<const float4*>(src));
       else
