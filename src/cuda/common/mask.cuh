@@ -11,7 +11,9 @@
 //   BlockRange uncut_blocks(i_first, i_last, block_n)
 //                                          the blocks that are not cut, precomputed once
 //   KeyRange unclamped_keys(i)             keys(i) before the clamp to [0, len_k - 1]
-// and the free functions thread_window(policy, row0) and apply_mask(s, window, col0) for S
+//   kMayCutLeft                            whether a row's first key can be cut (a left window)
+// and the free functions thread_window(policy, row0), cuts_left(policy, uncut, n),
+// apply_mask<kLeft>(s, window, col0) and mask_cut_block<Policy>(s, window, col0, cut_left) for S
 // accumulators in the mma C layout.
 #pragma once
 
@@ -49,15 +51,17 @@ struct MaskBase {
 
   // KV blocks [lo, hi) whose every (row, key) pair rows i_first..i_last see: the complement (within
   // kv_blocks) is where the mask is cut. Loop-invariant, so the per-block test is two int compares.
+  // lo is kept even when the range is empty (hi < lo of the keys gives hi <= lo of the blocks):
+  // blocks from lo on start at or after every row's first key (cuts_left relies on it).
   __device__ __forceinline__ BlockRange uncut_blocks(int64_t i_first, int64_t i_last, int block_n) const {
     const int64_t lo = keys(i_last).lo, hi = keys(i_first).hi;
-    if (hi < lo) return {0, 0};
     return {mask_detail::ceil_div(lo, block_n), static_cast<int>((hi + 1) / block_n)};
   }
 };
 
 // No window: every row sees keys [0, len_k - 1] (key_range with window_left = window_right = -1).
 struct MaskFull : MaskBase<MaskFull> {
+  static constexpr bool kMayCutLeft = false;
   __device__ __forceinline__ MaskFull(const FwdParams&, int64_t lq, int64_t lk) : MaskBase<MaskFull>{lq, lk} {}
   __device__ __forceinline__ KeyRange keys(int64_t) const { return {0, len_k - 1}; }
   // Before clamping to [0, len_k - 1]: unbounded on both sides (apply_mask clamps).
@@ -66,6 +70,7 @@ struct MaskFull : MaskBase<MaskFull> {
 
 // Causal and sliding windows, bottom-right aligned: exactly key_range().
 struct MaskWindow : MaskBase<MaskWindow> {
+  static constexpr bool kMayCutLeft = true;  // only with window_left >= 0 (never causal)
   int64_t window_left, window_right;  // -1 = unbounded
   __device__ __forceinline__ MaskWindow(const FwdParams& p, int64_t lq, int64_t lk)
       : MaskBase<MaskWindow>{lq, lk}, window_left(p.window_left), window_right(p.window_right) {}
@@ -106,12 +111,22 @@ __device__ __forceinline__ ThreadWindow thread_window(const Mask& mask, int64_t 
   return {lo, hi, static_cast<int>(mask.len_k) - 1};
 }
 
+// Whether cut KV block n (uncut = mask.uncut_blocks(...)) may hide keys left of some row's first
+// key. Blocks from uncut.lo on start at or after the first key of the block's last row, which is
+// the largest first key of its rows (key_range is monotone), so only their right side is cut: the
+// causal diagonal and the sequence end always are.
+template <typename Mask>
+__device__ __forceinline__ bool cuts_left(const Mask&, BlockRange uncut, int n) {
+  return Mask::kMayCutLeft && n < uncut.lo;
+}
+
 // Sets masked scores to -inf in S accumulators laid out as mma.m16n8k16 C fragments
 // (src/cuda/ptx/mma_sm80.cuh): s[mt][nt][2*h + e] is row row0 + 16*mt + 8*h, key col0 + 8*nt + e,
 // where row0 / col0 are this thread's first row (tile row g) and first key (tile column 2t), and
 // w = thread_window(mask, row0). -inf (not a large negative number) so that exp2 gives exactly 0
-// and a fully masked row is recognisable by its -inf maximum.
-template <int kMTiles, int kNTiles>
+// and a fully masked row is recognisable by its -inf maximum. kLeft = false skips the test
+// against the rows' first keys, one compare per score, for blocks cuts_left() clears.
+template <bool kLeft, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], ThreadWindow w, int col0) {
   constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8;
 #pragma unroll
@@ -125,9 +140,23 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], Thre
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int c = nt * kTileCols + e;
-          if (c < lo || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
+          if ((kLeft && c < lo) || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
         }
     }
+}
+
+// apply_mask on a KV block the mask cuts, cut_left = cuts_left(mask, uncut, n). With a window the
+// blocks only the right side cuts (every causal one) skip the left test. Without one the only cut
+// block is the sequence's last, once per CTA, and its two-sided test stays: ptxas keeps one
+// predicate pair per key for all rows there, while the one-sided test is recomputed per row and
+// raises the register pressure of the whole loop.
+template <typename Mask, int kMTiles, int kNTiles>
+__device__ __forceinline__ void mask_cut_block(float (&s)[kMTiles][kNTiles][4], ThreadWindow w, int col0,
+                                               bool cut_left) {
+  if (!Mask::kMayCutLeft || cut_left)
+    apply_mask<true>(s, w, col0);
+  else
+    apply_mask<false>(s, w, col0);
 }
 
 }  // namespace fusedattn::cuda

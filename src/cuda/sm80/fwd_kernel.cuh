@@ -139,14 +139,14 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       else
         load_whole_kv(smem_v_addr, v_src, n);
 
-      const bool cut = n < uncut.lo || n >= uncut.hi;
+      const bool cut_left = cuts_left(mask, uncut, n), cut = cut_left || n >= uncut.hi;
       uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
       RowCorrection<Cfg::kMTiles> correction[kSlices];
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
         gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, q_warp_offset, Cfg::kSmemQ + j * kSliceBytes);
-        if (cut) apply_mask(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile);
+        if (cut) mask_cut_block<MaskPolicy<kMask>>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
         else
