@@ -112,7 +112,10 @@ struct OnlineSoftmax {
 
   // Completes the row sums; returns per row the factor that normalises O (0 for a fully masked
   // row, whose O is 0, so out is 0 and never 0 * inf) and the natural-log LSE (-inf for a fully
-  // masked row).
+  // masked row). A row that saw a key has sum >= 1 (the key at its true max contributes 2^(max -
+  // reference) >= 1, the reference never exceeding the max) and far below overflow, so the
+  // hardware reciprocal and log2 (MUFU.RCP, MUFU.LG2: about 1 ulp, 2^-22 absolute) replace the
+  // IEEE division and the libm log2f with their range handling; NaN stays NaN.
   __device__ __forceinline__ void finalize(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -120,8 +123,8 @@ struct OnlineSoftmax {
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(row_sum[mt][h]);
         const bool empty = sum == 0.f;
-        inv_sum[mt][h] = empty ? 0.f : 1.f / sum;
-        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + log2f(sum)) * kLn2;
+        inv_sum[mt][h] = empty ? 0.f : __fdividef(1.f, sum);
+        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + __log2f(sum)) * kLn2;
       }
   }
 };
