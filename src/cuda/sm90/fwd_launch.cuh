@@ -104,21 +104,20 @@ void launch_fwd(const FwdParams& p) {
 }
 
 // d64: the 192-row tile (tile_config.h) where the query sequence is long enough that its padding
-// rows and coarser causal steps cost less than the third consumer warpgroup gains (H200 fp16,
-// ours/cuDNN against the 128-row tile in one run: full 2k 0.99 vs 0.92, 8k 1.05 vs 0.91, causal
-// 4k 0.90 vs 0.89, 16k 1.00 vs 0.95, causal 2k 0.88 vs 0.89), the table's 128-row tile
-// otherwise. FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile
-// without the overlap existed, still means 192).
-constexpr int64_t kD64TallMinQueriesFull = 2048;
-constexpr int64_t kD64TallMinQueriesMasked = 4096;
+// rows cost less than the third consumer warpgroup gains, the table's 128-row tile otherwise
+// (H200 fp16, ours/cuDNN, 192 vs 128 rows in one run after the session-8 instruction cuts: full
+// 1k 0.94 vs 0.93, 2k 1.05 vs 0.98; causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00, 8k 1.12 vs 1.00;
+// causal masks waited for 4k before those cuts, when causal 2k measured 0.88 vs 0.89).
+// FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile without the
+// overlap existed, still means 192).
+constexpr int64_t kD64TallMinQueries = 2048;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   if constexpr (kHeadDim == 64) {
     const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
     const std::string forced = v ? v : "";
-    const int64_t min_queries = kMask == MaskKind::kFull ? kD64TallMinQueriesFull : kD64TallMinQueriesMasked;
-    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= min_queries);
+    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= kD64TallMinQueries);
     if (tall) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p);
