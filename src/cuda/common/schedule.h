@@ -47,13 +47,23 @@ __host__ __device__ inline ScheduledItem scheduled_item(const ScheduleOrder& ord
 }
 
 #ifdef __CUDACC__
-// This CTA's item in a grid of x = row block, y = head, z = batch (issued x-fastest): a pair is
-// (y, z) = (pair % gridDim.y, pair / gridDim.y).
-__device__ __forceinline__ ScheduledItem scheduled_grid_item(int shift) {
-  const int blocks = static_cast<int>(gridDim.x);
-  const int linear =
-      static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + static_cast<int>(gridDim.y * blockIdx.z));
-  return scheduled_item({blocks, shift}, linear);
+struct GridItem {
+  int rank;  // as ScheduledItem::rank
+  int y, z;  // the pair as grid coordinates: (head, batch)
+};
+
+// This CTA's item in a grid of x = row block, y = head, z = batch (issued x-fastest). kGrouped:
+// its linear block number in the grouped order (a pair is (y, z) = (pair % gridDim.y,
+// pair / gridDim.y)); otherwise the grid's own coordinates, i.e. head-major order without the
+// index arithmetic.
+template <bool kGrouped>
+__device__ __forceinline__ GridItem grid_item(int shift) {
+  if constexpr (!kGrouped)
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const int blocks = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
+  const int linear = static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + heads * static_cast<int>(blockIdx.z));
+  const ScheduledItem item = scheduled_item({blocks, shift}, linear);
+  return {item.rank, item.pair % heads, item.pair / heads};
 }
 #endif
 

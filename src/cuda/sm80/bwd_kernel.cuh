@@ -56,11 +56,8 @@ struct BwdCta {
 
 template <MaskKind kMask>
 __device__ __forceinline__ BwdCta bwd_cta(int schedule_shift) {
-  if constexpr (kMask == MaskKind::kFull)
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
-  const ScheduledItem item = scheduled_grid_item(schedule_shift);
-  const int heads = static_cast<int>(gridDim.y);
-  return {item.rank, item.pair % heads, item.pair / heads};
+  const GridItem item = grid_item<kMask == MaskKind::kWindow>(schedule_shift);
+  return {item.rank, item.y, item.z};
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
@@ -186,11 +183,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 
       // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
       float pt[kKeyTiles][kSliceTiles][4];
-      if constexpr (T::kKvRegisters)
-        warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(pt, k_frag, smem_q, lane_tile, q0);
-      else
-        warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(pt, smem_k, lane_tile, warp_key0,
-                                                                                   smem_q, lane_tile, q0);
+      warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(pt, k_frag, smem_k, warp_key0,
+                                                                                             smem_q, lane_tile, q0);
 #pragma unroll
       for (int j = 0; j < kSliceTiles; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + j * kMmaCols + 2 * t);
@@ -237,11 +231,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
             dst[mi][j][3] = nd.w;
           }
         }
-        if constexpr (T::kKvRegisters)
-          warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, true>(dst, v_frag, smem_do, lane_tile, q0);
-        else
-          warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element, true>(
-              dst, smem_v, lane_tile, warp_key0, smem_do, lane_tile, q0);
+        warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, true>(
+            dst, v_frag, smem_v, warp_key0, smem_do, lane_tile, q0);
 #pragma unroll
         for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
@@ -249,11 +240,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dst[mi][j][e] *= pt[mi][j][e];
       } else {
-        if constexpr (T::kKvRegisters)
-          warp_gemm_rbt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(dst, v_frag, smem_do, lane_tile, q0);
-        else
-          warp_gemm_abt<kKeyTiles, kSliceQueries, kHeadDim, kPitch, kPitch, Element>(dst, smem_v, lane_tile, warp_key0,
-                                                                                     smem_do, lane_tile, q0);
+        warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(
+            dst, v_frag, smem_v, warp_key0, smem_do, lane_tile, q0);
 #pragma unroll
         for (int j = 0; j < kSliceTiles; ++j) {
           const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);

@@ -141,6 +141,19 @@ __device__ __forceinline__ void warp_gemm_rbt(float (&c)[kRowTiles][kN / kMmaCol
     }
 }
 
+// A warp's key rows times B^T: from the register fragments `a` (load_a_fragments) when
+// kFromRegisters, else from the [m][k] shared tile tile_a at rows a_row0.. (a unused).
+template <bool kFromRegisters, int kRowTiles, int kN, int kK, int kPitch, typename Element, bool kAccumulate = false,
+          int kFragmentTiles>
+__device__ __forceinline__ void warp_gemm_rows_bt(float (&c)[kRowTiles][kN / kMmaCols][4],
+                                                  const uint32_t (&a)[kFragmentTiles][kK / kMmaK][4], uint32_t tile_a,
+                                                  int a_row0, uint32_t tile_b, LdsmLane lane, int b_row0) {
+  if constexpr (kFromRegisters)
+    warp_gemm_rbt<kRowTiles, kN, kK, kPitch, Element, kAccumulate>(c, a, tile_b, lane, b_row0);
+  else
+    warp_gemm_abt<kRowTiles, kN, kK, kPitch, kPitch, Element, kAccumulate>(c, tile_a, lane, a_row0, tile_b, lane, b_row0);
+}
+
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
 // the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n],
 // rows from b_row0 (a multiple of 16), columns from 16 * pair0.

@@ -46,11 +46,9 @@ struct FwdCta {
 
 template <MaskKind kMask>
 __device__ __forceinline__ FwdCta fwd_cta(int schedule_shift) {
-  if constexpr (kMask == MaskKind::kFull) return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                                                  static_cast<int>(blockIdx.z)};
-  const ScheduledItem item = scheduled_grid_item(schedule_shift);
-  const int heads = static_cast<int>(gridDim.y);
-  return {static_cast<int>(gridDim.x) - 1 - item.rank, item.pair % heads, item.pair / heads};
+  constexpr bool kWindow = kMask == MaskKind::kWindow;
+  const GridItem item = grid_item<kWindow>(schedule_shift);
+  return {kWindow ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask>

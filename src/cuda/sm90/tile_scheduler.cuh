@@ -4,8 +4,8 @@
 // first and the short ones fill the tail, while the CTAs running together share the group's K/V
 // in L2. A group of one head (full masks: equal tiles) is head-major order.
 //
-// The producer thread owns the schedule and publishes each tile index to the consumers (see
-// kernel.cuh). CTA c starts with tile c; after that the next tile is either
+// The producer thread owns the schedule and announces each tile to the consumers (see
+// tile_announcement.cuh). CTA c starts with tile c; after that the next tile is either
 //  - static:  the current one + gridDim.x (round robin; balanced only when tiles are equal), or
 //  - dynamic: gridDim.x + atomicAdd(counter, 1), so a CTA that finishes early takes the next
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
