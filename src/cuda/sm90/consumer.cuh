@@ -72,11 +72,13 @@ struct Consumer {
   // are the tiles' low words plus a constant (ptx::desc_low_word), with the operand's high word
   // from the kernel parameters (see DescriptorHighWords).
   __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
-    // The bases re-read per block (value_here): hoisted, the per-k-step descriptors stay live
-    // across the loop and spill (d256).
+    // K's base is re-read per block (value_here): hoisted, its per-k-step descriptors stay live
+    // across the loop. Q's, the same for every block of the tile, may be hoisted: with the high
+    // words from the kernel parameters ptxas keeps its words in uniform registers (0 B spills at
+    // every head dim; before, the hoisted descriptors spilled at d256).
     const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
-    const uint32_t q_low = ptx::value_here(
-        ptx::desc_low_word(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo));
+    const uint32_t q_low =
+        ptx::desc_low_word(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo);
     const uint32_t k_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
     const uint32_t q_high = params.desc_high.q, k_high = params.desc_high.k;
 #pragma unroll

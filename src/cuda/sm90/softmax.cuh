@@ -14,6 +14,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// rcp.approx.ftz.f32 and lg2.approx.ftz.f32; any SM. About 1 ulp (lg2: 2^-22 absolute), NaN stays
+// NaN. Without .ftz (__fdividef, __log2f) ptxas adds a subnormal-input rescale around each; the
+// row sums these take are 0 (handled apart) or >= 1 (see OnlineSoftmax::finalize).
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Max / sum over the four lanes of a quad (lanes 4r .. 4r+3 hold one row between them).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -88,13 +102,18 @@ struct OnlineSoftmax {
 
   // 1 / rowsum for the output and the natural-log LSE. A fully masked row has sum 0: its output
   // is 0 (not 0 * inf) and its LSE -inf. A NaN sum stays NaN in both, confined to its row.
+  // A row that saw a key has sum >= 1 (the key at its true max contributes 2^(max - reference)
+  // >= 1: the reference row_max only ever takes a block's max, so it never exceeds the true max)
+  // and far below overflow (each probability <= 2^slack), so the hardware reciprocal and log2
+  // (MUFU.RCP, MUFU.LG2: about 1 ulp, 2^-22 absolute) replace the IEEE division, with its
+  // slow-path call, and libm's log2f, with its range handling; no subnormal sum reaches them.
   __device__ __forceinline__ void finalize(float (&inv_sum)[kRows], float (&lse)[kRows]) {
     constexpr float kLn2 = 0.69314718055994530942f;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
-      inv_sum[r] = sum == 0.f ? 0.f : 1.f / sum;
-      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + log2f(sum)) * kLn2;
+      inv_sum[r] = sum == 0.f ? 0.f : fast_rcp(sum);
+      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + fast_log2(sum)) * kLn2;
     }
   }
 };
