@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     const int stage = T::kStages == 2 ? it % 2 : 0;
     if (T::kStages == 1 && it > 0) {
       __syncthreads();  // every warp is done with the single Q/dO buffer of the last iteration
-      load_query_block(next, next_src, 0);
+      load_query_block(next, next_src, 0);  // next == cur here: it advances below
       ptx::cp_async_commit();
     }
     ptx::cp_async_wait<0>();
