@@ -100,22 +100,35 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   const int warp_col0 = col_warp * T::kWarpOutDim;  // first dK/dV column of this warp
   const int out_pair0 = warp_col0 / (2 * kMmaCols);
 
-  // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` into buffer `stage`.
-  auto load_query_block = [&](const QueryCursor& at, int stage) {
-    const int h = at.h;
+  // Where a query block's Q and dO rows and its workspace rows (lse2, delta) start. The prefetch
+  // keeps one for the next block and steps it by a block within a head: a 64-bit add per operand
+  // instead of rebuilding (batch, row, head) offsets with 64-bit multiplies every iteration.
+  struct QuerySource {
+    const Element* q;
+    const Element* dout;
+    int64_t ws_row;
+  };
+  auto source_of = [&](const QueryCursor& at) {
     const int64_t row0 = static_cast<int64_t>(at.m) * kBlockM;
-    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
-        ptx::smem_addr(smem.stage[stage].q), operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, h),
-        p.q_stride.row, row0, cta.seq.len_q, p.head_dim);
-    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(
-        ptx::smem_addr(smem.stage[stage].dout), operand_base<Element>(p.dout, p.do_stride, cta.b, cta.seq.q_start, h),
-        p.do_stride.row, row0, cta.seq.len_q, p.head_dim);
-    const int64_t ws_row = ws.row_base(p, cta.b, h) + row0;
-    load_floats_async<kBlockM, T::kThreads>(smem.lse2[stage], ws.lse2 + ws_row, threadIdx.x);
+    return QuerySource{
+        operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, at.h) + row0 * p.q_stride.row,
+        operand_base<Element>(p.dout, p.do_stride, cta.b, cta.seq.q_start, at.h) + row0 * p.do_stride.row,
+        ws.row_base(p, cta.b, at.h) + row0};
+  };
+
+  // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` (rows from `src`)
+  // into buffer `stage`.
+  auto load_query_block = [&](const QueryCursor& at, const QuerySource& src, int stage) {
+    const int64_t rows_left = cta.seq.len_q - static_cast<int64_t>(at.m) * kBlockM;
+    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(ptx::smem_addr(smem.stage[stage].q), src.q,
+                                                            p.q_stride.row, 0, rows_left, p.head_dim);
+    load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(ptx::smem_addr(smem.stage[stage].dout), src.dout,
+                                                            p.do_stride.row, 0, rows_left, p.head_dim);
+    load_floats_async<kBlockM, T::kThreads>(smem.lse2[stage], ws.lse2 + src.ws_row, threadIdx.x);
     if constexpr (T::kDeltaInDp)
-      load_float_quads_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
+      load_float_quads_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + src.ws_row, threadIdx.x);
     else
-      load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + ws_row, threadIdx.x);
+      load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + src.ws_row, threadIdx.x);
   };
 
   float acc_dk[kKeyTiles][kOutTiles][4] = {}, acc_dv[kKeyTiles][kOutTiles][4] = {};
@@ -131,8 +144,9 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
   QueryCursor cur{cta.kvh * cta.group, static_cast<int>(cta.m_blocks.begin),
                   static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
   QueryCursor next = cur;
+  QuerySource next_src = source_of(cur);
   if (cta.iterations > 0) {
-    load_query_block(cur, 0);
+    load_query_block(cur, next_src, 0);
     ptx::cp_async_commit();
   }
 
@@ -154,16 +168,22 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     const int stage = T::kStages == 2 ? it % 2 : 0;
     if (T::kStages == 1 && it > 0) {
       __syncthreads();  // every warp is done with the single Q/dO buffer of the last iteration
-      load_query_block(cur, 0);
+      load_query_block(next, next_src, 0);  // next == cur here: it advances below
       ptx::cp_async_commit();
     }
     ptx::cp_async_wait<0>();
     // The current buffer has landed for every thread, and every warp has finished the previous
     // iteration: its dQ reads of dS and (two stages) its reads of the buffer refilled below.
     __syncthreads();
-    next.advance(cta);
+    if (next.advance(cta)) {
+      next_src = source_of(next);
+    } else {
+      next_src.q += kBlockM * p.q_stride.row;
+      next_src.dout += kBlockM * p.do_stride.row;
+      next_src.ws_row += kBlockM;
+    }
     if (T::kStages == 2 && it + 1 < cta.iterations) {
-      load_query_block(next, stage ^ 1);
+      load_query_block(next, next_src, stage ^ 1);
       ptx::cp_async_commit();
     }
 

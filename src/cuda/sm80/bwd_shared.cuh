@@ -54,14 +54,16 @@ struct QueryCursor {
   int m;     // a block index: 32 bits, like every block count
   int left;  // blocks of this head not yet visited, this one included
 
-  FUSEDATTN_HD void advance(const BwdCoords& c) {
+  // Returns true when the cursor moved on to the next query head.
+  FUSEDATTN_HD bool advance(const BwdCoords& c) {
     if (--left > 0) {
       ++m;
-      return;
+      return false;
     }
     ++h;
     m = static_cast<int>(c.m_blocks.begin);
     left = static_cast<int>(c.m_blocks.end - c.m_blocks.begin);
+    return true;
   }
 };
 

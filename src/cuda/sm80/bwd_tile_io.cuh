@@ -28,6 +28,7 @@ constexpr int kElemsPerChunk = ptx::kCpAsyncBytes / 2;  // 16-bit elements per 1
 // main loop: they made the backward spill. Where the thread count is no multiple of the row's
 // chunks (d96), thread i copies chunks i, i + kThreads, ... of the tile in row order (walking the
 // padded 128-element rows instead measured 10% slower).
+// The rows left in the sequence are clamped to kRows once, so the per-copy row tests are 32-bit.
 template <int kRows, int kHeadDim, int kPitch, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* base, int64_t row_stride, int64_t row0,
                                                 int64_t valid_rows, int head_dim) {
@@ -35,6 +36,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* ba
   constexpr int kChunks = kRows * kChunksPerRow;
   static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
   constexpr int kRowsPerStep = kThreads / kChunksPerRow;
+  const int rows_left = static_cast<int>(valid_rows - row0 < kRows ? valid_rows - row0 : kRows);
   if constexpr (kThreads % kChunksPerRow == 0 && kRowsPerStep % kSwizzleRows == 0 && kRows % kRowsPerStep == 0) {
     const int r0 = threadIdx.x / kChunksPerRow, c = threadIdx.x % kChunksPerRow;
     const bool col_in = c * kElemsPerChunk < head_dim;
@@ -42,7 +44,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* ba
     const uint32_t dst = smem + swizzle_offset(r0, c * kElemsPerChunk, kPitch) * sizeof(Element);
 #pragma unroll
     for (int step = 0; step < kRows / kRowsPerStep; ++step) {
-      const bool in = col_in && row0 + r0 + step * kRowsPerStep < valid_rows;
+      const bool in = col_in && r0 + step * kRowsPerStep < rows_left;
       ptx::cp_async_16(dst + step * kRowsPerStep * kPitch * sizeof(Element), in ? src : base, in);
       src += kRowsPerStep * row_stride;
     }
@@ -51,7 +53,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* ba
     for (int step = 0; step < kChunks / kThreads; ++step) {
       const int idx = step * kThreads + threadIdx.x;
       const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-      const bool in = row0 + r < valid_rows && c * kElemsPerChunk < head_dim;
+      const bool in = r < rows_left && c * kElemsPerChunk < head_dim;
       const Element* src = in ? base + (row0 + r) * row_stride + c * kElemsPerChunk : base;
       ptx::cp_async_16(smem + swizzle_offset(r, c * kElemsPerChunk, kPitch) * sizeof(Element), src, in);
     }
