@@ -8,11 +8,14 @@ from ../shared/bench and carried with the device call).
 
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
       [--dtype float16] [--env NAME=VALUE ...]
-A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048). Each --env
+A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048); `fa-fwd` or
+`fa-bwd` names every forward or backward point of that grid. --out FILE appends one JSON line per
+measurement in peers.py's record format (tools/perf_table.py reads it). Each --env
 setting adds one more `ours` column measured with that environment variable set (read by the
 library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
 """
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -32,6 +35,19 @@ def parse_point(text):
     return mode, d, mask == "causal", s, FA_TOKENS // s, FA_MODEL_DIM // d
 
 
+def expand_points(spec):
+    """The --points list with `fa-fwd` / `fa-bwd` replaced by that mode's points of the FA grid."""
+    points = []
+    for text in spec.split(","):
+        if text in ("fa-fwd", "fa-bwd"):
+            mode = text[3:]
+            points += [f"{mode}:{d}:{mask}:{s}" for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)
+                       for mask in ("full", "causal")]
+        else:
+            points.append(text)
+    return points
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", required=True)
@@ -39,14 +55,16 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE: one more `ours` column with it set")
     ap.add_argument("--module", default="fusedattn")
+    ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
     args = ap.parse_args()
+    out = open(args.out, "a") if args.out else None
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
     names = [p if e is None else f"ours[{e}]" for p, e in columns]
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s")
     print("%-24s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
-    for text in args.points.split(","):
+    for text in expand_points(args.points):
         mode, d, causal, s, batch, heads = parse_point(text)
         row = []
         for provider, env in columns:
@@ -58,6 +76,12 @@ def main():
             try:
                 ms = peers.bench_one(provider, batch, heads, heads, s, s, d, causal, mode, dtype)
                 row.append(peers.flops(batch, heads, s, s, d, causal, mode) / ms * 1e-9)
+                if out and env is None:
+                    rec = {"suite": "fa", "provider": provider, "B": batch, "Hq": heads, "Hkv": heads, "Sq": s,
+                           "Sk": s, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
+                           "ms": round(ms, 4), "tflops": round(row[-1], 1)}
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
             except Exception as e:  # a provider that cannot run the point says why, the row goes on
                 print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
                 row.append(float("nan"))

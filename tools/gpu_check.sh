@@ -81,20 +81,27 @@ if has pytest; then
 fi
 
 peers=$root/.devbuild/carry/peers.py
-# peer runs: "dtype" or "dtype-sm80" (the portable forward alone, for issue 3's comparison with FA2);
+# peer runs: "dtype" (the whole grid, every provider) or "dtype-sm80" (the portable forward alone
+# against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
   suite=$([ "$mode" = full ] && echo fa || echo quick)
   for run in ${peer_runs//,/ }; do
     dt=${run%-sm80}
-    if [ "$run" = "$dt" ]; then env_extra=(); provs=sdpa_flash,sdpa_cudnn,ours; else env_extra=(FUSEDATTN_DISABLE_SM90=1); provs=sdpa_flash,ours; fi
-    step "peers-$suite-$run" 300 "peers_${suite}_$run.log" env "${env_extra[@]}" PYTHONUNBUFFERED=1 python3 "$peers" \
-      --suite "$suite" --dtype "$dt" --providers "$provs" --ours-module fusedattn --out "$dest/peers_${suite}_$run.jsonl"
+    if [ "$run" = "$dt" ]; then
+      step "peers-$suite-$run" 300 "peers_${suite}_$run.log" env PYTHONUNBUFFERED=1 python3 "$peers" \
+        --suite "$suite" --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn \
+        --out "$dest/peers_${suite}_$run.jsonl"
+    else
+      step "peers-fa-fwd-$run" 200 "peers_fa_fwd_$run.log" env FUSEDATTN_DISABLE_SM90=1 PYTHONUNBUFFERED=1 \
+        python3 "$root/tools/bench_points.py" --points fa-fwd --dtype "$dt" --providers sdpa_flash,ours \
+        --out "$dest/peers_fa_fwd_$run.jsonl"
+    fi
   done
 fi
 
 tag=$(echo "$steps" | tr ',' '-')
 tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
 echo; echo "==== summary ===="; cat "$summary"
-for f in "$out"/peers_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; sed -n '/^suite/,$p' "$f"; }; done
+for f in "$out"/peers_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; }; done
