@@ -49,9 +49,15 @@ constexpr __host__ __device__ uint64_t desc_encode(uint32_t bytes) { return (byt
 // offset) depends on where the tile sits. So a k-step's descriptor is the tile's low word plus
 // the encoded step offset -- one 32-bit add, no carry into the high word (tiles stay below
 // 256 KiB: the address field never overflows) -- and the high word never needs a register.
+// The start address is not masked to the field: a .shared window address on sm_90 is below its
+// 228 KiB, inside the field's 18 bits already, and the mask (which ptxas cannot prove redundant)
+// would cost an instruction each time a K or V stage's word is formed, twice per KV block. The
+// fields do not overlap, so adding them is or-ing them, and ptxas fuses the shift with the add.
 constexpr int kDescWordBits = 32;
+constexpr uint32_t kSharedWindowBytes = 228 * 1024;
+static_assert(kSharedWindowBytes - 1 <= kDescFieldMask, "shared addresses fit the descriptor's address field");
 constexpr __host__ __device__ uint32_t desc_low_word(uint32_t smem_address, uint32_t leading_byte_offset) {
-  return static_cast<uint32_t>(desc_encode(smem_address) | desc_encode(leading_byte_offset) << kDescLboShift);
+  return (smem_address >> 4) + static_cast<uint32_t>(desc_encode(leading_byte_offset) << kDescLboShift);
 }
 constexpr __host__ __device__ uint32_t desc_high_word(uint32_t stride_byte_offset) {
   return static_cast<uint32_t>(desc_encode(stride_byte_offset) << (kDescSboShift - kDescWordBits) |
@@ -103,31 +109,40 @@ __device__ __forceinline__ uint32_t value_here(uint32_t x) {
   return y;
 }
 
-// @p st.shared.v2.f32 [addr], {x0, x1} with p never true; any SM. A scheduling anchor:
-// complete_before_wait: the computation of x (here the softmax row sums, which depend on every
-// probability of the block) finishes before the next wgmma.wait_group. ptxas treats the wait as
-// free to hoist and fills latency gaps (a shuffle's) with it, so without an anchor the softmax
-// meant to overlap the in-flight P V GEMM ends up waiting for it. The anchor is a shared-memory
-// store predicated on a condition that never holds at run time but that ptxas cannot fold
-// (callers pass e.g. `batch == 0`): ptxas keeps it ahead of the wait and needs x computed for it.
-__device__ __forceinline__ void complete_before_wait(const float (&x)[2], uint32_t smem_address, bool never) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n"
-      "@p st.shared.v2.f32 [%2], {%0, %1};\n}\n" ::"f"(x[0]),
-      "f"(x[1]), "r"(smem_address), "r"(static_cast<int>(never)));
-}
+// A scheduling anchor: complete_before_wait(never, smem_address, values...) makes the computation
+// of every value (the softmax row sums, which depend on every probability of the block; the next
+// block's P, converted while P V still runs) finish before the next wgmma.wait_group. ptxas treats
+// the wait as free to hoist and fills latency gaps (a shuffle's) with it, so without an anchor the
+// softmax meant to overlap the in-flight P V GEMM ends up waiting for it. The anchor stores the
+// values to shared memory behind a branch on a condition that never holds at run time but that
+// ptxas cannot fold (callers pass e.g. `batch == 0`): ptxas keeps the stores, and so the values,
+// ahead of the wait. One branch for all of them rather than a predicated store each: a
+// predicated-off store still takes an issue slot every step, the branch one. Each store gets its
+// own address, or ptxas drops all but the last as overwritten and the rest are no longer pinned.
+constexpr uint32_t kAnchorStoreBytes = 16;  // st.shared.v4.b32, the widest shared store
 
-// The same for packed 16-bit pairs (the next block's P, converted while P V still runs): one
-// never-taken vector store per four registers.
+__device__ __forceinline__ void anchor_store(const float (&x)[2], uint32_t smem_address) {
+  asm volatile("st.shared.v2.f32 [%2], {%0, %1};\n" ::"f"(x[0]), "f"(x[1]), "r"(smem_address));
+}
 template <int kN>
-__device__ __forceinline__ void complete_before_wait(const uint32_t (&x)[kN], uint32_t smem_address, bool never) {
+__device__ __forceinline__ void anchor_store(const uint32_t (&x)[kN], uint32_t smem_address) {
   static_assert(kN % 4 == 0, "stored four registers at a time");
 #pragma unroll
   for (int i = 0; i < kN; i += 4)
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
-        "@p st.shared.v4.b32 [%4], {%0, %1, %2, %3};\n}\n" ::"r"(x[i]),
-        "r"(x[i + 1]), "r"(x[i + 2]), "r"(x[i + 3]), "r"(smem_address), "r"(static_cast<int>(never)));
+    asm volatile("st.shared.v4.b32 [%4], {%0, %1, %2, %3};\n" ::"r"(x[i]), "r"(x[i + 1]), "r"(x[i + 2]),
+                 "r"(x[i + 3]), "r"(smem_address + i / 4 * kAnchorStoreBytes));
+}
+template <class T, int kN>
+constexpr uint32_t anchor_bytes(const T (&)[kN]) {
+  return (kN * sizeof(T) + kAnchorStoreBytes - 1) / kAnchorStoreBytes * kAnchorStoreBytes;
+}
+
+template <class... Arrays>
+__device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_address, const Arrays&... values) {
+  if (__builtin_expect(never, false)) {
+    uint32_t offset = 0;
+    ((anchor_store(values, smem_address + offset), offset += anchor_bytes(values)), ...);
+  }
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------

@@ -260,13 +260,16 @@ struct Consumer {
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
       softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      // Keeps ptxas from hoisting the wait above the softmax and, with two P buffers, the next
+      // P's conversion below it (see ptx/wgmma.cuh); a launched kernel has batch >= 1, so the
+      // anchoring stores never run.
+      const bool never = params.p.batch == 0;
       if constexpr (kConvertsBeforeWait) {
         convert_p(s, p_next);
-        ptx::complete_before_wait(p_next, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
+        ptx::complete_before_wait(never, ptx::smem_addr(smem.q[0]), p_next, softmax.row_sum);
+      } else {
+        ptx::complete_before_wait(never, ptx::smem_addr(smem.q[0]), softmax.row_sum);
       }
-      // Keeps ptxas from hoisting the wait above the softmax (see ptx/wgmma.cuh); a launched
-      // kernel has batch >= 1, so the anchoring store never runs.
-      ptx::complete_before_wait(softmax.row_sum, ptx::smem_addr(smem.q[0]), params.p.batch == 0);
       ptx::wgmma_wait_group<0>();
       ptx::fence_operands(o);
       ptx::fence_operands(p);

@@ -9,6 +9,8 @@
 #include "cuda/common/element.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -29,20 +31,20 @@ struct Epilogue {
   static constexpr int kChunksPerSlab = Cfg::kSlabCols / kChunkElems;
   static constexpr int kSlabElems = Cfg::kBlockM * Cfg::kSlabCols;
   // A thread's O columns are 8j + col0 + {0, 1} with col0 = 2 (lane % 4) < 8 (ptx/wgmma.cuh): each
-  // 8-column group of j lies in one 16-byte chunk, chunk j of the row.
+  // 8-column group of j lies in one 16-byte chunk, chunk j of the row, one stmatrix row.
   static_assert(kChunkElems == 8, "one accumulator column group per 16-byte swizzle chunk");
 
   const KernelParams& params;
   Storage& smem;
   int warpgroup, warp, lane;
 
-  // Element offset of chunk `chunk` (0 .. kHeadDim / kChunkElems - 1) of `row` in a 128B-swizzled
-  // [kBlockM x kHeadDim] tile stored as slabs, without the row's own offset: the 16-byte chunk c
-  // of a slab row sits at position c ^ (row % kAtomRows).
-  __device__ __forceinline__ static uint32_t swizzled_chunk(int chunk, uint32_t row_in_atom) {
-    const uint32_t slab = static_cast<uint32_t>(chunk / kChunksPerSlab), in_slab = static_cast<uint32_t>(chunk % kChunksPerSlab);
-    return slab * kSlabElems + (in_slab ^ row_in_atom) * kChunkElems;
-  }
+  // stmatrix.x4 (ptx/stmatrix.cuh) stores two neighbouring 8-column chunks of the warp's 16 rows
+  // as four 8x8 matrices, in the order of a thread's accumulator quads (ptx/wgmma.cuh): chunk
+  // pair i is o[8i .. 8i + 7] = {rows 0-7, chunk 2i}, {rows 8-15, chunk 2i}, {rows 0-7, chunk
+  // 2i + 1}, {rows 8-15, chunk 2i + 1}, so lane l gives the address of row l % 8 of matrix l / 8.
+  static constexpr int kMatricesPerStore = 4;
+  static constexpr int kStores = kOAcc / (2 * kMatricesPerStore);
+  static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
 
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
                                         PendingStore& pending) const {
@@ -54,23 +56,28 @@ struct Epilogue {
     const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-    // The thread index is re-read here so the 2 * kOAcc / 4 staging offsets below are computed
-    // per tile rather than hoisted out of the tile loop, where they would spill (the mainloop
-    // needs the registers).
-    // Unsigned, so the divisions below are shifts and masks. The thread's two rows, row0 and
-    // row0 + 8, share row % kAtomRows and with it the swizzle: per chunk j one xor, the rows'
-    // and slabs' offsets are constants of the stores.
+    // The thread index is re-read here so the staging addresses below are computed per tile
+    // rather than hoisted out of the tile loop, where they would take registers the mainloop
+    // needs. Unsigned, so the divisions below are shifts and masks.
     const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-    const uint32_t lane_now = thread_now % 32;
-    const int row0 = warpgroup * kWarpgroupRows + static_cast<int>(thread_now / 32 * 16 + lane_now / 4);
-    const uint32_t row_in_atom = lane_now / 4 % kAtomRows;
-    Element* const thread_base = smem.q[q_stage] + row0 * Cfg::kSlabCols + 2 * (lane_now % 4);
+    const uint32_t lane_now = thread_now % 32, matrix = lane_now / kAtomRows;
+    const uint32_t row_in_atom = lane_now % kAtomRows;  // the warp's 16 rows start on an atom
+    const uint32_t row = warpgroup * kWarpgroupRows + thread_now / 32 * 16 + row_in_atom + matrix % 2 * kAtomRows;
+    // In a 128B-swizzled slab the 16-byte chunk c of a row sits at position c ^ (row % kAtomRows).
+    // Chunk 2i + matrix / 2 of pair i, with 2i even: its position is (2i % kChunksPerSlab) ^
+    // (matrix / 2 ^ row % kAtomRows), the second term the same for every pair.
+    const uint32_t lane_chunk = matrix / 2 ^ row_in_atom;
+    const uint32_t row_address = ptx::smem_addr(smem.q[q_stage] + row * Cfg::kSlabCols);
 #pragma unroll
-    for (int j = 0; j < kOAcc / 4; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-        *reinterpret_cast<uint32_t*>(thread_base + swizzled_chunk(j, row_in_atom) + half * kAtomRows * Cfg::kSlabCols) =
-            pack2<Element>(o[4 * j + 2 * half], o[4 * j + 2 * half + 1]);
+    for (int i = 0; i < kStores; ++i) {
+      const int first_chunk = 2 * i;
+      const uint32_t slab = static_cast<uint32_t>(first_chunk / kChunksPerSlab);
+      const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ lane_chunk;
+      const uint32_t regs[kMatricesPerStore] = {
+          pack2<Element>(o[8 * i], o[8 * i + 1]), pack2<Element>(o[8 * i + 2], o[8 * i + 3]),
+          pack2<Element>(o[8 * i + 4], o[8 * i + 5]), pack2<Element>(o[8 * i + 6], o[8 * i + 7])};
+      ptx::stmatrix_x4(row_address + (slab * kSlabElems + position * kChunkElems) * sizeof(Element), regs);
+    }
     // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
     ptx::fence_proxy_async_shared();
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
@@ -89,6 +96,8 @@ struct Epilogue {
 
     if (p.lse != nullptr && lane % 4 == 0) {
       float* lse_bh = p.lse + t.batch * p.lse_batch_stride + t.head * p.lse_head_stride;
+      // The thread's accumulator rows (ptx/wgmma.cuh): row0 and row0 + 8 of the warp's 16.
+      const int row0 = warpgroup * kWarpgroupRows + static_cast<int>(thread_now / 32 * 16 + lane_now / 4);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t row = int64_t{t.first_row} + row0 + 8 * half;

@@ -3,6 +3,7 @@
 // exp(scale * s) = exp2(scale_log2 * s), one FFMA + EX2 per score.
 #pragma once
 
+#include <cfloat>
 #include <cmath>
 
 namespace fusedattn::cuda::sm90 {
@@ -47,13 +48,17 @@ struct RowCorrection {
 
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
-  float row_max[kRows];  // running max of scale_log2 * s (log2 units); -inf until a key is seen
+  // Running max of scale_log2 * s (log2 units); kNoKeyMax until a key is seen. A finite floor
+  // rather than -inf, so update() needs no per-block test for rows without keys. It is the lowest
+  // finite float: any finite block max moves the max off it or equals it (then it is the max).
+  static constexpr float kNoKeyMax = -FLT_MAX;
+  float row_max[kRows];
   float row_sum[kRows];  // this thread's partial sum of exp2(...); reduced over the quad at the end
 
   __device__ __forceinline__ void reset() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      row_max[r] = -INFINITY;
+      row_max[r] = kNoKeyMax;
       row_sum[r] = 0.f;
     }
   }
@@ -75,13 +80,13 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
       const float m_block = quad_max(mx) * scale_log2;
-      // -inf + slack stays -inf: a row's first visible key always moves the max.
+      // kNoKeyMax + slack rounds to kNoKeyMax: a row's first visible key moves the max. A row that
+      // has seen only masked keys (block max -inf) keeps the finite floor, so the subtraction
+      // below never meets -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and
+      // sum at 0.
       const bool move = m_block > row_max[r] + slack;
       const float m_new = move ? m_block : row_max[r];
-      // A row that has seen only masked keys keeps max -inf; subtracting 0 instead avoids
-      // -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and sum at 0.
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;
-      c.factor[r] = move ? fast_exp2(row_max[r] - m_use) : 1.f;
+      c.factor[r] = move ? fast_exp2(row_max[r] - m_new) : 1.f;
       row_max[r] = m_new;
       moved = moved || move;
       // Seeded with the first probability rather than 0 (0.f + x is kept: it maps -0 to +0).
@@ -91,7 +96,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * r + e];
-          x = fast_exp2(fmaf(x, scale_log2, -m_use));
+          x = fast_exp2(fmaf(x, scale_log2, -m_new));
           sum = j == 0 && e == 0 ? x : sum + x;
         }
       row_sum[r] = row_sum[r] * c.factor[r] + sum;
