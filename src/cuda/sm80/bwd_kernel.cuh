@@ -61,8 +61,7 @@ __device__ __forceinline__ BwdCta bwd_cta(int schedule_shift) {
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
-__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
-    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws, int schedule_shift) {
+__device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
   using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
@@ -347,6 +346,27 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
                     p.head_dim);
     store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, seq.len_k, p.head_dim);
   }
+}
+
+// The most shared memory a CTA of the SASS being compiled can ever get. sm_80..sm_89 SASS runs
+// only on GPUs with at most kSm80MaxSharedBytes, so a large-memory row (bwd_launch.cuh launches
+// it only where it fits) can never run from it. Unless this compilation is also the PTX that the
+// driver compiles for newer GPUs (cmake/cuda_instances.cmake passes FUSEDATTN_SM80_PTX_ARCH, the
+// architecture of that PTX), such a row is left out there: it would only add a kernel that
+// spills (64 bytes at d64 on sm_80) and can never run.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900 && defined(FUSEDATTN_SM80_PTX_ARCH) && FUSEDATTN_SM80_PTX_ARCH >= 90
+constexpr int kBwdArchMaxSharedBytes = kSm80MaxSharedBytes;
+#else
+constexpr int kBwdArchMaxSharedBytes = kSm90MaxSharedBytes;
+#endif
+
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
+    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws, int schedule_shift) {
+  if constexpr (sizeof(BwdShared<Element, kHeadDim, kLargeSmem>) <= kBwdArchMaxSharedBytes)
+    bwd_main<Element, kHeadDim, kMask, kLargeSmem>(p, ws, schedule_shift);
+  else
+    __trap();  // unreachable: no GPU that runs this SASS can give the CTA its shared memory
 }
 
 }  // namespace fusedattn::cuda::sm80
