@@ -57,7 +57,10 @@ set_target_properties(fusedattn_cuda_sm80 PROPERTIES CUDA_ARCHITECTURES OFF)
 target_compile_options(fusedattn_cuda_sm80 PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags} ${_sm80_gencode}>)
 target_include_directories(fusedattn_cuda_sm80 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include
   ${CMAKE_CURRENT_SOURCE_DIR}/src ${_gen_dir})
-target_compile_definitions(fusedattn_cuda_sm80 PRIVATE $<$<BOOL:${FUSEDATTN_SM90}>:FUSEDATTN_HAVE_SM90=1>)
+target_compile_definitions(fusedattn_cuda_sm80 PRIVATE $<$<BOOL:${FUSEDATTN_SM90}>:FUSEDATTN_HAVE_SM90=1>
+  # Which architecture's PTX is embedded: SASS below it that is never JIT-compiled may leave out
+  # rows it cannot run (src/cuda/sm80/bwd_kernel.cuh).
+  FUSEDATTN_SM80_PTX_ARCH=${_sm80_ptx_arch})
 target_link_libraries(fusedattn PRIVATE fusedattn_cuda_sm80 CUDA::cudart_static)
 
 # Hopper-only kernels (wgmma, setmaxnreg) need the arch-specific sm_90a target.

@@ -61,8 +61,7 @@ __device__ __forceinline__ BwdCta bwd_cta(int schedule_shift) {
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
-__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
-    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws, int schedule_shift) {
+__device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
   using Shared = BwdShared<Element, kHeadDim, kLargeSmem>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN, kPitch = T::kPitch;
@@ -236,52 +235,74 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
         warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, q0,
                                                                        out_pair0);
 
-      // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T.
-      float dst[kKeyTiles][kSliceTiles][4];
-      if constexpr (T::kDeltaInDp) {
-        // The accumulators start at -delta (quads in the C-fragment order): one multiply per element.
+      // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T, for the kTiles n8 columns of `ds` from
+      // S^T column q0 + 8 * j0 (P^T tiles j0..).
+      auto ds_columns = [&](auto& ds, int j0) {
+        constexpr int kTiles = sizeof(ds[0]) / sizeof(ds[0][0]);
+        const int c0 = q0 + j0 * kMmaCols;
+        if constexpr (T::kDeltaInDp) {
+          // The accumulators start at -delta (quads in the C-fragment order): one multiply per element.
 #pragma unroll
-        for (int j = 0; j < kSliceTiles; ++j) {
-          const float4 nd = *reinterpret_cast<const float4*>(delta + 2 * (q0 + j * kMmaCols + 2 * t));
+          for (int j = 0; j < kTiles; ++j) {
+            const float4 nd = *reinterpret_cast<const float4*>(delta + 2 * (c0 + j * kMmaCols + 2 * t));
 #pragma unroll
-          for (int mi = 0; mi < kKeyTiles; ++mi) {
-            dst[mi][j][0] = nd.x;
-            dst[mi][j][1] = nd.y;
-            dst[mi][j][2] = nd.z;
-            dst[mi][j][3] = nd.w;
+            for (int mi = 0; mi < kKeyTiles; ++mi) {
+              ds[mi][j][0] = nd.x;
+              ds[mi][j][1] = nd.y;
+              ds[mi][j][2] = nd.z;
+              ds[mi][j][3] = nd.w;
+            }
           }
-        }
-        warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, true>(
-            dst, v_frag, smem_v, warp_key0, smem_do, lane_tile, q0);
-#pragma unroll
-        for (int mi = 0; mi < kKeyTiles; ++mi)
-#pragma unroll
-          for (int j = 0; j < kSliceTiles; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) dst[mi][j][e] *= pt[mi][j][e];
-      } else {
-        warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(
-            dst, v_frag, smem_v, warp_key0, smem_do, lane_tile, q0);
-#pragma unroll
-        for (int j = 0; j < kSliceTiles; ++j) {
-          const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + j * kMmaCols + 2 * t);
+          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element, true>(
+              ds, v_frag, smem_v, warp_key0, smem_do, lane_tile, c0);
 #pragma unroll
           for (int mi = 0; mi < kKeyTiles; ++mi)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dst[mi][j][e] = pt[mi][j][e] * (dst[mi][j][e] + (e % 2 ? nd.y : nd.x));
+            for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) ds[mi][j][e] *= pt[mi][j0 + j][e];
+        } else {
+          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element>(
+              ds, v_frag, smem_v, warp_key0, smem_do, lane_tile, c0);
+#pragma unroll
+          for (int j = 0; j < kTiles; ++j) {
+            const float2 nd = *reinterpret_cast<const float2*>(delta + c0 + j * kMmaCols + 2 * t);
+#pragma unroll
+            for (int mi = 0; mi < kKeyTiles; ++mi)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) ds[mi][j][e] = pt[mi][j0 + j][e] * (ds[mi][j][e] + (e % 2 ? nd.y : nd.x));
+          }
         }
+      };
+      // Hands dS^T columns to the dQ warp grid (and the column warps) through shared memory,
+      // rounded like the dK operand.
+      auto store_ds = [&](const auto& ds, int c0) {
+        if constexpr (T::kStmatrix)
+          store_c_tile_stsm<T::kDsPitch, Element>(smem.ds, smem_ds, lane_ds, ds, warp_key0, c0);
+        else
+          store_c_tile<T::kDsPitch>(smem.ds, ds, warp_key0, c0);
+      };
+      if constexpr (T::kKvRegisters) {
+        // V is in registers, so dP^T costs the same ldmatrix and MMAs computed one 16-column pair
+        // at a time, and each pair's dS^T leaves for shared memory before the next: at most
+        // kKeyTiles x 2 dS^T tiles are live beside P^T, K, V, dK and dV instead of the whole
+        // slice's (which made ptxas spill).
+        static_assert(T::kScoresShared, "dK reads dS^T back from shared memory");
+#pragma unroll
+        for (int np = 0; np < kSliceTiles / 2; ++np) {
+          float ds_pair[kKeyTiles][2][4];
+          ds_columns(ds_pair, 2 * np);
+          store_ds(ds_pair, q0 + np * 2 * kMmaCols);
+        }
+      } else {
+        float dst[kKeyTiles][kSliceTiles][4];
+        ds_columns(dst, 0);
+        // dK += dS^T Q.
+        if constexpr (!T::kScoresShared)
+          warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, q0,
+                                                                         out_pair0);
+        store_ds(dst, q0);
       }
-      // dK += dS^T Q.
-      if constexpr (!T::kScoresShared)
-        warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, q0,
-                                                                       out_pair0);
-
-      // Hand dS^T to the dQ warp grid (and the column warps) through shared memory, rounded like
-      // the dK operand.
-      if constexpr (T::kStmatrix)
-        store_c_tile_stsm<T::kDsPitch, Element>(smem.ds, smem_ds, lane_ds, dst, warp_key0, q0);
-      else
-        store_c_tile<T::kDsPitch>(smem.ds, dst, warp_key0, q0);
     }
     __syncthreads();
 
@@ -347,6 +368,27 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
                     p.head_dim);
     store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, seq.len_k, p.head_dim);
   }
+}
+
+// The most shared memory a CTA of the SASS being compiled can ever get. sm_80..sm_89 SASS runs
+// only on GPUs with at most kSm80MaxSharedBytes, so a large-memory row (bwd_launch.cuh launches
+// it only where it fits) can never run from it. Unless this compilation is also the PTX that the
+// driver compiles for newer GPUs (cmake/cuda_instances.cmake passes FUSEDATTN_SM80_PTX_ARCH, the
+// architecture of that PTX), such a row is left out there: it would only add a kernel that
+// spills (d256: 32 bytes on sm_80) and can never run.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900 && defined(FUSEDATTN_SM80_PTX_ARCH) && FUSEDATTN_SM80_PTX_ARCH >= 90
+constexpr int kBwdArchMaxSharedBytes = kSm80MaxSharedBytes;
+#else
+constexpr int kBwdArchMaxSharedBytes = kSm90MaxSharedBytes;
+#endif
+
+template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
+__global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
+    bwd_main_kernel(const BwdParams p, const BwdWorkspace ws, int schedule_shift) {
+  if constexpr (sizeof(BwdShared<Element, kHeadDim, kLargeSmem>) <= kBwdArchMaxSharedBytes)
+    bwd_main<Element, kHeadDim, kMask, kLargeSmem>(p, ws, schedule_shift);
+  else
+    __trap();  // unreachable: no GPU that runs this SASS can give the CTA its shared memory
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -71,11 +71,9 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // warp per iteration). H200, 2026-11-21, TFLOP/s before -> after (FA2 = torch SDPA FLASH):
   // full 1k 233.5 -> 238.1 (214.6), 4k 265.9 -> 273.1 (268.1), 8k 274.3 -> 281.9 (281.9),
   // 16k 277.8 -> 285.9 (288.3); causal 2k 216.3 -> 218.8 (199.3), 16k 273.2 -> 278.3 (274.2). bf16
-  // alike (+2-3%). With two query slices (fewer live score registers) only about +1%. The 64
-  // pinned fragment registers leave ptxas at 255 with a 12-byte (full) / 16-byte (window) spill
-  // on sm_90 (2-3 stores and 3-4 loads per iteration). Without sm_90's stmatrix and vector dQ
-  // adds it spills 96 / 60 bytes for sm_80 (where no A100 launches it) and 84 / 60 from the
-  // compute_80 PTX on Hopper.
+  // alike (+2-3%). With two query slices (fewer live score registers) only about +1%. With the
+  // 64 pinned fragment registers, dS^T is computed and stored one 16-column pair at a time (no
+  // spill on sm_90, also from the compute_80 PTX; the whole slice at once spilled 12 bytes).
   // d32: two query slices and the dQ on an 8 x 1 grid (16 x 32 warp tiles: per-warp vector
   // adds): 177 -> 205 TFLOP/s at full 4k over the old row (the grid alone +9%, the slices alone
   // +1%), no spills (52 B before).
