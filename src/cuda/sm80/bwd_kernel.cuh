@@ -195,8 +195,16 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
 
     // The warp's S^T columns, kSliceQueries at a time: each slice's P^T and dS^T are consumed
     // (dV, dK, hand-off) before the next slice's are computed.
-    const bool needs_mask =
-        block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+    bool needs_mask;
+    if constexpr (kMask == MaskKind::kWindow && T::kMaskRange) {
+      // The blocks a window edge cuts are the two ends of the diagonal band: a range of
+      // loop-invariant values and two 32-bit compares, not two key_range evaluations in 64 bits.
+      const BlockRange unmasked = unmasked_query_blocks(p, true, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+      needs_mask = cur.m < static_cast<int>(unmasked.begin) || cur.m >= static_cast<int>(unmasked.end);
+    } else {
+      needs_mask =
+          block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+    }
 #pragma unroll
     for (int slice = 0; slice < kSlices; ++slice) {
       const int q0 = warp_q0 + slice * kSliceQueries;  // first S^T column of this slice
