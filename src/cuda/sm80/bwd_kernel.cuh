@@ -175,6 +175,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
     // The current buffer has landed for every thread, and every warp has finished the previous
     // iteration: its dQ reads of dS and (two stages) its reads of the buffer refilled below.
     __syncthreads();
+    const int64_t ws_row = next_src.ws_row;  // this block's first workspace row (next == cur until here)
     if (next.advance(cta)) {
       next_src = source_of(next);
     } else {
@@ -319,8 +320,8 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
       if (T::kScoresShared && !T::kDqBuffer && pass == 0) __syncthreads();
       stage_dq_fragments<kHeadDim>(dq_tile, dq, dq_row0, pass_col0);
     }
-    float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM;
+    float* dq_rows = ws.dq_acc + (ws_row - row0) * ws.dq_pitch;  // row 0 of (b, h)
     if (ws.dq_sem == nullptr) {
       if constexpr (T::kWarpDq) {
         // Each warp adds the region it staged; the next iteration's first barrier orders these
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
         atomic_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim);
       }
     } else {
-      int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + row0) / kBwdSemRows;
+      int32_t* sem = ws.dq_sem + ws_row / kBwdSemRows;
       const int64_t first = first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
       ordered_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim, sem,
                                                     static_cast<int32_t>(cta.n - first));
