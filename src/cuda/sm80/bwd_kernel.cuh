@@ -188,7 +188,6 @@ __global__ void __launch_bounds__(BwdTile<kHeadDim, kLargeSmem>::kThreads, 1)
       ptx::cp_async_commit();
     }
 
-    const int h = cur.h;
     const int64_t m = cur.m;
     const uint32_t smem_q = ptx::smem_addr(smem.stage[stage].q), smem_do = ptx::smem_addr(smem.stage[stage].dout);
     const float* lse2 = smem.lse2[stage];
