@@ -216,8 +216,10 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
   auto add_all = [&](auto checked) {
     // Unchecked, the head dim is the instance's, so the workspace pitch is kTileCols
     // (bwd_workspace_layout rounds head_dim up to a multiple of 8): at a compile-time pitch every
-    // step's address is the lane's pointer plus an immediate, not another 64-bit add.
-    const int64_t row_pitch = decltype(checked)::value ? pitch : kTileCols;
+    // vector step's address is the lane's pointer plus an immediate, not another 64-bit add. The
+    // scalar adds keep the runtime pitch: with 32 immediate addresses ptxas held more staged
+    // values at once and spilled (sm_80 d128: 12 -> 36 bytes).
+    const int64_t row_pitch = decltype(checked)::value || !kVector ? pitch : kTileCols;
     float* const lane_dst = acc_base + (row0 + lane_r) * row_pitch + lane_c;
     // Rows left in the sequence from the lane's first row, clamped into 32 bits (the region has
     // kRows rows).
