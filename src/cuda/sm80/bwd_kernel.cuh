@@ -174,6 +174,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     // The current buffer has landed for every thread, and every warp has finished the previous
     // iteration: its dQ reads of dS and (two stages) its reads of the buffer refilled below.
     __syncthreads();
+    const int64_t ws_row = next_src.ws_row;  // this block's first workspace row (next == cur until here)
     if (next.advance(cta)) {
       next_src = source_of(next);
     } else {
@@ -186,7 +187,6 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       ptx::cp_async_commit();
     }
 
-    const int h = cur.h;
     const int64_t m = cur.m;
     const uint32_t smem_q = ptx::smem_addr(smem.stage[stage].q), smem_do = ptx::smem_addr(smem.stage[stage].dout);
     const float* lse2 = smem.lse2[stage];
@@ -194,8 +194,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
 
     // The warp's S^T columns, kSliceQueries at a time: each slice's P^T and dS^T are consumed
     // (dV, dK, hand-off) before the next slice's are computed.
-    const bool needs_mask =
-        block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+    bool needs_mask;
+    if constexpr (kMask == MaskKind::kWindow && T::kMaskRange) {
+      // The blocks a window edge cuts are the two ends of the diagonal band: a range of
+      // loop-invariant values and two 32-bit compares, not two key_range evaluations in 64 bits.
+      const BlockRange unmasked = unmasked_query_blocks(p, true, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+      needs_mask = cur.m < static_cast<int>(unmasked.begin) || cur.m >= static_cast<int>(unmasked.end);
+    } else {
+      needs_mask =
+          block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+    }
 #pragma unroll
     for (int slice = 0; slice < kSlices; ++slice) {
       const int q0 = warp_q0 + slice * kSliceQueries;  // first S^T column of this slice
@@ -332,8 +340,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       if (T::kScoresShared && !T::kDqBuffer && pass == 0) __syncthreads();
       stage_dq_fragments<kHeadDim>(dq_tile, dq, dq_row0, pass_col0);
     }
-    float* dq_rows = ws.dq_acc + ws.row_base(p, cta.b, h) * ws.dq_pitch;
     const int64_t row0 = m * kBlockM;
+    float* dq_rows = ws.dq_acc + (ws_row - row0) * ws.dq_pitch;  // row 0 of (b, h)
     if (ws.dq_sem == nullptr) {
       if constexpr (T::kWarpDq) {
         // Each warp adds the region it staged; the next iteration's first barrier orders these
@@ -346,7 +354,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
         atomic_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim);
       }
     } else {
-      int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + row0) / kBwdSemRows;
+      int32_t* sem = ws.dq_sem + ws_row / kBwdSemRows;
       const int64_t first = first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
       ordered_add_dq<kBlockM, kHeadDim, T::kWarps>(dq_rows, ws.dq_pitch, row0, dq_tile, cta.seq.len_q, p.head_dim, sem,
                                                     static_cast<int32_t>(cta.n - first));

@@ -69,6 +69,35 @@ FUSEDATTN_HD bool block_needs_mask(const FwdParams& p, bool windowed, int64_t m,
   return key_range(p, row_last, len_q, len_k).lo > key_first || key_range(p, row_first, len_q, len_k).hi < key_last;
 }
 
+// The query blocks of KV block n that need no mask (block_needs_mask false), as one half-open
+// range: a window's edges only cut the blocks at the two ends of the diagonal band, so the test
+// per iteration is two 32-bit compares instead of two key_range evaluations in 64 bits. With
+// diag(i) = i + len_k - len_q and the block's keys inside len_k:
+//   the last row sees key_first   iff  row_last  <= key_first - diag(0) + window_left   (end)
+//   the first row sees key_last   iff  row_first >= key_last - diag(0) - window_right  (begin)
+// (the clips of key_range at 0 and len_k - 1 cannot decide either compare). row_last is clipped
+// to len_q - 1, so the end bound holds for every block once it holds for len_q - 1.
+FUSEDATTN_HD int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+FUSEDATTN_HD BlockRange unmasked_query_blocks(const FwdParams& p, bool windowed, int64_t n, int block_m, int block_n,
+                                              int64_t len_q, int64_t len_k) {
+  const int64_t blocks = (len_q + block_m - 1) / block_m;
+  const int64_t key_first = n * block_n, key_last = key_first + block_n - 1;
+  if (key_last > len_k - 1) return {0, 0};
+  BlockRange r{0, blocks};
+  if (!windowed) return r;
+  const int64_t diag0 = len_k - len_q;
+  if (p.window_left >= 0) {
+    const int64_t last_row = key_first - diag0 + p.window_left;  // the last row that sees key_first
+    if (last_row < len_q - 1) r.end = floor_div(last_row + 1, block_m);
+  }
+  if (p.window_right >= 0) r.begin = -floor_div(-(key_last - diag0 - p.window_right), block_m);  // ceil
+  if (r.begin < 0) r.begin = 0;
+  if (r.end > blocks) r.end = blocks;
+  if (r.end < r.begin) r.end = r.begin;
+  return r;
+}
+
 // Element-wise rule of key_range (unclipped) for the elements of one lane, (key_base + dk, row_base +
 // dr) with small tile offsets dk, dr: row i sees key j iff j < len_k and diag(i) - window_left <=
 // j <= diag(i) + window_right, diag(i) = i + len_k - len_q. Relative to the lane's first element

@@ -46,6 +46,9 @@ struct BwdTileConfig {
   bool kv_registers = false;  // each warp's K and V rows stay in registers as A fragments for the
                               // whole CTA: S^T = K Q^T and dP^T = V dO^T read only Q and dO from
                               // shared memory
+  bool mask_range = false;  // with a window, the block mask test compares the query block with
+                            // a per-CTA range of unmasked blocks (bwd_mask.h) instead of
+                            // evaluating key_range in 64 bits every iteration
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
@@ -91,8 +94,11 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // vector dQ adds: +8% at 4k (254 -> 275); two query slices there lost 12%. Where the memory
   // allows, a dQ staging buffer of its own drops the CTA barrier before the staging: +1% at full
   // 4k, +3% at causal 4k (252 -> 259 TFLOP/s); dQ in two column passes there lost 6%.
-  if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true};  // 128 key rows: 193 KiB
-  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false};               // 128 key rows: 161 KiB
+  // The per-CTA mask range (mask_range) cuts the d128 window iteration by 48 of ~1120 instructions
+  // (sm_90 SASS, unmeasured on GPU); on the d64 large, d96 and d256 rows ptxas spilled 4-52 bytes
+  // more with it.
+  if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, false, false, true};  // 193 KiB
+  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true};  // 161 KiB
   // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
   // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
@@ -141,6 +147,7 @@ struct BwdTile {
   static constexpr bool kDeltaInDp = kCfg.delta_in_dp;
   static constexpr bool kStmatrix = kCfg.stmatrix;
   static constexpr bool kKvRegisters = kCfg.kv_registers;
+  static constexpr bool kMaskRange = kCfg.mask_range;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&

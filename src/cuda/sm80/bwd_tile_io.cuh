@@ -213,8 +213,14 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
   constexpr int kStepsPerRow = kStepFloats >= kCols ? 1 : kCols / kStepFloats;
   const int lane = threadIdx.x % kWarpSize;
   const int lane_r = r0 + lane * kLaneFloats / kCols, lane_c = c0 + lane * kLaneFloats % kCols;
-  float* const lane_dst = acc_base + (row0 + lane_r) * pitch + lane_c;
   auto add_all = [&](auto checked) {
+    // Unchecked, the head dim is the instance's, so the workspace pitch is kTileCols
+    // (bwd_workspace_layout rounds head_dim up to a multiple of 8): at a compile-time pitch every
+    // vector step's address is the lane's pointer plus an immediate, not another 64-bit add. The
+    // scalar adds keep the runtime pitch: with 32 immediate addresses ptxas held more staged
+    // values at once and spilled (sm_80 d128: 12 -> 36 bytes).
+    const int64_t row_pitch = decltype(checked)::value || !kVector ? pitch : kTileCols;
+    float* const lane_dst = acc_base + (row0 + lane_r) * row_pitch + lane_c;
     // Rows left in the sequence from the lane's first row, clamped into 32 bits (the region has
     // kRows rows).
     const int rows_left = static_cast<int>(valid_rows - row0 - lane_r < kRows ? valid_rows - row0 - lane_r : kRows);
@@ -223,7 +229,7 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
       const int dr = step / kStepsPerRow * kStepRows, dc = step % kStepsPerRow * kStepFloats;
       // head_dim is a multiple of 8, so a 4-float group is wholly inside or outside it.
       if (decltype(checked)::value && (dr >= rows_left || lane_c + dc >= head_dim)) continue;
-      float* dst = lane_dst + dr * pitch + dc;
+      float* dst = lane_dst + dr * row_pitch + dc;
       const float* src = tile + dq_stage_offset<kTileCols>(lane_r + dr, lane_c + dc);
       if constexpr (kVector)
         ptx::red_add_f32x4(dst, *reinterpret_cast<const float4*>(src));
@@ -231,7 +237,7 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
         atomicAdd(dst, *src);
     }
   };
-  if (row0 + r0 + kRows <= valid_rows && c0 + kCols <= head_dim)
+  if (row0 + r0 + kRows <= valid_rows && head_dim == kTileCols)
     add_all(std::false_type{});
   else
     add_all(std::true_type{});
