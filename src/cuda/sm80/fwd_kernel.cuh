@@ -45,10 +45,43 @@ struct FwdCta {
 };
 
 template <MaskKind kMask>
-__device__ __forceinline__ FwdCta fwd_cta(int schedule_shift) {
+__device__ __forceinline__ FwdCta fwd_cta(int schedule_shift, uint3 block) {
   constexpr bool kWindow = kMask == MaskKind::kWindow;
-  const GridItem item = grid_item<kWindow>(schedule_shift);
+  const GridItem item = grid_item<kWindow>(schedule_shift, block);
   return {kWindow ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
+}
+
+// Where the query rows of the CTA with block index `block` lie.
+struct FwdRows {
+  int batch, head;
+  SeqInfo seq;
+  int64_t m0;  // the block's first row within its sequence; the CTA has no work if m0 >= seq.len_q
+  int64_t q_row0;  // the block's first row in the packed tensor: seq.q_start + m0
+
+  template <MaskKind kMask, int kBlockM>
+  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block) {
+    const FwdCta cta = fwd_cta<kMask>(schedule_shift, block);
+    const SeqInfo seq = seq_info(p, cta.batch);
+    const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
+    return {cta.batch, cta.head, seq, m0, seq.q_start + m0};
+  }
+};
+
+// The block and thread index read again from their special registers, as values the compiler
+// cannot merge with the prologue's reads of blockIdx / threadIdx (volatile asm). The epilogue
+// derives its coordinates from these after the mainloop rather than holding the prologue's (or the
+// pointers built from them) in registers across it, where d128 has none to spare.
+__device__ __forceinline__ uint3 reread_block_index() {
+  uint3 block;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block.x));
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(block.y));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(block.z));
+  return block;
+}
+__device__ __forceinline__ int reread_thread_index() {
+  unsigned tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return static_cast<int>(tid);
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask>
@@ -68,16 +101,16 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warp_row0 = warp * Cfg::kWarpRows;
-  const FwdCta cta = fwd_cta<kMask>(schedule_shift);
-  const int batch = cta.batch, head = cta.head;
-  const SeqInfo seq = seq_info(p, batch);
-  const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
+  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx);
+  const int batch = rows.batch, head = rows.head;
+  const SeqInfo seq = rows.seq;
+  const int64_t m0 = rows.m0;
   if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than the longest one
   const int rows_q = rows_inside<kBlockM>(seq.len_q - m0);
   const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V
 
-  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch +
-                     (seq.q_start + m0) * p.q_stride.row + head * p.q_stride.head;
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + rows.q_row0 * p.q_stride.row +
+                     head * p.q_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride.batch + seq.k_start * p.k_stride.row +
                      kv_head * p.k_stride.head;
   const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride.batch + seq.k_start * p.v_stride.row +
@@ -170,17 +203,21 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   softmax.finalize(inv_sum, lse);
+  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, reread_block_index());
+  const int out_tid = reread_thread_index(), out_lane = out_tid % kWarpSize;
+  const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
+  const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);
   // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
   // rows, so both sides of the staging need a block barrier.
   __syncthreads();
-  stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, warp_row0, lane);
+  stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, out_warp_row0, out_lane);
   __syncthreads();
-  Element* out = static_cast<Element*>(p.o) + batch * p.o_stride.batch + (seq.q_start + m0) * p.o_stride.row +
-                 head * p.o_stride.head;
-  QTile::store(out, p.o_stride.row, smem, rows_q, p.head_dim, tid);
+  Element* out = static_cast<Element*>(p.o) + out_rows.batch * p.o_stride.batch + out_rows.q_row0 * p.o_stride.row +
+                 out_rows.head * p.o_stride.head;
+  QTile::store(out, p.o_stride.row, smem, out_rows_q, p.head_dim, out_tid);
   if (p.lse != nullptr)
-    store_lse(p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0, lse, warp_row0,
-              rows_q, lane);
+    store_lse(p.lse + out_rows.batch * p.lse_batch_stride + out_rows.head * p.lse_head_stride + out_rows.q_row0, lse,
+              out_warp_row0, out_rows_q, out_lane);
 }
 
 }  // namespace fusedattn::cuda::sm80
