@@ -154,8 +154,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
     }
-    const FwdLaneAddresses<Element, Cfg::kPitch> lanes(smem_q_addr, lane);
-    const uint32_t q_warp_offset = warp_row0 * Cfg::kPitch * sizeof(Element);
+    const FwdLaneAddresses<Element, Cfg::kPitch> lanes(smem_q_addr, lane, warp_row0);
     // This thread's first S row (fragment row g) and the keys it may see, unclamped.
     const ThreadWindow window = thread_window(mask, m0 + warp_row0 + lane / 4);
     const int col_in_tile = 2 * (lane % 4);
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
-        gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, q_warp_offset, Cfg::kSmemQ + j * kSliceBytes);
+        gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, Cfg::kSmemQ + j * kSliceBytes);
         if (cut) mask_cut_block<MaskPolicy<kMask>>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
