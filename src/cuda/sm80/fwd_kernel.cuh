@@ -86,7 +86,7 @@ __device__ __forceinline__ int reread_thread_index() {
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift) {
+    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift, TileSteps k_steps, TileSteps v_steps) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   // zero-filled); it is the first one visited (kv.hi is at most ceil(len_k / kBlockN)), so every
   // later block takes the lean whole-tile copies.
   using KVSource = typename KVTile::TileSource;
-  const KVSource k_src(k, p.k_stride.row, p.head_dim, tid), v_src(v, p.v_stride.row, p.head_dim, tid);
+  const KVSource k_src(k, p.k_stride.row, k_steps, p.head_dim, tid), v_src(v, p.v_stride.row, v_steps, p.head_dim, tid);
   auto load_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
     src.load_async(smem_tile, n, rows_inside<kBlockN>(len_k - n * kBlockN), tid);
     ptx::cp_async_commit();
