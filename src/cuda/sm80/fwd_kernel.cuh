@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       for (int j = 0; j < kSlices; ++j) {
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
         gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, Cfg::kSmemQ + j * kSliceBytes);
-        if (cut) mask_cut_block<MaskPolicy<kMask>>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
+        if (cut) mask_cut_block<MaskPolicy<kMask>, kFirst>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
         else
