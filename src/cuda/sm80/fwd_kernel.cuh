@@ -160,7 +160,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
     const int col_in_tile = 2 * (lane % 4);
 
     constexpr uint32_t kSliceBytes = Cfg::kSliceN * Cfg::kPitch * sizeof(Element);
-    auto step = [&](auto first, int n) {
+    // P of the block whose scores were computed last and its rows' rescale factors, handed from
+    // the score half of a block to its P V half.
+    uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
+    RowCorrection<Cfg::kMTiles> correction[kSlices];
+    auto scores = [&](auto first, int n) {
       constexpr bool kFirst = decltype(first)::value;
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
@@ -170,8 +174,6 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         load_whole_kv(smem_v_addr, v_src, n);
 
       const bool cut_left = cuts_left(mask, uncut, n), cut = cut_left || n >= uncut.hi;
-      uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
-      RowCorrection<Cfg::kMTiles> correction[kSlices];
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
@@ -186,18 +188,27 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         // frees their registers before the barrier and the tile load.
         if (j == 0 && !kFirst) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[0]);
       }
-
+    };
+    // kLoadNext: start loading K[n - 1] (every block but the last one visited).
+    auto accumulate = [&](auto load_next, int n) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if (n > kv.lo) load_whole_kv(smem_k_addr, k_src, n - 1);
+      if constexpr (decltype(load_next)::value) load_whole_kv(smem_k_addr, k_src, n - 1);
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);
         gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
       }
     };
-    step(std::true_type{}, kv.hi - 1);
-    for (int n = kv.hi - 2; n >= kv.lo; --n) step(std::false_type{}, n);
+    // The loop runs from one block's P V to the next block's scores, so the first block's P V is
+    // the loop's code: peeled, it started from zero accumulators, and ptxas, seeing O's registers
+    // free, loaded V fragments ahead of the softmax and spilled (d128).
+    scores(std::true_type{}, kv.hi - 1);
+    for (int n = kv.hi - 1; n > kv.lo; --n) {
+      accumulate(std::true_type{}, n);
+      scores(std::false_type{}, n - 1);
+    }
+    accumulate(std::false_type{}, kv.lo);
   }
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
