@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         if (j == 0 && !kFirst) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[0]);
       }
     };
-    // kLoadNext: start loading K[n - 1] (every block but the last one visited).
+    // load_next: whether to start loading K[n - 1] (every block but the last one visited does).
     auto accumulate = [&](auto load_next, int n) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
