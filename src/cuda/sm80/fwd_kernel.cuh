@@ -190,25 +190,26 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       }
     };
     // load_next: whether to start loading K[n - 1] (every block but the last one visited does).
-    auto accumulate = [&](auto load_next, int n) {
+    auto accumulate = [&](bool load_next, int n) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if constexpr (decltype(load_next)::value) load_whole_kv(smem_k_addr, k_src, n - 1);
+      if (load_next) load_whole_kv(smem_k_addr, k_src, n - 1);
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);
         gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
       }
     };
-    // The loop runs from one block's P V to the next block's scores, so the first block's P V is
-    // the loop's code: peeled, it started from zero accumulators, and ptxas, seeing O's registers
-    // free, loaded V fragments ahead of the softmax and spilled (d128).
+    // The loop runs from one block's P V to the next block's scores, so every block's P V is the
+    // loop's one copy of it: the first block's, peeled, started from zero accumulators, and ptxas,
+    // seeing O's registers free, loaded V fragments ahead of the softmax and spilled (d128); a copy
+    // for the last block after the loop cost the d256 window row a spill.
     scores(std::true_type{}, kv.hi - 1);
-    for (int n = kv.hi - 1; n > kv.lo; --n) {
-      accumulate(std::true_type{}, n);
+    for (int n = kv.hi - 1;; --n) {
+      accumulate(n > kv.lo, n);
+      if (n == kv.lo) break;
       scores(std::false_type{}, n - 1);
     }
-    accumulate(std::false_type{}, kv.lo);
   }
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
