@@ -13,8 +13,8 @@
 //   KeyRange unclamped_keys(i)             keys(i) before the clamp to [0, len_k - 1]
 //   kMayCutLeft                            whether a row's first key can be cut (a left window)
 // and the free functions thread_window(policy, row0), cuts_left(policy, uncut, n),
-// apply_mask<kLeft>(s, window, col0) and mask_cut_block<Policy>(s, window, col0, cut_left) for S
-// accumulators in the mma C layout.
+// apply_mask<kLeft, kEnd>(s, window, col0) and mask_cut_block<Policy, kEnd>(s, window, col0,
+// cut_left) for S accumulators in the mma C layout.
 #pragma once
 
 #include <cstdint>
@@ -96,7 +96,9 @@ constexpr int64_t kMaxMaskedSeqlen = int64_t{1} << 30;
 
 // The keys one thread's first fragment row (row0) may see, before clamping, in 32 bits: key_range()
 // of row row0 + dr is [max(0, lo + dr), min(last_key, hi + dr)]. Computed once per thread outside
-// the KV loop so the loop carries three ints instead of 64-bit window parameters.
+// the KV loop, so the loop carries two ints (lo, hi) instead of 64-bit window parameters or a
+// bound per row: apply_mask tests key offsets against them with the row offset dr folded into
+// compile-time constants.
 struct ThreadWindow {
   int lo, hi, last_key;
 };
@@ -125,38 +127,48 @@ __device__ __forceinline__ bool cuts_left(const Mask&, BlockRange uncut, int n) 
 // where row0 / col0 are this thread's first row (tile row g) and first key (tile column 2t), and
 // w = thread_window(mask, row0). -inf (not a large negative number) so that exp2 gives exactly 0
 // and a fully masked row is recognisable by its -inf maximum. kLeft = false skips the test
-// against the rows' first keys, one compare per score, for blocks cuts_left() clears.
-template <bool kLeft, int kMTiles, int kNTiles>
+// against the rows' first keys, one compare per score, for blocks cuts_left() clears. kEnd =
+// false skips the clamp to the sequence end, for blocks that end inside the sequence (every KV
+// block but the sequence's last): their keys never pass it.
+// A key col0 + c is never negative, so it is below row r's first key max(0, w.lo + dr) exactly
+// when it is below w.lo + dr, i.e. c - dr < w.lo - col0: one register per side for all rows, the
+// row and column offsets being constants of the compares (a clamped bound per row would cost a
+// loop-carried register each).
+template <bool kLeft, bool kEnd, int kMTiles, int kNTiles>
 __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], ThreadWindow w, int col0) {
   constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8;
+  const int lo = w.lo - col0;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int dr = mt * kTileRows + h * kHalfRows;
-      const int lo = max(w.lo + dr, 0) - col0, hi = min(w.hi + dr, w.last_key) - col0;
+      // Past the sequence end only in the last block: there the row's clamped last key, relative
+      // to the same dr-shifted origin as the window side.
+      const int hi = kEnd ? min(w.hi + dr, w.last_key) - dr - col0 : w.hi - col0;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int c = nt * kTileCols + e;
+          const int c = nt * kTileCols + e - dr;
           if ((kLeft && c < lo) || c > hi) s[mt][nt][2 * h + e] = -INFINITY;
         }
     }
 }
 
-// apply_mask on a KV block the mask cuts, cut_left = cuts_left(mask, uncut, n). With a window the
-// blocks only the right side cuts (every causal one) skip the left test. Without one the only cut
-// block is the sequence's last, once per CTA, and its two-sided test stays: ptxas keeps one
-// predicate pair per key for all rows there, while the one-sided test is recomputed per row and
-// raises the register pressure of the whole loop.
-template <typename Mask, int kMTiles, int kNTiles>
+// apply_mask on a KV block the mask cuts, cut_left = cuts_left(mask, uncut, n); kEnd: the block
+// may reach past the sequence end (the first block visited). With a window the blocks only the
+// right side cuts (every causal one) skip the left test. Without one the only cut block is the
+// sequence's last, once per CTA, and its two-sided test stays: ptxas keeps one predicate pair per
+// key for all rows there, while the one-sided test is recomputed per row and raises the register
+// pressure of the whole loop.
+template <typename Mask, bool kEnd, int kMTiles, int kNTiles>
 __device__ __forceinline__ void mask_cut_block(float (&s)[kMTiles][kNTiles][4], ThreadWindow w, int col0,
                                                bool cut_left) {
   if (!Mask::kMayCutLeft || cut_left)
-    apply_mask<true>(s, w, col0);
+    apply_mask<true, kEnd>(s, w, col0);
   else
-    apply_mask<false>(s, w, col0);
+    apply_mask<false, kEnd>(s, w, col0);
 }
 
 }  // namespace fusedattn::cuda

@@ -52,18 +52,24 @@ struct GridItem {
   int y, z;  // the pair as grid coordinates: (head, batch)
 };
 
-// This CTA's item in a grid of x = row block, y = head, z = batch (issued x-fastest). kGrouped:
-// its linear block number in the grouped order (a pair is (y, z) = (pair % gridDim.y,
-// pair / gridDim.y)); otherwise the grid's own coordinates, i.e. head-major order without the
-// index arithmetic.
+// The item of the CTA with block index `block` in a grid of x = row block, y = head, z = batch
+// (issued x-fastest). kGrouped: its linear block number in the grouped order (a pair is (y, z) =
+// (pair % gridDim.y, pair / gridDim.y)); otherwise the grid's own coordinates, i.e. head-major
+// order without the index arithmetic.
 template <bool kGrouped>
-__device__ __forceinline__ GridItem grid_item(int shift) {
+__device__ __forceinline__ GridItem grid_item(int shift, uint3 block) {
   if constexpr (!kGrouped)
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+    return {static_cast<int>(block.x), static_cast<int>(block.y), static_cast<int>(block.z)};
   const int blocks = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
-  const int linear = static_cast<int>(blockIdx.x) + blocks * (static_cast<int>(blockIdx.y) + heads * static_cast<int>(blockIdx.z));
+  const int linear = static_cast<int>(block.x) + blocks * (static_cast<int>(block.y) + heads * static_cast<int>(block.z));
   const ScheduledItem item = scheduled_item({blocks, shift}, linear);
   return {item.rank, item.pair % heads, item.pair / heads};
+}
+
+// This CTA's item.
+template <bool kGrouped>
+__device__ __forceinline__ GridItem grid_item(int shift) {
+  return grid_item<kGrouped>(shift, blockIdx);
 }
 #endif
 

@@ -45,15 +45,48 @@ struct FwdCta {
 };
 
 template <MaskKind kMask>
-__device__ __forceinline__ FwdCta fwd_cta(int schedule_shift) {
+__device__ __forceinline__ FwdCta fwd_cta(int schedule_shift, uint3 block) {
   constexpr bool kWindow = kMask == MaskKind::kWindow;
-  const GridItem item = grid_item<kWindow>(schedule_shift);
+  const GridItem item = grid_item<kWindow>(schedule_shift, block);
   return {kWindow ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
+}
+
+// Where the query rows of the CTA with block index `block` lie.
+struct FwdRows {
+  int batch, head;
+  SeqInfo seq;
+  int64_t m0;  // the block's first row within its sequence; the CTA has no work if m0 >= seq.len_q
+  int64_t q_row0;  // the block's first row in the packed tensor: seq.q_start + m0
+
+  template <MaskKind kMask, int kBlockM>
+  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block) {
+    const FwdCta cta = fwd_cta<kMask>(schedule_shift, block);
+    const SeqInfo seq = seq_info(p, cta.batch);
+    const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
+    return {cta.batch, cta.head, seq, m0, seq.q_start + m0};
+  }
+};
+
+// The block and thread index read again from their special registers, as values the compiler
+// cannot merge with the prologue's reads of blockIdx / threadIdx (volatile asm). The epilogue
+// derives its coordinates from these after the mainloop rather than holding the prologue's (or the
+// pointers built from them) in registers across it, where d128 has none to spare.
+__device__ __forceinline__ uint3 reread_block_index() {
+  uint3 block;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block.x));
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(block.y));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(block.z));
+  return block;
+}
+__device__ __forceinline__ int reread_thread_index() {
+  unsigned tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return static_cast<int>(tid);
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift) {
+    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift, TileSteps k_steps, TileSteps v_steps) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
@@ -68,16 +101,16 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warp_row0 = warp * Cfg::kWarpRows;
-  const FwdCta cta = fwd_cta<kMask>(schedule_shift);
-  const int batch = cta.batch, head = cta.head;
-  const SeqInfo seq = seq_info(p, batch);
-  const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
+  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx);
+  const int batch = rows.batch, head = rows.head;
+  const SeqInfo seq = rows.seq;
+  const int64_t m0 = rows.m0;
   if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than the longest one
   const int rows_q = rows_inside<kBlockM>(seq.len_q - m0);
   const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V
 
-  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch +
-                     (seq.q_start + m0) * p.q_stride.row + head * p.q_stride.head;
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + rows.q_row0 * p.q_stride.row +
+                     head * p.q_stride.head;
   const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride.batch + seq.k_start * p.k_stride.row +
                      kv_head * p.k_stride.head;
   const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride.batch + seq.k_start * p.v_stride.row +
@@ -87,7 +120,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   // zero-filled); it is the first one visited (kv.hi is at most ceil(len_k / kBlockN)), so every
   // later block takes the lean whole-tile copies.
   using KVSource = typename KVTile::TileSource;
-  const KVSource k_src(k, p.k_stride.row, p.head_dim, tid), v_src(v, p.v_stride.row, p.head_dim, tid);
+  const KVSource k_src(k, p.k_stride.row, k_steps, p.head_dim, tid), v_src(v, p.v_stride.row, v_steps, p.head_dim, tid);
   auto load_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
     src.load_async(smem_tile, n, rows_inside<kBlockN>(len_k - n * kBlockN), tid);
     ptx::cp_async_commit();
@@ -121,14 +154,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
     }
-    const FwdLaneAddresses<Element, Cfg::kPitch> lanes(smem_q_addr, lane);
-    const uint32_t q_warp_offset = warp_row0 * Cfg::kPitch * sizeof(Element);
+    const FwdLaneAddresses<Element, Cfg::kPitch> lanes(smem_q_addr, lane, warp_row0);
     // This thread's first S row (fragment row g) and the keys it may see, unclamped.
     const ThreadWindow window = thread_window(mask, m0 + warp_row0 + lane / 4);
     const int col_in_tile = 2 * (lane % 4);
 
     constexpr uint32_t kSliceBytes = Cfg::kSliceN * Cfg::kPitch * sizeof(Element);
-    auto step = [&](auto first, int n) {
+    // P of the block whose scores were computed last and its rows' rescale factors, handed from
+    // the score half of a block to its P V half.
+    uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
+    RowCorrection<Cfg::kMTiles> correction[kSlices];
+    auto scores = [&](auto first, int n) {
       constexpr bool kFirst = decltype(first)::value;
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
@@ -138,13 +174,11 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         load_whole_kv(smem_v_addr, v_src, n);
 
       const bool cut_left = cuts_left(mask, uncut, n), cut = cut_left || n >= uncut.hi;
-      uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
-      RowCorrection<Cfg::kMTiles> correction[kSlices];
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
-        gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, q_warp_offset, Cfg::kSmemQ + j * kSliceBytes);
-        if (cut) mask_cut_block<MaskPolicy<kMask>>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
+        gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, Cfg::kSmemQ + j * kSliceBytes);
+        if (cut) mask_cut_block<MaskPolicy<kMask>, kFirst>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
         else
@@ -154,33 +188,47 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         // frees their registers before the barrier and the tile load.
         if (j == 0 && !kFirst) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[0]);
       }
-
+    };
+    // load_next: whether to start loading K[n - 1] (every block but the last one visited does).
+    auto accumulate = [&](bool load_next, int n) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if (n > kv.lo) load_whole_kv(smem_k_addr, k_src, n - 1);
+      if (load_next) load_whole_kv(smem_k_addr, k_src, n - 1);
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);
         gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
       }
     };
-    step(std::true_type{}, kv.hi - 1);
-    for (int n = kv.hi - 2; n >= kv.lo; --n) step(std::false_type{}, n);
+    // The loop runs from one block's P V to the next block's scores, so every block's P V is the
+    // loop's one copy of it: the first block's, peeled, started from zero accumulators, and ptxas,
+    // seeing O's registers free, loaded V fragments ahead of the softmax and spilled (d128); a copy
+    // for the last block after the loop cost the d256 window row a spill.
+    scores(std::true_type{}, kv.hi - 1);
+    for (int n = kv.hi - 1;; --n) {
+      accumulate(n > kv.lo, n);
+      if (n == kv.lo) break;
+      scores(std::false_type{}, n - 1);
+    }
   }
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   softmax.finalize(inv_sum, lse);
+  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, reread_block_index());
+  const int out_tid = reread_thread_index(), out_lane = out_tid % kWarpSize;
+  const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
+  const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);
   // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
   // rows, so both sides of the staging need a block barrier.
   __syncthreads();
-  stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, warp_row0, lane);
+  stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, out_warp_row0, out_lane);
   __syncthreads();
-  Element* out = static_cast<Element*>(p.o) + batch * p.o_stride.batch + (seq.q_start + m0) * p.o_stride.row +
-                 head * p.o_stride.head;
-  QTile::store(out, p.o_stride.row, smem, rows_q, p.head_dim, tid);
+  Element* out = static_cast<Element*>(p.o) + out_rows.batch * p.o_stride.batch + out_rows.q_row0 * p.o_stride.row +
+                 out_rows.head * p.o_stride.head;
+  QTile::store(out, p.o_stride.row, smem, out_rows_q, p.head_dim, out_tid);
   if (p.lse != nullptr)
-    store_lse(p.lse + batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + m0, lse, warp_row0,
-              rows_q, lane);
+    store_lse(p.lse + out_rows.batch * p.lse_batch_stride + out_rows.head * p.lse_head_stride + out_rows.q_row0, lse,
+              out_warp_row0, out_rows_q, out_lane);
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -37,7 +37,9 @@ void run_fwd(const FwdParams& p) {
       kMask == MaskKind::kFull
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(p, schedule_shift);
+  using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
+      p, schedule_shift, KVTile::steps(p.k_stride.row), KVTile::steps(p.v_stride.row));
   FUSEDATTN_CHECK_LAUNCH();
 }
 

@@ -22,6 +22,14 @@ __device__ __forceinline__ int rows_inside(int64_t remaining) {
   return remaining < kRows ? static_cast<int>(remaining) : kRows;
 }
 
+// The byte distances a tensor's tile loads step by: from one of a thread's rows to its next one
+// and from one tile to the next. The launcher computes them and passes them as kernel parameters,
+// so the mainloop's 64-bit address adds read them from the constant bank: computed in the kernel,
+// ptxas keeps them in four registers per tensor across the loop.
+struct TileSteps {
+  int64_t row, tile;
+};
+
 template <typename Element, int kRows, int kHeadDim, int kPitch, int kThreads>
 struct TileIo {
   static constexpr int kChunkElems = kSwizzleChunkElems;
@@ -71,32 +79,43 @@ struct TileIo {
     }
   }
 
+  // TileSteps of a tensor whose rows are row_stride elements apart.
+  static __host__ __device__ TileSteps steps(int64_t row_stride) {
+    return {kRowStep * row_stride * kElemBytes, kRows * row_stride * kElemBytes};
+  }
+
   // One thread's share of loading the tiles of a tensor that lie kRows rows apart (the KV blocks
   // of a sequence). Every tile but the last lies wholly inside the sequence: its copies need no
-  // row predicates, so a copy's source is the thread's chunk pointer plus a multiple of the row
-  // stride, one 64-bit add per row instead of a predicated pointer select and an index-to-address
+  // row predicates, so a copy's source is the thread's chunk pointer plus multiples of the steps,
+  // one 64-bit add per row instead of a predicated pointer select and an index-to-address
   // conversion. Only the last tile (load_async) pays for them.
   struct TileSource {
-    const Element* chunk;  // this thread's chunk in its first row of tile 0
+    const unsigned char* chunk;  // this thread's chunk in its first row of tile 0
     int64_t row_stride;
+    TileSteps steps;  // steps(row_stride): kernel parameters
     bool col_inside;  // false for a chunk past valid_cols: zero-filled every time
 
-    __device__ __forceinline__ TileSource(const Element* gmem, int64_t row_stride_, int valid_cols, int tid)
-        : row_stride(row_stride_) {
+    __device__ __forceinline__ TileSource(const Element* gmem, int64_t row_stride_, TileSteps steps_, int valid_cols,
+                                          int tid)
+        : row_stride(row_stride_), steps(steps_) {
       const Slot slot(tid);
       col_inside = slot.col < valid_cols;
       // A zero-filled chunk reads nothing, but its source still stays inside the row.
-      chunk = gmem + slot.row * row_stride + (col_inside ? slot.col : 0);
+      chunk = reinterpret_cast<const unsigned char*>(gmem + slot.row * row_stride + (col_inside ? slot.col : 0));
+    }
+
+    // This thread's chunk in its first row of tile `tile` (tiles are visited with tile >= 0).
+    __device__ __forceinline__ const unsigned char* first_row(int tile) const {
+      return chunk + static_cast<uint32_t>(tile) * steps.tile;
     }
 
     // Starts the asynchronous copy of tile `tile`, all of whose rows lie inside the sequence.
     __device__ __forceinline__ void load_whole_async(uint32_t smem, int tile, int tid) const {
       const Slot slot(tid);
       if (!slot.active()) return;
-      const Element* src = chunk + tile * (kRows * row_stride);
+      const unsigned char* src = first_row(tile);
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i)
-        ptx::cp_async_16(smem + slot.smem(i), src + i * (kRowStep * row_stride), col_inside);
+      for (int i = 0; i < kRowsPerThread; ++i) ptx::cp_async_16(smem + slot.smem(i), src + i * steps.row, col_inside);
     }
 
     // Starts the asynchronous copy of rows [0, valid_rows) (valid_rows >= 1) of tile `tile`; the
@@ -104,12 +123,12 @@ struct TileIo {
     __device__ __forceinline__ void load_async(uint32_t smem, int tile, int valid_rows, int tid) const {
       const Slot slot(tid);
       if (!slot.active()) return;
-      const Element* src = chunk + tile * (kRows * row_stride);
-      const Element* row0 = src - slot.row * row_stride;
+      const unsigned char* src = first_row(tile);
+      const unsigned char* row0 = src - slot.row * row_stride * kElemBytes;
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
         const bool inside = col_inside && slot.row + i * kRowStep < valid_rows;
-        ptx::cp_async_16(smem + slot.smem(i), inside ? src + i * (kRowStep * row_stride) : row0, inside);
+        ptx::cp_async_16(smem + slot.smem(i), inside ? src + i * steps.row : row0, inside);
       }
     }
   };

@@ -50,23 +50,29 @@ struct LaneAddress {
 
 // The two lane patterns of the forward GEMMs. Tiles share a pitch and their offsets are multiples
 // of 8 rows, so one set of bases per pattern serves every tile (fewer loop-carried registers).
+// The warp's Q rows get a base of their own with the warp's row offset added before the xor:
+// added after it, that runtime offset left no immediate form, and ptxas kept one register per
+// xor value and 128-byte group (8 for d128 instead of 4).
 template <typename Element, int kPitch>
 struct FwdLaneAddresses {
   // Q as the A operand and V through ldmatrix.trans: matrices {rows 0-7, 8-15} x {cols 0-7,
-  // 8-15} come from lanes 0-7, 8-15, 16-23, 24-31.
-  LaneAddress<Element, kPitch> a_or_v;
+  // 8-15} come from lanes 0-7, 8-15, 16-23, 24-31. q is the same pattern on the warp's Q rows.
+  LaneAddress<Element, kPitch> v, q;
   // K as the B operand (not transposed): {keys 0-7 x dims 0-7, keys 0-7 x dims 8-15, keys 8-15
   // x dims 0-7, keys 8-15 x dims 8-15}.
   LaneAddress<Element, kPitch> k;
-  __device__ __forceinline__ FwdLaneAddresses(uint32_t smem, int lane)
-      : a_or_v(smem, lane % 16, lane / 16), k(smem, lane % 8 + lane / 16 * 8, lane / 8 % 2) {}
+  // warp_row0: the warp's first Q row, a multiple of 8 (so its offset keeps the chunk bits free).
+  __device__ __forceinline__ FwdLaneAddresses(uint32_t smem, int lane, int warp_row0)
+      : v(smem, lane % 16, lane / 16),
+        q(smem + static_cast<uint32_t>(warp_row0 * kPitch * sizeof(Element)), lane % 16, lane / 16),
+        k(smem, lane % 8 + lane / 16 * 8, lane / 8 % 2) {}
 };
 
 // kUnroll: k16 steps unrolled together. Fewer than all of them bounds how many Q and K fragments
 // the scheduler keeps in flight ahead of their MMAs (S's registers are what the rest competes for).
 template <typename Element, int kHeadDim, int kUnroll, int kPitch, int kMTiles, int kNTiles>
 __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const FwdLaneAddresses<Element, kPitch>& lanes,
-                                        uint32_t q_offset, uint32_t k_offset) {
+                                        uint32_t k_offset) {
   constexpr int kTileM = 16, kTileN = 8, kKSteps = kHeadDim / 16;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt)
@@ -78,7 +84,7 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const F
   for (int ks = 0; ks < kKSteps; ++ks) {
     uint32_t a[kMTiles][4];
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], lanes.a_or_v.at(q_offset, mt * kTileM, ks));
+    for (int mt = 0; mt < kMTiles; ++mt) ptx::ldmatrix_x4(a[mt], lanes.q.at(0, mt * kTileM, ks));
 #pragma unroll
     for (int np = 0; np < kNTiles / 2; ++np) {
       uint32_t b[4];
@@ -120,7 +126,7 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const u
 #pragma unroll
     for (int dp = 0; dp < kDTiles / 2; ++dp) {
       uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, lanes.a_or_v.at(v_offset, ks * kTileK, dp));
+      ptx::ldmatrix_x4_trans(b, lanes.v.at(v_offset, ks * kTileK, dp));
       const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
