@@ -41,7 +41,7 @@ struct FwdTile {
 // time keep it out of local memory (ptxas -v: 0 B spilled, was 56-72 B) at the same speed.
 // d128 keeps one slice: its slices would reload the Q fragments per slice, which cost 1-7% on
 // H200; with the rescale-skipping branch it spilled 92-160 B (sm_90, swizzled rows), without it
-// it fits (ptxas -v: 0 B, except 16 B outside the steady loop in the sm_90 window instance). The
+// it fits (ptxas -v: 0 B on sm_80 and sm_90 since the kernel's register diet, fwd_kernel.cuh). The
 // spill-free d128 layouts measured were all slower on H200 (ours/FA2): 64x64 blocks three per SM
 // 0.88-0.97, 64x128 in two key slices 0.86-0.93, 128 rows on 8 warps 0.71-0.75, against
 // 0.97-1.03 for this tile. d64 on 64-row blocks (three per SM) won only causal 1k.
