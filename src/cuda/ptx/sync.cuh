@@ -26,6 +26,17 @@ __device__ __forceinline__ int thread_index_here() {
   return static_cast<int>(tid);
 }
 
+// mov.u32 %ctaid.{x,y,z} (volatile); any SM. The block index read again where it is used, for
+// the same reason: a kernel's epilogue re-derives its coordinates from it after a register-bound
+// loop instead of keeping the prologue's values (or pointers built from them) live across it.
+__device__ __forceinline__ uint3 block_index_here() {
+  uint3 block;
+  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(block.x));
+  asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(block.y));
+  asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(block.z));
+  return block;
+}
+
 // elect.sync _|p, 0xffffffff; PTX ISA 8.0, sm_90. True in exactly one lane of the full warp;
 // CUDA 13.0's <cuda/ptx> predates a wrapper for it.
 __device__ __forceinline__ bool elect_one_sync() {

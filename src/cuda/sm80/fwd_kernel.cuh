@@ -20,6 +20,7 @@
 #include "cuda/common/softmax.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/sync.cuh"
 #include "cuda/sm80/fwd_epilogue.cuh"
 #include "cuda/sm80/fwd_tile_io.cuh"
 #include "cuda/sm80/fwd_warp_mma.cuh"
@@ -66,23 +67,6 @@ struct FwdRows {
     return {cta.batch, cta.head, seq, m0, seq.q_start + m0};
   }
 };
-
-// The block and thread index read again from their special registers, as values the compiler
-// cannot merge with the prologue's reads of blockIdx / threadIdx (volatile asm). The epilogue
-// derives its coordinates from these after the mainloop rather than holding the prologue's (or the
-// pointers built from them) in registers across it, where d128 has none to spare.
-__device__ __forceinline__ uint3 reread_block_index() {
-  uint3 block;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(block.x));
-  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(block.y));
-  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(block.z));
-  return block;
-}
-__device__ __forceinline__ int reread_thread_index() {
-  unsigned tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return static_cast<int>(tid);
-}
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
@@ -214,8 +198,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   float inv_sum[Cfg::kMTiles][2], lse[Cfg::kMTiles][2];
   softmax.finalize(inv_sum, lse);
-  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, reread_block_index());
-  const int out_tid = reread_thread_index(), out_lane = out_tid % kWarpSize;
+  // The epilogue's coordinates come from the block and thread index read again (ptx/sync.cuh) rather
+  // than from the prologue's values held across the mainloop, where d128 has no registers to spare.
+  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here());
+  const int out_tid = ptx::thread_index_here(), out_lane = out_tid % kWarpSize;
   const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
   const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);
   // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
