@@ -10,6 +10,7 @@
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/ldmatrix.cuh"
 #include "cuda/ptx/mma_sm80.cuh"
+#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/sm80/bwd_tile.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -206,11 +207,10 @@ __device__ __forceinline__ void store_c_tile_stsm(Element* tile_ptr, uint32_t ti
     for (int np = 0; np < kTiles / 2; ++np) {
       const float(&lo)[4] = c[mi][2 * np];
       const float(&hi)[4] = c[mi][2 * np + 1];
-      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                       ldsm_addr<kPitch, Element>(tile, lane.rows_first, row0 + mi * kMmaRows, col0 / (2 * kMmaCols) + np)),
-                   "r"(pack2<Element>(lo[0], lo[1])), "r"(pack2<Element>(lo[2], lo[3])), "r"(pack2<Element>(hi[0], hi[1])),
-                   "r"(pack2<Element>(hi[2], hi[3]))
-                   : "memory");
+      const uint32_t packed[4] = {pack2<Element>(lo[0], lo[1]), pack2<Element>(lo[2], lo[3]),
+                                  pack2<Element>(hi[0], hi[1]), pack2<Element>(hi[2], hi[3])};
+      ptx::stmatrix_x4(
+          ldsm_addr<kPitch, Element>(tile, lane.rows_first, row0 + mi * kMmaRows, col0 / (2 * kMmaCols) + np), packed);
     }
 #else
   store_c_tile<kPitch>(tile_ptr, c, row0, col0);
