@@ -184,15 +184,25 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
       }
     };
-    // The loop runs from one block's P V to the next block's scores, so every block's P V is the
-    // loop's one copy of it: the first block's, peeled, started from zero accumulators, and ptxas,
-    // seeing O's registers free, loaded V fragments ahead of the softmax and spilled (d128); a copy
-    // for the last block after the loop cost the d256 window row a spill.
     scores(std::true_type{}, kv.hi - 1);
-    for (int n = kv.hi - 1;; --n) {
-      accumulate(n > kv.lo, n);
-      if (n == kv.lo) break;
-      scores(std::false_type{}, n - 1);
+    if constexpr (Cfg::kPvFirst) {
+      // The loop runs from one block's P V to the next block's scores, so every block's P V is the
+      // loop's one copy of it: the first block's, peeled, started from zero accumulators, and
+      // ptxas, seeing O's registers free, loaded V fragments ahead of the softmax and spilled
+      // (d128); a copy for the last block after the loop cost the d256 window row a spill.
+      for (int n = kv.hi - 1;; --n) {
+        accumulate(n > kv.lo, n);
+        if (n == kv.lo) break;
+        scores(std::false_type{}, n - 1);
+      }
+    } else {
+      // A block's scores and its P V in one iteration: the last slice's softmax and the first
+      // slices' P V lie in one basic-block chain, where the scheduler overlaps them.
+      accumulate(kv.hi - 1 > kv.lo, kv.hi - 1);
+      for (int n = kv.hi - 2; n >= kv.lo; --n) {
+        scores(std::false_type{}, n);
+        accumulate(n > kv.lo, n);
+      }
     }
   }
 

@@ -33,6 +33,12 @@ struct FwdTile {
   // Skip O's rescale when no row of the warp moved its max (OnlineSoftmax::rescale_o); the branch
   // around O's registers costs registers of its own, so only where they are not short.
   bool skip_unit_rescale;
+  // The KV loop's order (src/cuda/sm80/fwd_kernel.cuh). pv_first: an iteration runs one block's
+  // P V and then the next block's scores, so the first block's P V is the loop's code too (d128:
+  // peeled, it spilled). Otherwise an iteration runs a block's scores and then its P V, and the
+  // scheduler may overlap the last slice's softmax with the first slices' P V (d64: the exp2 of
+  // slice 1 interleaved with the HMMAs of slice 0, which the loop's back edge would separate).
+  bool pv_first;
 };
 
 // Chosen like FA2 for the same register budget: 128 query rows where the O accumulator still
@@ -47,12 +53,12 @@ struct FwdTile {
 // 0.97-1.03 for this tile. d64 on 64-row blocks (three per SM) won only causal 1k.
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
-    case 32: return {128, 128, 4, 1, 2, true};
-    case 64: return {128, 128, 4, 2, 2, true};
-    case 96: return {128, 64, 4, 1, 6, true};
-    case 128: return {128, 64, 4, 1, 8, false};
-    case 192: return {64, 64, 4, 1, 12, true};
-    default: return {64, 64, 4, 1, 16, true};  // 256
+    case 32: return {128, 128, 4, 1, 2, true, true};
+    case 64: return {128, 128, 4, 2, 2, true, false};
+    case 96: return {128, 64, 4, 1, 6, true, true};
+    case 128: return {128, 64, 4, 1, 8, false, true};
+    case 192: return {64, 64, 4, 1, 12, true, true};
+    default: return {64, 64, 4, 1, 16, true, false};  // 256
   }
 }
 
@@ -78,6 +84,7 @@ struct FwdConfig {
   static constexpr int kSlices = kTile.key_slices;
   static constexpr int kQkUnroll = kTile.qk_unroll;
   static constexpr bool kSkipUnitRescale = kTile.skip_unit_rescale;
+  static constexpr bool kPvFirst = kTile.pv_first;
   static constexpr int kSliceN = kBlockN / kSlices;    // keys per slice
   static constexpr int kSliceNTiles = kSliceN / kMmaN;  // n8 tiles of one slice of S
   static constexpr int kDTiles = kHeadDim / kMmaN;     // n8 tiles of O per warp
