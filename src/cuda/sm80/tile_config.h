@@ -52,9 +52,11 @@ struct FwdTile {
 // 0.88-0.97, 64x128 in two key slices 0.86-0.93, 128 rows on 8 warps 0.71-0.75, against
 // 0.97-1.03 for this tile. d64 on 64-row blocks (three per SM) won only causal 1k.
 // pv_first where the rotated loop is needed (d128) and in the unmeasured one-slice rows (d32, d96,
-// d192: their loop is the same code in either order). d256 keeps the order it had when measured
-// faster on H200 (full 4k 1.05 against 0.97 rotated); its steady-state SASS is the same in both
-// orders, so that gap may be noise (to be re-measured).
+// d192: their loop is the same code in either order). Scores first, against the rotated loop, in
+// one call (H200, 2026-11-21, FUSEDATTN_DISABLE_SM90=1, fp16 TFLOP/s, two repetitions each): d64
+// full 1k 289 -> 299, 4k 308 -> 318, causal 1k 231 -> 235, causal 4k 288-293 -> 282-287; d256
+// full 4k 309-312 -> 318-319, causal 8k 305-308 -> 308; bf16 d64 full 4k 311 -> 321, d256 full 4k
+// 320 -> 329.
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
     case 32: return {128, 128, 4, 1, 2, true, true};
