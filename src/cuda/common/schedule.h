@@ -24,7 +24,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 
 namespace fusedattn::cuda {
 
@@ -85,9 +85,7 @@ inline int schedule_shift(int64_t bytes_per_pair, int pairs) {
   if (const char* v = std::getenv("FUSEDATTN_SCHEDULE_GROUP"); v != nullptr && std::atoi(v) >= 1) {
     cap = std::atoi(v);
   } else {
-    int device = 0, l2_bytes = 0;
-    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-    FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+    const int l2_bytes = current_device_attribute(cudaDevAttrL2CacheSize);
     cap = int64_t{l2_bytes} / kScheduleL2Share / (bytes_per_pair > 0 ? bytes_per_pair : 1);
   }
   int shift = 0;

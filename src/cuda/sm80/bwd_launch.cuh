@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/bwd_aux.h"
@@ -59,9 +60,7 @@ void launch_bwd_main_for_device(const BwdParams& p, const BwdWorkspace& ws, cuda
       launch_bwd_main<Element, kHeadDim, kMask, false>(p, ws, stream);
       return;
     }
-    int device = 0, optin = 0;
-    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-    FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if (sizeof(BwdShared<Element, kHeadDim, true>) <= static_cast<std::size_t>(optin)) {
       launch_bwd_main<Element, kHeadDim, kMask, true>(p, ws, stream);
       return;

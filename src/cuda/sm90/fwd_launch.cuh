@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm90/kernel.cuh"
@@ -85,9 +86,7 @@ void launch_fwd(const FwdParams& p) {
   kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
   kp.tma_o = make_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), Cfg::kSlabCols, kWarpgroupRows);
 
-  int device = 0, num_sms = 0;
-  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
   if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
