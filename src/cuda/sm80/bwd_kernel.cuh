@@ -71,7 +71,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   constexpr int kOutTiles = T::kWarpOutDim / kMmaCols;
   constexpr int kKeyTiles = T::kKeyTiles;
   constexpr int kDimSteps = kHeadDim / kMmaK;  // k16 steps of S^T = K Q^T and dP^T = V dO^T
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Q/dO reads take the swizzle XOR on their full stage address (bwd_warp_mma.cuh): only where
+  // the stage alternates, so the address is no loop invariant.
+  constexpr bool kStagedXor = T::kXorStageAddress;
+  extern __shared__ __align__(kBwdTileAlignBytes) unsigned char smem_raw[];  // see BwdShared
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
   BwdCoords cta;
@@ -210,8 +213,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
 
       // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
       float pt[kKeyTiles][kSliceTiles][4];
-      warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element>(pt, k_frag, smem_k, warp_key0,
-                                                                                             smem_q, lane_tile, q0);
+      warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, false, kStagedXor>(
+          pt, k_frag, smem_k, warp_key0, smem_q, lane_tile, q0);
 #pragma unroll
       for (int j = 0; j < kSliceTiles; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + j * kMmaCols + 2 * t);
@@ -240,8 +243,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       else if constexpr (T::kScoresShared)
         store_c_tile<T::kDsPitch>(smem.pt, pt, warp_key0, q0);
       else
-        warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dv[0], pt[0], smem_do, lane_tile, q0,
-                                                                       out_pair0);
+        warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element, kStagedXor>(acc_dv[0], pt[0], smem_do, lane_tile,
+                                                                                  q0, out_pair0);
 
       // dS^T = P^T o (dP^T - delta), with dP^T = V dO^T, for the kTiles n8 columns of `ds` from
       // S^T column q0 + 8 * j0 (P^T tiles j0..).
@@ -261,7 +264,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
               ds[mi][j][3] = nd.w;
             }
           }
-          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element, true>(
+          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element, true, kStagedXor>(
               ds, v_frag, smem_v, warp_key0, smem_do, lane_tile, c0);
 #pragma unroll
           for (int mi = 0; mi < kKeyTiles; ++mi)
@@ -270,7 +273,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
 #pragma unroll
               for (int e = 0; e < 4; ++e) ds[mi][j][e] *= pt[mi][j0 + j][e];
         } else {
-          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element>(
+          warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kTiles * kMmaCols, kHeadDim, kPitch, Element, false, kStagedXor>(
               ds, v_frag, smem_v, warp_key0, smem_do, lane_tile, c0);
 #pragma unroll
           for (int j = 0; j < kTiles; ++j) {
@@ -307,8 +310,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
         ds_columns(dst, 0);
         // dK += dS^T Q.
         if constexpr (!T::kScoresShared)
-          warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element>(acc_dk[0], dst[0], smem_q, lane_tile, q0,
-                                                                         out_pair0);
+          warp_gemm_rab<T::kWarpOutDim, kSliceQueries, kPitch, Element, kStagedXor>(acc_dk[0], dst[0], smem_q, lane_tile,
+                                                                                    q0, out_pair0);
         store_ds(dst, q0);
       }
     }
@@ -316,10 +319,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
 
     if constexpr (T::kScoresShared) {
       // dV += P^T dO and dK += dS^T Q over the whole query block, for this warp's columns.
-      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dv, smem_pt, lane_ds, warp_key0,
-                                                                                      smem_do, lane_tile, out_pair0);
-      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element>(acc_dk, smem_ds, lane_ds, warp_key0,
-                                                                                      smem_q, lane_tile, out_pair0);
+      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element, kStagedXor>(
+          acc_dv, smem_pt, lane_ds, warp_key0, smem_do, lane_tile, out_pair0);
+      warp_gemm_sab<kKeyTiles, T::kWarpOutDim, kBlockM, T::kDsPitch, kPitch, Element, kStagedXor>(
+          acc_dk, smem_ds, lane_ds, warp_key0, smem_q, lane_tile, out_pair0);
     }
 
     // dQ[kBlockM x kHeadDim] += dS K over this block's keys, kDqPasses column slices at a time.

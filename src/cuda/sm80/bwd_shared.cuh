@@ -17,9 +17,17 @@ namespace fusedattn::cuda::sm80 {
 // block after next, so the fp32 dQ tile (bwd_tile_io.cuh) is staged in their place on its way
 // to the coalesced global adds -- or, with dq_buffer, in a buffer of its own, which column warps
 // may fill while their partners still read Q and dO.
+// The kernel's dynamic shared memory starts on this boundary (one 128-byte swizzle group), and
+// so does every 16-bit tile below: the tiles before them are whole rows of whole groups. The
+// stage-address swizzle of the Q/dO reads (kXorStageAddress, bwd_warp_mma.cuh) relies on it.
+constexpr int kBwdTileAlignBytes = kSwizzlePitchMultiple * 2;
+
 template <typename Element, int kHeadDim, bool kLargeSmem = false>
 struct BwdShared {
   using T = BwdTile<kHeadDim, kLargeSmem>;
+  static_assert(sizeof(Element) * T::kPitch % kBwdTileAlignBytes == 0 &&
+                    sizeof(Element) * T::kDsPitch % kBwdTileAlignBytes == 0,
+                "tile rows are whole swizzle groups, so every tile starts on a group boundary");
   struct QueryStage {
     alignas(16) Element q[T::kBlockM * T::kPitch];
     alignas(16) Element dout[T::kBlockM * T::kPitch];

@@ -49,6 +49,11 @@ struct BwdTileConfig {
   bool mask_range = false;  // with a window, the block mask test compares the query block with
                             // a per-CTA range of unmasked blocks (bwd_mask.h) instead of
                             // evaluating key_range in 64 bits every iteration
+  bool xor_stage_address = false;  // the Q/dO operand reads take the swizzle XOR on their full
+                                   // shared address, which changes with the stage every
+                                   // iteration, instead of on loop-invariant per-lane offsets
+                                   // that ptxas hoists out of the loop and spills (needs
+                                   // stages == 2; bwd_warp_mma.cuh)
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
@@ -98,7 +103,7 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // (sm_90 SASS, unmeasured on GPU); on the d64 large, d96 and d256 rows ptxas spilled 4-52 bytes
   // more with it.
   if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, false, false, true};  // 193 KiB
-  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true};  // 161 KiB
+  if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
   // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
   // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
@@ -148,6 +153,7 @@ struct BwdTile {
   static constexpr bool kStmatrix = kCfg.stmatrix;
   static constexpr bool kKvRegisters = kCfg.kv_registers;
   static constexpr bool kMaskRange = kCfg.mask_range;
+  static constexpr bool kXorStageAddress = kCfg.xor_stage_address;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&
@@ -163,6 +169,7 @@ struct BwdTile {
   static_assert(!kWarpDq || kDqCols % kWarpSize == 0,
                 "per-warp dQ adds need whole 32-float swizzle groups of the staged tile (warp_add_dq)");
   static_assert(kKeyTiles == 1 || kScoresShared, "scores kept in registers feed dV/dK one 16-row tile per warp");
+  static_assert(!kXorStageAddress || kStages == 2, "with one stage the full address is loop-invariant itself");
 };
 
 }  // namespace fusedattn::cuda::sm80

@@ -26,6 +26,11 @@ namespace fusedattn::cuda::sm80 {
 // column pair `pair` (16 columns) then only flips bits 5-6 of it and adds whole 128-byte groups.
 // This keeps the hot loops at one LOP3 + an immediate offset per ldmatrix, instead of hoisting
 // a full address per (k step, n step) into registers.
+// A B operand read from the Q/dO stage buffers may instead take the XOR on the lane's full
+// address in the tile (kStagedB; BwdShared aligns every tile to a 128-byte swizzle group, so the
+// address is the same): where the stage changes every iteration, its swizzled addresses are then
+// no loop-invariant per-lane values that ptxas hoists out of the main loop and spills (d128 on
+// sm_80: 8 bytes), but one add and XOR per pair class and iteration.
 enum class LdsmOrder { kRowsFirst, kColsFirst };
 
 template <int kPitch, typename Element, LdsmOrder kOrder>
@@ -40,13 +45,19 @@ constexpr int kPairsPerSwizzleGroup = kSwizzlePitchMultiple / (2 * kSwizzleChunk
 constexpr uint32_t kPairBytes = 2 * kSwizzleChunkElems * 2;                               // 32 (16-bit elements)
 constexpr uint32_t kGroupBytes = kSwizzlePitchMultiple * 2;                               // 128
 
-// Shared address of the 16x16 block at (row0, 16 * pair) for this lane; row0 % 8 == 0.
-template <int kPitch, typename Element>
+// Shared address of the 16x16 block at (row0, 16 * pair) for this lane; row0 % 8 == 0. With
+// kXorAddress the tile is 128-byte aligned and the XOR goes onto tile + lane_offset.
+template <int kPitch, typename Element, bool kXorAddress = false>
 __device__ __forceinline__ uint32_t ldsm_addr(uint32_t tile, uint32_t lane_offset, int row0, int pair) {
   static_assert(sizeof(Element) == 2, "16-bit elements");
-  return tile + static_cast<uint32_t>(row0 * kPitch * sizeof(Element)) +
-         static_cast<uint32_t>(pair / kPairsPerSwizzleGroup) * kGroupBytes +
-         (lane_offset ^ (static_cast<uint32_t>(pair % kPairsPerSwizzleGroup) * kPairBytes));
+  if constexpr (kXorAddress)
+    return ((tile + lane_offset) ^ (static_cast<uint32_t>(pair % kPairsPerSwizzleGroup) * kPairBytes)) +
+           static_cast<uint32_t>(row0 * kPitch * sizeof(Element)) +
+           static_cast<uint32_t>(pair / kPairsPerSwizzleGroup) * kGroupBytes;
+  else
+    return tile + static_cast<uint32_t>(row0 * kPitch * sizeof(Element)) +
+           static_cast<uint32_t>(pair / kPairsPerSwizzleGroup) * kGroupBytes +
+           (lane_offset ^ (static_cast<uint32_t>(pair % kPairsPerSwizzleGroup) * kPairBytes));
 }
 
 // Per-lane offsets of one tile pitch, for both matrix orders.
@@ -72,7 +83,8 @@ enum class BStorage { kNK, kKN };
 
 // c[kRowTiles*16 x kN] += A[rows a_row0.., 0..kK) * B, A stored [m][k] in shared, B in shared as
 // kB says: [n][k] from row b0, or [k][n] from column 16 * b0. Every B fragment feeds kRowTiles MMAs.
-template <BStorage kB, int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+// kStagedB: B is a Q/dO stage buffer addressed with the XOR on the full address (ldsm_addr).
+template <BStorage kB, int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kStagedB = false>
 __device__ __forceinline__ void warp_gemm_shared_ab(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a,
                                                     LdsmLane lane_a, int a_row0, uint32_t tile_b, LdsmLane lane_b,
                                                     int b0) {
@@ -86,9 +98,9 @@ __device__ __forceinline__ void warp_gemm_shared_ab(float (&c)[kRowTiles][kN / k
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
       if constexpr (kB == BStorage::kNK)
-        ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b0 + np * 2 * kMmaCols, kb));
+        ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element, kStagedB>(tile_b, lane_b.cols_first, b0 + np * 2 * kMmaCols, kb));
       else
-        ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b0 + np));
+        ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element, kStagedB>(tile_b, lane_b.rows_first, kb * kMmaK, b0 + np));
 #pragma unroll
       for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
     }
@@ -97,7 +109,8 @@ __device__ __forceinline__ void warp_gemm_shared_ab(float (&c)[kRowTiles][kN / k
 
 // c[kRowTiles*16 x kN] = A[rows a_row0.., 0..kK) * B[rows b_row0.., 0..kK)^T, A stored [m][k],
 // B stored [n][k], both in shared. kAccumulate: c += instead.
-template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kAccumulate = false>
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kAccumulate = false,
+          bool kStagedB = false>
 __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
                                               int a_row0, uint32_t tile_b, LdsmLane lane_b, int b_row0) {
 #pragma unroll
@@ -105,8 +118,8 @@ __device__ __forceinline__ void warp_gemm_abt(float (&c)[kRowTiles][kN / kMmaCol
 #pragma unroll
     for (int j = 0; j < kN / kMmaCols; ++j)
       if constexpr (!kAccumulate) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
-  warp_gemm_shared_ab<BStorage::kNK, kRowTiles, kN, kK, kPitchA, kPitchB, Element>(c, tile_a, lane_a, a_row0, tile_b,
-                                                                                   lane_b, b_row0);
+  warp_gemm_shared_ab<BStorage::kNK, kRowTiles, kN, kK, kPitchA, kPitchB, Element, kStagedB>(c, tile_a, lane_a, a_row0,
+                                                                                             tile_b, lane_b, b_row0);
 }
 
 // Reads a warp's rows [row0, row0 + kRowTiles*16) x [0, kK) of a [m][k] shared tile as the A
@@ -122,7 +135,7 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&a)[kRowTiles][kK / k
 }
 
 // warp_gemm_abt with A already in registers (load_a_fragments): only B comes from shared memory.
-template <int kRowTiles, int kN, int kK, int kPitchB, typename Element, bool kAccumulate = false>
+template <int kRowTiles, int kN, int kK, int kPitchB, typename Element, bool kAccumulate = false, bool kStagedB = false>
 __device__ __forceinline__ void warp_gemm_rbt(float (&c)[kRowTiles][kN / kMmaCols][4],
                                               const uint32_t (&a)[kRowTiles][kK / kMmaK][4], uint32_t tile_b,
                                               LdsmLane lane_b, int b_row0) {
@@ -136,7 +149,7 @@ __device__ __forceinline__ void warp_gemm_rbt(float (&c)[kRowTiles][kN / kMmaCol
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.cols_first, b_row0 + np * 2 * kMmaCols, kb));
+      ptx::ldmatrix_x4(b, ldsm_addr<kPitchB, Element, kStagedB>(tile_b, lane_b.cols_first, b_row0 + np * 2 * kMmaCols, kb));
 #pragma unroll
       for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi][kb], b);
     }
@@ -145,20 +158,21 @@ __device__ __forceinline__ void warp_gemm_rbt(float (&c)[kRowTiles][kN / kMmaCol
 // A warp's key rows times B^T: from the register fragments `a` (load_a_fragments) when
 // kFromRegisters, else from the [m][k] shared tile tile_a at rows a_row0.. (a unused).
 template <bool kFromRegisters, int kRowTiles, int kN, int kK, int kPitch, typename Element, bool kAccumulate = false,
-          int kFragmentTiles>
+          bool kStagedB = false, int kFragmentTiles>
 __device__ __forceinline__ void warp_gemm_rows_bt(float (&c)[kRowTiles][kN / kMmaCols][4],
                                                   const uint32_t (&a)[kFragmentTiles][kK / kMmaK][4], uint32_t tile_a,
                                                   int a_row0, uint32_t tile_b, LdsmLane lane, int b_row0) {
   if constexpr (kFromRegisters)
-    warp_gemm_rbt<kRowTiles, kN, kK, kPitch, Element, kAccumulate>(c, a, tile_b, lane, b_row0);
+    warp_gemm_rbt<kRowTiles, kN, kK, kPitch, Element, kAccumulate, kStagedB>(c, a, tile_b, lane, b_row0);
   else
-    warp_gemm_abt<kRowTiles, kN, kK, kPitch, kPitch, Element, kAccumulate>(c, tile_a, lane, a_row0, tile_b, lane, b_row0);
+    warp_gemm_abt<kRowTiles, kN, kK, kPitch, kPitch, Element, kAccumulate, kStagedB>(c, tile_a, lane, a_row0, tile_b, lane,
+                                                                                     b_row0);
 }
 
 // c[16 x kN] += A * B where A [16 x kK] is a C-layout fp32 register tile (rounded to Element on
 // the fly: two adjacent n8 C fragments are exactly one k16 A fragment) and B is stored [k][n],
 // rows from b_row0 (a multiple of 16), columns from 16 * pair0.
-template <int kN, int kK, int kPitchB, typename Element>
+template <int kN, int kK, int kPitchB, typename Element, bool kStagedB = false>
 __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], const float (&a_acc)[kK / kMmaCols][4],
                                               uint32_t tile_b, LdsmLane lane_b, int b_row0, int pair0) {
 #pragma unroll
@@ -170,7 +184,7 @@ __device__ __forceinline__ void warp_gemm_rab(float (&c)[kN / kMmaCols][4], cons
 #pragma unroll
     for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
       uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, b_row0 + kb * kMmaK, pair0 + np));
+      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element, kStagedB>(tile_b, lane_b.rows_first, b_row0 + kb * kMmaK, pair0 + np));
       mma_pair<Element>(c[2 * np], c[2 * np + 1], a, b);
     }
   }
@@ -219,11 +233,11 @@ __device__ __forceinline__ void store_c_tile_stsm(Element* tile_ptr, uint32_t ti
 
 // c[kRowTiles*16 x kN] += A * B with A [rows a_row0.., 0..kK) stored [m][k] and B stored [k][n],
 // starting at column 16 * pair0: warp_gemm_rab for an A that other warps computed.
-template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
+template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element, bool kStagedB = false>
 __device__ __forceinline__ void warp_gemm_sab(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
                                               int a_row0, uint32_t tile_b, LdsmLane lane_b, int pair0) {
-  warp_gemm_shared_ab<BStorage::kKN, kRowTiles, kN, kK, kPitchA, kPitchB, Element>(c, tile_a, lane_a, a_row0, tile_b,
-                                                                                   lane_b, pair0);
+  warp_gemm_shared_ab<BStorage::kKN, kRowTiles, kN, kK, kPitchA, kPitchB, Element, kStagedB>(c, tile_a, lane_a, a_row0,
+                                                                                             tile_b, lane_b, pair0);
 }
 
 // c[kRowTiles*16 x kN] = A * B with A's transpose stored [k][m] (columns from 16 * a_pair0) and B
