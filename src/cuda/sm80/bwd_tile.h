@@ -103,6 +103,10 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // (sm_90 SASS, unmeasured on GPU); on the d64 large, d96 and d256 rows ptxas spilled 4-52 bytes
   // more with it.
   if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, false, false, true};  // 193 KiB
+  // On the A100 row the Q/dO reads XOR their full stage address (xor_stage_address): sm_80 SASS
+  // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (unmeasured on GPU); the
+  // same on the d256 Hopper row cleared the full-mask spill only with the dQ staging done alike,
+  // and there the window instance spilled 20 bytes instead of 12; on d96 sm_90 SASS spilled 52.
   if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
   // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
