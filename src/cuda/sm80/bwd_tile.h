@@ -88,11 +88,15 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   if (head_dim <= 32) return {8, 128, 2, 8, 1, 1, 1, 2, true, false};                // 128 key rows
   if (head_dim <= 64 && large_smem) return {8, 128, 2, 4, 2, 1, 2, 1, true, true, true, true, true};  // 195 KiB
   if (head_dim <= 64) return {8, 128, 2, 4, 1, 1, 1, 2, true, false};               // 128 key rows: 130 KiB
-  // d96 keeps the d64 layout with 64 query rows (not measured with column warps); two query
-  // slices measured 3% slower. Tile loads walking its padded 128-element rows measured 205 TFLOP/s
-  // at full 4k against 227 for the plain chunk order (one call; the round before: 224 vs 230);
-  // -delta in dP^T with stmatrix stores on the padded walk: 220.
-  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 1, false, false};  // 128 key rows: 144 KiB
+  // d96 keeps the d64 layout with 64 query rows (not measured with column warps). Tile loads
+  // walking its padded 128-element rows measured 205 TFLOP/s at full 4k against 227 for the plain
+  // chunk order (one call; the round before: 224 vs 230); -delta in dP^T with stmatrix stores on
+  // the padded walk: 220. Two query slices (32 score columns live at a time instead of 64) make
+  // every d96 instance spill-free: the window instances spilled 16 bytes (sm_90) and 8 bytes
+  // (sm_80) of per-CTA bookkeeping, one reload per iteration; the K and V fragments are read once
+  // per slice (+12 ldmatrix per iteration, 140 -> 152). One slice measured 3% faster on an older
+  // kernel (unmeasured on GPU since the spill-free tile loads).
+  if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 2, false, false};  // 128 key rows: 144 KiB
   // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
   // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
   // 16 key rows (253 vs 238 TFLOP/s at 4k). dQ on a 2 x 4 grid (32 x 32 warp tiles). Per-warp
