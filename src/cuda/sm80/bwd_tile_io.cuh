@@ -27,7 +27,12 @@ constexpr int kElemsPerChunk = ptx::kCpAsyncBytes / 2;  // 16-bit elements per 1
 // Per-step 64-bit row offsets were loop-invariant values the compiler kept live across the whole
 // main loop: they made the backward spill. Where the thread count is no multiple of the row's
 // chunks (d96), thread i copies chunks i, i + kThreads, ... of the tile in row order (walking the
-// padded 128-element rows instead measured 10% slower).
+// padded 128-element rows instead measured 10% slower) -- unless every row gets a whole number of
+// threads that each take every kLanes-th chunk of it (d96, d192): then a thread's chunks share
+// one source row pointer and one row test, and their destinations are one address XOR a
+// compile-time chunk step plus whole 128-byte groups. That XOR goes onto the full shared address
+// (`smem` is on a swizzle-group boundary, BwdShared), which changes with the Q/dO stage every
+// iteration: no per-step swizzled offsets stay loop-invariant for ptxas to hoist and spill.
 // The rows left in the sequence are clamped to kRows once, so the per-copy row tests are 32-bit.
 template <int kRows, int kHeadDim, int kPitch, int kThreads, typename Element>
 __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* base, int64_t row_stride, int64_t row0,
@@ -47,6 +52,23 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem, const Element* ba
       const bool in = col_in && r0 + step * kRowsPerStep < rows_left;
       ptx::cp_async_16(dst + step * kRowsPerStep * kPitch * sizeof(Element), in ? src : base, in);
       src += kRowsPerStep * row_stride;
+    }
+  } else if constexpr (kThreads % kRows == 0 && kChunksPerRow % (kThreads / kRows) == 0 &&
+                       kSwizzleRows % (kThreads / kRows) == 0) {
+    constexpr int kLanes = kThreads / kRows;  // threads per row
+    const int r = threadIdx.x / kLanes, q = threadIdx.x % kLanes;
+    const bool row_in = r < rows_left;
+    const Element* src = base + (row0 + r) * row_stride + q * kElemsPerChunk;
+    // Chunk q + kLanes * step keeps q in its low bits (kLanes divides the swizzle period), so its
+    // swizzled place is chunk q's with the step's bits flipped inside the group, plus whole groups.
+    const uint32_t lane_dst = smem + swizzle_offset(r, q * kElemsPerChunk, kPitch) * sizeof(Element);
+#pragma unroll
+    for (int step = 0; step < kChunksPerRow / kLanes; ++step) {
+      const int chunk_in_group = step * kLanes % kSwizzleRows, group = step * kLanes / kSwizzleRows;
+      const bool in = row_in && (q + step * kLanes) * kElemsPerChunk < head_dim;
+      const uint32_t dst = (lane_dst ^ static_cast<uint32_t>(chunk_in_group * ptx::kCpAsyncBytes)) +
+                           static_cast<uint32_t>(group * kSwizzleRows * ptx::kCpAsyncBytes);
+      ptx::cp_async_16(dst, in ? src + step * kLanes * kElemsPerChunk : base, in);
     }
   } else {
 #pragma unroll
