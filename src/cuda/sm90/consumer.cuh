@@ -291,6 +291,56 @@ struct Consumer {
       overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);
   }
 
+  // Whether this warpgroup's 64 rows of tile t all lie past the sequence end, as in a sequence's
+  // partial last tile (2048 queries = 10 x 192 + 128 leave the last 192-row tile's third slice
+  // empty). Uniform across the warpgroup: every warp reads the same announced first row. A
+  // 32-bit compare, like the mask's: dispatch keeps seqlen_q within the TMA's int32 coordinates.
+  __device__ __forceinline__ bool slice_is_empty(const AnnouncedTile& t) const {
+    return t.slice.first_row >= static_cast<int>(params.p.seqlen_q);
+  }
+
+  // One GEMM turn taken and handed on at once, by a warpgroup with nothing to issue.
+  __device__ __forceinline__ static void pass_through_turn(const WarpgroupTurns& turns) {
+    turns.wait_turn();
+    turns.pass_turn();
+  }
+
+  // Tile t for a warpgroup whose slice is empty (slice_is_empty): no GEMM, softmax, mask or
+  // store, but every synchronisation the others rely on. It takes as many GEMM turns as mma_tile
+  // (with the overlap: Q K^T of the first block alone, then one per block, its P V beside the
+  // next block's Q K^T; without: Q K^T and P V of each block), each handed on at once, so the
+  // busy warpgroups get the tensor cores more often. Before a turn it waits for no stage that a
+  // busy warpgroup would not have waited for by the same turn, so the ring cannot stall on it,
+  // and it gives each stage back once that stage has arrived (an arrival on "empty" before the
+  // "full" wait would count towards the stage's previous use). The turn has one call site: with
+  // a second one ptxas re-allocated the 128-row tile's unmasked step (+6 instructions).
+  __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, int q_buffer, PipelineState& kv,
+                                                    const WarpgroupTurns& turns, PendingStore& pending) {
+    q_stage = q_buffer;
+    const KVPipeline<Storage> pipe{smem};
+    const int count = t.blocks.count();
+    pending.release(smem, previous_q_buffer());
+    const bool overlap = params.features.overlap;
+    const int turn_count = count == 0 ? 0 : overlap ? count + 1 : 2 * count;
+    for (int i = 0; i < turn_count; ++i) {
+      // With the overlap, block i - 1 goes back before turn i > 0 (a busy warpgroup waits for
+      // block i's K there, which the producer loads later); without, a block's K before its
+      // Q K^T turn (even i) and its V before its P V turn (odd i).
+      const bool frees_k = overlap ? i > 0 : i % 2 == 0;
+      const bool frees_v = overlap ? i > 0 : i % 2 == 1;
+      if (frees_k) {
+        pipe.consumer_wait_k(kv);
+        pipe.consumer_release_k(kv, lane);
+      }
+      if (frees_v) {
+        pipe.consumer_wait_v(kv);
+        pipe.consumer_release_v(kv, lane);
+        kv.advance(params.features.num_stages);
+      }
+      pass_through_turn(turns);
+    }
+  }
+
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
   // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
   // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.

@@ -46,6 +46,13 @@ struct Epilogue {
   static constexpr int kStores = kOAcc / (2 * kMatricesPerStore);
   static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
 
+  // A warpgroup whose slice of the tile lies past the sequence end (Consumer::slice_is_empty)
+  // has no rows to store. q_empty still counts its arrival, one per warpgroup; with no store of
+  // its own reading the buffer, that goes at once.
+  __device__ __forceinline__ void release_unstored(int q_stage) const {
+    if (warp == 0 && lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
+  }
+
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
                                         PendingStore& pending) const {
     const FwdParams& p = params.p;

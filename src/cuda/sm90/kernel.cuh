@@ -71,6 +71,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
       const AnnouncedTile t = announced(q_stage);
       if (!t.valid()) break;
+      if (mainloop.slice_is_empty(t)) {
+        // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
+        // (the busy warpgroups issue more often) and only keeps the K/V and Q rings in step.
+        mainloop.pass_through_tile(t, q_stage, kv, turns, pending);
+        epilogue.release_unstored(q_stage);
+        continue;
+      }
       if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
         // Registers to spare (the d64 128-row tile): the tile goes to the epilogue as it is.
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
