@@ -268,9 +268,12 @@ TEST(Sm90Fwd, NanStaysInItsRow) {
 }
 
 // Many tiles per CTA (phases wrap many times) on a problem too large for the full reference:
-// sampled rows against the float64 row reference, 2x rule per row.
-void expect_sampled_rows_match(bool causal, std::mt19937_64& rng, const std::string& label, int head_dim = 128) {
-  const Problem pr = make_problem(4, 16, 4, head_dim, 1500, 1500, causal);
+// sampled rows against the float64 row reference, 2x rule per row. The last row is always among
+// them: it lies in each sequence's partial last tile.
+constexpr int64_t kSampledSeqlen = 1500;
+void expect_sampled_rows_match(bool causal, std::mt19937_64& rng, const std::string& label, int head_dim = 128,
+                               int64_t seqlen = kSampledSeqlen) {
+  const Problem pr = make_problem(4, 16, 4, head_dim, seqlen, seqlen, causal);
   HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
   const auto run = run_kernel(c);
   if (!run) GTEST_SKIP() << "no sm90 instance";
@@ -353,6 +356,81 @@ TEST(Sm90Fwd, TileShapes) {
       }
     }
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d);
+  }
+}
+
+// Partial last tiles whose last 64-row slices lie wholly past the sequence end: the consumer
+// warpgroups owning those slices compute nothing there but must keep the GEMM turns, the K/V
+// stages and the Q buffer's release in step with the others. 192-row d64 tiles with one empty
+// slice (2048 = 10 x 192 + 128) and with two (64 + 192 k), 128-row tiles (d64 forced, d128,
+// d256) with one (128 k + 40); full and causal, Sq != Sk both ways; the switches that change
+// the number of turns (no overlap, also with one stage) or the schedule; and many tiles per CTA,
+// so busy and idle tiles alternate while the rings wrap.
+TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int64_t kTallTileRows = 192, kTileRows = 128, kSliceRows = 64;
+  constexpr int64_t kOneEmptySlice = 2048;                             // last 192-row tile: 128 rows
+  constexpr int64_t kTwoEmptySlices = kSliceRows + 3 * kTallTileRows;  // last 192-row tile: 64 rows
+  constexpr int64_t kRaggedRows = 40;
+  constexpr int64_t kOneEmpty128 = 2 * kTileRows + kRaggedRows;  // last 128-row tile: 40 rows
+  static_assert(kOneEmptySlice % kTallTileRows == 2 * kSliceRows && kTwoEmptySlices % kTallTileRows == kSliceRows);
+  static_assert(kOneEmpty128 % kTileRows < kSliceRows);
+  {
+    const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", "192");
+    SCOPED_TRACE("FUSEDATTN_SM90_D64_TILE=192");
+    // One head at 2048 queries keeps the float64 reference affordable.
+    for (bool causal : {false, true})
+      for (const Problem& pr : {make_problem(1, 1, 1, 64, kOneEmptySlice, kOneEmptySlice, causal),
+                                make_problem(1, 1, 1, 64, kOneEmptySlice, 1500, causal)}) {
+        HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (bool causal : {false, true})
+        for (const Problem& pr : {make_problem(1, 2, 2, 64, kTwoEmptySlices, kTwoEmptySlices, causal),
+                                  make_problem(2, 2, 1, 64, kTwoEmptySlices, 900, causal),
+                                  make_problem(1, 2, 1, 64, kTwoEmptySlices, 300, causal)}) {
+          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+    const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+        {{"FUSEDATTN_SM90_OVERLAP", "0"}},
+        {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}},
+        {{"FUSEDATTN_SM90_PINGPONG", "0"}},
+        {{"FUSEDATTN_SM90_EARLY_K", "0"}},
+        {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
+        {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
+        {{"FUSEDATTN_SM90_DYNAMIC", "0"}}};
+    for (const auto& env : settings) {
+      const ScopedEnvs scoped(env);
+      std::string label;
+      for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
+      SCOPED_TRACE(label);
+      for (bool causal : {false, true}) {
+        HostCase c = make_case(make_problem(1, 2, 1, 64, kTwoEmptySlices, kTwoEmptySlices, causal), DType::kFloat16,
+                               Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+    }
+    for (bool causal : {false, true})
+      expect_sampled_rows_match(causal, rng, "two empty slices, 192-row tile", 64, kSliceRows + 7 * kTallTileRows);
+  }
+  // 2048 queries take the 192-row tile by default.
+  for (bool causal : {false, true})
+    expect_sampled_rows_match(causal, rng, "one empty slice, default tile", 64, kOneEmptySlice);
+  {
+    const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", "128");
+    SCOPED_TRACE("128-row tile");
+    for (const int d : {64, 128, 256})
+      for (bool causal : {false, true})
+        for (const Problem& pr : {make_problem(1, 2, 1, d, kOneEmpty128, kOneEmpty128, causal),
+                                  make_problem(1, 2, 1, d, kOneEmpty128, 500, causal)}) {
+          HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+    for (bool causal : {false, true})
+      expect_sampled_rows_match(causal, rng, "one empty slice, 128-row tile", 128, 7 * kTileRows + kRaggedRows);
   }
 }
 
