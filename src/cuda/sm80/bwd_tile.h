@@ -94,8 +94,10 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // the padded walk: 220. Two query slices (32 score columns live at a time instead of 64) make
   // every d96 instance spill-free: the window instances spilled 16 bytes (sm_90) and 8 bytes
   // (sm_80) of per-CTA bookkeeping, one reload per iteration; the K and V fragments are read once
-  // per slice (+12 ldmatrix per iteration, 140 -> 152). One slice measured 3% faster on an older
-  // kernel (unmeasured on GPU since the spill-free tile loads).
+  // per slice (+12 ldmatrix per iteration, 140 -> 152). H200, 2026-11-21, fp16 TFLOP/s, one
+  // call, two repetitions: one slice 227-228 (full 4k) / 205-206 (causal 4k); two slices 213-214
+  // / 195-197 on the old tile-load order, 219 / 202 with the one-pointer order (bwd_tile_io.cuh,
+  // which also took d192 causal 4k 182 -> 187). Kept for the spill-free kernels.
   if (head_dim <= 96) return {8, 64, 2, 4, 1, 1, 1, 2, false, false};  // 128 key rows: 144 KiB
   // d128: 4 x 2 warps of 32 key rows x 64 columns: a Q/dO fragment feeds two MMAs and P^T/dS^T
   // are read back once per column warp, 17% fewer shared-memory reads; +6% over 8 warps of
@@ -108,7 +110,8 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // more with it.
   if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, false, false, true};  // 193 KiB
   // On the A100 row the Q/dO reads XOR their full stage address (xor_stage_address): sm_80 SASS
-  // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (unmeasured on GPU); the
+  // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (H200, this row forced:
+  // full 4k 295 -> 288, causal 4k 271 -> 276 TFLOP/s, the sm_90 SASS of the row, not A100's); the
   // same on the d256 Hopper row cleared the full-mask spill only with the dQ staging done alike,
   // and there the window instance spilled 20 bytes instead of 12; on d96 sm_90 SASS spilled 52.
   if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
