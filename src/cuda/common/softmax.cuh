@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "cuda/ptx/ex2.cuh"
+#include "cuda/ptx/mufu.cuh"
 
 namespace fusedattn::cuda {
 
@@ -123,8 +123,8 @@ struct OnlineSoftmax {
       for (int h = 0; h < 2; ++h) {
         const float sum = quad_sum(row_sum[mt][h]);
         const bool empty = sum == 0.f;
-        inv_sum[mt][h] = empty ? 0.f : __fdividef(1.f, sum);
-        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + __log2f(sum)) * kLn2;
+        inv_sum[mt][h] = empty ? 0.f : ptx::rcp_approx(sum);
+        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + ptx::lg2_approx(sum)) * kLn2;
       }
   }
 };

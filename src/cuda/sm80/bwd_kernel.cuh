@@ -35,7 +35,7 @@
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/ptx/cp_async.cuh"
-#include "cuda/ptx/ex2.cuh"
+#include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/sm80/bwd_mask.h"
 #include "cuda/sm80/bwd_shared.cuh"

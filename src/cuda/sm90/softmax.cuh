@@ -6,28 +6,9 @@
 #include <cfloat>
 #include <cmath>
 
+#include "cuda/ptx/mufu.cuh"
+
 namespace fusedattn::cuda::sm90 {
-
-// ex2.approx.ftz.f32; any SM. exp2(-inf) = 0, which the masked scores rely on.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// rcp.approx.ftz.f32 and lg2.approx.ftz.f32; any SM. About 1 ulp (lg2: 2^-22 absolute), NaN stays
-// NaN. Without .ftz (__fdividef, __log2f) ptxas adds a subnormal-input rescale around each; the
-// row sums these take are 0 (handled apart) or >= 1 (see OnlineSoftmax::finalize).
-__device__ __forceinline__ float fast_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Max / sum over the four lanes of a quad (lanes 4r .. 4r+3 hold one row between them).
 __device__ __forceinline__ float quad_max(float x) {
@@ -86,7 +67,7 @@ struct OnlineSoftmax {
       // sum at 0.
       const bool move = m_block > row_max[r] + slack;
       const float m_new = move ? m_block : row_max[r];
-      c.factor[r] = move ? fast_exp2(row_max[r] - m_new) : 1.f;
+      c.factor[r] = move ? ptx::ex2_approx(row_max[r] - m_new) : 1.f;
       row_max[r] = m_new;
       moved = moved || move;
       // Seeded with the first probability rather than 0 (0.f + x is kept: it maps -0 to +0).
@@ -96,7 +77,7 @@ struct OnlineSoftmax {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * r + e];
-          x = fast_exp2(fmaf(x, scale_log2, -m_new));
+          x = ptx::ex2_approx(fmaf(x, scale_log2, -m_new));
           sum = j == 0 && e == 0 ? x : sum + x;
         }
       row_sum[r] = row_sum[r] * c.factor[r] + sum;
@@ -117,8 +98,8 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
-      inv_sum[r] = sum == 0.f ? 0.f : fast_rcp(sum);
-      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + fast_log2(sum)) * kLn2;
+      inv_sum[r] = sum == 0.f ? 0.f : ptx::rcp_approx(sum);
+      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + ptx::lg2_approx(sum)) * kLn2;
     }
   }
 };
