@@ -102,21 +102,25 @@ void launch_fwd(const FwdParams& p) {
   FUSEDATTN_CHECK_LAUNCH();
 }
 
-// d64: the 192-row tile (tile_config.h) where the query sequence is long enough that its padding
-// rows cost less than the third consumer warpgroup gains, the table's 128-row tile otherwise
-// (H200 fp16, ours/cuDNN, 192 vs 128 rows in one run after the session-8 instruction cuts: full
-// 1k 0.94 vs 0.93, 2k 1.05 vs 0.98; causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00, 8k 1.12 vs 1.00;
-// causal masks waited for 4k before those cuts, when causal 2k measured 0.88 vs 0.89).
+// d64: the 192-row tile (tile_config.h) where the query sequence is long enough that the third
+// consumer warpgroup gains more than the partial last tile costs, the table's 128-row tile
+// otherwise. A warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a
+// full mask 192 rows win from 512 queries: H200 fp16 TFLOP/s, default (128) vs forced 192, one
+// call, two repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Causal masks keep 128
+// rows below 2k (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for both
+// (before the skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00 ours/cuDNN).
 // FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile without the
 // overlap existed, still means 192).
 constexpr int64_t kD64TallMinQueries = 2048;
+constexpr int64_t kD64TallMinQueriesFullMask = 512;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   if constexpr (kHeadDim == 64) {
     const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
     const std::string forced = v ? v : "";
-    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= kD64TallMinQueries);
+    const int64_t min_queries = kMask == MaskKind::kFull ? kD64TallMinQueriesFullMask : kD64TallMinQueries;
+    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= min_queries);
     if (tall) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p);
