@@ -24,6 +24,19 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(kFullWarpMask, x, 2);
 }
 
+// A row's final factors from its quad-reduced sum and its running max (log2 units): the factor
+// that normalises O (0 for a fully masked row, whose O is 0, so out is 0 and never 0 * inf) and
+// the natural-log LSE (-inf for a fully masked row); a NaN sum stays NaN in both, confined to its
+// row. A row that saw a key has sum >= 1 (the key at its true max contributes 2^(max - reference)
+// >= 1, the reference never exceeding the max) and far below overflow, so the hardware reciprocal
+// and log2 (MUFU.RCP, MUFU.LG2: about 1 ulp, 2^-22 absolute) replace the IEEE division and the libm
+// log2f with their range handling; no subnormal sum reaches them. Both kernels' softmaxes end here.
+__device__ __forceinline__ void finalize_row(float sum, float max_log2, float& inv_sum, float& lse) {
+  const bool empty = sum == 0.f;
+  inv_sum = empty ? 0.f : ptx::rcp_approx(sum);
+  lse = empty ? -INFINITY : (max_log2 + ptx::lg2_approx(sum)) * kLn2;
+}
+
 // Per-row factors by which the O accumulated so far must be rescaled after an update; `any` (the
 // same in every lane of a warp) is false when all of them are 1, so the rescale can be skipped.
 template <int kMTiles>
@@ -110,22 +123,13 @@ struct OnlineSoftmax {
         for (int i = 0; i < 4; ++i) o[mt][dt][i] *= c.factor[mt][i / 2];  // C layout: i / 2 = h
   }
 
-  // Completes the row sums; returns per row the factor that normalises O (0 for a fully masked
-  // row, whose O is 0, so out is 0 and never 0 * inf) and the natural-log LSE (-inf for a fully
-  // masked row). A row that saw a key has sum >= 1 (the key at its true max contributes 2^(max -
-  // reference) >= 1, the reference never exceeding the max) and far below overflow, so the
-  // hardware reciprocal and log2 (MUFU.RCP, MUFU.LG2: about 1 ulp, 2^-22 absolute) replace the
-  // IEEE division and the libm log2f with their range handling; NaN stays NaN.
+  // Completes the row sums; returns per row the factor that normalises O and the natural-log LSE
+  // (finalize_row).
   __device__ __forceinline__ void finalize(float (&inv_sum)[kMTiles][2], float (&lse)[kMTiles][2]) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float sum = quad_sum(row_sum[mt][h]);
-        const bool empty = sum == 0.f;
-        inv_sum[mt][h] = empty ? 0.f : ptx::rcp_approx(sum);
-        lse[mt][h] = empty ? -INFINITY : (row_max[mt][h] + ptx::lg2_approx(sum)) * kLn2;
-      }
+      for (int h = 0; h < 2; ++h) finalize_row(quad_sum(row_sum[mt][h]), row_max[mt][h], inv_sum[mt][h], lse[mt][h]);
   }
 };
 

@@ -6,19 +6,11 @@
 #include <cfloat>
 #include <cmath>
 
+// quad_max / quad_sum (the four lanes 4r .. 4r+3 of a quad hold one row) and finalize_row.
+#include "cuda/common/softmax.cuh"
 #include "cuda/ptx/mufu.cuh"
 
 namespace fusedattn::cuda::sm90 {
-
-// Max / sum over the four lanes of a quad (lanes 4r .. 4r+3 hold one row between them).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Per-row factors for the O accumulated so far; `any` (the same in every lane of a warp) is false
 // when all of them are 1, so the rescale can be skipped.
@@ -83,24 +75,15 @@ struct OnlineSoftmax {
       row_sum[r] = row_sum[r] * c.factor[r] + sum;
     }
     // Warp-uniform, so skipping the rescale never splits the warp.
-    c.any = __any_sync(0xffffffffu, moved);
+    c.any = __any_sync(kFullWarpMask, moved);
   }
 
-  // 1 / rowsum for the output and the natural-log LSE. A fully masked row has sum 0: its output
-  // is 0 (not 0 * inf) and its LSE -inf. A NaN sum stays NaN in both, confined to its row.
-  // A row that saw a key has sum >= 1 (the key at its true max contributes 2^(max - reference)
-  // >= 1: the reference row_max only ever takes a block's max, so it never exceeds the true max)
-  // and far below overflow (each probability <= 2^slack), so the hardware reciprocal and log2
-  // (MUFU.RCP, MUFU.LG2: about 1 ulp, 2^-22 absolute) replace the IEEE division, with its
-  // slow-path call, and libm's log2f, with its range handling; no subnormal sum reaches them.
+  // 1 / rowsum for the output and the natural-log LSE (finalize_row: a fully masked row, sum 0,
+  // gets output 0 and LSE -inf; the reference row_max only ever takes a block's max, so a row that
+  // saw a key has sum >= 1, and each probability is <= 2^slack).
   __device__ __forceinline__ void finalize(float (&inv_sum)[kRows], float (&lse)[kRows]) {
-    constexpr float kLn2 = 0.69314718055994530942f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(row_sum[r]);
-      inv_sum[r] = sum == 0.f ? 0.f : ptx::rcp_approx(sum);
-      lse[r] = sum == 0.f ? -INFINITY : (row_max[r] + ptx::lg2_approx(sum)) * kLn2;
-    }
+    for (int r = 0; r < kRows; ++r) finalize_row(quad_sum(row_sum[r]), row_max[r], inv_sum[r], lse[r]);
   }
 };
 
