@@ -201,6 +201,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     if constexpr (kMask == MaskKind::kWindow && T::kMaskRange) {
       // The blocks a window edge cuts are the two ends of the diagonal band: a range of
       // loop-invariant values and two 32-bit compares, not two key_range evaluations in 64 bits.
+      // Written here, not before the loop: ptxas hoists it either way, but computed ahead of the
+      // loop by hand it changed the d128 window instance's allocation and spilled 8 bytes.
       const BlockRange unmasked = unmasked_query_blocks(p, true, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
       needs_mask = cur.m < static_cast<int>(unmasked.begin) || cur.m >= static_cast<int>(unmasked.end);
     } else {
