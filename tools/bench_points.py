@@ -10,8 +10,8 @@ from ../shared/bench and carried with the device call).
       [--dtype float16] [--env NAME=VALUE ...]
 A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048); `fa-fwd` or
 `fa-bwd` names every forward or backward point of that grid. --out FILE appends one JSON line per
-measurement in peers.py's record format (tools/perf_table.py reads it). Each --env
-setting adds one more `ours` column measured with that environment variable set (read by the
+measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
+`env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
 library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
 """
 import argparse
@@ -61,7 +61,9 @@ def main():
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
-    names = [p if e is None else f"ours[{e}]" for p, e in columns]
+    # Column headers: an env column by its setting without the common prefixes (16 characters).
+    short = lambda e: e.replace("FUSEDATTN_", "").replace("SM90_", "")
+    names = [p if e is None else short(e) for p, e in columns]
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s")
     print("%-24s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
     for text in expand_points(args.points):
@@ -76,10 +78,12 @@ def main():
             try:
                 ms = peers.bench_one(provider, batch, heads, heads, s, s, d, causal, mode, dtype)
                 row.append(peers.flops(batch, heads, s, s, d, causal, mode) / ms * 1e-9)
-                if out and env is None:
+                if out:
                     rec = {"suite": "fa", "provider": provider, "B": batch, "Hq": heads, "Hkv": heads, "Sq": s,
                            "Sk": s, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
                            "ms": round(ms, 4), "tflops": round(row[-1], 1)}
+                    if env:
+                        rec["env"] = env  # perf_table.py renders only the default columns
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
             except Exception as e:  # a provider that cannot run the point says why, the row goes on

@@ -21,6 +21,8 @@ def main():
             if rec.get("kind") == "ceiling":
                 ceiling = rec
                 continue
+            if rec.get("env"):  # a bench_points.py column measured with a switch set
+                continue
             key = (rec["mode"], rec["D"], rec["causal"], rec["Sq"])
             rows.setdefault(key, {})[rec["provider"]] = rec.get("tflops")
     if ceiling:
