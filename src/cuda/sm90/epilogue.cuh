@@ -18,11 +18,14 @@
 #include "cuda/sm90/pipeline.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/split_combine.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
-template <typename Element, class Cfg>
+// kSplits: the launch may split tiles into parts (full masks): a part's warpgroup hands its
+// result to SplitCombine and stores only if it combined the tile.
+template <typename Element, class Cfg, bool kSplits>
 struct Epilogue {
   using Storage = SharedStorage<Element, Cfg>;
   static constexpr int kOAcc = kWarpgroupRows * Cfg::kHeadDim / kWarpgroupThreads;
@@ -55,11 +58,29 @@ struct Epilogue {
 
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
                                         PendingStore& pending) const {
-    const FwdParams& p = params.p;
     float inv_sum[2], lse[2];
     softmax.finalize(inv_sum, lse);
     rescale_rows(o, inv_sum);
+    if constexpr (kSplits) {
+      if (t.part != kWholeTile) {
+        const SplitCombine<Element, Cfg> parts{params, smem, warpgroup};
+        const uint32_t thread = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
+        if (!parts.write_part(t, o, lse, thread)) {
+          // Another part combines and stores the slice; this Q buffer is free once every warp's
+          // wgmma is done, which the tickets' barrier has seen.
+          release_unstored(q_stage);
+          return;
+        }
+        parts.combine(t, o, lse, thread);
+      }
+    }
+    stage_and_store(t, q_stage, o, lse, pending);
+  }
 
+  // O (normalised) staged in the Q buffer and stored by TMA; the LSE from registers.
+  __device__ __forceinline__ void stage_and_store(const WorkTile& t, int q_stage, const float (&o)[kOAcc],
+                                                  const float (&lse)[2], PendingStore& pending) const {
+    const FwdParams& p = params.p;
     const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);

@@ -7,18 +7,23 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
+#include "cuda/sm90/fwd_split.h"
 #include "cuda/sm90/kernel.cuh"
+#include "cuda/sm90/split_workspace.h"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
+
+// The plan splits fewer than this many waves of tiles (tail_split.h: the last wave, or that plus
+// one): the workspace's ticket counters are laid out for that many tiles per SM.
+constexpr int kMaxSplitWaves = 2;
 
 // Defaults from the measurements in docs/hopper.md (H200): every optimisation on. The
 // intra-warpgroup overlap needs the early K release (with K and V freed together, 2 stages leave
@@ -31,7 +36,8 @@ namespace fusedattn::cuda::sm90 {
 // FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
 // online softmax) and FUSEDATTN_SM90_Q_PREFETCH=0|1 (the next tile's Q loaded into a second
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
-// A/B measurements.
+// A/B measurements. FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole
+// (fwd_split.h).
 constexpr bool kQPrefetchDefault = true;
 inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
                                   bool dynamic_default) {
@@ -62,7 +68,11 @@ void launch_fwd(const FwdParams& p) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   const int num_m_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  const int64_t tiles = int64_t{num_m_blocks} * p.heads_q * p.batch;
+  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  // Persistent or not, one CTA per SM runs at a time (the shared memory allows no more), so the
+  // SMs are the plan's slots.
+  FwdWork work = fwd_work(p, kMask, kShape, num_sms);
+  const int64_t tiles = work.tiles;
   if (tiles == 0) return;
 
   KernelParams kp{};
@@ -86,15 +96,23 @@ void launch_fwd(const FwdParams& p) {
   kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
   kp.tma_o = make_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), Cfg::kSlabCols, kWarpgroupRows);
 
-  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const auto stream = static_cast<cudaStream_t>(p.stream);
+  SplitWorkspace workspace;
+  if (work.split.parts > 1) {
+    workspace = split_workspace(stream, kMaxSplitWaves * int64_t{num_sms}, work.split.split_items(tiles),
+                                work.split.parts, Cfg::kBlockM, kHeadDim);
+    // No workspace can be made during a graph capture: every tile whole.
+    if (!workspace.ok()) work.split = {tiles, 1};
+  }
+  kp.split = {static_cast<int>(work.split.whole), work.split.parts, static_cast<int>(work.items()),
+              workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
   if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
     // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0.
     kp.features.dynamic = false;
     kp.features.persistent = kMask == MaskKind::kFull;
   }
-  const int64_t grid = kp.features.persistent ? std::min<int64_t>(tiles, num_sms) : tiles;
+  const int64_t grid = kp.features.persistent ? std::min<int64_t>(work.items(), num_sms) : work.items();
 
   auto kernel = fwd_kernel<Element, Cfg, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
@@ -102,26 +120,11 @@ void launch_fwd(const FwdParams& p) {
   FUSEDATTN_CHECK_LAUNCH();
 }
 
-// d64: the 192-row tile (tile_config.h) where the query sequence is long enough that the third
-// consumer warpgroup gains more than the partial last tile costs, the table's 128-row tile
-// otherwise. A warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a
-// full mask 192 rows win from 512 queries: H200 fp16 TFLOP/s, default (128) vs forced 192, one
-// call, two repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Causal masks keep 128
-// rows below 2k (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for both
-// (before the skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00 ours/cuDNN).
-// FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile without the
-// overlap existed, still means 192).
-constexpr int64_t kD64TallMinQueries = 2048;
-constexpr int64_t kD64TallMinQueriesFullMask = 512;
-
+// d64 picks its tile per launch (fwd_split.h, uses_d64_tall).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   if constexpr (kHeadDim == 64) {
-    const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
-    const std::string forced = v ? v : "";
-    const int64_t min_queries = kMask == MaskKind::kFull ? kD64TallMinQueriesFullMask : kD64TallMinQueries;
-    const bool tall = forced != "128" && (forced == "192" || forced == "192o" || p.seqlen_q >= min_queries);
-    if (tall) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
+    if (uses_d64_tall(kMask, p.seqlen_q)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p);
 }

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     // arrival on warpgroup 0's barrier unmatched, which its final wait_turn() below consumes.
     if (consumer == Cfg::kConsumerWarpgroups - 1) turns.pass_turn();
     Consumer<Element, Cfg, kMask> mainloop{params, smem, consumer, lane, warp};
-    const Epilogue<Element, Cfg> epilogue{params, smem, consumer, warp, lane};
+    const Epilogue<Element, Cfg, kMask == MaskKind::kFull> epilogue{params, smem, consumer, warp, lane};
     PipelineState kv;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
     PendingStore pending;

@@ -43,6 +43,21 @@ struct DescriptorHighWords {
   uint32_t q, k, v;
 };
 
+// The work list of a full-mask launch whose last wave is split (fwd_split.h): work items
+// [0, whole) are the tiles [0, whole) run whole; item whole + s * parts + q is part q of tile
+// whole + s, which covers the KV blocks [part_begin(L, parts, q), part_begin(L, parts, q + 1)) of
+// the tile's L. Each part writes its normalised O rows and LSE to its slot of the workspace;
+// the last part of a slice to take its ticket combines every part (split_combine.cuh).
+// parts == 1: every item is a whole tile (masked launches, FUSEDATTN_SM90_TAIL_SPLIT=0).
+struct SplitParams {
+  int whole;
+  int parts;
+  int items;     // whole + (tiles - whole) * parts: what the scheduler hands out
+  int* tickets;  // [split tile][kMaxConsumerWarpgroups], zero at launch and left at zero
+  float* lse;    // [split tile][part][block_m]
+  float* o;      // [split tile][part][block_m x head_dim], in the accumulator's thread order
+};
+
 struct KernelParams {
   CUtensorMap tma_q;  // [batch, seqlen_q, heads_q, head_dim], box 64 x kBlockM
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
@@ -52,6 +67,7 @@ struct KernelParams {
   int num_m_blocks;
   int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
   int* tile_counter;  // zero at launch; null: static schedule
+  SplitParams split;
   Features features;
   DescriptorHighWords desc_high;  // every field ptx::desc_high_word(ptx::kSwizzleAtomBytes)
 };

@@ -1,5 +1,5 @@
 // The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
-// Per tile: the tile's announcement for the consumers (tile_announcement.cuh) and its Q (into the next buffer of the Q ring,
+// Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's announcement for the consumers (tile_announcement.cuh) and its Q (into the next buffer of the Q ring,
 // once the O staged there has left), K and V of the first (highest) visible KV block, then K/V
 // pairs for the remaining blocks, each stage acquired from the ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
@@ -71,12 +71,12 @@ struct Producer {
     // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
     // before that wait; with two, Q's buffer is free long before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, p.heads_q, p.batch,
-                                  params.schedule_shift, params.tile_counter);
+    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, p.heads_q, params.schedule_shift, params.split,
+                                  params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
-      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups);
+      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group;
       int n = blocks.hi - 1;

@@ -29,6 +29,7 @@ struct SharedStorage {
   uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
   TileAnnouncement tile[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
+  int split_last[kMaxConsumerWarpgroups];  // per warpgroup: it drew its split tile's last ticket (SplitCombine)
 };
 
 template <typename Element, class Cfg>

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cuda/common/tail_split.h"
 #include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/tile_config.h"
 #include "cuda/sm90/tile_scheduler.cuh"
@@ -22,7 +23,8 @@ constexpr int kNoTile = -1;
 struct TileAnnouncement {
   int index;  // kNoTile: no more tiles, the CTA is done
   int first_row, head, batch;
-  KVBlockRange blocks;                          // visible KV blocks of the whole tile
+  int part, slot;                               // WorkTile's: which part of a split tile, its workspace slot
+  KVBlockRange blocks;                          // visible KV blocks of the tile, or of the part
   KVBlockRange uncut[kMaxConsumerWarpgroups];  // per consumer warpgroup's slice, see MaskedSlice
 };
 constexpr int kAnnouncementWords = static_cast<int>(sizeof(TileAnnouncement) / sizeof(int));
@@ -38,17 +40,25 @@ struct AnnouncedTile {
 };
 
 // Producer thread: the announcement of tile t (kNoTile when !valid) for a tile shape of
-// consumer_warpgroups 64-row slices.
+// consumer_warpgroups 64-row slices; a part of a split tile (of `parts`) gets its share of the
+// tile's KV blocks. The cut blocks stay the tile's: the sequence end still cuts the last block,
+// which the last part runs.
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
-                                                            int consumer_warpgroups) {
+                                                            int consumer_warpgroups, int parts) {
   TileAnnouncement a{};
   a.index = valid ? t.index : kNoTile;
   if (!valid) return a;
   a.first_row = t.first_row;
   a.head = t.head;
   a.batch = t.batch;
+  a.part = t.part;
+  a.slot = t.slot;
   a.blocks = mask.kv_blocks(t.first_row);
+  if (t.part != kWholeTile) {
+    const int count = a.blocks.count(), lo = a.blocks.lo;
+    a.blocks = {lo + part_begin(count, parts, t.part), lo + part_begin(count, parts, t.part + 1)};
+  }
   // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows (any
   // one row when the slice has none).
   const int64_t len_q = mask.p.seqlen_q;
@@ -82,7 +92,8 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
   const size_t my_uncut = offsetof(TileAnnouncement, uncut) + warpgroup * sizeof(KVBlockRange);
   const int first_row = word(offsetof(TileAnnouncement, first_row));
   return {{word(offsetof(TileAnnouncement, index)), first_row, word(offsetof(TileAnnouncement, head)),
-           word(offsetof(TileAnnouncement, batch))},
+           word(offsetof(TileAnnouncement, batch)), word(offsetof(TileAnnouncement, part)),
+           word(offsetof(TileAnnouncement, slot))},
           {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
           {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}}};
 }

@@ -9,27 +9,37 @@
 //  - static:  the current one + gridDim.x (round robin; balanced only when tiles are equal), or
 //  - dynamic: gridDim.x + atomicAdd(counter, 1), so a CTA that finishes early takes the next
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
+// What the CTAs take are work items: tiles, or with a split last wave (kernel_params.h,
+// SplitParams) the parts of the last tiles, which come after every whole tile.
 #pragma once
 
 #include "cuda/common/schedule.h"
+#include "cuda/sm90/kernel_params.h"
 
 namespace fusedattn::cuda::sm90 {
 
+constexpr int kWholeTile = -1;  // WorkTile::part of a tile run whole
+
 struct WorkTile {
-  int index;
+  int index;      // the work item
   int first_row;  // the query block's first row
   int head;
   int batch;
+  int part;  // kWholeTile, or which part of a split tile
+  int slot;  // a split tile's workspace slot (its position among the split tiles)
 };
 
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule.
-  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int batch, int group_shift, int* counter)
+  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int group_shift, const SplitParams& split,
+                           int* counter)
       : order_{num_m_blocks, group_shift},
         block_m_(block_m),
         heads_(heads),
-        total_(num_m_blocks * heads * batch),
+        total_(split.items),
+        whole_(split.whole),
+        parts_(split.parts),
         counter_(counter) {}
 
   __device__ WorkTile first() const { return tile_at(static_cast<int>(blockIdx.x)); }
@@ -49,16 +59,24 @@ class TileScheduler {
   __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
 
   __device__ WorkTile tile_at(int index) const {
-    const ScheduledItem item = scheduled_item(order_, index);
+    int tile = index, part = kWholeTile, slot = 0;
+    if (index >= whole_) {
+      slot = (index - whole_) / parts_;
+      part = index - whole_ - slot * parts_;
+      tile = whole_ + slot;
+    }
+    const ScheduledItem item = scheduled_item(order_, tile);
     const int m_block = order_.blocks - 1 - item.rank;
-    return {index, m_block * block_m_, item.pair % heads_, item.pair / heads_};
+    return {index, m_block * block_m_, item.pair % heads_, item.pair / heads_, part, slot};
   }
 
  private:
   ScheduleOrder order_;
   int block_m_;
   int heads_;
-  int total_;
+  int total_;  // work items
+  int whole_;  // items before whole_ are whole tiles
+  int parts_;
   int* counter_;
 };
 

@@ -1,0 +1,82 @@
+// The Hopper forward's work list (host side, plain C++ so the GPU tests can ask for it too): the
+// tile shape a launch uses and, for full masks, how the last wave of its equal query tiles is
+// split into KV-block parts (cuda/common/tail_split.h). Work items in scheduler order are the
+// tiles [0, whole) run whole, then the other tiles' parts, the parts of one tile adjacent.
+// Masked launches keep one item per tile (their tiles differ in length; the longest-first order
+// balances them).
+#pragma once
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "cuda/common/kinds.h"
+#include "cuda/common/tail_split.h"
+#include "cuda/sm90/tile_config.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+
+// The plan's cost model in KV-block steps. Model guesses, not measurements: a tile's prologue
+// (Q and the first K/V in flight, the first Q K^T alone) and epilogue (normalise, stage, store)
+// take about 1.5 steps; a part additionally writes its fp32 O and LSE rows to the workspace and
+// the last part reads every part's rows back to combine them, about one more step.
+constexpr TailCost kFwdTailCost{1.5, 1.0};
+
+// FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile whole (A/B measurements); on by default.
+inline bool tail_split_enabled() {
+  const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SPLIT");
+  return !(v && v[0] == '0');
+}
+
+// d64: the 192-row tile where the query sequence is long enough that the third consumer
+// warpgroup gains more than the partial last tile costs, the table's 128-row tile otherwise. A
+// warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a full mask
+// 192 rows win from 512 queries: H200 fp16 TFLOP/s, default (128) vs forced 192, one call, two
+// repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Causal masks keep 128 rows below
+// 2k (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for both (before the
+// skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00 ours/cuDNN).
+// FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile without the
+// overlap existed, still means 192).
+constexpr int64_t kD64TallMinQueries = 2048;
+constexpr int64_t kD64TallMinQueriesFullMask = 512;
+
+inline bool uses_d64_tall(MaskKind mask, int64_t seqlen_q) {
+  const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
+  const std::string forced = v ? v : "";
+  const int64_t min_queries = mask == MaskKind::kFull ? kD64TallMinQueriesFullMask : kD64TallMinQueries;
+  return forced != "128" && (forced == "192" || forced == "192o" || seqlen_q >= min_queries);
+}
+
+// The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
+inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, int64_t seqlen_q) {
+  if (instance_head_dim == 64 && uses_d64_tall(mask, seqlen_q)) return kD64Tall;
+  return tile_shape(instance_head_dim);
+}
+
+struct FwdWork {
+  int64_t tiles = 0;   // query tiles (block_m rows of one head and batch)
+  int kv_blocks = 0;   // KV blocks of a full-mask tile: the steps the plan splits
+  TailSplit split;     // {tiles, 1}: no split
+  int64_t items() const { return split.ctas(tiles); }
+};
+
+// The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
+// persistent grid: one per SM). Only full masks split: their tiles are equal.
+inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, TileShape shape, int64_t slots) {
+  FwdWork w;
+  w.tiles = (p.seqlen_q + shape.block_m - 1) / shape.block_m * p.heads_q * p.batch;
+  w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
+  w.split = {w.tiles, 1};
+  if (mask == MaskKind::kFull && tail_split_enabled())
+    w.split = plan_tail_split(w.tiles, w.kv_blocks, slots, kFwdTailCost);
+  return w;
+}
+
+// What a launch of p on the instance for instance_head_dim plans on a GPU of sm_count SMs (the
+// GPU tests check that the shapes they mean to split do split).
+inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
+  return fwd_work(p, mask, fwd_tile_shape(instance_head_dim, mask, p.seqlen_q), sm_count);
+}
+
+}  // namespace fusedattn::cuda::sm90

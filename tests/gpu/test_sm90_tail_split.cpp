@@ -1,0 +1,175 @@
+// The Hopper forward's split last wave (src/cuda/sm90/fwd_split.h, split_combine.cuh): full-mask
+// launches with fewer tiles than SMs (one sequence, few heads) run each tile as several KV-block
+// parts whose results the last part combines. Every shape here is first asserted to split (the
+// plan the launch uses, asked through the same host function), so a silently disabled split
+// fails the test rather than passing on the unsplit path; then out and LSE against the float64
+// reference (2x rule, outputs poisoned before each run, fresh inputs), bit-identical repeats, and
+// the switch that turns it off. Skips on devices other than compute capability 9.0.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cuda/dispatch.h"
+#include "cuda/sm90/fwd_split.h"
+#include "fusedattn/params.h"
+#include "gpu/gpu_check.h"
+#include "gpu/scoped_env.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr int kRepeats = 3;
+
+bool on_hopper() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  return prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_UNLESS_HOPPER() \
+  if (!on_hopper()) GTEST_SKIP() << "needs an sm_90 GPU"
+
+int sm_count() {
+  int n = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  return n;
+}
+
+// What dispatch and the Hopper launch see of a dense full-mask problem.
+FwdParams shape_params(const Problem& pr, DType dtype) {
+  FwdParams p;
+  p.dtype = dtype;
+  p.batch = pr.batch;
+  p.heads_q = pr.heads_q;
+  p.heads_kv = pr.heads_kv;
+  p.head_dim = pr.head_dim;
+  p.seqlen_q = pr.seqlen_q;
+  p.seqlen_k = pr.seqlen_k;
+  p.scale = pr.scale();
+  p.window_left = -1;
+  p.window_right = -1;
+  p.device = {DeviceType::kCUDA, 0};
+  return p;
+}
+
+// The work list the Hopper launch plans for pr; parts == 0 when this build has no Hopper
+// instance for it (the test then skips).
+cuda::sm90::FwdWork planned_work(const Problem& pr, DType dtype) {
+  const FwdParams p = shape_params(pr, dtype);
+  try {
+    const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
+    if (std::string(choice.arch) != "sm90") return {0, 0, {0, 0}};
+    return cuda::sm90::planned_fwd_work(p, cuda::MaskKind::kFull, choice.instance_head_dim, sm_count());
+  } catch (const Error&) {
+    return {0, 0, {0, 0}};
+  }
+}
+
+// Fewer tiles than SMs and enough KV blocks per tile: each must split. Head dims of every
+// instance and below one (80, 120: the TMA zero-fills the columns past head_dim), seqlen_k not a
+// multiple of any KV block (the last part's last block is cut), Sq != Sk both ways, GQA.
+std::vector<Problem> split_shapes() {
+  return {dense(1, 2, 2, 1024, 1024, 128), dense(1, 2, 2, 1024, 1100, 64), dense(1, 2, 2, 600, 1500, 256),
+          dense(1, 4, 2, 700, 1500, 80),   dense(1, 2, 1, 1000, 1000, 120), dense(1, 2, 2, 300, 2000, 128),
+          dense(1, 2, 2, 1500, 900, 128),  dense(1, 3, 1, 500, 1234, 64)};
+}
+
+// Asserts the launch will split pr; false (after GTEST_SKIP-worthy output) when no instance.
+bool expect_split(const Problem& pr, DType dtype) {
+  const cuda::sm90::FwdWork w = planned_work(pr, dtype);
+  if (w.split.parts == 0) {
+    std::printf("no sm90 instance in this build for %s: not run\n", pr.str().c_str());
+    return false;
+  }
+  EXPECT_GT(w.split.parts, 1) << pr.str() << ": " << w.tiles << " tiles of " << w.kv_blocks << " KV blocks";
+  EXPECT_LT(w.split.whole, w.tiles) << pr.str();
+  return w.split.parts > 1;
+}
+
+TEST(Sm90TailSplit, SplitShapesMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : split_shapes()) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      if (!expect_split(pr, dtype)) continue;
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+    }
+}
+
+// The combine runs in part order whichever part finishes last, so repeats agree to the bit; the
+// ticket counters are left at zero by each launch (a stale one would skip or double a combine and
+// leave poisoned or wrong rows in a later run).
+TEST(Sm90TailSplit, BitIdenticalOverThreeRuns) {
+  SKIP_UNLESS_HOPPER();
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : {dense(1, 2, 2, 1024, 1024, 128), dense(1, 4, 2, 700, 1500, 256)}) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      if (!expect_split(pr, dtype)) continue;
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      std::vector<unsigned char> out0, lse0;
+      for (int run = 0; run < kRepeats; ++run) {
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        if (run == 0) {
+          out0 = bytes_of(c.out);
+          lse0 = bytes_of(c.lse);
+        } else {
+          EXPECT_EQ(bytes_of(c.out), out0) << "out differs on run " << run;
+          EXPECT_EQ(bytes_of(c.lse), lse0) << "lse differs on run " << run;
+        }
+      }
+    }
+}
+
+// Launches of different split counts, parts and head dims in a row on one stream share one
+// workspace (grown on demand) and its counters: each must still be right.
+TEST(Sm90TailSplit, AlternatingShapesShareTheWorkspace) {
+  SKIP_UNLESS_HOPPER();
+  const std::vector<Problem> shapes = {dense(1, 2, 2, 512, 2000, 256), dense(1, 1, 1, 128, 1024, 64),
+                                       dense(1, 2, 2, 512, 2000, 256), dense(1, 8, 8, 256, 1024, 128)};
+  for (const Problem& pr : shapes) {
+    SCOPED_TRACE(pr.str());
+    if (!expect_split(pr, DType::kFloat16)) continue;
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kFloat16));
+  }
+}
+
+// FUSEDATTN_SM90_TAIL_SPLIT=0: the plan keeps every tile whole and the results still match.
+TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
+  SKIP_UNLESS_HOPPER();
+  const Problem pr = dense(1, 2, 2, 1024, 1100, 128);
+  if (!expect_split(pr, DType::kFloat16)) return;
+  const ScopedEnv off("FUSEDATTN_SM90_TAIL_SPLIT", "0");
+  const cuda::sm90::FwdWork w = planned_work(pr, DType::kFloat16);
+  EXPECT_EQ(w.split.parts, 1);
+  EXPECT_EQ(w.split.whole, w.tiles);
+  for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+}
+
+// Every scheduling switch with a split launch: the static round robin, one CTA per work item,
+// one Q buffer, no overlap (the parts' odd and even block counts in the non-overlapped loop).
+TEST(Sm90TailSplit, SplitUnderEverySchedule) {
+  SKIP_UNLESS_HOPPER();
+  const Problem pr = dense(1, 2, 2, 1024, 1100, 128);
+  if (!expect_split(pr, DType::kFloat16)) return;
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {{"FUSEDATTN_SM90_DYNAMIC", "0"}},
+      {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
+      {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
+      {{"FUSEDATTN_SM90_OVERLAP", "0"}},
+      {{"FUSEDATTN_SM90_D64_TILE", "128"}}};
+  for (const auto& s : settings) {
+    const ScopedEnvs env(s);
+    SCOPED_TRACE(std::string(s[0].first) + "=" + s[0].second);
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 700, 1100, 64), DType::kBFloat16));
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
