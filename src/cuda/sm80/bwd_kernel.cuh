@@ -28,6 +28,10 @@
 // memory, and accumulate dV and dK for 1/kColWarps of the columns from there.
 //
 // dK is scaled by the softmax scale once at the end; dQ is scaled by the convert kernel.
+//
+// Full-mask launches may split their last wave (bwd_split.h): a part walks a contiguous share of
+// its item's (query head, query block) iterations and hands its dK/dV to the last part to finish
+// through the workspace (bwd_split.cuh).
 #pragma once
 
 #include <cstdint>
@@ -39,25 +43,39 @@
 #include "cuda/ptx/smem.cuh"
 #include "cuda/sm80/bwd_mask.h"
 #include "cuda/sm80/bwd_shared.cuh"
+#include "cuda/sm80/bwd_split.cuh"
+#include "cuda/sm80/bwd_split.h"
 #include "cuda/sm80/bwd_tile_io.cuh"
 #include "cuda/sm80/bwd_warp_mma.cuh"
 
 namespace fusedattn::cuda::sm80 {
 
-// Grid: x = KV block, y = KV head, z = batch, issued x-fastest. Without a window the CTA takes
-// exactly that block. With a window the linear block number goes through the grouped order of
-// cuda/common/schedule.h: KV block 0 (under a causal mask the one most queries see) of every
+// Full masks on a row that splits (kSplit, bwd_split.h): a one-dimensional grid, CTA i takes item
+// i (KV block fastest, then KV head, then batch) or, past the plan's whole items, a part of a
+// split item. Otherwise the grid is x = KV block, y = KV head, z = batch: without a window the
+// CTA takes exactly that block; with one its linear block number goes through the grouped order
+// of cuda/common/schedule.h: KV block 0 (under a causal mask the one most queries see) of every
 // (batch, KV head) of a group first, over a group whose Q/dO/dQ share the L2, which shortens the
 // tail of a causal launch. Either way the lower KV blocks of a head start first, which the
 // deterministic mode's ordered dQ adds rely on.
 struct BwdCta {
   int n, kvh, b;
+  int item;   // the split-slot index is item - whole (full masks)
+  int part;   // 0 and 1 when the item runs whole
+  int parts;
 };
 
-template <MaskKind kMask>
-__device__ __forceinline__ BwdCta bwd_cta(int schedule_shift) {
-  const GridItem item = grid_item<kMask == MaskKind::kWindow>(schedule_shift);
-  return {item.rank, item.y, item.z};
+template <MaskKind kMask, bool kSplit, int kBlockN>
+__device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
+  if constexpr (kSplit) {
+    const BwdSplitCta at = bwd_split_cta(static_cast<int>(blockIdx.x), ws.split_whole, ws.split_parts);
+    const int kv_blocks = static_cast<int>((p.seqlen_k + kBlockN - 1) / kBlockN);
+    const int pair = at.item / kv_blocks;
+    return {at.item - pair * kv_blocks, pair % p.heads_kv, pair / p.heads_kv, at.item, at.part, at.parts};
+  } else {
+    const GridItem item = grid_item<kMask == MaskKind::kWindow>(schedule_shift);
+    return {item.rank, item.y, item.z, 0, 0, 1};
+  }
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
@@ -78,7 +96,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   Shared& smem = *reinterpret_cast<Shared*>(smem_raw);
 
   BwdCoords cta;
-  const BwdCta here = bwd_cta<kMask>(schedule_shift);
+  constexpr bool kSplit = kMask == MaskKind::kFull && bwd_row_splits(kHeadDim, kLargeSmem);
+  const BwdCta here = bwd_cta<kMask, kSplit, kBlockN>(p, ws, schedule_shift);
+  // Split rows keep the decoded CTA in shared memory for after the main loop: decoding it again
+  // there made the compiler keep the plan's kernel parameters in registers across the loop, and
+  // ptxas spill at the 255-register limit. Every thread writes the same values and reads back its
+  // own write, so no barrier is needed.
+  __shared__ BwdCta kept_cta;
+  if constexpr (kSplit) kept_cta = here;
   cta.n = here.n;
   cta.kvh = here.kvh;
   cta.b = here.b;
@@ -145,6 +170,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   }
   QueryCursor cur{cta.kvh * cta.group, static_cast<int>(cta.m_blocks.begin),
                   static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
+  if (here.parts > 1) {
+    // This part's share of the item's iterations (a split item has at least kTailMinPartSteps per
+    // part, so cur.left > 0).
+    const BwdPartStart start = bwd_part_start(cta.iterations, cur.left, here.part, here.parts);
+    cta.iterations = start.iterations;
+    cur.h += start.head;
+    cur.m += start.block;
+    cur.left -= start.block;
+  }
   QueryCursor next = cur;
   QuerySource next_src = source_of(cur);
   if (cta.iterations > 0) {
@@ -368,19 +402,35 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   }
 
   // Keys that no query sees keep their zero accumulators: dK = dV = 0 there. The CTA's
-  // coordinates and the sequence's offsets are worked out again rather than kept live across the
-  // main loop (where they made ptxas spill them).
-  const BwdCta again = bwd_cta<kMask>(schedule_shift);
+  // coordinates (split rows: read back from shared memory) and the sequence's offsets are worked
+  // out again rather than kept live across the main loop (where they made ptxas spill them).
+  // A part of a split item adds its dK/dV to the item's slot; the last part to finish stores the
+  // sums.
+  const BwdCta again = kSplit ? kept_cta : bwd_cta<kMask, kSplit, kBlockN>(p, ws, schedule_shift);
   const SeqInfo seq = seq_info(p, again.b);
   const int64_t key_row0 = static_cast<int64_t>(again.n) * kBlockN + warp_key0;
   auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, again.b, seq.k_start, again.kvh));
   auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, again.b, seq.k_start, again.kvh));
+  auto store_rows = [&](int mi, const float (&dk_rows)[kOutTiles][4], const float (&dv_rows)[kOutTiles][4]) {
+    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, dk_rows, p.scale, seq.len_k, p.head_dim);
+    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, dv_rows, 1.f, seq.len_k, p.head_dim);
+  };
+  if (again.parts > 1) {
+    float* slot = ws.split_acc + (again.item - ws.split_whole) * bwd_split_slot_floats<T>();
+    if (!add_split_part<T::kThreads>(acc_dk, acc_dv, slot, ws.split_count + (again.item - ws.split_whole),
+                                     again.parts))
+      return;  // a later part stores the item's dK/dV
 #pragma unroll
-  for (int mi = 0; mi < kKeyTiles; ++mi) {
-    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dk[mi], p.scale, seq.len_k,
-                    p.head_dim);
-    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, acc_dv[mi], 1.f, seq.len_k, p.head_dim);
+    for (int mi = 0; mi < kKeyTiles; ++mi) {
+      float dk_sums[kOutTiles][4], dv_sums[kOutTiles][4];
+      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, false>(dk_sums, slot, mi);
+      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, true>(dv_sums, slot, mi);
+      store_rows(mi, dk_sums, dv_sums);
+    }
+    return;
   }
+#pragma unroll
+  for (int mi = 0; mi < kKeyTiles; ++mi) store_rows(mi, acc_dk[mi], acc_dv[mi]);
 }
 
 // The most shared memory a CTA of the SASS being compiled can ever get. sm_80..sm_89 SASS runs

@@ -7,6 +7,11 @@
 // in the same order and the result is bit-identical. Cost: a CTA may wait for its predecessor on
 // the same query block; KV blocks of one head start in order, so the waits form a pipeline and
 // the slowdown is mostly visible when few (batch, head) pairs run at once.
+//
+// Full-mask launches split the items of their last wave into parts (bwd_split.h) where the plan's
+// model says it pays. Switches (read at every call):
+//   FUSEDATTN_BWD_TAIL_SPLIT=0  every item runs whole (A/B of the split)
+//   FUSEDATTN_BWD_SM80_TILE=1   the A100-sized tile on every GPU (below)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,27 +25,67 @@
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/bwd_aux.h"
 #include "cuda/sm80/bwd_kernel.cuh"
+#include "cuda/sm80/bwd_split.h"
 #include "cuda/sm80/bwd_workspace.h"
 
 namespace fusedattn::cuda::sm80 {
+
+// The full-mask launch's tail split (bwd_split.h) on this device's concurrent CTAs: `ws` with the
+// plan filled in, and the split items' slots and counters zeroed on `stream`. Unsplit (every item
+// whole) where the plan does not pay, the call may not split, or the workspace cannot hold it.
+template <typename T, typename Kernel>
+BwdWorkspace plan_bwd_split(const BwdParams& p, const BwdWorkspace& ws, Kernel kernel, int shared_bytes,
+                            cudaStream_t stream) {
+  BwdWorkspace out = ws;
+  const BwdLaunchShape shape = bwd_launch_shape(p, T::kBlockM, T::kBlockN);
+  out.split_whole = static_cast<int>(shape.items);
+  out.split_parts = 1;
+  if (ws.split_acc == nullptr) return out;  // bwd_may_split(p) is false
+  int per_sm = 0;
+  FUSEDATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, shared_bytes));
+  if (per_sm > kBwdSplitMaxCtasPerSm) return out;  // more split items than the workspace sized for
+  const int64_t slots = int64_t{current_device_attribute(cudaDevAttrMultiProcessorCount)} * per_sm;
+  const TailSplit plan = bwd_tail_split(p, T::kBlockM, T::kBlockN, slots);
+  const int64_t split_items = plan.split_items(shape.items);
+  const int64_t slot_floats = bwd_split_slot_floats<T>();
+  if (plan.parts == 1 || split_items > ws.split_items || split_items * slot_floats > ws.split_acc_floats) return out;
+  // The counters lie just before the slots (bwd_workspace.h): one memset zeroes both.
+  auto* first = reinterpret_cast<unsigned char*>(ws.split_count);
+  auto* end = reinterpret_cast<unsigned char*>(ws.split_acc + split_items * slot_floats);
+  FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(first, 0, static_cast<std::size_t>(end - first), stream));
+  out.split_whole = static_cast<int>(plan.whole);
+  out.split_parts = plan.parts;
+  return out;
+}
 
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
 void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
   constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim, kLargeSmem>));
-  static_assert(kSharedBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
+  // Plus the kept CTA of split rows (bwd_kernel.cuh), a static buffer padded to the dynamic one's
+  // alignment.
+  static_assert(sizeof(BwdCta) <= kBwdTileAlignBytes, "the kept CTA takes one alignment unit");
+  static_assert(kSharedBytes + kBwdTileAlignBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
                 "backward tile does not fit the shared memory of its GPUs");
   const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   // The CTAs' order (bwd_cta): lower KV blocks of a head start first, as the deterministic
   // mode's ordered dQ adds need. What one (batch, KV head) pair's CTAs read again and again: its
   // query heads' Q and dO rows and their fp32 dQ accumulator rows.
-  const dim3 grid(static_cast<unsigned>((p.seqlen_k + T::kBlockN - 1) / T::kBlockN),
-                  static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
-  const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
-                             (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
-  const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
-  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
+  const int64_t kv_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  if constexpr (kMask == MaskKind::kFull && bwd_row_splits(kHeadDim, kLargeSmem)) {
+    const BwdWorkspace split_ws = plan_bwd_split<T>(p, ws, kernel, kSharedBytes, stream);
+    const TailSplit plan{split_ws.split_whole, split_ws.split_parts};
+    const dim3 grid(static_cast<unsigned>(plan.ctas(kv_blocks * p.heads_kv * p.batch)));
+    kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);
+  } else {
+    const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
+                    static_cast<unsigned>(p.batch));
+    const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
+                               (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
+    const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
+    kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
+  }
   FUSEDATTN_CHECK_LAUNCH();
 }
 

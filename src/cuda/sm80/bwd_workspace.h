@@ -12,13 +12,22 @@
 //   dq_acc  fp32 [B, Hq, rows, dq_pitch] dQ accumulated across KV blocks (unscaled)
 //   dq_sem  int32 [B, Hq, rows / kBwdSemRows]  deterministic mode only: how many KV blocks have
 //           already added their share into that query block of dq_acc.
+//   split_count int32 [split items]  calls that may split their last wave (bwd_split.h) only:
+//               parts of that item done (the last one stores dK/dV)
+//   split_acc   fp32 [split items, slot floats]  each split item's dK and dV, summed over its parts
+//           The launcher zeroes the counters and the slots it uses, every call.
 //
-// O(B*H*S) + O(B*H*S*D) bytes; nothing quadratic in the sequence length.
+// O(B*H*S) + O(B*H*S*D) bytes, plus O(SMs * block_n * D) for the split; nothing quadratic in the
+// sequence length.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include <cuda_runtime.h>
+
+#include "cuda/common/check.cuh"
+#include "cuda/sm80/bwd_split.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -31,7 +40,9 @@ constexpr std::size_t kBwdBufferAlign = 256;
 struct BwdWorkspaceLayout {
   int64_t rows = 0;      // padded query rows per (b, h)
   int64_t dq_pitch = 0;  // floats per dq_acc row
-  std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0;  // byte offsets
+  std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0, split_acc = 0, split_count = 0;  // byte offsets
+  int64_t split_items = 0;      // most split items the slots hold
+  int64_t split_acc_floats = 0;  // floats of split_acc
   std::size_t total = 0;
 };
 
@@ -54,6 +65,21 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   w.dq_sem = at;
   if (p.deterministic)
     at = bwd_align_up(at + row_floats / kBwdSemRows * sizeof(int32_t), kBwdBufferAlign);
+  if (bwd_may_split(p)) {
+    // The device the call runs on (backend.cu sizes and views the workspace under its guard).
+    int sms = 0;
+    FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
+    const int64_t max_items = (p.seqlen_k + kBwdSplitMinBlockN - 1) / kBwdSplitMinBlockN * p.heads_kv * p.batch;
+    const int64_t wave_items = int64_t{kBwdSplitMaxWaves} * kBwdSplitMaxCtasPerSm * sms;
+    w.split_items = max_items < wave_items ? max_items : wave_items;
+    const int64_t dim = (p.head_dim + kBwdSplitDimGranule - 1) / kBwdSplitDimGranule * kBwdSplitDimGranule;
+    w.split_acc_floats = w.split_items * 2 * kBwdSplitMaxBlockN * dim;  // dK and dV
+    // The counters first: one memset from them through the slots a launch uses zeroes both.
+    w.split_count = at;
+    at = bwd_align_up(at + static_cast<std::size_t>(w.split_items) * sizeof(int32_t), kBwdBufferAlign);
+    w.split_acc = at;
+    at = bwd_align_up(at + static_cast<std::size_t>(w.split_acc_floats) * sizeof(float), kBwdBufferAlign);
+  }
   w.total = at;
   return w;
 }
@@ -69,6 +95,13 @@ struct BwdWorkspace {
   int32_t* dq_sem;  // null unless deterministic
   int64_t rows;
   int64_t dq_pitch;
+  float* split_acc;      // null unless the call may split (bwd_split.h)
+  int32_t* split_count;
+  int64_t split_items;       // capacity of split_acc/split_count, in items
+  int64_t split_acc_floats;  // capacity of split_acc
+  // The launch's plan, set by the launcher (whole = every item and parts = 1 when unsplit).
+  int split_whole = 0;
+  int split_parts = 1;
 
   // First padded row of (b, h) in lse2/delta; multiply by dq_pitch for dq_acc.
   FUSEDATTN_HD int64_t row_base(const FwdParams& p, int b, int h) const {
@@ -79,9 +112,17 @@ struct BwdWorkspace {
 inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
   const BwdWorkspaceLayout w = bwd_workspace_layout(p);
   auto* base = static_cast<unsigned char*>(p.workspace);
-  return {reinterpret_cast<float*>(base + w.lse2), reinterpret_cast<float*>(base + w.delta),
+  const bool split = w.split_items > 0;
+  return {reinterpret_cast<float*>(base + w.lse2),
+          reinterpret_cast<float*>(base + w.delta),
           reinterpret_cast<float*>(base + w.dq_acc),
-          p.deterministic ? reinterpret_cast<int32_t*>(base + w.dq_sem) : nullptr, w.rows, w.dq_pitch};
+          p.deterministic ? reinterpret_cast<int32_t*>(base + w.dq_sem) : nullptr,
+          w.rows,
+          w.dq_pitch,
+          split ? reinterpret_cast<float*>(base + w.split_acc) : nullptr,
+          split ? reinterpret_cast<int32_t*>(base + w.split_count) : nullptr,
+          w.split_items,
+          w.split_acc_floats};
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -1,0 +1,192 @@
+// The sm80 backward's tail split (src/cuda/sm80/bwd_split.h) on small full-mask launches, whose
+// N items (KV blocks x KV heads x batch) are fewer than the GPU's SMs, so every item is cut into
+// parts. Each case asserts three things: the plan splits the shape; the kernel really ran split
+// (the workspace's per-item part counters, poisoned before the call, read `parts` after it: the
+// last part's ticket); and dQ/dK/dV obey the 2x rule against the float64 reference. With
+// FUSEDATTN_BWD_TAIL_SPLIT=0 the counters stay untouched and the gradients stay right.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/sm80/bwd_split.h"
+#include "cuda/sm80/bwd_workspace.h"
+#include "fusedattn/attention.h"
+#include "gpu/scoped_env.h"
+#include "reference/problems.h"
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr double kFp16Atol = 1e-3;  // one storage ulp near 1, as in test_sm80_bwd.cpp
+constexpr double kBf16Atol = 8e-3;
+constexpr unsigned char kPoisonByte = 0xFF;  // counters read -1 where nothing wrote them
+
+// The backward tiles of bwd_tile.h for head dims up to 128 (Hopper rows and A100 rows alike):
+// 128 key rows per CTA; 128 query rows per iteration up to d64, 64 above. bwd_tile.h itself is
+// device code; if these drift from it, the counter check below fails.
+constexpr int kBlockN = 128;
+constexpr int kSmallHeadBlockM = 128;
+constexpr int kLargeHeadBlockM = 64;
+constexpr int kSmallHeadMaxDim = 64;
+
+int block_m_of(int head_dim) { return head_dim <= kSmallHeadMaxDim ? kSmallHeadBlockM : kLargeHeadBlockM; }
+
+void cuda_ok(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
+
+// A device buffer of `bytes`, freed at scope exit.
+struct DeviceBuffer {
+  explicit DeviceBuffer(std::size_t bytes) { cuda_ok(cudaMalloc(&data, bytes > 0 ? bytes : 1)); }
+  ~DeviceBuffer() { cudaFree(data); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data = nullptr;
+};
+
+// What bwd_split.h and bwd_workspace.h read of the backend's parameters, for a dense problem.
+BwdParams params_of(const Problem& problem) {
+  BwdParams p;
+  p.batch = problem.batch;
+  p.heads_q = problem.heads_q;
+  p.heads_kv = problem.heads_kv;
+  p.head_dim = problem.head_dim;
+  p.seqlen_q = problem.seqlen_q;
+  p.seqlen_k = problem.seqlen_k;
+  p.device = {DeviceType::kCUDA, 0};
+  return p;
+}
+
+int sm_count() {
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  return sms;
+}
+
+// Hopper runs the large-memory rows (unless FUSEDATTN_BWD_SM80_TILE=1).
+constexpr int kLargeTileMajor = 9;
+bool large_tiles_run() {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  return major >= kLargeTileMajor;
+}
+
+// The kernel row a case runs on: its instance's head dim and whether the tile is the large one.
+struct Row {
+  int instance_dim;
+  bool large;
+};
+
+// One backward call on the GPU with its own poisoned workspace; checks the gradients and the
+// part counters: split_expected says the launch on `row` must split (the plan and the row
+// agree), otherwise it must run every item whole.
+void check_split_backward(const Problem& problem, DType dtype, Row row, bool split_expected) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  if (row.large && !large_tiles_run()) GTEST_SKIP() << "the large-memory rows run on Hopper";
+  SCOPED_TRACE(problem.str() + " " + dtype_name(dtype) + (split_expected ? " split" : " unsplit"));
+
+  const BwdParams bp = params_of(problem);
+  const cuda::sm80::BwdLaunchShape shape = cuda::sm80::bwd_launch_shape(bp, block_m_of(problem.head_dim), kBlockN);
+  const cuda::TailSplit plan =
+      cuda::sm80::bwd_tail_split(bp, block_m_of(problem.head_dim), kBlockN, sm_count());
+  ASSERT_LT(shape.items, sm_count()) << "the case must leave SMs idle unsplit";
+  if (split_expected) {
+    ASSERT_TRUE(cuda::sm80::bwd_row_splits(row.instance_dim, row.large)) << "the kernel row never splits";
+    ASSERT_GE(plan.parts, 2) << "the plan does not split this shape";
+    ASSERT_EQ(plan.whole, 0) << "a launch below one wave splits every item";
+  }
+
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(problem, dtype, Layout::kBSHD, rng);
+  Tensors ref = c.values;
+  reference_forward(problem, ref);
+  c.out.fill(ref.out);
+  c.lse.fill(ref.lse);
+  reference_backward(problem, ref);
+  Tensors plain = c.values;
+  plain_backward(problem, dtype, plain);
+
+  HostTensor* inputs[] = {&c.q, &c.k, &c.v, &c.out, &c.lse, &c.dout};
+  HostTensor* grads[] = {&c.dq, &c.dk, &c.dv};
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+  auto device_view = [&](HostTensor& t) {
+    buffers.push_back(std::make_unique<DeviceBuffer>(t.nbytes()));
+    cuda_ok(cudaMemcpy(buffers.back()->data, t.data(), t.nbytes(), cudaMemcpyHostToDevice));
+    TensorView v = t.view();
+    v.data = buffers.back()->data;
+    v.device = {DeviceType::kCUDA, 0};
+    return v;
+  };
+  BackwardArgs a = backward_args(c);
+  TensorView* input_views[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout};
+  for (int i = 0; i < 6; ++i) *input_views[i] = device_view(*inputs[i]);
+  TensorView* grad_views[] = {&a.dq, &a.dk, &a.dv};
+  for (int i = 0; i < 3; ++i) {
+    grads[i]->poison();
+    *grad_views[i] = device_view(*grads[i]);
+  }
+
+  a.workspace_bytes = backward_workspace_bytes(a);
+  DeviceBuffer workspace(a.workspace_bytes);
+  a.workspace = workspace.data;
+  cuda_ok(cudaMemset(workspace.data, kPoisonByte, a.workspace_bytes));
+
+  backward(a);
+  cuda_ok(cudaDeviceSynchronize());
+  for (int i = 0; i < 3; ++i)
+    cuda_ok(cudaMemcpy(grads[i]->data(), grad_views[i]->data, grads[i]->nbytes(), cudaMemcpyDeviceToHost));
+  const double atol = dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol;
+  EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
+  EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
+  EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
+
+  // Every part of a split item takes one ticket; unsplit launches never touch the counters.
+  const cuda::sm80::BwdWorkspaceLayout layout = cuda::sm80::bwd_workspace_layout(bp);
+  ASSERT_GE(layout.split_items, shape.items) << "the workspace holds no slots for this launch";
+  std::vector<int32_t> counts(static_cast<std::size_t>(shape.items));
+  cuda_ok(cudaMemcpy(counts.data(), static_cast<unsigned char*>(workspace.data) + layout.split_count,
+                     counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  const int32_t untouched = -1;  // four poison bytes
+  for (std::size_t i = 0; i < counts.size(); ++i)
+    EXPECT_EQ(counts[i], split_expected ? plan.parts : untouched) << "part counter of item " << i;
+}
+
+class Sm80BackwardSplit : public ::testing::TestWithParam<DType> {};
+
+// Hopper rows (large-memory tiles): d64 and d128, query blocks cut by the sequence end, Sq != Sk.
+TEST_P(Sm80BackwardSplit, Head64RaggedQueries) {
+  check_split_backward(dense(1, 2, 2, 1000, 1100, 64), GetParam(), {64, true}, true);
+}
+TEST_P(Sm80BackwardSplit, Head128RaggedQueries) {
+  check_split_backward(dense(1, 2, 2, 1000, 1100, 128), GetParam(), {128, true}, true);
+}
+// GQA group 2: a part's iterations cross from one query head to the next.
+TEST_P(Sm80BackwardSplit, Head128GroupedQueries) {
+  check_split_backward(dense(1, 4, 2, 1000, 900, 128), GetParam(), {128, true}, true);
+}
+// Head dim 72 runs on the d96 instance (zero-filled columns in the slots).
+TEST_P(Sm80BackwardSplit, Head72OnWiderInstance) {
+  check_split_backward(dense(1, 4, 2, 700, 1024, 72), GetParam(), {96, false}, true);
+}
+// The A100 rows, on any GPU: d64 splits; the d128 row does not (bwd_row_splits) and must run
+// whole.
+TEST_P(Sm80BackwardSplit, Sm80TilesHead64And128) {
+  const ScopedEnv sm80_tiles("FUSEDATTN_BWD_SM80_TILE", "1");
+  check_split_backward(dense(1, 4, 2, 1000, 900, 64), GetParam(), {64, false}, true);
+  check_split_backward(dense(1, 4, 2, 1000, 900, 128), GetParam(), {128, false}, false);
+}
+// The A/B switch: every item whole, the same gradients.
+TEST_P(Sm80BackwardSplit, SwitchOffRunsWhole) {
+  const ScopedEnv no_split("FUSEDATTN_BWD_TAIL_SPLIT", "0");
+  check_split_backward(dense(1, 2, 2, 1000, 1100, 128), GetParam(), {128, true}, false);
+  check_split_backward(dense(1, 2, 2, 1000, 1100, 64), GetParam(), {64, true}, false);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Sm80BackwardSplit, ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace fusedattn::testing
