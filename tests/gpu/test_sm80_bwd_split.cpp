@@ -156,32 +156,28 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
 
 class Sm80BackwardSplit : public ::testing::TestWithParam<DType> {};
 
-// Hopper rows (large-memory tiles): d64 and d128, query blocks cut by the sequence end, Sq != Sk.
+// The d64 Hopper row (the only row that splits, bwd_row_splits): query blocks cut by the
+// sequence end, Sq != Sk.
 TEST_P(Sm80BackwardSplit, Head64RaggedQueries) {
   check_split_backward(dense(1, 2, 2, 1000, 1100, 64), GetParam(), {64, true}, true);
 }
-TEST_P(Sm80BackwardSplit, Head128RaggedQueries) {
-  check_split_backward(dense(1, 2, 2, 1000, 1100, 128), GetParam(), {128, true}, true);
-}
 // GQA group 2: a part's iterations cross from one query head to the next.
-TEST_P(Sm80BackwardSplit, Head128GroupedQueries) {
-  check_split_backward(dense(1, 4, 2, 1000, 900, 128), GetParam(), {128, true}, true);
+TEST_P(Sm80BackwardSplit, Head64GroupedQueries) {
+  check_split_backward(dense(1, 4, 2, 1000, 900, 64), GetParam(), {64, true}, true);
 }
-// Head dim 72 runs on the d96 instance (zero-filled columns in the slots).
-TEST_P(Sm80BackwardSplit, Head72OnWiderInstance) {
-  check_split_backward(dense(1, 4, 2, 700, 1024, 72), GetParam(), {96, false}, true);
-}
-// The A100 rows, on any GPU: d64 splits; the d128 row does not (bwd_row_splits) and must run
-// whole.
-TEST_P(Sm80BackwardSplit, Sm80TilesHead64And128) {
+// Rows that do not split run every item whole on the split-sized workspace: the d128 Hopper row,
+// head dim 72 on the d96 instance, the A100 rows (d64 and d128).
+TEST_P(Sm80BackwardSplit, OtherRowsRunWhole) {
+  check_split_backward(dense(1, 2, 2, 1000, 1100, 128), GetParam(), {128, true}, false);
+  check_split_backward(dense(1, 4, 2, 1000, 900, 128), GetParam(), {128, true}, false);
+  check_split_backward(dense(1, 4, 2, 700, 1024, 72), GetParam(), {96, false}, false);
   const ScopedEnv sm80_tiles("FUSEDATTN_BWD_SM80_TILE", "1");
-  check_split_backward(dense(1, 4, 2, 1000, 900, 64), GetParam(), {64, false}, true);
+  check_split_backward(dense(1, 4, 2, 1000, 900, 64), GetParam(), {64, false}, false);
   check_split_backward(dense(1, 4, 2, 1000, 900, 128), GetParam(), {128, false}, false);
 }
 // The A/B switch: every item whole, the same gradients.
 TEST_P(Sm80BackwardSplit, SwitchOffRunsWhole) {
   const ScopedEnv no_split("FUSEDATTN_BWD_TAIL_SPLIT", "0");
-  check_split_backward(dense(1, 2, 2, 1000, 1100, 128), GetParam(), {128, true}, false);
   check_split_backward(dense(1, 2, 2, 1000, 1100, 64), GetParam(), {64, true}, false);
 }
 

@@ -42,18 +42,18 @@ constexpr int64_t kBwdSplitMaxBlockN = 128;
 constexpr int64_t kBwdSplitDimGranule = 32;
 constexpr int64_t kBwdSplitMinBlockN = 64;  // bounds N from above for the workspace
 
-// The kernel rows (instance head dim, large-memory tile) that split. A split row's kernel holds
-// the split's bookkeeping (item decode, part start, slot adds), which ptxas fits beside the main
-// loop without spilling on most rows (ptxas -v, sm_80 and sm_90 SASS, CUDA 13.0); the others keep
-// the plain three-dimensional grid and never split:
-//   d256 (both rows): 8/12/16 -> 12/28/28 bytes spilled (sm_80, sm_90 large, sm_90 default);
-//   the d128 A100 row: its sm_90 SASS (what FUSEDATTN_BWD_SM80_TILE=1 runs on Hopper) 0 -> 116.
-constexpr int kBwdSplitMaxHeadDim = 192;
-constexpr int kBwdD128RowHeadDim = 128;
+// The kernel rows (instance head dim, large-memory tile) that split: only the d64 Hopper row. A
+// split row's kernel holds the split's bookkeeping (item decode, part start, slot adds), and on
+// the d128 Hopper row that cost the unsplit main loop 4%, more than the split wins back. H200,
+// fp16 TFLOP/s, main / split row with the split on / off, one call, two repetitions:
+//   d128 full 4k 296.0 / 289.0-289.9 / 283.3-283.6, full 16k 311.2 / 305.2 / 297.7-297.8;
+//   d64 full 2k 265.2-265.3 / 267.5-267.8 / 262.5-262.6, full 16k 289.0-289.3 / 294.1 / 286.0-286.3.
+// The other rows are unmeasured (d32, d96, d192, the A100 rows) or spilled with the split (d256:
+// 8/12/16 -> 12/28/28 bytes; the d128 A100 row's sm_90 SASS 0 -> 116), so they keep the plain
+// three-dimensional grid and compile as before.
+constexpr int kBwdSplitRowHeadDim = 64;
 constexpr bool bwd_row_splits(int head_dim, bool large_smem) {
-  if (head_dim > kBwdSplitMaxHeadDim) return false;
-  if (head_dim == kBwdD128RowHeadDim && !large_smem) return false;
-  return true;
+  return head_dim == kBwdSplitRowHeadDim && large_smem;
 }
 
 // Full masks only: a causal or window launch has unequal items (the grouped schedule handles its

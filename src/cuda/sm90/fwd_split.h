@@ -17,11 +17,20 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// The plan's cost model in KV-block steps. Model guesses, not measurements: a tile's prologue
-// (Q and the first K/V in flight, the first Q K^T alone) and epilogue (normalise, stage, store)
-// take about 1.5 steps; a part additionally writes its fp32 O and LSE rows to the workspace and
-// the last part reads every part's rows back to combine them, about one more step.
-constexpr TailCost kFwdTailCost{1.5, 1.0};
+// The plan's cost model in KV-block steps. A tile's prologue (Q and the first K/V in flight, the
+// first Q K^T alone) and epilogue (normalise, stage, store) take about 1.5 steps (a model guess).
+// A part also writes its fp32 O and LSE rows and the last part reads every part's rows back: that
+// traffic grows with the head dim while a step's K/V block does not (80 keys at d256), so a part
+// costs 1 + head_dim / 128 steps. With the first guess (one step at every head dim) the A/B on the
+// H200 (fp16, TFLOP/s, split on / off, two repetitions in one call) had d128 full 16k 636-641 /
+// 604-635 and d256 full 16k 708 / 664-680 but d256 full 8k 678-690 / 701-708 and d64 full 1k
+// 424-429 / 430-433: those two no longer split.
+constexpr double kFwdTileSteps = 1.5;
+constexpr double kFwdPartStepsPerHeadDim = 1.0 / 128;
+
+inline TailCost fwd_tail_cost(int head_dim) {
+  return {kFwdTileSteps, 1.0 + kFwdPartStepsPerHeadDim * head_dim};
+}
 
 // FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile whole (A/B measurements); on by default.
 inline bool tail_split_enabled() {
@@ -69,7 +78,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, TileShape shape, int6
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
   w.split = {w.tiles, 1};
   if (mask == MaskKind::kFull && tail_split_enabled())
-    w.split = plan_tail_split(w.tiles, w.kv_blocks, slots, kFwdTailCost);
+    w.split = plan_tail_split(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }
 
