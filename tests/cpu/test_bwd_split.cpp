@@ -56,10 +56,11 @@ TEST(BwdSplit, PartsWalkTheItemOnce) {
   }
 }
 
-// Calls that may split: full masks that are neither deterministic nor varlen.
+// Calls that may split: full masks that are neither deterministic nor varlen, with a head dim
+// that runs on the split row (d64) or a smaller instance.
 TEST(BwdSplit, OnlyFullMaskLaunchesMaySplit) {
   BwdParams p;
-  p.batch = 1, p.heads_q = 2, p.heads_kv = 2, p.head_dim = 128, p.seqlen_q = 1024, p.seqlen_k = 1024;
+  p.batch = 1, p.heads_q = 2, p.heads_kv = 2, p.head_dim = 64, p.seqlen_q = 1024, p.seqlen_k = 1024;
   EXPECT_TRUE(bwd_may_split(p));
   EXPECT_GT(bwd_tail_split(p, 64, 128, kSms).parts, 1);
   BwdParams causal = p;
@@ -72,6 +73,9 @@ TEST(BwdSplit, OnlyFullMaskLaunchesMaySplit) {
   BwdParams varlen = p;
   varlen.cu_seqlens_q = offsets, varlen.cu_seqlens_k = offsets;
   EXPECT_EQ(bwd_tail_split(varlen, 64, 128, kSms).parts, 1);
+  BwdParams wide = p;
+  wide.head_dim = 72;
+  EXPECT_FALSE(bwd_may_split(wide));
 }
 
 }  // namespace

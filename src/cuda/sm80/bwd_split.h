@@ -58,9 +58,10 @@ constexpr bool bwd_row_splits(int head_dim, bool large_smem) {
 
 // Full masks only: a causal or window launch has unequal items (the grouped schedule handles its
 // tail); deterministic mode needs each dK/dV summed in one order; varlen items differ per
-// sequence.
+// sequence. Head dims above the split row's never run on it, so their calls get no slots in the
+// workspace.
 inline bool bwd_may_split(const BwdParams& p) {
-  return !p.is_masked() && !p.deterministic && p.cu_seqlens_q == nullptr;
+  return !p.is_masked() && !p.deterministic && p.cu_seqlens_q == nullptr && p.head_dim <= kBwdSplitRowHeadDim;
 }
 
 // FUSEDATTN_BWD_TAIL_SPLIT=0 launches every item whole (an A/B switch).
