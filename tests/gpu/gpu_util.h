@@ -176,6 +176,35 @@ struct DeviceCase {
   }
 };
 
+// Runs the forward `runs` times on the same inputs (outputs poisoned before each run) and expects
+// out and lse bit-identical to the first run's. A skip reason when the build lacks the head dim.
+inline SkipReason expect_bit_identical_forwards(DeviceCase& dc, int runs) {
+  std::vector<unsigned char> out0, lse0;
+  for (int run = 0; run < runs; ++run) {
+    if (SkipReason why = dc.forward()) return why;
+    if (run == 0) {
+      out0 = bytes_of(dc.host.out);
+      lse0 = bytes_of(dc.host.lse);
+    } else {
+      EXPECT_EQ(bytes_of(dc.host.out), out0) << "out differs on run " << run;
+      EXPECT_EQ(bytes_of(dc.host.lse), lse0) << "lse differs on run " << run;
+    }
+  }
+  return std::nullopt;
+}
+
+// True on an sm_90 GPU (the Hopper kernels' tests).
+inline bool on_hopper() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  return prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_UNLESS_HOPPER() \
+  if (!::fusedattn::testing::on_hopper()) GTEST_SKIP() << "needs an sm_90 GPU"
+
 // ---- inputs too large for the double-valued path --------------------------------------------
 
 // Fills a 16-bit tensor with i.i.d. uniform values of unit variance at memory speed: a table of

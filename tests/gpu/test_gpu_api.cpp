@@ -441,17 +441,7 @@ TEST(GpuDeterminism, ForwardIsBitIdenticalOverThreeRuns) {
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
       DeviceCase dc(c);
-      std::vector<unsigned char> out0, lse0;
-      for (int run = 0; run < kRuns; ++run) {
-        FUSEDATTN_RUN_OR_SKIP(dc.forward());
-        if (run == 0) {
-          out0 = bytes_of(c.out);
-          lse0 = bytes_of(c.lse);
-        } else {
-          EXPECT_EQ(bytes_of(c.out), out0) << "out differs on run " << run;
-          EXPECT_EQ(bytes_of(c.lse), lse0) << "lse differs on run " << run;
-        }
-      }
+      FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(dc, kRuns));
     }
   }
 }

@@ -19,6 +19,7 @@
 
 #include "cuda/dispatch.h"
 #include "fusedattn/params.h"
+#include "gpu/gpu_util.h"
 #include "gpu/scoped_env.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
@@ -29,17 +30,6 @@ namespace {
 constexpr double kAtol = 1e-3;     // the 2x rule's absolute slack on outputs
 constexpr double kLseAtol = 1e-3;  // LSE is computed in fp32 by every implementation
 constexpr double kLog2e = 1.4426950408889634;
-
-bool on_hopper() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  return prop.major == 9 && prop.minor == 0;
-}
-
-#define SKIP_UNLESS_HOPPER() \
-  if (!on_hopper()) GTEST_SKIP() << "needs an sm_90 GPU"
 
 void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 

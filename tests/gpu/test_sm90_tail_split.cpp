@@ -22,17 +22,6 @@ namespace {
 
 constexpr int kRepeats = 3;
 
-bool on_hopper() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
-  cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
-  return prop.major == 9 && prop.minor == 0;
-}
-
-#define SKIP_UNLESS_HOPPER() \
-  if (!on_hopper()) GTEST_SKIP() << "needs an sm_90 GPU"
-
 int sm_count() {
   int n = 0;
   EXPECT_EQ(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
@@ -112,17 +101,7 @@ TEST(Sm90TailSplit, BitIdenticalOverThreeRuns) {
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
       DeviceCase dc(c);
-      std::vector<unsigned char> out0, lse0;
-      for (int run = 0; run < kRepeats; ++run) {
-        FUSEDATTN_RUN_OR_SKIP(dc.forward());
-        if (run == 0) {
-          out0 = bytes_of(c.out);
-          lse0 = bytes_of(c.lse);
-        } else {
-          EXPECT_EQ(bytes_of(c.out), out0) << "out differs on run " << run;
-          EXPECT_EQ(bytes_of(c.lse), lse0) << "lse differs on run " << run;
-        }
-      }
+      FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(dc, kRepeats));
     }
 }
 
