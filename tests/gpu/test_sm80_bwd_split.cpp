@@ -8,13 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "cuda/sm80/bwd_split.h"
 #include "cuda/sm80/bwd_workspace.h"
 #include "fusedattn/attention.h"
+#include "gpu/gpu_util.h"
 #include "gpu/scoped_env.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
@@ -24,7 +24,6 @@ namespace {
 
 constexpr double kFp16Atol = 1e-3;  // one storage ulp near 1, as in test_sm80_bwd.cpp
 constexpr double kBf16Atol = 8e-3;
-constexpr unsigned char kPoisonByte = 0xFF;  // counters read -1 where nothing wrote them
 
 // The backward tiles of bwd_tile.h for head dims up to 128 (Hopper rows and A100 rows alike):
 // 128 key rows per CTA; 128 query rows per iteration up to d64, 64 above. bwd_tile.h itself is
@@ -36,11 +35,9 @@ constexpr int kSmallHeadMaxDim = 64;
 
 int block_m_of(int head_dim) { return head_dim <= kSmallHeadMaxDim ? kSmallHeadBlockM : kLargeHeadBlockM; }
 
-void cuda_ok(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
-
-// A device buffer of `bytes`, freed at scope exit.
+// A device buffer of `bytes`, freed at scope exit (the workspace, poisoned by the test itself).
 struct DeviceBuffer {
-  explicit DeviceBuffer(std::size_t bytes) { cuda_ok(cudaMalloc(&data, bytes > 0 ? bytes : 1)); }
+  explicit DeviceBuffer(std::size_t bytes) { cuda_check(cudaMalloc(&data, bytes > 0 ? bytes : 1), "cudaMalloc"); }
   ~DeviceBuffer() { cudaFree(data); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
@@ -50,20 +47,8 @@ struct DeviceBuffer {
 // What bwd_split.h and bwd_workspace.h read of the backend's parameters, for a dense problem.
 BwdParams params_of(const Problem& problem) {
   BwdParams p;
-  p.batch = problem.batch;
-  p.heads_q = problem.heads_q;
-  p.heads_kv = problem.heads_kv;
-  p.head_dim = problem.head_dim;
-  p.seqlen_q = problem.seqlen_q;
-  p.seqlen_k = problem.seqlen_k;
-  p.device = {DeviceType::kCUDA, 0};
+  set_shape(p, problem);
   return p;
-}
-
-int sm_count() {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  return sms;
 }
 
 // Hopper runs the large-memory rows (unless FUSEDATTN_BWD_SM80_TILE=1).
@@ -109,35 +94,14 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
   Tensors plain = c.values;
   plain_backward(problem, dtype, plain);
 
-  HostTensor* inputs[] = {&c.q, &c.k, &c.v, &c.out, &c.lse, &c.dout};
-  HostTensor* grads[] = {&c.dq, &c.dk, &c.dv};
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers;
-  auto device_view = [&](HostTensor& t) {
-    buffers.push_back(std::make_unique<DeviceBuffer>(t.nbytes()));
-    cuda_ok(cudaMemcpy(buffers.back()->data, t.data(), t.nbytes(), cudaMemcpyHostToDevice));
-    TensorView v = t.view();
-    v.data = buffers.back()->data;
-    v.device = {DeviceType::kCUDA, 0};
-    return v;
-  };
-  BackwardArgs a = backward_args(c);
-  TensorView* input_views[] = {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.dout};
-  for (int i = 0; i < 6; ++i) *input_views[i] = device_view(*inputs[i]);
-  TensorView* grad_views[] = {&a.dq, &a.dk, &a.dv};
-  for (int i = 0; i < 3; ++i) {
-    grads[i]->poison();
-    *grad_views[i] = device_view(*grads[i]);
-  }
-
+  DeviceCase dc(c);
+  BackwardArgs a = dc.backward_args();
   a.workspace_bytes = backward_workspace_bytes(a);
   DeviceBuffer workspace(a.workspace_bytes);
   a.workspace = workspace.data;
-  cuda_ok(cudaMemset(workspace.data, kPoisonByte, a.workspace_bytes));
-
-  backward(a);
-  cuda_ok(cudaDeviceSynchronize());
-  for (int i = 0; i < 3; ++i)
-    cuda_ok(cudaMemcpy(grads[i]->data(), grad_views[i]->data, grads[i]->nbytes(), cudaMemcpyDeviceToHost));
+  cuda_check(cudaMemset(workspace.data, kPoisonByte, a.workspace_bytes), "poison the workspace");
+  const SkipReason missing = dc.backward(a);
+  ASSERT_FALSE(missing) << *missing;
   const double atol = dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol;
   EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
   EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
@@ -151,8 +115,9 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
   }
   ASSERT_GE(layout.split_items, shape.items) << "the workspace holds no slots for this launch";
   std::vector<int32_t> counts(static_cast<std::size_t>(shape.items));
-  cuda_ok(cudaMemcpy(counts.data(), static_cast<unsigned char*>(workspace.data) + layout.split_count,
-                     counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  cuda_check(cudaMemcpy(counts.data(), static_cast<unsigned char*>(workspace.data) + layout.split_count,
+                        counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+             "part counters");
   const int32_t untouched = -1;  // four poison bytes
   for (std::size_t i = 0; i < counts.size(); ++i)
     EXPECT_EQ(counts[i], split_expected ? plan.parts : untouched) << "part counter of item " << i;

@@ -75,18 +75,12 @@ FwdParams params_for(const Problem& pr, DType dtype, const HostCase& c, const De
   p.o_stride = strides_of(mc.out.view());
   p.lse_batch_stride = int64_t{pr.heads_q} * pr.seqlen_q;
   p.lse_head_stride = pr.seqlen_q;
+  set_shape(p, pr);
   p.dtype = dtype;
-  p.batch = pr.batch;
-  p.heads_q = pr.heads_q;
-  p.heads_kv = pr.heads_kv;
-  p.head_dim = pr.head_dim;
-  p.seqlen_q = pr.seqlen_q;
-  p.seqlen_k = pr.seqlen_k;
   p.scale = pr.scale();
   p.scale_log2 = static_cast<float>(pr.scale() * kLog2e);
   p.window_left = pr.window_left;
   p.window_right = pr.causal ? 0 : pr.window_right;
-  p.device = {DeviceType::kCUDA, 0};
   return p;
 }
 

@@ -22,26 +22,14 @@ namespace {
 
 constexpr int kRepeats = 3;
 
-int sm_count() {
-  int n = 0;
-  EXPECT_EQ(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  return n;
-}
-
 // What dispatch and the Hopper launch see of a dense full-mask problem.
 FwdParams shape_params(const Problem& pr, DType dtype) {
   FwdParams p;
+  set_shape(p, pr);
   p.dtype = dtype;
-  p.batch = pr.batch;
-  p.heads_q = pr.heads_q;
-  p.heads_kv = pr.heads_kv;
-  p.head_dim = pr.head_dim;
-  p.seqlen_q = pr.seqlen_q;
-  p.seqlen_k = pr.seqlen_k;
   p.scale = pr.scale();
   p.window_left = -1;
   p.window_right = -1;
-  p.device = {DeviceType::kCUDA, 0};
   return p;
 }
 
