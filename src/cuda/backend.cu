@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 #include "cuda/dispatch.h"
 #include "cuda/sm80/bwd_workspace.h"
 
@@ -26,8 +27,8 @@ class DeviceGuard {
 };
 
 void compute_capability(int index, int& major, int& minor) {
-  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index));
-  FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index));
+  major = device_attribute(cudaDevAttrComputeCapabilityMajor, index);
+  minor = device_attribute(cudaDevAttrComputeCapabilityMinor, index);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
-// Attributes of the CUDA device current on the calling host thread: what the launchers decide
-// with (a tile row's shared memory, the persistent grid's size, the schedule's share of the L2).
+// Attributes of a CUDA device (by index, or the one current on the calling host thread): what
+// the launchers decide with (a tile row's shared memory, the persistent grid's size, the
+// schedule's share of the L2).
 // The driver answers these from its own table; no synchronisation, so a per-launch query is cheap.
 #pragma once
 
@@ -9,11 +10,16 @@
 
 namespace fusedattn::cuda {
 
-inline int current_device_attribute(cudaDeviceAttr attribute) {
-  int device = 0, value = 0;
-  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+inline int device_attribute(cudaDeviceAttr attribute, int device) {
+  int value = 0;
   FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
   return value;
+}
+
+inline int current_device_attribute(cudaDeviceAttr attribute) {
+  int device = 0;
+  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+  return device_attribute(attribute, device);
 }
 
 }  // namespace fusedattn::cuda

@@ -26,7 +26,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 #include "cuda/sm80/bwd_split.h"
 #include "fusedattn/params.h"
 
@@ -67,8 +67,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
     at = bwd_align_up(at + row_floats / kBwdSemRows * sizeof(int32_t), kBwdBufferAlign);
   if (bwd_may_split(p)) {
     // The device the call runs on (backend.cu sizes and views the workspace under its guard).
-    int sms = 0;
-    FUSEDATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device.index));
+    const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device.index);
     const int64_t max_items = (p.seqlen_k + kBwdSplitMinBlockN - 1) / kBwdSplitMinBlockN * p.heads_kv * p.batch;
     const int64_t wave_items = int64_t{kBwdSplitMaxWaves} * kBwdSplitMaxCtasPerSm * sms;
     w.split_items = max_items < wave_items ? max_items : wave_items;
