@@ -108,7 +108,13 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // The per-CTA mask range (mask_range) cuts the d128 window iteration by 48 of ~1120 instructions
   // (sm_90 SASS, unmeasured on GPU); on the d64 large, d96 and d256 rows ptxas spilled 4-52 bytes
   // more with it.
-  if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, false, false, true};  // 193 KiB
+  // stmatrix stores of P^T/dS^T (a quarter of the store instructions into the MIO queue, which
+  // ncu shows throttling this loop more than FA2's): +0.3-1% (H200, fp16, one call, two
+  // repetitions, TFLOP/s: causal 4k 278.6 -> 280.7, 8k 295.8 -> 298.9, 16k 305.4-307.8 -> 308.7,
+  // full 16k 310.4 -> 312.1). Measured the same way and not taken: -delta in dP^T (-1%), both
+  // (-3%), xor_stage_address (-1 to -2%), dQ from the fragments (-7 to -10%), 16 warps of 16 key
+  // rows at 128 registers (-27%).
+  if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, true, false, true};  // 193 KiB
   // On the A100 row the Q/dO reads XOR their full stage address (xor_stage_address): sm_80 SASS
   // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (H200, this row forced:
   // full 4k 295 -> 288, causal 4k 271 -> 276 TFLOP/s, the sm_90 SASS of the row, not A100's); the
@@ -119,7 +125,8 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
   // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
   // d192's dQ warp tiles are 48 columns wide: the CTA adds the tile.
-  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false, false};  // 64 key rows: 161 KiB
+  // stmatrix stores of P^T/dS^T as on the d128 row (sm_90 only; sm_80 SASS keeps 32-bit stores).
+  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false, false, false, true};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
   // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
   if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true, false};  // 64 key rows: 209 KiB
