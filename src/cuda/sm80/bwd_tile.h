@@ -111,9 +111,9 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // stmatrix stores of P^T/dS^T (a quarter of the store instructions into the MIO queue, which
   // ncu shows throttling this loop more than FA2's): +0.3-2% (H200, fp16, two calls of two
   // repetitions, TFLOP/s: causal 4k 278.6 -> 280.7, 8k 295.8 -> 298.9, 16k 305.4-307.8 -> 308.7
-  // and 304.7-305.3 -> 310.8-311.2, full 16k 310.4 -> 312.1). Measured the same way and not taken: -delta in dP^T (-1%), both
-  // (-3%), xor_stage_address (-1 to -2%), dQ from the fragments (-7 to -10%), 16 warps of 16 key
-  // rows at 128 registers (-27%).
+  // and 304.7-305.3 -> 310.8-311.2, full 16k 310.4 -> 312.1). Measured the same way and not
+  // taken: -delta in dP^T (-1%), both (-3%), xor_stage_address (-1 to -2%), dQ from the fragments
+  // (-7 to -10%), 16 warps of 16 key rows at 128 registers (-27%).
   if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, true, false, true};  // 193 KiB
   // On the A100 row the Q/dO reads XOR their full stage address (xor_stage_address): sm_80 SASS
   // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (H200, this row forced:
@@ -127,10 +127,10 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // d192's dQ warp tiles are 48 columns wide: the CTA adds the tile.
   // stmatrix stores of P^T/dS^T as on the d128 row (sm_90 only; sm_80 SASS keeps 32-bit stores):
   // +1% (H200, fp16, one call, two repetitions: full 4k 192.7 -> 194.7, causal 16k 198.5 -> 200.9).
-  // On the d256 Hopper row ptxas spilled 16/28 bytes with it instead of 12/12.
   if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false, false, false, true};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
   // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
+  // stmatrix stores (as on d128/d192) made ptxas spill 16/28 bytes here instead of 12/12.
   if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true, false};  // 64 key rows: 209 KiB
   return {8, 64, 1, 2, 2, 2, 1, 1, true, false};                  // 64 key rows: 145 KiB
 }
