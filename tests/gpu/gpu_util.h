@@ -196,9 +196,13 @@ inline void set_shape(FwdParams& p, const Problem& pr) {
   p.device = {DeviceType::kCUDA, 0};
 }
 
-// Runs the forward `runs` times on the same inputs (outputs poisoned before each run) and expects
-// out and lse bit-identical to the first run's. A skip reason when the build lacks the head dim.
-inline SkipReason expect_bit_identical_forwards(DeviceCase& dc, int runs) {
+// Runs the forward of `p` `runs` times on the same fresh random inputs (outputs poisoned before
+// each run) and expects out and lse bit-identical to the first run's. A skip reason when the build
+// lacks the head dim.
+inline SkipReason expect_bit_identical_forwards(const Problem& p, DType dtype, int runs) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+  DeviceCase dc(c);
   std::vector<unsigned char> out0, lse0;
   for (int run = 0; run < runs; ++run) {
     if (SkipReason why = dc.forward()) return why;
