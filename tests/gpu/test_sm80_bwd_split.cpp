@@ -75,8 +75,7 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
 
   const BwdParams bp = params_of(problem);
   const cuda::sm80::BwdLaunchShape shape = cuda::sm80::bwd_launch_shape(bp, block_m_of(problem.head_dim), kBlockN);
-  const cuda::TailSplit plan =
-      cuda::sm80::bwd_tail_split(bp, block_m_of(problem.head_dim), kBlockN, sm_count());
+  const cuda::TailSplit plan = cuda::sm80::bwd_tail_split(bp, shape, sm_count());
   ASSERT_LT(shape.items, sm_count()) << "the case must leave SMs idle unsplit";
   if (split_expected) {
     ASSERT_TRUE(cuda::sm80::bwd_row_splits(row.instance_dim, row.large)) << "the kernel row never splits";

@@ -58,12 +58,6 @@ namespace fusedattn::cuda::sm80 {
 // (batch, KV head) of a group first, over a group whose Q/dO/dQ share the L2, which shortens the
 // tail of a causal launch. Either way the lower KV blocks of a head start first, which the
 // deterministic mode's ordered dQ adds rely on.
-struct BwdCta {
-  int n, kvh, b;
-  int item;   // the split-slot index is item - whole (full masks)
-  int part;   // 0 and 1 when the item runs whole
-  int parts;
-};
 
 template <MaskKind kMask, bool kSplit, int kBlockN>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
@@ -102,8 +96,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   // there made the compiler keep the plan's kernel parameters in registers across the loop, and
   // ptxas spill at the 255-register limit. Every thread writes the same values and reads back its
   // own write, so no barrier is needed.
-  __shared__ BwdCta kept_cta;
-  if constexpr (kSplit) kept_cta = here;
+  if constexpr (kSplit) smem.kept_cta = here;
   cta.n = here.n;
   cta.kvh = here.kvh;
   cta.b = here.b;
@@ -406,7 +399,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   // out again rather than kept live across the main loop (where they made ptxas spill them).
   // A part of a split item adds its dK/dV to the item's slot; the last part to finish stores the
   // sums.
-  const BwdCta again = kSplit ? kept_cta : bwd_cta<kMask, kSplit, kBlockN>(p, ws, schedule_shift);
+  const BwdCta again = kSplit ? smem.kept_cta : bwd_cta<kMask, kSplit, kBlockN>(p, ws, schedule_shift);
   const SeqInfo seq = seq_info(p, again.b);
   const int64_t key_row0 = static_cast<int64_t>(again.n) * kBlockN + warp_key0;
   auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, again.b, seq.k_start, again.kvh));

@@ -33,19 +33,20 @@ namespace fusedattn::cuda::sm80 {
 // The full-mask launch's tail split (bwd_split.h) on this device's concurrent CTAs: `ws` with the
 // plan filled in, and the split items' slots and counters zeroed on `stream`. Unsplit (every item
 // whole) where the plan does not pay, the call may not split, or the workspace cannot hold it.
-template <typename T, typename Kernel>
-BwdWorkspace plan_bwd_split(const BwdParams& p, const BwdWorkspace& ws, Kernel kernel, int shared_bytes,
-                            cudaStream_t stream) {
+// kSharedBytes: the kernel's shared memory, which allows kBwdSplitMaxCtasPerSm CTAs per SM.
+template <typename T, int kSharedBytes>
+BwdWorkspace plan_bwd_split(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+  // An SM's shared memory is at most the per-block limit plus the 1 KiB it reserves per CTA, so
+  // a kernel that takes more than half of that runs one CTA per SM: the slots are the SMs.
+  static_assert(kBwdSplitMaxCtasPerSm == 1 && 2 * kSharedBytes > kSm90MaxSharedBytes,
+                "a split row takes more than half an SM's shared memory");
   BwdWorkspace out = ws;
   const BwdLaunchShape shape = bwd_launch_shape(p, T::kBlockM, T::kBlockN);
   out.split_whole = static_cast<int>(shape.items);
   out.split_parts = 1;
   if (ws.split_acc == nullptr) return out;  // bwd_may_split(p) is false
-  int per_sm = 0;
-  FUSEDATTN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, T::kThreads, shared_bytes));
-  if (per_sm > kBwdSplitMaxCtasPerSm) return out;  // more split items than the workspace sized for
-  const int64_t slots = int64_t{current_device_attribute(cudaDevAttrMultiProcessorCount)} * per_sm;
-  const TailSplit plan = bwd_tail_split(p, T::kBlockM, T::kBlockN, slots);
+  const int64_t slots = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  const TailSplit plan = bwd_tail_split(p, shape, slots);
   const int64_t split_items = plan.split_items(shape.items);
   const int64_t slot_floats = bwd_split_slot_floats<T>();
   if (plan.parts == 1 || split_items > ws.split_items || split_items * slot_floats > ws.split_acc_floats) return out;
@@ -62,10 +63,7 @@ template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
 void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
   constexpr int kSharedBytes = static_cast<int>(sizeof(BwdShared<Element, kHeadDim, kLargeSmem>));
-  // Plus the kept CTA of split rows (bwd_kernel.cuh), a static buffer padded to the dynamic one's
-  // alignment.
-  static_assert(sizeof(BwdCta) <= kBwdTileAlignBytes, "the kept CTA takes one alignment unit");
-  static_assert(kSharedBytes + kBwdTileAlignBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
+  static_assert(kSharedBytes <= (kLargeSmem ? kSm90MaxSharedBytes : kSm80MaxSharedBytes),
                 "backward tile does not fit the shared memory of its GPUs");
   const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask, kLargeSmem>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
@@ -74,7 +72,7 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
   // query heads' Q and dO rows and their fp32 dQ accumulator rows.
   const int64_t kv_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   if constexpr (kMask == MaskKind::kFull && bwd_row_splits(kHeadDim, kLargeSmem)) {
-    const BwdWorkspace split_ws = plan_bwd_split<T>(p, ws, kernel, kSharedBytes, stream);
+    const BwdWorkspace split_ws = plan_bwd_split<T, kSharedBytes>(p, ws, stream);
     const TailSplit plan{split_ws.split_whole, split_ws.split_parts};
     const dim3 grid(static_cast<unsigned>(plan.ctas(kv_blocks * p.heads_kv * p.batch)));
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);

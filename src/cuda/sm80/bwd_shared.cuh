@@ -22,6 +22,15 @@ namespace fusedattn::cuda::sm80 {
 // stage-address swizzle of the Q/dO reads (kXorStageAddress, bwd_warp_mma.cuh) relies on it.
 constexpr int kBwdTileAlignBytes = kSwizzlePitchMultiple * 2;
 
+// A CTA's item (bwd_cta in bwd_kernel.cuh): KV block n of (sequence b, KV head kvh), and on rows
+// that split which part of its item it runs.
+struct BwdCta {
+  int n, kvh, b;
+  int item;   // the split-slot index is item - whole (full masks)
+  int part;   // 0 and 1 when the item runs whole
+  int parts;
+};
+
 template <typename Element, int kHeadDim, bool kLargeSmem = false>
 struct BwdShared {
   using T = BwdTile<kHeadDim, kLargeSmem>;
@@ -43,6 +52,7 @@ struct BwdShared {
   alignas(16) float dq_stage[T::kDqBuffer ? T::kBlockM * kHeadDim : kSwizzleChunkElems];  // a chunk without dq_buffer
   alignas(16) float lse2[T::kStages][T::kBlockM];
   alignas(16) float delta[T::kStages][T::kDeltaInDp ? 2 * T::kBlockM : T::kBlockM];  // -delta (as C-fragment quads)
+  BwdCta kept_cta;  // the CTA's item, kept across the main loop by rows that split (bwd_kernel.cuh)
 };
 
 // Where one CTA works: KV block n of (sequence b, KV head kvh), looping over the group's query

@@ -31,8 +31,7 @@ constexpr TailCost kBwdTailCost{kBwdItemFixedIterations, kBwdPartCombineIteratio
 
 // Workspace bound on the split items: the plan splits at most N mod P + P items (P = slots =
 // SMs x CTAs per SM), so two waves of the device's slots. Every backward row uses more than half
-// of an SM's shared memory, so one CTA per SM; a launcher whose occupancy says more than
-// kBwdSplitMaxCtasPerSm leaves its launch unsplit rather than overrun the slots.
+// of an SM's shared memory, so one CTA per SM (plan_bwd_split asserts it for the split row).
 constexpr int kBwdSplitMaxWaves = 2;
 constexpr int kBwdSplitMaxCtasPerSm = 1;
 // Per-item slot bound: dK and dV of block_n x (instance head dim) floats. Instances are 32-wide
@@ -81,9 +80,9 @@ inline BwdLaunchShape bwd_launch_shape(const BwdParams& p, int block_m, int bloc
   return {kv_blocks * p.heads_kv * p.batch, static_cast<int>(p.heads_q / p.heads_kv * q_blocks)};
 }
 
-// The launch's plan on `slots` concurrent CTAs: parts == 1 when it runs unsplit.
-inline TailSplit bwd_tail_split(const BwdParams& p, int block_m, int block_n, int64_t slots) {
-  const BwdLaunchShape shape = bwd_launch_shape(p, block_m, block_n);
+// The plan of a launch of `shape` (bwd_launch_shape) on `slots` concurrent CTAs: parts == 1 when
+// it runs unsplit.
+inline TailSplit bwd_tail_split(const BwdParams& p, const BwdLaunchShape& shape, int64_t slots) {
   if (!bwd_may_split(p) || !bwd_tail_split_enabled()) return {shape.items, 1};
   return plan_tail_split(shape.items, shape.steps, slots, kBwdTailCost);
 }
