@@ -62,17 +62,18 @@ TEST(BwdSplit, OnlyFullMaskLaunchesMaySplit) {
   BwdParams p;
   p.batch = 1, p.heads_q = 2, p.heads_kv = 2, p.head_dim = 64, p.seqlen_q = 1024, p.seqlen_k = 1024;
   EXPECT_TRUE(bwd_may_split(p));
-  EXPECT_GT(bwd_tail_split(p, bwd_launch_shape(p, 64, 128), kSms).parts, 1);
+  const BwdLaunchShape shape = bwd_launch_shape(p, 64, 128);  // the same for every variant below
+  EXPECT_GT(bwd_tail_split(p, shape, kSms).parts, 1);
   BwdParams causal = p;
   causal.window_right = 0;
-  EXPECT_EQ(bwd_tail_split(causal, bwd_launch_shape(causal, 64, 128), kSms).parts, 1);
+  EXPECT_EQ(bwd_tail_split(causal, shape, kSms).parts, 1);
   BwdParams deterministic = p;
   deterministic.deterministic = true;
-  EXPECT_EQ(bwd_tail_split(deterministic, bwd_launch_shape(deterministic, 64, 128), kSms).parts, 1);
+  EXPECT_EQ(bwd_tail_split(deterministic, shape, kSms).parts, 1);
   const int32_t offsets[] = {0, 1024};
   BwdParams varlen = p;
   varlen.cu_seqlens_q = offsets, varlen.cu_seqlens_k = offsets;
-  EXPECT_EQ(bwd_tail_split(varlen, bwd_launch_shape(varlen, 64, 128), kSms).parts, 1);
+  EXPECT_EQ(bwd_tail_split(varlen, shape, kSms).parts, 1);
   BwdParams wide = p;
   wide.head_dim = 72;
   EXPECT_FALSE(bwd_may_split(wide));

@@ -30,18 +30,19 @@
 
 namespace fusedattn::cuda::sm80 {
 
-// The full-mask launch's tail split (bwd_split.h) on this device's concurrent CTAs: `ws` with the
-// plan filled in, and the split items' slots and counters zeroed on `stream`. Unsplit (every item
-// whole) where the plan does not pay, the call may not split, or the workspace cannot hold it.
-// kSharedBytes: the kernel's shared memory, which allows kBwdSplitMaxCtasPerSm CTAs per SM.
+// The tail split (bwd_split.h) of a full-mask launch of `shape` on this device's concurrent CTAs:
+// `ws` with the plan filled in, and the split items' slots and counters zeroed on `stream`.
+// Unsplit (every item whole) where the plan does not pay, the call may not split, or the
+// workspace cannot hold it. kSharedBytes: the kernel's shared memory, which allows
+// kBwdSplitMaxCtasPerSm CTAs per SM.
 template <typename T, int kSharedBytes>
-BwdWorkspace plan_bwd_split(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
+BwdWorkspace plan_bwd_split(const BwdParams& p, const BwdLaunchShape& shape, const BwdWorkspace& ws,
+                            cudaStream_t stream) {
   // An SM's shared memory is at most the per-block limit plus the 1 KiB it reserves per CTA, so
   // a kernel that takes more than half of that runs one CTA per SM: the slots are the SMs.
   static_assert(kBwdSplitMaxCtasPerSm == 1 && 2 * kSharedBytes > kSm90MaxSharedBytes,
                 "a split row takes more than half an SM's shared memory");
   BwdWorkspace out = ws;
-  const BwdLaunchShape shape = bwd_launch_shape(p, T::kBlockM, T::kBlockN);
   out.split_whole = static_cast<int>(shape.items);
   out.split_parts = 1;
   if (ws.split_acc == nullptr) return out;  // bwd_may_split(p) is false
@@ -70,13 +71,14 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
   // The CTAs' order (bwd_cta): lower KV blocks of a head start first, as the deterministic
   // mode's ordered dQ adds need. What one (batch, KV head) pair's CTAs read again and again: its
   // query heads' Q and dO rows and their fp32 dQ accumulator rows.
-  const int64_t kv_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
   if constexpr (kMask == MaskKind::kFull && bwd_row_splits(kHeadDim, kLargeSmem)) {
-    const BwdWorkspace split_ws = plan_bwd_split<T, kSharedBytes>(p, ws, stream);
+    const BwdLaunchShape shape = bwd_launch_shape(p, T::kBlockM, T::kBlockN);
+    const BwdWorkspace split_ws = plan_bwd_split<T, kSharedBytes>(p, shape, ws, stream);
     const TailSplit plan{split_ws.split_whole, split_ws.split_parts};
-    const dim3 grid(static_cast<unsigned>(plan.ctas(kv_blocks * p.heads_kv * p.batch)));
+    const dim3 grid(static_cast<unsigned>(plan.ctas(shape.items)));
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);
   } else {
+    const int64_t kv_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
     const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
