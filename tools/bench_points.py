@@ -8,8 +8,9 @@ from ../shared/bench and carried with the device call).
 
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
       [--dtype float16] [--env NAME=VALUE ...]
-A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048); `fa-fwd` or
-`fa-bwd` names every forward or backward point of that grid. --out FILE appends one JSON line per
+A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048), or any shape as
+mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; `fa-fwd` or `fa-bwd` names every
+forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
 measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
 `env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
 library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
@@ -28,11 +29,17 @@ FA_TOKENS, FA_MODEL_DIM = 16384, 2048
 
 
 def parse_point(text):
-    mode, dim, mask, seqlen = text.split(":")
-    if mode not in ("fwd", "bwd") or mask not in ("full", "causal"):
-        raise SystemExit(f"bad point '{text}': expected mode:head_dim:mask:seqlen, mode fwd|bwd, mask full|causal")
-    d, s = int(dim), int(seqlen)
-    return mode, d, mask == "causal", s, FA_TOKENS // s, FA_MODEL_DIM // d
+    """(mode, head_dim, causal, seqlen_q, seqlen_k, batch, heads_q, heads_kv) of a point."""
+    fields = text.split(":")
+    if len(fields) not in (4, 8) or fields[0] not in ("fwd", "bwd") or fields[2] not in ("full", "causal"):
+        raise SystemExit(f"bad point '{text}': expected mode:head_dim:mask:seqlen or "
+                         "mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv, mode fwd|bwd, mask full|causal")
+    mode, d, causal = fields[0], int(fields[1]), fields[2] == "causal"
+    if len(fields) == 4:
+        s = int(fields[3])
+        return mode, d, causal, s, s, FA_TOKENS // s, FA_MODEL_DIM // d, FA_MODEL_DIM // d
+    sq, sk, batch, hq, hkv = (int(x) for x in fields[3:])
+    return mode, d, causal, sq, sk, batch, hq, hkv
 
 
 def expand_points(spec):
@@ -43,6 +50,9 @@ def expand_points(spec):
             mode = text[3:]
             points += [f"{mode}:{d}:{mask}:{s}" for d in (64, 128, 256) for s in (512, 1024, 2048, 4096, 8192, 16384)
                        for mask in ("full", "causal")]
+        elif text == "decode":
+            points += [f"{mode}:{d}:{'causal' if causal else 'full'}:{sq}:{sk}:{b}:{hq}:{hkv}"
+                       for b, hq, hkv, sq, sk, d, causal, mode in peers.suites("decode")]
         else:
             points.append(text)
     return points
@@ -65,9 +75,9 @@ def main():
     short = lambda e: e.replace("FUSEDATTN_", "").replace("SM90_", "")
     names = [p if e is None else short(e) for p, e in columns]
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s")
-    print("%-24s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
+    print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
     for text in expand_points(args.points):
-        mode, d, causal, s, batch, heads = parse_point(text)
+        mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
         row = []
         for provider, env in columns:
             saved = {}
@@ -76,11 +86,12 @@ def main():
                 saved[key] = os.environ.get(key)
                 os.environ[key] = value
             try:
-                ms = peers.bench_one(provider, batch, heads, heads, s, s, d, causal, mode, dtype)
-                row.append(peers.flops(batch, heads, s, s, d, causal, mode) / ms * 1e-9)
+                ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
                 if out:
-                    rec = {"suite": "fa", "provider": provider, "B": batch, "Hq": heads, "Hkv": heads, "Sq": s,
-                           "Sk": s, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
+                    suite = "fa" if len(text.split(":")) == 4 else "shape"
+                    rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq,
+                           "Sk": sk, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
                            "ms": round(ms, 4), "tflops": round(row[-1], 1)}
                     if env:
                         rec["env"] = env  # perf_table.py renders only the default columns
@@ -97,7 +108,7 @@ def main():
                         os.environ[key] = value
             torch.cuda.empty_cache()
         ratios = " ".join("%.2f" % (x / row[0]) for x in row[1:])
-        print("%-24s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)
+        print("%-32s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)
 
 
 if __name__ == "__main__":

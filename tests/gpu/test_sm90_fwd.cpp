@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda/dispatch.h"
+#include "cuda/sm90/fwd_split.h"
 #include "fusedattn/params.h"
 #include "gpu/gpu_util.h"
 #include "gpu/scoped_env.h"
@@ -450,6 +451,91 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       }
     }
   }
+}
+
+// GQA packing (sm90/fwd_split.h): a tile holds the query rows of a KV head's whole group of query
+// heads, position-major. Short query sequences pack by default (a decode step's one query, a few
+// speculative tokens, a sequence just past a tile multiple), longer ones with
+// FUSEDATTN_SM90_PACK_GQA=1; groups 2 to 64, every tile shape (d64's 192-row tile from 512 tiled
+// rows, 2048 with a mask), causal masks with Sq < Sk and Sq > Sk (bottom-right aligned: rows of
+// one position share their keys), windows, ragged key lengths, both dtypes; LSE is checked per
+// (head, position) like every other case. Each case asserts through planned_fwd_work whether it
+// packs, so a silent fallback to unpacked tiles fails; a group that is no power of two stays
+// unpacked under the switch.
+// The pack shift the Hopper launch plans for pr; -1 when this build has no Hopper instance for it.
+int planned_pack_shift(const Problem& pr, DType dtype) {
+  FwdParams p;
+  set_shape(p, pr);
+  p.dtype = dtype;
+  p.scale = pr.scale();
+  p.window_left = pr.window_left;
+  p.window_right = pr.causal ? 0 : pr.window_right;
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  try {
+    const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
+    if (std::string(choice.arch) != "sm90") return -1;
+    const cuda::MaskKind mask = masked ? cuda::MaskKind::kWindow : cuda::MaskKind::kFull;
+    return cuda::sm90::planned_fwd_work(p, mask, choice.instance_head_dim, sm_count()).rows.pack_shift;
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
+void expect_packed_case(const Problem& pr, DType dtype, bool packs, std::mt19937_64& rng) {
+  SCOPED_TRACE(pr.str());
+  const int shift = planned_pack_shift(pr, dtype);
+  if (shift < 0) return;
+  EXPECT_EQ(shift > 0, packs);
+  HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+  expect_matches_reference(c);
+}
+
+TEST(Sm90Fwd, PackedGqaGroups) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  struct Case {
+    Problem pr;
+    bool packs;
+  };
+  // Packed by default: tiled rows fill the tiles far better than the unpacked query rows.
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const Case& k : std::vector<Case>{{make_problem(2, 16, 2, 128, 1, 1000, true), true},
+                                           {make_problem(1, 8, 1, 64, 3, 300, false), true},
+                                           {make_problem(2, 32, 4, 256, 5, 777, true), true},
+                                           {make_problem(1, 64, 1, 128, 2, 513, false), true},
+                                           {make_problem(3, 4, 2, 64, 37, 200, false, 50, 0), true},
+                                           {make_problem(1, 8, 2, 128, 130, 90, true), true},
+                                           {make_problem(1, 4, 4, 128, 5, 300, false), false},
+                                           {make_problem(1, 6, 2, 128, 5, 300, true), false}})
+      expect_packed_case(k.pr, dtype, k.packs, rng);
+  const ScopedEnv forced("FUSEDATTN_SM90_PACK_GQA", "1");
+  for (const Case& k : std::vector<Case>{{make_problem(1, 8, 2, 128, 300, 300, true), true},
+                                         {make_problem(1, 4, 1, 64, 700, 650, false), true},
+                                         {make_problem(1, 8, 1, 64, 300, 400, true), true},
+                                         {make_problem(2, 4, 2, 256, 200, 170, false, 30, 40), true},
+                                         {make_problem(1, 128, 1, 64, 3, 100, false), false},
+                                         {make_problem(1, 6, 2, 128, 100, 300, true), false}})
+    expect_packed_case(k.pr, DType::kFloat16, k.packs, rng);
+  const ScopedEnv off("FUSEDATTN_SM90_PACK_GQA", "0");
+  expect_packed_case(make_problem(2, 16, 2, 128, 1, 1000, true), DType::kFloat16, false, rng);
+}
+
+// Many packed tiles per CTA, sampled rows (a short query sequence of many heads) under the
+// persistent schedules; the full mask's few tiles also take the tail split's parts.
+TEST(Sm90Fwd, PackedGqaOverManyTiles) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (bool causal : {false, true})
+    for (const char* dynamic : {"0", "1"}) {
+      const ScopedEnv schedule("FUSEDATTN_SM90_DYNAMIC", dynamic);
+      const Problem pr = make_problem(8, 32, 4, 128, 40, 2000, causal);
+      const int shift = planned_pack_shift(pr, DType::kBFloat16);
+      if (shift < 0) GTEST_SKIP() << "no sm90 instance";
+      ASSERT_GT(shift, 0);
+      HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
+      SCOPED_TRACE(std::string("FUSEDATTN_SM90_DYNAMIC=") + dynamic);
+      expect_matches_reference(c);
+    }
 }
 
 // Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs and

@@ -24,11 +24,25 @@ __device__ __forceinline__ void tma_load_4d(void* smem_dst, const CUtensorMap* m
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
 }
 
+// The same for a 5-D tensor, coordinates {c0 .. c4}; PTX ISA 8.0, sm_90.
+__device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* map, int32_t c0, int32_t c1, int32_t c2,
+                                            int32_t c3, int32_t c4, uint64_t* bar) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
+}
+
 // cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [map, {c0, c1, c2, c3}], [src];
 // PTX ISA 8.0, sm_90.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,
                                              int32_t c2, int32_t c3) {
   const int32_t coords[4] = {c0, c1, c2, c3};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, map, coords, smem_src);
+}
+
+// The same for a 5-D tensor; PTX ISA 8.0, sm_90.
+__device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,
+                                             int32_t c2, int32_t c3, int32_t c4) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, map, coords, smem_src);
 }
 

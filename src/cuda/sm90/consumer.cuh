@@ -159,7 +159,7 @@ struct Consumer {
 
   // Masks block n of S outside this thread's two rows' keys.
   __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n) const {
-    const Mask mask{params.p};
+    const Mask mask{params.p, params.pack_shift};
     const int64_t row0 = int64_t{slice().first_row} + warp * 16 + lane / 4;
     if (mask.left_bounded()) {
       const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
@@ -291,12 +291,12 @@ struct Consumer {
       overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);
   }
 
-  // Whether this warpgroup's 64 rows of tile t all lie past the sequence end, as in a sequence's
+  // Whether this warpgroup's 64 rows of tile t all lie past the sequence end (its tiled rows), as in a sequence's
   // partial last tile (2048 queries = 10 x 192 + 128 leave the last 192-row tile's third slice
   // empty). Uniform across the warpgroup: every warp reads the same announced first row. A
   // 32-bit compare, like the mask's: dispatch keeps seqlen_q within the TMA's int32 coordinates.
   __device__ __forceinline__ bool slice_is_empty(const AnnouncedTile& t) const {
-    return t.slice.first_row >= static_cast<int>(params.p.seqlen_q);
+    return t.slice.first_row >= static_cast<int>(params.p.seqlen_q << params.pack_shift);
   }
 
   // One GEMM turn taken and handed on at once, by a warpgroup with nothing to issue.

@@ -64,37 +64,39 @@ inline Features features_from_env(int compiled_stages, int compiled_q_buffers, b
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-void launch_fwd(const FwdParams& p) {
+void launch_fwd(const FwdParams& p, const TiledRows& rows) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
-  const int num_m_blocks = static_cast<int>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const int num_m_blocks = static_cast<int>((rows.rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   // Persistent or not, one CTA per SM runs at a time (the shared memory allows no more), so the
   // SMs are the plan's slots.
-  FwdWork work = fwd_work(p, kMask, kShape, num_sms);
+  FwdWork work = fwd_work(p, kMask, rows, kShape, num_sms);
   const int64_t tiles = work.tiles;
   if (tiles == 0) return;
 
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
+  kp.pack_shift = rows.pack_shift;
   // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
   // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
   // rows of head_dim elements.
   kp.schedule_shift = kMask == MaskKind::kFull
                           ? 0
                           : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
-                                           p.heads_q * p.batch);
+                                           rows.heads * p.batch);
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
   };
-  kp.tma_q = make_tensor_map(view(p.q, p.seqlen_q, p.heads_q, p.q_stride), Cfg::kSlabCols, Cfg::kBlockM);
+  const int group = 1 << rows.pack_shift;
+  kp.tma_q = make_grouped_tensor_map(view(p.q, p.seqlen_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
   kp.tma_k = make_tensor_map(view(p.k, p.seqlen_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
   kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
-  kp.tma_o = make_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), Cfg::kSlabCols, kWarpgroupRows);
+  kp.tma_o = make_grouped_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   SplitWorkspace workspace;
@@ -120,13 +122,15 @@ void launch_fwd(const FwdParams& p) {
   FUSEDATTN_CHECK_LAUNCH();
 }
 
-// d64 picks its tile per launch (fwd_split.h, uses_d64_tall).
+// Whether GQA groups are packed into tiles, and d64's tile, are chosen per launch (fwd_split.h:
+// tiled_rows, uses_d64_tall).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
+  const TiledRows rows = tiled_rows(p);
   if constexpr (kHeadDim == 64) {
-    if (uses_d64_tall(kMask, p.seqlen_q)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p);
+    if (uses_d64_tall(kMask, rows.rows)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows);
   }
-  launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p);
+  launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows);
 }
 
 }  // namespace fusedattn::cuda::sm90

@@ -38,7 +38,7 @@ inline bool tail_split_enabled() {
   return !(v && v[0] == '0');
 }
 
-// d64: the 192-row tile where the query sequence is long enough that the third consumer
+// d64: the 192-row tile where the query sequence (its tiled rows, see TiledRows) is long enough that the third consumer
 // warpgroup gains more than the partial last tile costs, the table's 128-row tile otherwise. A
 // warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a full mask
 // 192 rows win from 512 queries: H200 fp16 TFLOP/s, default (128) vs forced 192, one call, two
@@ -50,31 +50,74 @@ inline bool tail_split_enabled() {
 constexpr int64_t kD64TallMinQueries = 2048;
 constexpr int64_t kD64TallMinQueriesFullMask = 512;
 
-inline bool uses_d64_tall(MaskKind mask, int64_t seqlen_q) {
+inline bool uses_d64_tall(MaskKind mask, int64_t rows) {
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
   const int64_t min_queries = mask == MaskKind::kFull ? kD64TallMinQueriesFullMask : kD64TallMinQueries;
-  return forced != "128" && (forced == "192" || forced == "192o" || seqlen_q >= min_queries);
+  return forced != "128" && (forced == "192" || forced == "192o" || rows >= min_queries);
 }
 
+// GQA packing: a tile's rows are the query rows of all `group` query heads that share one KV
+// head, position-major (tiled row r = position r / group of query head group * kv_head + r %
+// group), so a short query sequence fills the tile with the group's heads instead of rows past
+// its end, and one K/V load serves the whole group. The group must be a power of two that divides
+// a warpgroup's 64 rows (each warpgroup's slice, and so each TMA box, holds whole positions).
+// Packed when that fills the tiles at least kPackGain times as well as unpacked tiles (a query
+// sequence far below a tile, or just past a multiple of one); FUSEDATTN_SM90_PACK_GQA=0|1
+// turns it off, or on wherever the group allows.
+constexpr double kPackGain = 1.0 / 0.9;
+constexpr int64_t kMaxTiledRows = int64_t{1} << 31;  // tiled rows are int32 in the kernel
+
+// log2 of the query heads a tile row group packs (0: unpacked, one query head per tile).
+inline int gqa_pack_shift(const FwdParams& p, int block_m) {
+  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  if (group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return 0;
+  if (p.seqlen_q * group >= kMaxTiledRows) return 0;
+  int shift = 0;
+  while ((1 << shift) < group) ++shift;
+  const char* v = std::getenv("FUSEDATTN_SM90_PACK_GQA");
+  if (v && v[0]) return v[0] == '0' ? 0 : shift;
+  const auto fill = [&](int64_t rows) {
+    return static_cast<double>(rows) / static_cast<double>((rows + block_m - 1) / block_m * block_m);
+  };
+  return fill(p.seqlen_q * group) >= kPackGain * fill(p.seqlen_q) ? shift : 0;
+}
+
+// The query rows a launch tiles: per (tile head, batch) pair, `rows` rows of which a tile takes
+// block_m; a tile head is a query head, or a KV head's group of query heads when packed.
+struct TiledRows {
+  int pack_shift;  // gqa_pack_shift
+  int64_t rows;    // seqlen_q << pack_shift
+  int heads;       // heads_q >> pack_shift
+};
+inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
+  return {pack_shift, p.seqlen_q << pack_shift, p.heads_q >> pack_shift};
+}
+// Every tile shape has 128-row tiles but d64's tall one, which is chosen by the rows packing
+// leaves, so packing is decided on 128 rows.
+constexpr int kPackDecisionRows = 128;
+inline TiledRows tiled_rows(const FwdParams& p) { return tiled_rows(p, gqa_pack_shift(p, kPackDecisionRows)); }
+
 // The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
-inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, int64_t seqlen_q) {
-  if (instance_head_dim == 64 && uses_d64_tall(mask, seqlen_q)) return kD64Tall;
+inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows) {
+  if (instance_head_dim == 64 && uses_d64_tall(mask, rows.rows)) return kD64Tall;
   return tile_shape(instance_head_dim);
 }
 
 struct FwdWork {
-  int64_t tiles = 0;   // query tiles (block_m rows of one head and batch)
+  int64_t tiles = 0;   // query tiles (block_m tiled rows of one tile head and batch)
   int kv_blocks = 0;   // KV blocks of a full-mask tile: the steps the plan splits
   TailSplit split;     // {tiles, 1}: no split
+  TiledRows rows{};
   int64_t items() const { return split.ctas(tiles); }
 };
 
 // The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
 // persistent grid: one per SM). Only full masks split: their tiles are equal.
-inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, TileShape shape, int64_t slots) {
+inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows, TileShape shape, int64_t slots) {
   FwdWork w;
-  w.tiles = (p.seqlen_q + shape.block_m - 1) / shape.block_m * p.heads_q * p.batch;
+  w.rows = rows;
+  w.tiles = (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
   w.split = {w.tiles, 1};
   if (mask == MaskKind::kFull && tail_split_enabled())
@@ -83,9 +126,10 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, TileShape shape, int6
 }
 
 // What a launch of p on the instance for instance_head_dim plans on a GPU of sm_count SMs (the
-// GPU tests check that the shapes they mean to split do split).
+// GPU tests check that the shapes they mean to split or pack do so).
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
-  return fwd_work(p, mask, fwd_tile_shape(instance_head_dim, mask, p.seqlen_q), sm_count);
+  const TiledRows rows = tiled_rows(p);
+  return fwd_work(p, mask, rows, fwd_tile_shape(instance_head_dim, mask, rows), sm_count);
 }
 
 }  // namespace fusedattn::cuda::sm90

@@ -1,7 +1,8 @@
 // The mask policy for one query tile on the wgmma accumulator layout: which KV blocks are visible
 // at all (the rest are never loaded), which of those the window's edges or the sequence end cut
 // (only those are masked element-wise), and the element-wise mask itself. Every decision goes
-// through key_range() in include/fusedattn/params.h, the one rule all backends share.
+// through key_range() in include/fusedattn/params.h, the one rule all backends share. Rows are
+// tiled rows (fwd_split.h, TiledRows): with GQA packing a row's query position is row >> pack_shift.
 #pragma once
 
 #include <cmath>
@@ -27,6 +28,11 @@ struct MaskedSlice {
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
   const FwdParams& p;
+  int pack_shift;  // KernelParams::pack_shift
+
+  __device__ __forceinline__ int64_t position(int64_t row) const { return row >> pack_shift; }
+  // Tiled rows per (tile head, batch) pair.
+  __device__ __forceinline__ int64_t rows() const { return p.seqlen_q << pack_shift; }
 
   // Keys visible to any row of the query tile that starts at first_row. key_range's lo and hi
   // both grow with the row, so the union over the tile is [lo(first row), hi(last row)].
@@ -35,11 +41,10 @@ struct TileMask {
     if constexpr (kMask == MaskKind::kFull) {
       return {0, static_cast<int>(num_n)};
     } else {
-      const int64_t first = first_row;
       const int64_t end = int64_t{first_row} + kBlockM;
-      const int64_t last = (end < p.seqlen_q ? end : p.seqlen_q) - 1;
-      const int64_t lo = key_range(p, first, p.seqlen_q, p.seqlen_k).lo;
-      const int64_t hi = key_range(p, last, p.seqlen_q, p.seqlen_k).hi;
+      const int64_t last = (end < rows() ? end : rows()) - 1;
+      const int64_t lo = key_range(p, position(first_row), p.seqlen_q, p.seqlen_k).lo;
+      const int64_t hi = key_range(p, position(last), p.seqlen_q, p.seqlen_k).hi;
       if (hi < lo) return {0, 0};
       return {static_cast<int>(lo / kBlockN), static_cast<int>(hi / kBlockN + 1)};
     }
@@ -52,7 +57,7 @@ struct TileMask {
     int lo, hi;  // visible keys [lo, hi]; lo > hi when none
   };
   __device__ __forceinline__ Bounds bounds_of_row(int64_t row) const {
-    const KeyRange kr = key_range(p, row, p.seqlen_q, p.seqlen_k);
+    const KeyRange kr = key_range(p, position(row), p.seqlen_q, p.seqlen_k);
     return {static_cast<int>(kr.lo), static_cast<int>(kr.hi < kr.lo - 1 ? kr.lo - 1 : kr.hi)};
   }
 
@@ -60,7 +65,7 @@ struct TileMask {
   // start at 0): only key_range's hi is computed. A row with no keys (hi < 0) gets -1, so the
   // bound shifted to a thread's first key cannot wrap.
   __device__ __forceinline__ int right_bound_of_row(int64_t row) const {
-    const int64_t hi = key_range(p, row, p.seqlen_q, p.seqlen_k).hi;
+    const int64_t hi = key_range(p, position(row), p.seqlen_q, p.seqlen_k).hi;
     return static_cast<int>(hi < kNoKey ? kNoKey : hi);
   }
   static constexpr int kNoKey = -1;

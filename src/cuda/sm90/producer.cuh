@@ -54,7 +54,11 @@ struct Producer {
       return false;
     }
     ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
-    load_tile(&params.tma_q, smem.q[q_ring.stage()], kQSlabElems, t.first_row, t.head, t.batch, q_full);
+    // The Q map is grouped (kernel_params.h): a tile's first row is a whole position.
+#pragma unroll
+    for (int s = 0; s < Cfg::kSlabs; ++s)
+      ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0,
+                       t.first_row >> params.pack_shift, t.head, t.batch, q_full);
     return true;
   }
 
@@ -64,14 +68,16 @@ struct Producer {
     ptx::tma_prefetch_descriptor(&params.tma_k);
     ptx::tma_prefetch_descriptor(&params.tma_v);
     const KVPipeline<Storage> pipe{smem};
-    const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p};
-    const int group = p.heads_q / p.heads_kv;  // GQA/MQA: query heads per KV head
+    const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.pack_shift};
+    // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
+    const int tile_heads = p.heads_q >> params.pack_shift;
+    const int group = tile_heads / p.heads_kv;
     PipelineState kv;
     PipelineState q_ring;
     // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
     // before that wait; with two, Q's buffer is free long before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, p.heads_q, params.schedule_shift, params.split,
+    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, tile_heads, params.schedule_shift, params.split,
                                   params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);

@@ -10,7 +10,6 @@
 namespace fusedattn::cuda::sm90 {
 namespace {
 
-constexpr int kRank = 4;
 constexpr int kDriverApiVersion = 12000;  // cuTensorMapEncodeTiled's signature since CUDA 12.0
 
 // Resolved through the runtime so the library needs no -lcuda at link time.
@@ -32,28 +31,46 @@ CUtensorMapDataType map_dtype(DType d) {
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 
-}  // namespace
-
-CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows) {
-  const uint64_t elem = dtype_size(view.dtype);
-  const cuuint64_t dims[kRank] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(view.rows),
-                                  static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batch)};
-  // Byte strides of dims 1..3. A dimension of extent 1 is never stepped through, and validation
-  // leaves its stride unconstrained, so give the TMA any 16-byte multiple there.
-  const int64_t strides[kRank - 1] = {view.strides.row, view.strides.head, view.strides.batch};
+// A tiled map of `rank` dims (innermost first) with 128-byte swizzle; a dimension of extent 1 is
+// never stepped through, and validation leaves its stride unconstrained, so it gets any 16-byte
+// multiple.
+template <int kRank>
+CUtensorMap encode(DType dtype, const void* base, const cuuint64_t (&dims)[kRank], const int64_t (&strides)[kRank - 1],
+                   const cuuint32_t (&box)[kRank]) {
+  const uint64_t elem = dtype_size(dtype);
   cuuint64_t byte_strides[kRank - 1];
   constexpr cuuint64_t kAnyAlignedStride = 16;
   for (int d = 0; d < kRank - 1; ++d)
     byte_strides[d] = dims[d + 1] <= 1 ? kAnyAlignedStride : static_cast<cuuint64_t>(strides[d]) * elem;
-  const cuuint32_t box[kRank] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[kRank] = {1, 1, 1, 1};
+  cuuint32_t element_strides[kRank];
+  for (int d = 0; d < kRank; ++d) element_strides[d] = 1;
   CUtensorMap map;
-  const CUresult res = encode_fn()(&map, map_dtype(view.dtype), kRank, const_cast<void*>(view.base), dims, byte_strides,
-                                   box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  const CUresult res = encode_fn()(&map, map_dtype(dtype), kRank, const_cast<void*>(base), dims, byte_strides, box,
+                                   element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw Error(ErrorCode::kRuntime, "", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
   return map;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows) {
+  const cuuint64_t dims[] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(view.rows),
+                             static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batch)};
+  const int64_t strides[] = {view.strides.row, view.strides.head, view.strides.batch};
+  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
+  return encode<4>(view.dtype, view.base, dims, strides, box);
+}
+
+CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows) {
+  const cuuint64_t dims[] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(group),
+                             static_cast<cuuint64_t>(view.rows), static_cast<cuuint64_t>(view.heads / group),
+                             static_cast<cuuint64_t>(view.batch)};
+  const int64_t strides[] = {view.strides.head, view.strides.row, view.strides.head * group, view.strides.batch};
+  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(group),
+                            static_cast<cuuint32_t>(box_rows / group), 1, 1};
+  return encode<5>(view.dtype, view.base, dims, strides, box);
 }
 
 }  // namespace fusedattn::cuda::sm90

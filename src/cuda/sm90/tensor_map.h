@@ -24,4 +24,10 @@ struct OperandView {
 // must be 128). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
 CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows);
 
+// The same operand as [batch, heads / group, rows, group, head_dim] (5-D, innermost last): the
+// query heads of a GQA group side by side per row, so a box of [box_rows / group positions x
+// group heads] lands as box_rows tiled rows, position-major (fwd_split.h, TiledRows). group must
+// divide heads and box_rows; group = 1 is the plain operand.
+CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows);
+
 }  // namespace fusedattn::cuda::sm90

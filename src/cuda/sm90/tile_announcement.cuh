@@ -59,9 +59,9 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
     const int count = a.blocks.count(), lo = a.blocks.lo;
     a.blocks = {lo + part_begin(count, parts, t.part), lo + part_begin(count, parts, t.part + 1)};
   }
-  // Rows outside [0, seqlen_q) are never stored: bound the interior test by the real rows (any
+  // Rows outside [0, mask.rows()) are never stored: bound the interior test by the real rows (any
   // one row when the slice has none).
-  const int64_t len_q = mask.p.seqlen_q;
+  const int64_t len_q = mask.rows();
 #pragma unroll
   for (int wg = 0; wg < kMaxConsumerWarpgroups; ++wg) {
     if (wg >= consumer_warpgroups) break;
