@@ -36,8 +36,8 @@ constexpr int kMaxSplitWaves = 2;
 // FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
 // online softmax) and FUSEDATTN_SM90_Q_PREFETCH=0|1 (the next tile's Q loaded into a second
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
-// A/B measurements. FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole
-// (fwd_split.h).
+// A/B measurements. FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
+// FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 constexpr bool kQPrefetchDefault = true;
 inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
                                   bool dynamic_default) {
@@ -64,11 +64,10 @@ inline Features features_from_env(int compiled_stages, int compiled_q_buffers, b
 }
 
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-void launch_fwd(const FwdParams& p, const TiledRows& rows) {
+void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   const int num_m_blocks = static_cast<int>((rows.rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   // Persistent or not, one CTA per SM runs at a time (the shared memory allows no more), so the
   // SMs are the plan's slots.
   FwdWork work = fwd_work(p, kMask, rows, kShape, num_sms);
@@ -126,11 +125,12 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows) {
 // tiled_rows, uses_d64_tall).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
-  const TiledRows rows = tiled_rows(p);
+  const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
+  const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
-    if (uses_d64_tall(kMask, rows.rows)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows);
+    if (uses_d64_tall(kMask, rows.rows)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
   }
-  launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows);
+  launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }
 
 }  // namespace fusedattn::cuda::sm90

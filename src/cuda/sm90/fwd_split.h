@@ -62,46 +62,53 @@ inline bool uses_d64_tall(MaskKind mask, int64_t rows) {
 // group), so a short query sequence fills the tile with the group's heads instead of rows past
 // its end, and one K/V load serves the whole group. The group must be a power of two that divides
 // a warpgroup's 64 rows (each warpgroup's slice, and so each TMA box, holds whole positions).
-// Packed when that fills the tiles at least kPackGain times as well as unpacked tiles (a query
-// sequence far below a tile, or just past a multiple of one); FUSEDATTN_SM90_PACK_GQA=0|1
-// turns it off, or on wherever the group allows.
-constexpr double kPackGain = 1.0 / 0.9;
+struct TiledRows {
+  int pack_shift;  // log2 of the query heads a tile head packs (0: unpacked)
+  int64_t rows;    // tiled rows per (tile head, batch): seqlen_q << pack_shift
+  int heads;       // tile heads: heads_q >> pack_shift
+};
 constexpr int64_t kMaxTiledRows = int64_t{1} << 31;  // tiled rows are int32 in the kernel
 
-// log2 of the query heads a tile row group packs (0: unpacked, one query head per tile).
-inline int gqa_pack_shift(const FwdParams& p, int block_m) {
-  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  if (group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return 0;
-  if (p.seqlen_q * group >= kMaxTiledRows) return 0;
-  int shift = 0;
-  while ((1 << shift) < group) ++shift;
-  const char* v = std::getenv("FUSEDATTN_SM90_PACK_GQA");
-  if (v && v[0]) return v[0] == '0' ? 0 : shift;
-  const auto fill = [&](int64_t rows) {
-    return static_cast<double>(rows) / static_cast<double>((rows + block_m - 1) / block_m * block_m);
-  };
-  return fill(p.seqlen_q * group) >= kPackGain * fill(p.seqlen_q) ? shift : 0;
-}
-
-// The query rows a launch tiles: per (tile head, batch) pair, `rows` rows of which a tile takes
-// block_m; a tile head is a query head, or a KV head's group of query heads when packed.
-struct TiledRows {
-  int pack_shift;  // gqa_pack_shift
-  int64_t rows;    // seqlen_q << pack_shift
-  int heads;       // heads_q >> pack_shift
-};
 inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
   return {pack_shift, p.seqlen_q << pack_shift, p.heads_q >> pack_shift};
 }
-// Every tile shape has 128-row tiles but d64's tall one, which is chosen by the rows packing
-// leaves, so packing is decided on 128 rows.
-constexpr int kPackDecisionRows = 128;
-inline TiledRows tiled_rows(const FwdParams& p) { return tiled_rows(p, gqa_pack_shift(p, kPackDecisionRows)); }
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
 inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows) {
   if (instance_head_dim == 64 && uses_d64_tall(mask, rows.rows)) return kD64Tall;
   return tile_shape(instance_head_dim);
+}
+
+// Packed where that is estimated faster on `slots` concurrent CTAs: first by the launch's waves
+// times the tile height (the makespan of equal tiles), then by the rows computed in all (a tie
+// there is a launch of fewer tiles than SMs, which the tail split spreads, so less work is less
+// time). H200, fp16, TFLOP/s packed / unpacked: decode (one query, 32 query heads on 8 KV heads,
+// d128) 3.4 / 3.1 at batch 1 and 4k keys, 13.1 / 7.2 at 128k, 16.8 / 7.1 at batch 16 and 128k;
+// 16 queries, batch 4, 8k keys 170 / 106. By packed rows alone, d64 with 100 queries, group 8,
+// batch 8 and 16 query heads would pack into 80 192-row tiles instead of 128 128-row ones
+// (one wave either way on 132 SMs): 208 / 247. FUSEDATTN_SM90_PACK_GQA=0|1 turns it off, or on
+// wherever the group allows.
+inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind mask, int64_t slots) {
+  const TiledRows unpacked = tiled_rows(p, 0);
+  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  if (group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return unpacked;
+  if (p.seqlen_q * group >= kMaxTiledRows) return unpacked;
+  int shift = 0;
+  while ((1 << shift) < group) ++shift;
+  const TiledRows packed = tiled_rows(p, shift);
+  const char* v = std::getenv("FUSEDATTN_SM90_PACK_GQA");
+  if (v && v[0]) return v[0] == '0' ? unpacked : packed;
+  struct Cost {
+    int64_t makespan, work;
+  };
+  const auto cost = [&](const TiledRows& r) {
+    const int64_t block_m = fwd_tile_shape(instance_head_dim, mask, r).block_m;
+    const int64_t tiles = (r.rows + block_m - 1) / block_m * r.heads * p.batch;
+    return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
+  };
+  const Cost u = cost(unpacked), k = cost(packed);
+  const bool faster = k.makespan < u.makespan || (k.makespan == u.makespan && k.work < u.work);
+  return faster ? packed : unpacked;
 }
 
 struct FwdWork {
@@ -128,7 +135,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 // What a launch of p on the instance for instance_head_dim plans on a GPU of sm_count SMs (the
 // GPU tests check that the shapes they mean to split or pack do so).
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
-  const TiledRows rows = tiled_rows(p);
+  const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
   return fwd_work(p, mask, rows, fwd_tile_shape(instance_head_dim, mask, rows), sm_count);
 }
 

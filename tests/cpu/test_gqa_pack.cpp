@@ -1,0 +1,60 @@
+// The sm90 forward's GQA packing decision (src/cuda/sm90/fwd_split.h, tiled_rows): host arithmetic
+// the launcher and the GPU tests share, checked here without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/fwd_split.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda::sm90 {
+namespace {
+
+constexpr int64_t kSms = 132;  // H100/H200
+
+FwdParams shape(int batch, int heads_q, int heads_kv, int64_t seqlen_q, int64_t seqlen_k) {
+  FwdParams p;
+  p.batch = batch;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.seqlen_q = seqlen_q;
+  p.seqlen_k = seqlen_k;
+  p.head_dim = 128;
+  return p;
+}
+
+// A decode step (one query per sequence, GQA 32/8): the group's 4 heads share a tile, at any batch.
+TEST(GqaPack, DecodePacksTheGroup) {
+  for (const int batch : {1, 16}) {
+    const TiledRows r = tiled_rows(shape(batch, 32, 8, 1, 32768), 128, MaskKind::kFull, kSms);
+    EXPECT_EQ(r.pack_shift, 2) << batch;
+    EXPECT_EQ(r.rows, 4);
+    EXPECT_EQ(r.heads, 8);
+  }
+  // Causal too, and the largest group a warpgroup slice holds (MQA with 64 query heads).
+  EXPECT_EQ(tiled_rows(shape(2, 16, 2, 4, 1000), 128, MaskKind::kWindow, kSms).pack_shift, 3);
+  EXPECT_EQ(tiled_rows(shape(1, 64, 1, 2, 513), 256, MaskKind::kFull, kSms).pack_shift, 6);
+}
+
+// Groups that cannot pack: none, not a power of two, larger than a warpgroup's 64 rows.
+TEST(GqaPack, GroupsThatCannotPack) {
+  EXPECT_EQ(tiled_rows(shape(1, 4, 4, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(1, 6, 2, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(1, 128, 1, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
+}
+
+// Packing that would not shorten the launch: a long query sequence (as many equal tiles either
+// way), and d64 with 100 queries of 16 heads in groups of 8 at batch 8, whose 800 tiled rows take
+// the 192-row tile: 80 tiles of 192 rows against 128 of 128, one wave either way on 132 SMs
+// (measured 208 vs 247 TFLOP/s packed). On 114 SMs the unpacked launch needs two waves: packed.
+TEST(GqaPack, OnlyWhereTheLaunchShortens) {
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kFull, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kWindow, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, 114).pack_shift, 3);
+  // Speculative decoding's few queries: 16 per sequence fill a 128-row tile with 8 heads' rows.
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 16, 8192), 128, MaskKind::kFull, kSms).pack_shift, 2);
+}
+
+}  // namespace
+}  // namespace fusedattn::cuda::sm90
