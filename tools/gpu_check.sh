@@ -55,7 +55,9 @@ fi
 
 if has sanitize; then
   # The tail-split paths (parts, tickets, the combine) on small launches that split.
+  # And the GQA-packed tiles (the grouped Q/O maps, rows mapped to head and position).
   split_set="Sm90TailSplit.BitIdenticalOverThreeRuns:Sm90TailSplit.AlternatingShapesShareTheWorkspace:*BackwardSplit.Head64*"
+  split_set="$split_set:Sm90Fwd.PackedGqaGroups"
   for tool in memcheck racecheck synccheck; do
     step "sanitizer-$tool" 200 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$build/tests/fusedattn_gpu_tests" --gtest_filter="*Sanitizer*:$split_set" --gtest_brief=1
@@ -83,15 +85,19 @@ if has pytest; then
 fi
 
 peers=$root/.devbuild/carry/peers.py
-# peer runs: "dtype" (the whole grid, every provider) or "dtype-sm80" (the portable forward alone
-# against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated);
+# peer runs: "dtype" (the whole grid, every provider), "dtype-sm80" (the portable forward alone
+# against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated)
+# or "decode" (peers.py's decode suite, fp16, every provider);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
   suite=$([ "$mode" = full ] && echo fa || echo quick)
   for run in ${peer_runs//,/ }; do
     dt=${run%-sm80}
-    if [ "$run" = "$dt" ]; then
+    if [ "$run" = decode ]; then
+      step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
+        --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"
+    elif [ "$run" = "$dt" ]; then
       step "peers-$suite-$run" 300 "peers_${suite}_$run.log" env PYTHONUNBUFFERED=1 python3 "$peers" \
         --suite "$suite" --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn \
         --out "$dest/peers_${suite}_$run.jsonl"
