@@ -6,20 +6,17 @@
 
 #include "cuda/sm90/fwd_split.h"
 #include "fusedattn/params.h"
+#include "reference/problems.h"
 
 namespace fusedattn::cuda::sm90 {
 namespace {
 
 constexpr int64_t kSms = 132;  // H100/H200
 
+// The shape fields of a dense problem, as the launcher sees them.
 FwdParams shape(int batch, int heads_q, int heads_kv, int64_t seqlen_q, int64_t seqlen_k) {
   FwdParams p;
-  p.batch = batch;
-  p.heads_q = heads_q;
-  p.heads_kv = heads_kv;
-  p.seqlen_q = seqlen_q;
-  p.seqlen_k = seqlen_k;
-  p.head_dim = 128;
+  testing::set_shape(p, testing::dense(batch, heads_q, heads_kv, seqlen_q, seqlen_k, 128));
   return p;
 }
 

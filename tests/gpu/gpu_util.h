@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fusedattn/params.h"
+#include "reference/problems.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -182,18 +183,6 @@ inline int sm_count() {
   int n = 0;
   cuda_check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0), "sm count");
   return n;
-}
-
-// The shape fields of the backend's parameters for a dense problem on device 0 (what the host
-// plans and workspace layouts read; pointers and strides stay unset).
-inline void set_shape(FwdParams& p, const Problem& pr) {
-  p.batch = pr.batch;
-  p.heads_q = pr.heads_q;
-  p.heads_kv = pr.heads_kv;
-  p.head_dim = pr.head_dim;
-  p.seqlen_q = pr.seqlen_q;
-  p.seqlen_k = pr.seqlen_k;
-  p.device = {DeviceType::kCUDA, 0};
 }
 
 // Runs the forward of `p` `runs` times on the same fresh random inputs (outputs poisoned before

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "fusedattn/params.h"
 #include "reference/reference.h"
 
 namespace fusedattn::testing {
@@ -20,6 +21,18 @@ inline Problem dense(int batch, int heads_q, int heads_kv, int64_t seqlen_q, int
   p.seqlen_k = seqlen_k;
   p.head_dim = head_dim;
   return p;
+}
+
+// The shape fields of the backend's parameters for a dense problem on CUDA device 0 (what
+// the host plans and workspace layouts read; pointers and strides stay unset).
+inline void set_shape(FwdParams& p, const Problem& pr) {
+  p.batch = pr.batch;
+  p.heads_q = pr.heads_q;
+  p.heads_kv = pr.heads_kv;
+  p.head_dim = pr.head_dim;
+  p.seqlen_q = pr.seqlen_q;
+  p.seqlen_k = pr.seqlen_k;
+  p.device = {DeviceType::kCUDA, 0};
 }
 
 inline Problem packed(int heads_q, int heads_kv, int head_dim, std::vector<int64_t> lens_q, std::vector<int64_t> lens_k) {
