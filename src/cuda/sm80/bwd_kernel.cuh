@@ -72,6 +72,13 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace
   }
 }
 
+// True while compiling sm_80..sm_89 SASS (ptxas allocates registers differently there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kSm80Sass = true;
+#else
+constexpr bool kSm80Sass = false;
+#endif
+
 template <typename Element, int kHeadDim, MaskKind kMask, bool kLargeSmem>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
   using T = BwdTile<kHeadDim, kLargeSmem>;
@@ -360,17 +367,30 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     const int dq_wm = warp % T::kDqWarpsM, dq_wn = warp / T::kDqWarpsM;
     const int dq_row0 = dq_wm * T::kDqRows, dq_col0 = dq_wn * T::kDqCols;
     constexpr int kPassCols = T::kDqCols / T::kDqPasses;
+    // The d256 A100-sized row's sm_80 SASS held two of the staging offsets across the loop (8
+    // bytes of spill) unless the lane index is read again there; in sm_90 SASS the same re-read
+    // made ptxas spill 16-28 bytes elsewhere, so only sm_80..sm_89 SASS takes it.
+    constexpr bool kDqLaneReadHere = kHeadDim > 192 && !kLargeSmem && kSm80Sass;
     float* dq_tile = T::kDqBuffer ? smem.dq_stage : smem.stage[stage].dq();
+    constexpr int kDqRowTiles = T::kDqRows / kMmaRows;
+    // This warp's dS rows as A fragments, with dq_a_registers (a single unused step otherwise).
+    uint32_t ds_frag[T::kDqARegisters ? kBlockN / kMmaK : 1][kDqRowTiles][4];
+    if constexpr (T::kDqARegisters)
+      load_at_fragments<kDqRowTiles, kBlockN, T::kDsPitch, Element>(ds_frag, smem_ds, lane_ds, dq_row0 / kMmaRows);
 #pragma unroll
     for (int pass = 0; pass < T::kDqPasses; ++pass) {
       const int pass_col0 = dq_col0 + pass * kPassCols;
-      float dq[T::kDqRows / kMmaRows][kPassCols / kMmaCols][4];
-      warp_gemm_atb<T::kDqRows / kMmaRows, kPassCols, kBlockN, T::kDsPitch, kPitch, Element>(
-          dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, pass_col0 / (2 * kMmaCols));
+      float dq[kDqRowTiles][kPassCols / kMmaCols][4];
+      if constexpr (T::kDqARegisters)
+        warp_gemm_rtb<kDqRowTiles, kPassCols, kBlockN, kPitch, Element>(dq, ds_frag, smem_k, lane_tile,
+                                                                         pass_col0 / (2 * kMmaCols));
+      else
+        warp_gemm_atb<kDqRowTiles, kPassCols, kBlockN, T::kDsPitch, kPitch, Element>(
+            dq, smem_ds, lane_ds, dq_row0 / kMmaRows, smem_k, lane_tile, pass_col0 / (2 * kMmaCols));
       // Column warps read Q and dO, which a tile staged over them overwrites, until their dK and
       // dV are done.
       if (T::kScoresShared && !T::kDqBuffer && pass == 0) __syncthreads();
-      stage_dq_fragments<kHeadDim>(dq_tile, dq, dq_row0, pass_col0);
+      stage_dq_fragments<kHeadDim, kDqLaneReadHere>(dq_tile, dq, dq_row0, pass_col0);
     }
     const int64_t row0 = m * kBlockM;
     float* dq_rows = ws.dq_acc + (ws_row - row0) * ws.dq_pitch;  // row 0 of (b, h)

@@ -54,6 +54,9 @@ struct BwdTileConfig {
                                    // iteration, instead of on loop-invariant per-lane offsets
                                    // that ptxas hoists out of the loop and spills (needs
                                    // stages == 2; bwd_warp_mma.cuh)
+  bool dq_a_registers = false;  // dQ = dS K reads the warp's dS rows from shared memory once and
+                                // keeps them in registers over the dQ column passes (instead of
+                                // once per pass)
   constexpr bool operator==(const BwdTileConfig&) const = default;
 };
 
@@ -121,18 +124,35 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // same on the d256 Hopper row cleared the full-mask spill only with the dQ staging done alike,
   // and there the window instance spilled 20 bytes instead of 12; on d96 sm_90 SASS spilled 52.
   if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
-  // d192/d256: 4 x 2 warps of 16 key rows x D/2 columns instead of two 4-warp CTAs that each
-  // recompute S and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at
-  // 2k (81 -> 158 TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
-  // d192's dQ warp tiles are 48 columns wide: the CTA adds the tile.
-  // stmatrix stores of P^T/dS^T as on the d128 row (sm_90 only; sm_80 SASS keeps 32-bit stores):
-  // +1% (H200, fp16, one call, two repetitions: full 4k 192.7 -> 194.7, causal 16k 198.5 -> 200.9).
-  if (head_dim <= 192) return {8, 64, 2, 2, 2, 1, 1, 1, false, false, false, true};  // 64 key rows: 161 KiB
+  // d192/d256: one 8-warp CTA with column warps instead of two 4-warp CTAs that each recompute S
+  // and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at 2k (81 -> 158
+  // TFLOP/s). dQ in column passes keeps the accumulators under the register limit. d192's dQ warp
+  // tiles are 48 columns wide: the CTA adds the tile.
+  // The warps are 2 x 4 of 32 key rows x D/4 columns (was 4 x 2 of 16 key rows x D/2): a warp's
+  // dV/dK MMAs read a 32 x 64 P^T/dS^T tile and 64 x D/4 of dO/Q instead of 16 x 64 and 64 x D/2,
+  // a third fewer shared-memory reads for the same MMAs; with dQ in four passes every d256 instance
+  // is spill-free (the old layout spilled 12-16 bytes, with two passes this one 28). H200, fp16,
+  // one call, two repetitions each, TFLOP/s old -> new: d256 full 1k 191.7/190.3 -> 196.2/196.2,
+  // 4k 214.1/214.0 -> 221.0/221.5, 16k 218.5/220.1 -> 226.3/226.1, causal 2k 188.8/190.1 ->
+  // 191.0/191.0, 8k 215.4/217.1 -> 218.0/218.0 (FA2 201/247/259/189/241); the A100 row forced on
+  // the H200 +2-3%; d192 (10 heads) full 1k 171.5/172.6 -> 178.5/178.5, 4k 193.6/194.7 ->
+  // 202.0/202.0, causal 8k 196.4/197.7 -> 205.9/205.6. Measured alike on the 2 x 4 d256 Hopper row
+  // (four dQ passes) and not taken: stmatrix stores (within 1%), -delta in dP^T (-1%).
+  // stmatrix stores of P^T/dS^T as on the d128 row (sm_90 only; sm_80 SASS keeps 32-bit stores),
+  // on d192's old layout: +1% (full 4k 192.7 -> 194.7, causal 16k 198.5 -> 200.9).
+  if (head_dim <= 192) return {8, 64, 2, 2, 4, 1, 2, 1, false, false, false, true};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
   // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
-  // stmatrix stores (as on d128/d192) made ptxas spill 16/28 bytes here instead of 12/12.
-  if (large_smem) return {8, 64, 2, 2, 2, 2, 1, 1, true, false};  // 64 key rows: 209 KiB
-  return {8, 64, 1, 2, 2, 2, 1, 1, true, false};                  // 64 key rows: 145 KiB
+  // ncu (H200, full 4k, against FA2's kernel of the same tiling) put this loop at 73% of the L1's
+  // wavefronts with 14% more ldmatrix than FA2: each of the four dQ passes read the warp's dS rows
+  // again. Hopper row: the dS fragments read once and kept over two passes (dq_a_registers), the
+  // Q/dO reads XOR their full stage address (without it 12 bytes of those lane offsets spilled; with
+  // four passes 8-16): 0 B. TFLOP/s, one call, two repetitions, four passes -> this: full 1k
+  // 196.2/196.3 -> 203.9/203.9, 4k 219.1/219.2 -> 229.0/229.1, 16k 225.8/227.9 -> 238.0/238.2,
+  // causal 2k 191.1/191.8 -> 201.1/200.6, 8k 217.9/219.5 -> 230.3/231.0; with -delta in dP^T as
+  // well 1-2% less. The A100 row spilled 8-76 bytes with the fragments kept (sm_80 SASS).
+  if (large_smem) return {8, 64, 2, 2, 4, 2, 2, 1, true, false, false, false, false, false, true, true};  // 64 key rows: 209 KiB
+  return {8, 64, 1, 2, 4, 4, 2, 1, true, false};                  // 64 key rows: 145 KiB
 }
 
 // True when the head dim has a separate row for GPUs with sm90's shared memory.
@@ -174,6 +194,7 @@ struct BwdTile {
   static constexpr bool kKvRegisters = kCfg.kv_registers;
   static constexpr bool kMaskRange = kCfg.mask_range;
   static constexpr bool kXorStageAddress = kCfg.xor_stage_address;
+  static constexpr bool kDqARegisters = kCfg.dq_a_registers;
 
   static_assert(kHeadDim % kMmaK == 0 && kHeadDim >= 32 && kHeadDim <= 256, "head dim instances are 32..256, multiples of 16");
   static_assert(kWarps % kColWarps == 0 && kHeadDim % (2 * kMmaCols * kColWarps) == 0 &&

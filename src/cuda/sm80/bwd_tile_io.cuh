@@ -13,6 +13,7 @@
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/red.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/sync.cuh"
 #include "cuda/sm80/bwd_shared.cuh"
 
 namespace fusedattn::cuda::sm80 {
@@ -156,10 +157,15 @@ __device__ __forceinline__ int dq_stage_offset(int row, int col) {
 }
 
 // Stores a warp's [kRowTiles*16 x kColTiles*8] mma C tile at (row0, col0) of the staged dQ tile.
-template <int kCols, int kRowTiles, int kColTiles>
+// kLaneReadHere re-reads the thread index (a volatile move) so the per-lane swizzled offsets are
+// worked out at each call: otherwise, with the dQ tile staged in several column passes, ptxas may
+// keep one offset per (pass, column tile) live across the main loop and spill (bwd_kernel.cuh
+// says where).
+template <int kCols, bool kLaneReadHere, int kRowTiles, int kColTiles>
 __device__ __forceinline__ void stage_dq_fragments(float* tile, const float (&dq)[kRowTiles][kColTiles][4], int row0,
                                                    int col0) {
-  const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
+  const int lane = kLaneReadHere ? ptx::thread_index_here() % kWarpSize : threadIdx.x % kWarpSize;
+  const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll

@@ -265,4 +265,36 @@ __device__ __forceinline__ void warp_gemm_atb(float (&c)[kRowTiles][kN / kMmaCol
   }
 }
 
+// The A operand of warp_gemm_atb (A's transpose stored [k][m], columns from 16 * a_pair0) for
+// every k16 step, read once to be kept in registers over several column passes (warp_gemm_rtb).
+template <int kRowTiles, int kK, int kPitchA, typename Element>
+__device__ __forceinline__ void load_at_fragments(uint32_t (&a)[kK / kMmaK][kRowTiles][4], uint32_t tile_a,
+                                                  LdsmLane lane_a, int a_pair0) {
+#pragma unroll
+  for (int kb = 0; kb < kK / kMmaK; ++kb)
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; ++mi)
+      ptx::ldmatrix_x4_trans(a[kb][mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.cols_first, kb * kMmaK, a_pair0 + mi));
+}
+
+// warp_gemm_atb with A already in registers (load_at_fragments): only B comes from shared memory.
+template <int kRowTiles, int kN, int kK, int kPitchB, typename Element>
+__device__ __forceinline__ void warp_gemm_rtb(float (&c)[kRowTiles][kN / kMmaCols][4],
+                                              const uint32_t (&a)[kK / kMmaK][kRowTiles][4], uint32_t tile_b,
+                                              LdsmLane lane_b, int b_pair0) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int j = 0; j < kN / kMmaCols; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+#pragma unroll
+  for (int kb = 0; kb < kK / kMmaK; ++kb)
+#pragma unroll
+    for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b_pair0 + np));
+#pragma unroll
+      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[kb][mi], b);
+    }
+}
+
 }  // namespace fusedattn::cuda::sm80
