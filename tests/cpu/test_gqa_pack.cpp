@@ -24,20 +24,20 @@ FwdParams shape(int batch, int heads_q, int heads_kv, int64_t seqlen_q, int64_t 
 TEST(GqaPack, DecodePacksTheGroup) {
   for (const int batch : {1, 16}) {
     const TiledRows r = tiled_rows(shape(batch, 32, 8, 1, 32768), 128, MaskKind::kFull, kSms);
-    EXPECT_EQ(r.pack_shift, 2) << batch;
+    EXPECT_EQ(r.packing.shift, 2) << batch;
     EXPECT_EQ(r.rows, 4);
     EXPECT_EQ(r.heads, 8);
   }
   // Causal too, and the largest group a warpgroup slice holds (MQA with 64 query heads).
-  EXPECT_EQ(tiled_rows(shape(2, 16, 2, 4, 1000), 128, MaskKind::kWindow, kSms).pack_shift, 3);
-  EXPECT_EQ(tiled_rows(shape(1, 64, 1, 2, 513), 256, MaskKind::kFull, kSms).pack_shift, 6);
+  EXPECT_EQ(tiled_rows(shape(2, 16, 2, 4, 1000), 128, MaskKind::kWindow, kSms).packing.shift, 3);
+  EXPECT_EQ(tiled_rows(shape(1, 64, 1, 2, 513), 256, MaskKind::kFull, kSms).packing.shift, 6);
 }
 
 // Groups that cannot pack: none, not a power of two, larger than a warpgroup's 64 rows.
 TEST(GqaPack, GroupsThatCannotPack) {
-  EXPECT_EQ(tiled_rows(shape(1, 4, 4, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
-  EXPECT_EQ(tiled_rows(shape(1, 6, 2, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
-  EXPECT_EQ(tiled_rows(shape(1, 128, 1, 1, 300), 128, MaskKind::kFull, kSms).pack_shift, 0);
+  EXPECT_EQ(tiled_rows(shape(1, 4, 4, 1, 300), 128, MaskKind::kFull, kSms).packing.shift, 0);
+  EXPECT_EQ(tiled_rows(shape(1, 6, 2, 1, 300), 128, MaskKind::kFull, kSms).packing.shift, 0);
+  EXPECT_EQ(tiled_rows(shape(1, 128, 1, 1, 300), 128, MaskKind::kFull, kSms).packing.shift, 0);
 }
 
 // Packing that would not shorten the launch: a long query sequence (as many equal tiles either
@@ -45,12 +45,12 @@ TEST(GqaPack, GroupsThatCannotPack) {
 // the 192-row tile: 80 tiles of 192 rows against 128 of 128, one wave either way on 132 SMs
 // (measured 208 vs 247 TFLOP/s packed). On 114 SMs the unpacked launch needs two waves: packed.
 TEST(GqaPack, OnlyWhereTheLaunchShortens) {
-  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kFull, kSms).pack_shift, 0);
-  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kWindow, kSms).pack_shift, 0);
-  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, kSms).pack_shift, 0);
-  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, 114).pack_shift, 3);
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kFull, kSms).packing.shift, 0);
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 4096, 4096), 128, MaskKind::kWindow, kSms).packing.shift, 0);
+  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, kSms).packing.shift, 0);
+  EXPECT_EQ(tiled_rows(shape(8, 16, 2, 100, 2048), 64, MaskKind::kFull, 114).packing.shift, 3);
   // Speculative decoding's few queries: 16 per sequence fill a 128-row tile with 8 heads' rows.
-  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 16, 8192), 128, MaskKind::kFull, kSms).pack_shift, 2);
+  EXPECT_EQ(tiled_rows(shape(4, 32, 8, 16, 8192), 128, MaskKind::kFull, kSms).packing.shift, 2);
 }
 
 }  // namespace

@@ -475,7 +475,7 @@ int planned_pack_shift(const Problem& pr, DType dtype) {
     const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
     if (std::string(choice.arch) != "sm90") return -1;
     const cuda::MaskKind mask = masked ? cuda::MaskKind::kWindow : cuda::MaskKind::kFull;
-    return cuda::sm90::planned_fwd_work(p, mask, choice.instance_head_dim, sm_count()).rows.pack_shift;
+    return cuda::sm90::planned_fwd_work(p, mask, choice.instance_head_dim, sm_count()).rows.packing.shift;
   } catch (const Error&) {
     return -1;
   }

@@ -115,7 +115,7 @@ struct Epilogue {
       for (int s = 0; s < Cfg::kSlabs; ++s)
         ptx::tma_store_5d(&params.tma_o,
                           smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
-                          s * Cfg::kSlabCols, 0, row >> params.pack_shift, t.head, t.batch);
+                          s * Cfg::kSlabCols, 0, params.packing.position(row), t.head, t.batch);
       ptx::tma_store_commit();
       pending.held = true;
       // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
@@ -123,16 +123,16 @@ struct Epilogue {
     }
 
     if (p.lse != nullptr && lane % 4 == 0) {
-      // The thread's accumulator rows (ptx/wgmma.cuh): row0 and row0 + 8 of the warp's 16; tiled
-      // row r is position r >> pack_shift of query head (t.head << pack_shift) + r % group.
+      // The thread's accumulator rows (ptx/wgmma.cuh): row0 and row0 + 8 of the warp's 16, each a
+      // (query head, position) of the packing.
       const int row0 = warpgroup * kWarpgroupRows + static_cast<int>(thread_now / 32 * 16 + lane_now / 4);
-      const int shift = params.pack_shift;
-      const int64_t rows = p.seqlen_q << shift;
+      const RowPacking packing = params.packing;
+      const int64_t rows = packing.rows(p.seqlen_q);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t row = int64_t{t.first_row} + row0 + 8 * half;
-        const int64_t head = (int64_t{t.head} << shift) + (row & ((int64_t{1} << shift) - 1));
-        if (row < rows) p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + (row >> shift)] = lse[half];
+        const int64_t head = packing.query_head(t.head, row);
+        if (row < rows) p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + packing.position(row)] = lse[half];
       }
     }
   }

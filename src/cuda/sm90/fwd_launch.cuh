@@ -77,7 +77,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
-  kp.pack_shift = rows.pack_shift;
+  kp.packing = rows.packing;
   // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
   // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
   // rows of head_dim elements.
@@ -91,7 +91,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
   };
-  const int group = 1 << rows.pack_shift;
+  const int group = 1 << rows.packing.shift;
   kp.tma_q = make_grouped_tensor_map(view(p.q, p.seqlen_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
   kp.tma_k = make_tensor_map(view(p.k, p.seqlen_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
   kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);

@@ -12,6 +12,7 @@
 
 #include "cuda/common/kinds.h"
 #include "cuda/common/tail_split.h"
+#include "cuda/sm90/row_packing.h"
 #include "cuda/sm90/tile_config.h"
 #include "fusedattn/params.h"
 
@@ -63,14 +64,15 @@ inline bool uses_d64_tall(MaskKind mask, int64_t rows) {
 // its end, and one K/V load serves the whole group. The group must be a power of two that divides
 // a warpgroup's 64 rows (each warpgroup's slice, and so each TMA box, holds whole positions).
 struct TiledRows {
-  int pack_shift;  // log2 of the query heads a tile head packs (0: unpacked)
-  int64_t rows;    // tiled rows per (tile head, batch): seqlen_q << pack_shift
-  int heads;       // tile heads: heads_q >> pack_shift
+  RowPacking packing;  // shift 0: unpacked
+  int64_t rows;        // tiled rows per (tile head, batch)
+  int heads;           // tile heads
 };
 constexpr int64_t kMaxTiledRows = int64_t{1} << 31;  // tiled rows are int32 in the kernel
 
 inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
-  return {pack_shift, p.seqlen_q << pack_shift, p.heads_q >> pack_shift};
+  const RowPacking packing{pack_shift};
+  return {packing, packing.rows(p.seqlen_q), packing.tile_heads(p.heads_q)};
 }
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/row_packing.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -59,8 +60,8 @@ struct SplitParams {
 };
 
 struct KernelParams {
-  // Q and O as [batch, heads_q / group, seqlen_q, group, head_dim] (group = 2^pack_shift query
-  // heads per tile head, fwd_split.h), so a box of whole positions is a tile's (or a warpgroup
+  // Q and O as [batch, heads_q / group, seqlen_q, group, head_dim] (group = 2^packing.shift query
+  // heads per tile head, row_packing.h), so a box of whole positions is a tile's (or a warpgroup
   // slice's) tiled rows in order; unpacked, group = 1. Boxes 64 x kBlockM and 64 x 64 rows.
   CUtensorMap tma_q;
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
@@ -68,8 +69,7 @@ struct KernelParams {
   CUtensorMap tma_o;  // each consumer warpgroup stores its own rows
   FwdParams p;
   int num_m_blocks;
-  int pack_shift;  // GQA packing: tiled row r is position r >> pack_shift of query head
-                   // (tile head << pack_shift) + r % 2^pack_shift (fwd_split.h, TiledRows)
+  RowPacking packing;  // GQA packing: which query head and position a tiled row is
   int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
   int* tile_counter;  // zero at launch; null: static schedule
   SplitParams split;

@@ -2,7 +2,7 @@
 // at all (the rest are never loaded), which of those the window's edges or the sequence end cut
 // (only those are masked element-wise), and the element-wise mask itself. Every decision goes
 // through key_range() in include/fusedattn/params.h, the one rule all backends share. Rows are
-// tiled rows (fwd_split.h, TiledRows): with GQA packing a row's query position is row >> pack_shift.
+// tiled rows (row_packing.h): with GQA packing a row's query position is row >> shift.
 #pragma once
 
 #include <cmath>
@@ -28,11 +28,11 @@ struct MaskedSlice {
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
   const FwdParams& p;
-  int pack_shift;  // KernelParams::pack_shift
+  RowPacking packing;  // KernelParams::packing
 
-  __device__ __forceinline__ int64_t position(int64_t row) const { return row >> pack_shift; }
+  __device__ __forceinline__ int64_t position(int64_t row) const { return packing.position(row); }
   // Tiled rows per (tile head, batch) pair.
-  __device__ __forceinline__ int64_t rows() const { return p.seqlen_q << pack_shift; }
+  __device__ __forceinline__ int64_t rows() const { return packing.rows(p.seqlen_q); }
 
   // Keys visible to any row of the query tile that starts at first_row. key_range's lo and hi
   // both grow with the row, so the union over the tile is [lo(first row), hi(last row)].

@@ -58,7 +58,7 @@ struct Producer {
 #pragma unroll
     for (int s = 0; s < Cfg::kSlabs; ++s)
       ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0,
-                       t.first_row >> params.pack_shift, t.head, t.batch, q_full);
+                       params.packing.position(t.first_row), t.head, t.batch, q_full);
     return true;
   }
 
@@ -68,9 +68,9 @@ struct Producer {
     ptx::tma_prefetch_descriptor(&params.tma_k);
     ptx::tma_prefetch_descriptor(&params.tma_v);
     const KVPipeline<Storage> pipe{smem};
-    const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.pack_shift};
+    const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing};
     // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
-    const int tile_heads = p.heads_q >> params.pack_shift;
+    const int tile_heads = params.packing.tile_heads(p.heads_q);
     const int group = tile_heads / p.heads_kv;
     PipelineState kv;
     PipelineState q_ring;
