@@ -58,6 +58,8 @@ if has sanitize; then
   # And the GQA-packed tiles (the grouped Q/O maps, rows mapped to head and position).
   split_set="Sm90TailSplit.BitIdenticalOverThreeRuns:Sm90TailSplit.AlternatingShapesShareTheWorkspace:*BackwardSplit.Head64*"
   split_set="$split_set:Sm90Fwd.PackedGqaGroups"
+  # The d192/d256 backward rows (column warps, dS fragments kept over the dQ passes), both tiles.
+  split_set="$split_set:*Sm80Backward.WideHeadCausalGqa*:*Sm80Backward.WideHeadSm80Tiles*:*Sm80Backward.Head192*"
   for tool in memcheck racecheck synccheck; do
     step "sanitizer-$tool" 200 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$build/tests/fusedattn_gpu_tests" --gtest_filter="*Sanitizer*:$split_set" --gtest_brief=1
