@@ -120,9 +120,9 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   if (head_dim <= 128 && large_smem) return {8, 64, 2, 2, 2, 1, 2, 1, true, true, false, true, false, true};  // 193 KiB
   // On the A100 row the Q/dO reads XOR their full stage address (xor_stage_address): sm_80 SASS
   // 8 -> 0 bytes of spill for 4-13 more static main-loop instructions (H200, this row forced:
-  // full 4k 295 -> 288, causal 4k 271 -> 276 TFLOP/s, the sm_90 SASS of the row, not A100's); the
-  // same on the d256 Hopper row cleared the full-mask spill only with the dQ staging done alike,
-  // and there the window instance spilled 20 bytes instead of 12; on d96 sm_90 SASS spilled 52.
+  // full 4k 295 -> 288, causal 4k 271 -> 276 TFLOP/s, the sm_90 SASS of the row, not A100's); on
+  // the d256 Hopper row's old 4 x 2 layout it only moved the spill (window 12 -> 20 bytes), on d96
+  // sm_90 SASS spilled 52; the d256 Hopper row takes it since the twelfth session (below).
   if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
   // d192/d256: one 8-warp CTA with column warps instead of two 4-warp CTAs that each recompute S
   // and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at 2k (81 -> 158
