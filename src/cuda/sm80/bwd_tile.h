@@ -126,8 +126,7 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   if (head_dim <= 128) return {8, 64, 2, 2, 2, 1, 2, 1, true, false, false, false, false, true, true};  // 161 KiB
   // d192/d256: one 8-warp CTA with column warps instead of two 4-warp CTAs that each recompute S
   // and dP (1.4x fewer MMAs, Q/dO read once, two warps per scheduler): d256 1.9x at 2k (81 -> 158
-  // TFLOP/s). dQ in column passes keeps the accumulators under the register limit. d192's dQ warp
-  // tiles are 48 columns wide: the CTA adds the tile.
+  // TFLOP/s). dQ in column passes keeps the accumulators under the register limit.
   // The warps are 2 x 4 of 32 key rows x D/4 columns (was 4 x 2 of 16 key rows x D/2): a warp's
   // dV/dK MMAs read a 32 x 64 P^T/dS^T tile and 64 x D/4 of dO/Q instead of 16 x 64 and 64 x D/2,
   // a third fewer shared-memory reads for the same MMAs; with dQ in four passes every d256 instance
@@ -140,7 +139,14 @@ constexpr BwdTileConfig bwd_tile_config(int head_dim, bool large_smem) {
   // (four dQ passes) and not taken: stmatrix stores (within 1%), -delta in dP^T (-1%).
   // stmatrix stores of P^T/dS^T as on the d128 row (sm_90 only; sm_80 SASS keeps 32-bit stores),
   // on d192's old layout: +1% (full 4k 192.7 -> 194.7, causal 16k 198.5 -> 200.9).
-  if (head_dim <= 192) return {8, 64, 2, 2, 4, 1, 2, 1, false, false, false, true};  // 64 key rows: 161 KiB
+  // d192's dQ on a 4 x 2 grid of 16 rows x 96 columns, each warp adding its own rows by vector
+  // reductions (warp_add_dq, a row per step) instead of the CTA adding the tile after a barrier
+  // (the 2 x 4 grid's 48-column tiles are no whole 32-float segments); with -delta in dP^T it is
+  // spill-free (without: 4 bytes in sm_80 SASS). H200, fp16, 10 heads, one call, two repetitions,
+  // TFLOP/s before -> after: full 1k 178.3/178.3 -> 182.7/183.8, 4k 203.2/201.9 -> 202.9/204.5,
+  // 16k 206.2/207.7 -> 210.4/210.4, causal 2k 176.7/177.5 -> 180.6/180.1, 8k 205.6/206.6 ->
+  // 205.7/204.1 (FA2 198/245/257/198/256).
+  if (head_dim <= 192) return {8, 64, 2, 4, 4, 2, 2, 1, true, false, true, true};  // 64 key rows: 161 KiB
   // d256 prefetches the next query block only where Hopper's shared memory allows it: +17% at 2k.
   // Per-warp vector dQ adds: +10% at causal 4k (173 -> 190 TFLOP/s, measured on the large tile).
   // ncu (H200, full 4k, against FA2's kernel of the same tiling) put this loop at 73% of the L1's

@@ -231,7 +231,11 @@ template <int kTileCols, int kRows, int kCols, bool kVector>
 __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int64_t row0, const float* tile, int r0,
                                             int c0, int64_t valid_rows, int head_dim) {
   constexpr int kLaneFloats = kVector ? 4 : 1;
-  constexpr int kStepFloats = kWarpSize * kLaneFloats;
+  constexpr int kWarpFloats = kWarpSize * kLaneFloats;
+  // A row narrower than a warp's step that does not divide it (d192's 96-column dQ warp tiles with
+  // vector adds) takes one step per row, the lanes past the row idle.
+  constexpr bool kRowSteps = kCols < kWarpFloats && kWarpFloats % kCols != 0;
+  constexpr int kStepFloats = kRowSteps ? kCols : kWarpFloats;
   static_assert(kCols % kDqSegment == 0 && (kRows * kCols) % kStepFloats == 0, "whole warp steps over the region");
   static_assert(kStepFloats % kCols == 0 || kCols % kStepFloats == 0, "a step covers whole rows or part of one");
   // A step covers kStepRows whole rows, or 1 / kStepsPerRow of one row: either way the lane's
@@ -240,6 +244,7 @@ __device__ __forceinline__ void warp_add_dq(float* acc_base, int64_t pitch, int6
   constexpr int kStepRows = kStepFloats >= kCols ? kStepFloats / kCols : 1;
   constexpr int kStepsPerRow = kStepFloats >= kCols ? 1 : kCols / kStepFloats;
   const int lane = threadIdx.x % kWarpSize;
+  if (kRowSteps && lane * kLaneFloats >= kStepFloats) return;
   const int lane_r = r0 + lane * kLaneFloats / kCols, lane_c = c0 + lane * kLaneFloats % kCols;
   auto add_all = [&](auto checked) {
     // Unchecked, the head dim is the instance's, so the workspace pitch is kTileCols
