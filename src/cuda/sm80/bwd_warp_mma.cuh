@@ -240,41 +240,59 @@ __device__ __forceinline__ void warp_gemm_sab(float (&c)[kRowTiles][kN / kMmaCol
                                                                                              tile_b, lane_b, pair0);
 }
 
+// One k16 step of warp_gemm_atb's A (A's transpose stored [k][m], columns from 16 * a_pair0):
+// the fragments of the kRowTiles row tiles.
+template <int kRowTiles, int kPitchA, typename Element>
+__device__ __forceinline__ void load_at_step(uint32_t (&a)[kRowTiles][4], uint32_t tile_a, LdsmLane lane_a, int kb,
+                                             int a_pair0) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+    ptx::ldmatrix_x4_trans(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.cols_first, kb * kMmaK, a_pair0 + mi));
+}
+
+// c += A * B over k16 step kb, A's fragments in registers, B stored [k][n] (columns from
+// 16 * b_pair0): every B fragment feeds kRowTiles MMAs.
+template <int kRowTiles, int kN, int kPitchB, typename Element>
+__device__ __forceinline__ void mma_step_kn(float (&c)[kRowTiles][kN / kMmaCols][4], const uint32_t (&a)[kRowTiles][4],
+                                            uint32_t tile_b, LdsmLane lane_b, int kb, int b_pair0) {
+#pragma unroll
+  for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
+    uint32_t b[4];
+    ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b_pair0 + np));
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
+  }
+}
+
+template <int kRowTiles, int kTiles>
+__device__ __forceinline__ void zero_c(float (&c)[kRowTiles][kTiles][4]) {
+#pragma unroll
+  for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+}
+
 // c[kRowTiles*16 x kN] = A * B with A's transpose stored [k][m] (columns from 16 * a_pair0) and B
 // stored [k][n] (columns from 16 * b_pair0), k over [0, kK).
 template <int kRowTiles, int kN, int kK, int kPitchA, int kPitchB, typename Element>
 __device__ __forceinline__ void warp_gemm_atb(float (&c)[kRowTiles][kN / kMmaCols][4], uint32_t tile_a, LdsmLane lane_a,
                                               int a_pair0, uint32_t tile_b, LdsmLane lane_b, int b_pair0) {
-#pragma unroll
-  for (int mi = 0; mi < kRowTiles; ++mi)
-#pragma unroll
-    for (int j = 0; j < kN / kMmaCols; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
+  zero_c(c);
 #pragma unroll
   for (int kb = 0; kb < kK / kMmaK; ++kb) {
     uint32_t a[kRowTiles][4];
-#pragma unroll
-    for (int mi = 0; mi < kRowTiles; ++mi)
-      ptx::ldmatrix_x4_trans(a[mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.cols_first, kb * kMmaK, a_pair0 + mi));
-#pragma unroll
-    for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
-      uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b_pair0 + np));
-#pragma unroll
-      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[mi], b);
-    }
+    load_at_step<kRowTiles, kPitchA, Element>(a, tile_a, lane_a, kb, a_pair0);
+    mma_step_kn<kRowTiles, kN, kPitchB, Element>(c, a, tile_b, lane_b, kb, b_pair0);
   }
 }
 
-// The A operand of warp_gemm_atb (A's transpose stored [k][m], columns from 16 * a_pair0) for
-// every k16 step, read once to be kept in registers over several column passes (warp_gemm_rtb).
+// warp_gemm_atb's A for every k16 step, read once to be kept in registers over several column
+// passes (warp_gemm_rtb).
 template <int kRowTiles, int kK, int kPitchA, typename Element>
 __device__ __forceinline__ void load_at_fragments(uint32_t (&a)[kK / kMmaK][kRowTiles][4], uint32_t tile_a,
                                                   LdsmLane lane_a, int a_pair0) {
 #pragma unroll
-  for (int kb = 0; kb < kK / kMmaK; ++kb)
-#pragma unroll
-    for (int mi = 0; mi < kRowTiles; ++mi)
-      ptx::ldmatrix_x4_trans(a[kb][mi], ldsm_addr<kPitchA, Element>(tile_a, lane_a.cols_first, kb * kMmaK, a_pair0 + mi));
+  for (int kb = 0; kb < kK / kMmaK; ++kb) load_at_step<kRowTiles, kPitchA, Element>(a[kb], tile_a, lane_a, kb, a_pair0);
 }
 
 // warp_gemm_atb with A already in registers (load_at_fragments): only B comes from shared memory.
@@ -282,19 +300,9 @@ template <int kRowTiles, int kN, int kK, int kPitchB, typename Element>
 __device__ __forceinline__ void warp_gemm_rtb(float (&c)[kRowTiles][kN / kMmaCols][4],
                                               const uint32_t (&a)[kK / kMmaK][kRowTiles][4], uint32_t tile_b,
                                               LdsmLane lane_b, int b_pair0) {
+  zero_c(c);
 #pragma unroll
-  for (int mi = 0; mi < kRowTiles; ++mi)
-#pragma unroll
-    for (int j = 0; j < kN / kMmaCols; ++j) c[mi][j][0] = c[mi][j][1] = c[mi][j][2] = c[mi][j][3] = 0.f;
-#pragma unroll
-  for (int kb = 0; kb < kK / kMmaK; ++kb)
-#pragma unroll
-    for (int np = 0; np < kN / (2 * kMmaCols); ++np) {
-      uint32_t b[4];
-      ptx::ldmatrix_x4_trans(b, ldsm_addr<kPitchB, Element>(tile_b, lane_b.rows_first, kb * kMmaK, b_pair0 + np));
-#pragma unroll
-      for (int mi = 0; mi < kRowTiles; ++mi) mma_pair<Element>(c[mi][2 * np], c[mi][2 * np + 1], a[kb][mi], b);
-    }
+  for (int kb = 0; kb < kK / kMmaK; ++kb) mma_step_kn<kRowTiles, kN, kPitchB, Element>(c, a[kb], tile_b, lane_b, kb, b_pair0);
 }
 
 }  // namespace fusedattn::cuda::sm80
