@@ -418,16 +418,37 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   // coordinates (split rows: read back from shared memory) and the sequence's offsets are worked
   // out again rather than kept live across the main loop (where they made ptxas spill them).
   // A part of a split item adds its dK/dV to the item's slot; the last part to finish stores the
-  // sums.
+  // sums. dK and dV go out through the K and V tiles, dead once every warp has left the loop, as
+  // whole 16-byte chunks of contiguous rows -- except from the sm_80 SASS of the d256 A100 row,
+  // whose main loop ptxas then allocated with 8 bytes of spill: it stores the fragments directly.
+  constexpr bool kStagedOut = !(kSm80Sass && kHeadDim > 192 && !kLargeSmem);
   const BwdCta again = kSplit ? smem.kept_cta : bwd_cta<kMask, kSplit, kBlockN>(p, ws, schedule_shift);
   const SeqInfo seq = seq_info(p, again.b);
-  const int64_t key_row0 = static_cast<int64_t>(again.n) * kBlockN + warp_key0;
-  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, again.b, seq.k_start, again.kvh));
-  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, again.b, seq.k_start, again.kvh));
-  auto store_rows = [&](int mi, const float (&dk_rows)[kOutTiles][4], const float (&dv_rows)[kOutTiles][4]) {
-    store_warp_rows(dk, p.dk_stride.row, key_row0 + mi * kMmaRows, warp_col0, dk_rows, p.scale, seq.len_k, p.head_dim);
-    store_warp_rows(dv, p.dv_stride.row, key_row0 + mi * kMmaRows, warp_col0, dv_rows, 1.f, seq.len_k, p.head_dim);
+  const int64_t block_row0 = static_cast<int64_t>(again.n) * kBlockN;
+  const int rows = seq.len_k - block_row0 < kBlockN ? static_cast<int>(seq.len_k - block_row0) : kBlockN;
+  auto* dk = const_cast<Element*>(operand_base<Element>(p.dk, p.dk_stride, again.b, seq.k_start + block_row0, again.kvh));
+  auto* dv = const_cast<Element*>(operand_base<Element>(p.dv, p.dv_stride, again.b, seq.k_start + block_row0, again.kvh));
+  // Stages (or stores) this warp's dK, times the softmax scale, and dV for the key rows from row0.
+  auto put_rows = [&](auto& dk_rows, auto& dv_rows, int row0) {
+    constexpr int kRowTiles = sizeof(dk_rows) / sizeof(dk_rows[0]);
+#pragma unroll
+    for (int mi = 0; mi < kRowTiles; ++mi)
+#pragma unroll
+      for (int j = 0; j < kOutTiles; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dk_rows[mi][j][e] *= p.scale;
+    if constexpr (!kStagedOut) {
+      store_c_rows(dk, p.dk_stride.row, dk_rows, row0, warp_col0, rows, p.head_dim);
+      store_c_rows(dv, p.dv_stride.row, dv_rows, row0, warp_col0, rows, p.head_dim);
+    } else if constexpr (T::kStmatrix) {
+      store_c_tile_stsm<kPitch, Element>(smem.k, smem_k, lane_tile, dk_rows, row0, warp_col0);
+      store_c_tile_stsm<kPitch, Element>(smem.v, smem_v, lane_tile, dv_rows, row0, warp_col0);
+    } else {
+      store_c_tile<kPitch>(smem.k, dk_rows, row0, warp_col0);
+      store_c_tile<kPitch>(smem.v, dv_rows, row0, warp_col0);
+    }
   };
+  if constexpr (kStagedOut) __syncthreads();  // every warp is done reading K and V (the last dQ reads K)
   if (again.parts > 1) {
     float* slot = ws.split_acc + (again.item - ws.split_whole) * bwd_split_slot_floats<T>();
     if (!add_split_part<T::kThreads>(acc_dk, acc_dv, slot, ws.split_count + (again.item - ws.split_whole),
@@ -435,15 +456,19 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       return;  // a later part stores the item's dK/dV
 #pragma unroll
     for (int mi = 0; mi < kKeyTiles; ++mi) {
-      float dk_sums[kOutTiles][4], dv_sums[kOutTiles][4];
-      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, false>(dk_sums, slot, mi);
-      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, true>(dv_sums, slot, mi);
-      store_rows(mi, dk_sums, dv_sums);
+      float dk_sums[1][kOutTiles][4], dv_sums[1][kOutTiles][4];
+      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, false>(dk_sums[0], slot, mi);
+      load_split_sums<T::kThreads, kKeyTiles, kOutTiles, true>(dv_sums[0], slot, mi);
+      put_rows(dk_sums, dv_sums, warp_key0 + mi * kMmaRows);
     }
-    return;
+  } else {
+    put_rows(acc_dk, acc_dv, warp_key0);
   }
-#pragma unroll
-  for (int mi = 0; mi < kKeyTiles; ++mi) store_rows(mi, acc_dk[mi], acc_dv[mi]);
+  if constexpr (kStagedOut) {
+    __syncthreads();
+    store_tile<kBlockN, kHeadDim, kPitch, T::kThreads>(dk, p.dk_stride.row, smem.k, rows, p.head_dim);
+    store_tile<kBlockN, kHeadDim, kPitch, T::kThreads>(dv, p.dv_stride.row, smem.v, rows, p.head_dim);
+  }
 }
 
 // The most shared memory a CTA of the SASS being compiled can ever get. sm_80..sm_89 SASS runs

@@ -119,24 +119,64 @@ __device__ __forceinline__ const Element* operand_base(const void* data, const O
          static_cast<int64_t>(h) * s.head;
 }
 
-// Writes a warp's [16 x kCols] fp32 accumulator (mma C layout) times `scale` to a [row, dim]
-// Element operand, skipping rows >= valid_rows and columns >= head_dim (head_dim is a multiple of
-// 8, so a column pair is either fully inside or fully outside).
-template <typename Element, int kColTiles>
-__device__ __forceinline__ void store_warp_rows(Element* base, int64_t row_stride, int64_t row0, int col0,
-                                                const float (&acc)[kColTiles][4], float scale, int64_t valid_rows,
-                                                int head_dim) {
+// Writes a warp's [kRowTiles*16 x kColTiles*8] fp32 C tile to rows row0.. and columns col0.. of a
+// [row, dim] Element operand whose row 0 is `base`, skipping rows >= valid_rows and columns >=
+// head_dim (a multiple of 8, so a column pair is wholly inside or outside): 4-byte stores
+// straight from the fragments, where staging them for store_tile is not taken.
+template <typename Element, int kRowTiles, int kColTiles>
+__device__ __forceinline__ void store_c_rows(Element* base, int64_t row_stride, const float (&c)[kRowTiles][kColTiles][4],
+                                             int row0, int col0, int valid_rows, int head_dim) {
   const int lane = threadIdx.x % kWarpSize, g = lane / 4, t = lane % 4;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + g + half * 8;
-    if (row >= valid_rows) continue;
+  for (int mi = 0; mi < kRowTiles; ++mi)
 #pragma unroll
-    for (int j = 0; j < kColTiles; ++j) {
-      const int col = col0 + j * 8 + 2 * t;
-      if (col < head_dim)
-        *reinterpret_cast<uint32_t*>(base + row * row_stride + col) =
-            pack2<Element>(acc[j][2 * half] * scale, acc[j][2 * half + 1] * scale);
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mi * kMmaRows + g + half * 8;
+      if (row >= valid_rows) continue;
+#pragma unroll
+      for (int j = 0; j < kColTiles; ++j) {
+        const int col = col0 + j * kMmaCols + 2 * t;
+        if (col < head_dim)
+          *reinterpret_cast<uint32_t*>(base + row * row_stride + col) = pack2<Element>(c[mi][j][2 * half], c[mi][j][2 * half + 1]);
+      }
+    }
+}
+
+// Stores rows [0, valid_rows) and columns [0, head_dim) of a swizzled [kRows x kPitch] shared
+// tile (load_tile_async's layout) to a [row, dim] operand whose row 0 is `base`, with 16-byte
+// stores: the dK/dV epilogue stages its fragments in the dead K/V tiles first, so every global
+// store is a whole chunk of a contiguous row instead of 4 scattered bytes (a warp's 4-byte
+// fragment stores covered 8 rows per instruction). Thread i takes chunks i, i + kThreads, ... in
+// row order; a whole warp stores 512 contiguous bytes of a row or whole rows. The thread index is
+// read again here: taken from the kernel's, it stayed live across the main loop and ptxas spilled
+// 4 bytes in the d192 window instance's sm_80 SASS.
+template <int kRows, int kHeadDim, int kPitch, int kThreads, typename Element>
+__device__ __forceinline__ void store_tile(Element* base, int64_t row_stride, const Element* smem, int valid_rows,
+                                           int head_dim) {
+  constexpr int kChunksPerRow = kHeadDim / kElemsPerChunk;
+  static_assert(kRows * kChunksPerRow % kThreads == 0, "every thread stores the same number of chunks");
+  const int thread = ptx::thread_index_here();
+  if constexpr (kThreads % kChunksPerRow == 0) {
+    // Whole rows per step (all but d192): a thread keeps its column and one running pointer.
+    constexpr int kRowsPerStep = kThreads / kChunksPerRow;
+    const int r0 = thread / kChunksPerRow, c = thread % kChunksPerRow * kElemsPerChunk;
+    if (c >= head_dim) return;
+    Element* dst = base + r0 * row_stride + c;
+#pragma unroll
+    for (int step = 0; step < kRows / kRowsPerStep; ++step) {
+      const int r = r0 + step * kRowsPerStep;
+      if (r < valid_rows)
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(smem + swizzle_offset(r, c, kPitch));
+      dst += kRowsPerStep * row_stride;
+    }
+  } else {
+#pragma unroll
+    for (int step = 0; step < kRows * kChunksPerRow / kThreads; ++step) {
+      const int idx = step * kThreads + thread;
+      const int r = idx / kChunksPerRow, c = idx % kChunksPerRow * kElemsPerChunk;
+      if (r < valid_rows && c < head_dim)
+        *reinterpret_cast<uint4*>(base + r * row_stride + c) =
+            *reinterpret_cast<const uint4*>(smem + swizzle_offset(r, c, kPitch));
     }
   }
 }
