@@ -47,7 +47,7 @@ if has build || [ ! -x "$build/tests/fusedattn_gpu_tests" ]; then
 fi
 
 if has tests; then
-  step gpu-tests 480 gpu_tests.log "$build/tests/fusedattn_gpu_tests" --gtest_brief=1
+  step gpu-tests 540 gpu_tests.log "$build/tests/fusedattn_gpu_tests" --gtest_brief=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]| tests? ran" "$out/gpu_tests.log" | tail -25 | tee -a "$summary"
   step cpu-tests 200 cpu_tests.log "$build/tests/fusedattn_tests" --gtest_brief=1
   grep -E " tests? ran|PASSED|FAILED" "$out/cpu_tests.log" | tail -5 | tee -a "$summary"
