@@ -338,6 +338,15 @@ struct HeadSlice {
   std::vector<double> got_dq, got_dk, got_dv;
 };
 
+// The rows of (batch b, head h) of a dense [B, S, H, D] host tensor, as a one-head [S, D] block.
+inline std::vector<double> head_rows(const HostTensor& t, int64_t rows, int head_dim, int b, int h) {
+  const DenseReader read(t);
+  std::vector<double> dst(static_cast<size_t>(rows) * head_dim);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int d = 0; d < head_dim; ++d) dst[i * head_dim + d] = read(b, i, h, d);
+  return dst;
+}
+
 inline HeadSlice slice_head(const HostCase& c, int b, int h) {
   const Problem& p = c.problem;
   if (p.heads_q != p.heads_kv || p.varlen()) throw std::invalid_argument("slice_head: dense MHA problems only");
@@ -346,19 +355,13 @@ inline HeadSlice slice_head(const HostCase& c, int b, int h) {
   s.problem.batch = 1;
   s.problem.heads_q = s.problem.heads_kv = 1;
   const int D = p.head_dim;
-  auto take = [&](const HostTensor& src, int64_t rows, std::vector<double>& dst) {
-    const DenseReader read(src);
-    dst.resize(static_cast<size_t>(rows) * D);
-    for (int64_t i = 0; i < rows; ++i)
-      for (int d = 0; d < D; ++d) dst[i * D + d] = read(b, i, h, d);
-  };
-  take(c.q, p.seqlen_q, s.t.q);
-  take(c.k, p.seqlen_k, s.t.k);
-  take(c.v, p.seqlen_k, s.t.v);
-  take(c.dout, p.seqlen_q, s.t.dout);
-  take(c.dq, p.seqlen_q, s.got_dq);
-  take(c.dk, p.seqlen_k, s.got_dk);
-  take(c.dv, p.seqlen_k, s.got_dv);
+  s.t.q = head_rows(c.q, p.seqlen_q, D, b, h);
+  s.t.k = head_rows(c.k, p.seqlen_k, D, b, h);
+  s.t.v = head_rows(c.v, p.seqlen_k, D, b, h);
+  s.t.dout = head_rows(c.dout, p.seqlen_q, D, b, h);
+  s.got_dq = head_rows(c.dq, p.seqlen_q, D, b, h);
+  s.got_dk = head_rows(c.dk, p.seqlen_k, D, b, h);
+  s.got_dv = head_rows(c.dv, p.seqlen_k, D, b, h);
   return s;
 }
 

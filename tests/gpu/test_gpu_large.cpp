@@ -76,15 +76,6 @@ TEST(GpuLarge, PortableForwardElementOffsetsBeyondInt32) {
   FUSEDATTN_RUN_OR_SKIP(check_large_forward(p, DType::kFloat16, beyond));
 }
 
-// The rows of (batch b, head h) of a dense [B, S, H, D] host tensor, as a one-head [S, D] block.
-std::vector<double> head_rows(const HostTensor& t, int64_t rows, int head_dim, int b, int h) {
-  const DenseReader read(t);
-  std::vector<double> dst(static_cast<size_t>(rows) * head_dim);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int d = 0; d < head_dim; ++d) dst[i * head_dim + d] = read(b, i, h, d);
-  return dst;
-}
-
 // The backward with every operand and gradient beyond 2^31 elements (16 x 520 heads x 2048 x
 // 128, MHA). out/lse come from the forward on the device, except in three (batch, head) slices
 // -- the last lies past element 2^31 from its 1544th row on -- which get the float64 reference's
