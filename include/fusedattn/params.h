@@ -37,6 +37,10 @@ struct FwdParams {
   int64_t seqlen_k = 0;
   const int32_t* cu_seqlens_q = nullptr;  // varlen only, on the tensors' device
   const int32_t* cu_seqlens_k = nullptr;
+  // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);
+  // rows past these (a packed tensor may be longer) are never read.
+  int64_t varlen_rows_q = 0;
+  int64_t varlen_rows_k = 0;
 
   float scale = 0.f;       // softmax scale
   float scale_log2 = 0.f;  // scale * log2(e): kernels use exp2

@@ -73,8 +73,9 @@ OperandStrides strides_of(const TensorView& t, bool varlen) {
 
 // Reads cu_seqlens (copying it to the host for CUDA tensors) and checks it: starts at 0, never
 // decreases, no sequence longer than the declared maximum, no offset past the packed rows.
-void check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int64_t total, int64_t max_len,
-                      const char* max_name, Backend backend, const Device& device, void* stream) {
+// Returns the last offset: the packed rows the sequences use.
+int64_t check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int64_t total, int64_t max_len,
+                         const char* max_name, Backend backend, const Device& device, void* stream) {
   std::vector<int32_t> host(static_cast<size_t>(batch + 1));
   if (backend == Backend::kCUDA)
     cuda::copy_to_host(host.data(), cu.data, host.size() * sizeof(int32_t), device.index, stream);
@@ -94,6 +95,7 @@ void check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int
   if (host[batch] > total)
     fail(ErrorCode::kShapeMismatch, name,
          "last entry " + std::to_string(host[batch]) + " exceeds the packed tensor's " + std::to_string(total) + " rows");
+  return host[batch];
 }
 
 void check_cu_tensor(const TensorView& cu, const char* name, const Device& device) {
@@ -251,8 +253,10 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (out) check_cuda_alignment(*out, "out");
   }
   if (varlen) {
-    check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q", backend, device, opt.stream);
-    check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k", backend, device, opt.stream);
+    p.varlen_rows_q =
+        check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q", backend, device, opt.stream);
+    p.varlen_rows_k =
+        check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k", backend, device, opt.stream);
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
   }

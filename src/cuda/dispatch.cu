@@ -83,13 +83,19 @@ bool sm90_allowed() {
   return !(env && env[0] == '1');
 }
 
-// The Hopper forward kernel's limits; requests outside them use the portable path: dense batches
-// only (varlen is not implemented there), at least one key (TMA maps need non-empty extents),
-// int32 TMA coordinates, and a positive scale (its online softmax takes the row max before scaling).
+// The Hopper forward kernel's limits; requests outside them use the portable path: at least one
+// key (TMA maps need non-empty extents), int32 TMA coordinates (the rows in use of a
+// variable-length batch, whose tiles it counts in int32), and a positive scale (its online
+// softmax takes the row max before scaling).
 bool sm90_supports(const FwdParams& p) {
   constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
-  return p.cu_seqlens_q == nullptr && p.seqlen_k > 0 && p.seqlen_q <= kMaxTmaCoordinate &&
-         p.seqlen_k <= kMaxTmaCoordinate && p.scale > 0.f;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = varlen ? p.varlen_rows_k : p.seqlen_k;
+  // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
+  constexpr int64_t kSmallestTileRows = 64;
+  const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;
+  return rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate && countable &&
+         p.scale > 0.f;
 }
 
 }  // namespace

@@ -159,8 +159,9 @@ struct Consumer {
 
   // Masks block n of S outside this thread's two rows' keys.
   __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n) const {
-    const Mask mask{params.p, params.packing};
-    const int64_t row0 = int64_t{slice().first_row} + warp * 16 + lane / 4;
+    const MaskedSlice& facts = slice();
+    const Mask mask{params.p, params.packing, facts.len_q, facts.len_k};
+    const int64_t row0 = int64_t{facts.first_row} + warp * 16 + lane / 4;
     if (mask.left_bounded()) {
       const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
       Mask::apply(s, n, rows, 2 * (lane % 4));
@@ -296,7 +297,7 @@ struct Consumer {
   // empty). Uniform across the warpgroup: every warp reads the same announced first row. A
   // 32-bit compare, like the mask's: dispatch keeps seqlen_q within the TMA's int32 coordinates.
   __device__ __forceinline__ bool slice_is_empty(const AnnouncedTile& t) const {
-    return t.slice.first_row >= static_cast<int>(params.packing.rows(params.p.seqlen_q));
+    return t.slice.first_row >= static_cast<int>(params.packing.rows(int64_t{t.slice.len_q}));
   }
 
   // One GEMM turn taken and handed on at once, by a warpgroup with nothing to issue.

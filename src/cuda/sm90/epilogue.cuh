@@ -1,7 +1,10 @@
 // A consumer warpgroup's epilogue: O normalised by the softmax row sums, converted to the
 // element type, staged in the warpgroup's own 64 rows of the tile's Q buffer (in the 128B-swizzled
 // layout of the O tensor map) and written by one TMA store per 64-column slab; the TMA clips rows
-// past seqlen_q and columns past head_dim. LSE (natural log) goes straight from registers.
+// past seqlen_q and columns past head_dim. In a variable-length batch the rows past a sequence's
+// end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
+// sequence's end is copied row by row instead (store_rows). LSE (natural log) goes straight from
+// registers.
 #pragma once
 
 #include <cstdint>
@@ -106,20 +109,29 @@ struct Epilogue {
           pack2<Element>(o[8 * i + 4], o[8 * i + 5]), pack2<Element>(o[8 * i + 6], o[8 * i + 7])};
       ptx::stmatrix_x4(row_address + (slab * kSlabElems + position * kChunkElems) * sizeof(Element), regs);
     }
-    // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
-    ptx::fence_proxy_async_shared();
-    ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-    if (warp == 0 && lane == 0) {
-      const int row = t.first_row + warpgroup * kWarpgroupRows;
+    const int slice_row = t.first_row + warpgroup * kWarpgroupRows;
+    if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > t.len_q) {
+      // Generic stores to generic reads: the barrier alone orders them.
+      ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
+      store_rows(t, q_stage, slice_row, thread_now);
+      ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);  // the staging rows are read
+      release_unstored(q_stage);
+    } else {
+      // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
+      if (warp == 0 && lane == 0) {
+        const int row = t.q_start + params.packing.position(slice_row);
 #pragma unroll
-      for (int s = 0; s < Cfg::kSlabs; ++s)
-        ptx::tma_store_5d(&params.tma_o,
-                          smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
-                          s * Cfg::kSlabCols, 0, params.packing.position(row), t.head, t.batch);
-      ptx::tma_store_commit();
-      pending.held = true;
-      // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
-      if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
+        for (int s = 0; s < Cfg::kSlabs; ++s)
+          ptx::tma_store_5d(&params.tma_o,
+                            smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
+                            s * Cfg::kSlabCols, 0, row, t.head, params.map_batch(t.batch));
+        ptx::tma_store_commit();
+        pending.held = true;
+        // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
+        if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
+      }
     }
 
     if (p.lse != nullptr && lane % 4 == 0) {
@@ -127,13 +139,30 @@ struct Epilogue {
       // (query head, position) of the packing.
       const int row0 = warpgroup * kWarpgroupRows + static_cast<int>(thread_now / 32 * 16 + lane_now / 4);
       const RowPacking packing = params.packing;
-      const int64_t rows = packing.rows(p.seqlen_q);
+      const int64_t rows = packing.rows(int64_t{t.len_q});
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t row = int64_t{t.first_row} + row0 + 8 * half;
         const int64_t head = packing.query_head(t.head, row);
-        if (row < rows) p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + packing.position(row)] = lse[half];
+        if (row < rows)
+          p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + t.q_start + packing.position(row)] = lse[half];
       }
+    }
+  }
+
+  // The slice's rows before its sequence's end (a variable-length batch: unpacked, so tiled rows
+  // are positions), copied from the staging in 16-byte chunks of the head_dim columns in use.
+  __device__ __forceinline__ void store_rows(const WorkTile& t, int q_stage, int slice_row, uint32_t thread) const {
+    const FwdParams& p = params.p;
+    const int rows = t.len_q - slice_row, chunks = static_cast<int>(p.head_dim) / kChunkElems;
+    Element* out = static_cast<Element*>(p.o) + (int64_t{t.q_start} + slice_row) * p.o_stride.row + t.head * p.o_stride.head;
+    for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
+      const int r = i / chunks, c = i - r * chunks;
+      const int row = warpgroup * kWarpgroupRows + r;  // in the tile's staging
+      const int position = c % kChunksPerSlab ^ row % kAtomRows;
+      const Element* staged = smem.q[q_stage] + c / kChunksPerSlab * kSlabElems + row * Cfg::kSlabCols;
+      *reinterpret_cast<uint4*>(out + r * p.o_stride.row + c * kChunkElems) =
+          *reinterpret_cast<const uint4*>(staged + position * kChunkElems);
     }
   }
 };

@@ -88,14 +88,18 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
+  // A variable-length batch is one packed sequence of the rows in use to the TMA (so rows past
+  // them read as zeros, whatever the tensors hold there); its tiles add their sequence's first row.
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = varlen ? p.varlen_rows_k : p.seqlen_k;
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
-    return OperandView{base, p.dtype, p.head_dim, rows, heads, p.batch, s};
+    return OperandView{base, p.dtype, p.head_dim, rows, heads, varlen ? 1 : p.batch, s};
   };
   const int group = 1 << rows.packing.shift;
-  kp.tma_q = make_grouped_tensor_map(view(p.q, p.seqlen_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
-  kp.tma_k = make_tensor_map(view(p.k, p.seqlen_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
-  kp.tma_v = make_tensor_map(view(p.v, p.seqlen_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
-  kp.tma_o = make_grouped_tensor_map(view(p.o, p.seqlen_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
+  kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
+  kp.tma_k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
+  kp.tma_v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
+  kp.tma_o = make_grouped_tensor_map(view(p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   SplitWorkspace workspace;
@@ -119,6 +123,10 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(kp);
   FUSEDATTN_CHECK_LAUNCH();
+  // Every launch leaves the stream's counter at zero for the next. A variable-length one cannot
+  // tell its last fetch (tile_scheduler.cuh), so the stream zeroes it behind the kernel.
+  if (varlen && kp.tile_counter != nullptr)
+    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
 }
 
 // Whether GQA groups are packed into tiles, and d64's tile, are chosen per launch (fwd_split.h:

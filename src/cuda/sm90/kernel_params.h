@@ -63,6 +63,8 @@ struct KernelParams {
   // Q and O as [batch, heads_q / group, seqlen_q, group, head_dim] (group = 2^packing.shift query
   // heads per tile head, row_packing.h), so a box of whole positions is a tile's (or a warpgroup
   // slice's) tiled rows in order; unpacked, group = 1. Boxes 64 x kBlockM and 64 x 64 rows.
+  // Variable-length batches: batch 1 and the rows the sequences use (FwdParams::varlen_rows_*),
+  // never packed.
   CUtensorMap tma_q;
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
   CUtensorMap tma_v;
@@ -75,6 +77,10 @@ struct KernelParams {
   SplitParams split;
   Features features;
   DescriptorHighWords desc_high;  // every field ptx::desc_high_word(ptx::kSwizzleAtomBytes)
+
+  // The batch coordinate of sequence b in the tensor maps: a variable-length batch is one
+  // packed sequence of rows to the TMA (its tiles add the sequence's first row, WorkTile).
+  FUSEDATTN_HD int map_batch(int b) const { return p.cu_seqlens_q != nullptr ? 0 : b; }
 };
 
 }  // namespace fusedattn::cuda::sm90

@@ -2,7 +2,9 @@
 // at all (the rest are never loaded), which of those the window's edges or the sequence end cut
 // (only those are masked element-wise), and the element-wise mask itself. Every decision goes
 // through key_range() in include/fusedattn/params.h, the one rule all backends share. Rows are
-// tiled rows (row_packing.h): with GQA packing a row's query position is row >> shift.
+// tiled rows (row_packing.h): with GQA packing a row's query position is row >> shift. The
+// lengths are the tile's sequence's (seq_info(): the launch's for dense batches, the sequence's
+// own in a variable-length one).
 #pragma once
 
 #include <cmath>
@@ -23,28 +25,30 @@ struct KVBlockRange {
 struct MaskedSlice {
   int first_row;
   KVBlockRange uncut;
+  int len_q, len_k;  // the tile's sequence
 };
 
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
   const FwdParams& p;
   RowPacking packing;  // KernelParams::packing
+  int len_q, len_k;    // the tile's sequence (int32 in the kernel, like the TMA coordinates)
 
   __device__ __forceinline__ int64_t position(int64_t row) const { return packing.position(row); }
   // Tiled rows per (tile head, batch) pair.
-  __device__ __forceinline__ int64_t rows() const { return packing.rows(p.seqlen_q); }
+  __device__ __forceinline__ int64_t rows() const { return packing.rows(int64_t{len_q}); }
 
   // Keys visible to any row of the query tile that starts at first_row. key_range's lo and hi
   // both grow with the row, so the union over the tile is [lo(first row), hi(last row)].
   __device__ __forceinline__ KVBlockRange kv_blocks(int first_row) const {
-    const int64_t num_n = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    const int num_n = (len_k + kBlockN - 1) / kBlockN;
     if constexpr (kMask == MaskKind::kFull) {
-      return {0, static_cast<int>(num_n)};
+      return {0, num_n};
     } else {
       const int64_t end = int64_t{first_row} + kBlockM;
       const int64_t last = (end < rows() ? end : rows()) - 1;
-      const int64_t lo = key_range(p, position(first_row), p.seqlen_q, p.seqlen_k).lo;
-      const int64_t hi = key_range(p, position(last), p.seqlen_q, p.seqlen_k).hi;
+      const int64_t lo = key_range(p, position(first_row), len_q, len_k).lo;
+      const int64_t hi = key_range(p, position(last), len_q, len_k).hi;
       if (hi < lo) return {0, 0};
       return {static_cast<int>(lo / kBlockN), static_cast<int>(hi / kBlockN + 1)};
     }
@@ -57,7 +61,7 @@ struct TileMask {
     int lo, hi;  // visible keys [lo, hi]; lo > hi when none
   };
   __device__ __forceinline__ Bounds bounds_of_row(int64_t row) const {
-    const KeyRange kr = key_range(p, position(row), p.seqlen_q, p.seqlen_k);
+    const KeyRange kr = key_range(p, position(row), len_q, len_k);
     return {static_cast<int>(kr.lo), static_cast<int>(kr.hi < kr.lo - 1 ? kr.lo - 1 : kr.hi)};
   }
 
@@ -65,7 +69,7 @@ struct TileMask {
   // start at 0): only key_range's hi is computed. A row with no keys (hi < 0) gets -1, so the
   // bound shifted to a thread's first key cannot wrap.
   __device__ __forceinline__ int right_bound_of_row(int64_t row) const {
-    const int64_t hi = key_range(p, position(row), p.seqlen_q, p.seqlen_k).hi;
+    const int64_t hi = key_range(p, position(row), len_q, len_k).hi;
     return static_cast<int>(hi < kNoKey ? kNoKey : hi);
   }
   static constexpr int kNoKey = -1;

@@ -55,10 +55,11 @@ struct Producer {
     }
     ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
     // The Q map is grouped (kernel_params.h): a tile's first row is a whole position.
+    const int row = t.q_start + params.packing.position(t.first_row);
 #pragma unroll
     for (int s = 0; s < Cfg::kSlabs; ++s)
-      ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0,
-                       params.packing.position(t.first_row), t.head, t.batch, q_full);
+      ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
+                       params.map_batch(t.batch), q_full);
     return true;
   }
 
@@ -68,7 +69,6 @@ struct Producer {
     ptx::tma_prefetch_descriptor(&params.tma_k);
     ptx::tma_prefetch_descriptor(&params.tma_v);
     const KVPipeline<Storage> pipe{smem};
-    const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing};
     // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
     const int tile_heads = params.packing.tile_heads(p.heads_q);
     const int group = tile_heads / p.heads_kv;
@@ -77,38 +77,39 @@ struct Producer {
     // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
     // before that wait; with two, Q's buffer is free long before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler scheduler(params.num_m_blocks, Cfg::kBlockM, tile_heads, params.schedule_shift, params.split,
+    const TileScheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.schedule_shift, params.split,
                                   params.tile_counter);
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
+      const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
       const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts);
       const KVBlockRange blocks = a.blocks;
-      const int head_kv = t.head / group;
+      const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = blocks.hi - 1;
       if (q_first && !publish_q(t, a, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
                   &smem.k_full[kv.stage()]);
       }
       if (!q_first && !publish_q(t, a, q_ring)) return;
       if (blocks.count() > 0) {
         pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
                   &smem.v_full[kv.stage()]);
         kv.advance(params.features.num_stages);
       }
       for (--n; n >= blocks.lo; --n) {
         pipe.producer_acquire_k(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
                   &smem.k_full[kv.stage()]);
         pipe.producer_acquire_v(kv);
         ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, n * Cfg::kBlockN, head_kv, t.batch,
+        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
                   &smem.v_full[kv.stage()]);
         kv.advance(params.features.num_stages);
       }

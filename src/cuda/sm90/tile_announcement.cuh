@@ -24,6 +24,7 @@ struct TileAnnouncement {
   int index;  // kNoTile: no more tiles, the CTA is done
   int first_row, head, batch;
   int part, slot;                               // WorkTile's: which part of a split tile, its workspace slot
+  int q_start, len_q, len_k;                    // WorkTile's: the tile's sequence (its K/V rows are the producer's)
   KVBlockRange blocks;                          // visible KV blocks of the tile, or of the part
   KVBlockRange uncut[kMaxConsumerWarpgroups];  // per consumer warpgroup's slice, see MaskedSlice
 };
@@ -42,7 +43,7 @@ struct AnnouncedTile {
 // Producer thread: the announcement of tile t (kNoTile when !valid) for a tile shape of
 // consumer_warpgroups 64-row slices; a part of a split tile (of `parts`) gets its share of the
 // tile's KV blocks. The cut blocks stay the tile's: the sequence end still cuts the last block,
-// which the last part runs.
+// which the last part runs. mask: the tile's (its sequence's lengths).
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
                                                             int consumer_warpgroups, int parts) {
@@ -54,6 +55,9 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
   a.batch = t.batch;
   a.part = t.part;
   a.slot = t.slot;
+  a.q_start = t.q_start;
+  a.len_q = t.len_q;
+  a.len_k = t.len_k;
   a.blocks = mask.kv_blocks(t.first_row);
   if (t.part != kWholeTile) {
     const int count = a.blocks.count(), lo = a.blocks.lo;
@@ -91,11 +95,13 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
   constexpr size_t kHi = offsetof(KVBlockRange, hi);
   const size_t my_uncut = offsetof(TileAnnouncement, uncut) + warpgroup * sizeof(KVBlockRange);
   const int first_row = word(offsetof(TileAnnouncement, first_row));
+  const int len_q = word(offsetof(TileAnnouncement, len_q)), len_k = word(offsetof(TileAnnouncement, len_k));
+  // The producer's fields (the sequence's K/V rows, the scan position) stay 0.
   return {{word(offsetof(TileAnnouncement, index)), first_row, word(offsetof(TileAnnouncement, head)),
            word(offsetof(TileAnnouncement, batch)), word(offsetof(TileAnnouncement, part)),
-           word(offsetof(TileAnnouncement, slot))},
+           word(offsetof(TileAnnouncement, slot)), word(offsetof(TileAnnouncement, q_start)), 0, len_q, len_k, 0},
           {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
-          {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}}};
+          {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}, len_q, len_k}};
 }
 
 }  // namespace fusedattn::cuda::sm90

@@ -11,6 +11,14 @@
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
 // What the CTAs take are work items: tiles, or with a split last wave (kernel_params.h,
 // SplitParams) the parts of the last tiles, which come after every whole tile.
+//
+// A variable-length batch numbers only the tiles that exist: sequence by sequence, and in each
+// its heads in turn, a head's query blocks last first (the longest first under a causal mask).
+// Sequence b holds heads * ceil(len_q(b) / block_m) tiles; which sequence holds item i takes a
+// scan of cu_seqlens_q. A CTA's items only grow, so it scans on from its last tile's sequence
+// (carried in WorkTile) and reads each offset about once per launch. Past the last sequence
+// there is no tile; nothing in the kernel knows the count beforehand, so the dynamic schedule's
+// counter is zeroed on the stream behind each such launch instead of by the last fetch.
 #pragma once
 
 #include "cuda/common/schedule.h"
@@ -27,33 +35,45 @@ struct WorkTile {
   int batch;
   int part;  // kWholeTile, or which part of a split tile
   int slot;  // a split tile's workspace slot (its position among the split tiles)
+  // The tile's sequence (seq_info()): its first rows in the packed tensors (0 for dense batches)
+  // and lengths; int32 like the TMA coordinates.
+  int q_start, k_start, len_q, len_k;
+  int batch_first;  // variable-length batches: the index of the sequence's first tile
 };
 
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule.
-  __device__ TileScheduler(int num_m_blocks, int block_m, int heads, int group_shift, const SplitParams& split,
-                           int* counter)
+  __device__ TileScheduler(const FwdParams& p, int num_m_blocks, int block_m, int heads, int group_shift,
+                           const SplitParams& split, int* counter)
       : order_{num_m_blocks, group_shift},
         block_m_(block_m),
         heads_(heads),
         total_(split.items),
         whole_(split.whole),
         parts_(split.parts),
-        counter_(counter) {}
+        counter_(counter),
+        p_(p) {}
 
-  __device__ WorkTile first() const { return tile_at(static_cast<int>(blockIdx.x)); }
+  __device__ WorkTile first() const {
+    const int index = static_cast<int>(blockIdx.x);
+    return varlen() ? varlen_tile_at(index, 0, 0) : tile_at(index);
+  }
 
   // Called once per tile by the producer thread, including once past the last one.
   __device__ WorkTile next(const WorkTile& t) const {
     const int grid = static_cast<int>(gridDim.x);
-    if (counter_ == nullptr) return tile_at(t.index + grid);
-    const int taken = atomicAdd(counter_, 1);
-    // Every CTA ends with exactly one fetch past the last tile, so a launch makes
-    // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
-    // and it leaves the counter at zero for the next launch on the stream.
-    if (taken == total_ - 1) atomicExch(counter_, 0);
-    return tile_at(grid + taken);
+    int index = t.index + grid;
+    if (counter_ != nullptr) {
+      const int taken = atomicAdd(counter_, 1);
+      // Every CTA ends with exactly one fetch past the last tile, so a launch makes
+      // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
+      // and it leaves the counter at zero for the next launch on the stream. (A variable-length
+      // launch's total is a bound it never reaches; a memset behind it zeroes the counter.)
+      if (taken == total_ - 1) atomicExch(counter_, 0);
+      index = grid + taken;
+    }
+    return varlen() ? varlen_tile_at(index, t.batch, t.batch_first) : tile_at(index);
   }
 
   __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
@@ -67,7 +87,40 @@ class TileScheduler {
     }
     const ScheduledItem item = scheduled_item(order_, tile);
     const int m_block = order_.blocks - 1 - item.rank;
-    return {index, m_block * block_m_, item.pair % heads_, item.pair / heads_, part, slot};
+    return {index,
+            m_block * block_m_,
+            item.pair % heads_,
+            item.pair / heads_,
+            part,
+            slot,
+            0,
+            0,
+            static_cast<int>(p_.seqlen_q),
+            static_cast<int>(p_.seqlen_k),
+            0};
+  }
+
+  // Item `index` of a variable-length launch, scanning from sequence b, whose first tile is item
+  // `first` (index >= first); past the last sequence, an item that is_valid() rejects.
+  __device__ WorkTile varlen_tile_at(int index, int b, int first) const {
+    int q_start = p_.cu_seqlens_q[b], q_end = 0, m_blocks = 0;
+    for (;; ++b) {
+      if (b >= p_.batch) return {total_, 0, 0, b, kWholeTile, 0, 0, 0, 0, 0, first};
+      q_end = p_.cu_seqlens_q[b + 1];
+      m_blocks = (q_end - q_start + block_m_ - 1) / block_m_;
+      if (index < first + heads_ * m_blocks) break;
+      first += heads_ * m_blocks;
+      q_start = q_end;
+    }
+    const int within = index - first, head = within / m_blocks;
+    const int m_block = m_blocks - 1 - (within - head * m_blocks);
+    const int k_start = p_.cu_seqlens_k[b];
+    return {index,      m_block * block_m_, head,    b,
+            kWholeTile, 0,
+            q_start,    k_start,
+            q_end - q_start,
+            p_.cu_seqlens_k[b + 1] - k_start,
+            first};
   }
 
  private:
@@ -78,6 +131,9 @@ class TileScheduler {
   int whole_;  // items before whole_ are whole tiles
   int parts_;
   int* counter_;
+  const FwdParams& p_;
+
+  __device__ bool varlen() const { return p_.cu_seqlens_q != nullptr; }
 };
 
 }  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,166 @@
+// Variable-length (cu_seqlens) batches on the Hopper forward kernel, through the public API: the
+// dispatch choice, every mask shape and tile shape against the float64 reference under the 2x
+// rule (sequences empty, shorter than a tile, ending inside a warpgroup's slice, longer than
+// many tiles), the schedule switches, and rows past the last sequence (a packed tensor may be
+// longer than cu_seqlens says) that hold NaN and must be neither read nor written. Outputs are
+// poisoned before every run; inputs are fresh.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/dispatch.h"
+#include "gpu/gpu_check.h"
+#include "gpu/scoped_env.h"
+
+namespace fusedattn::testing {
+namespace {
+
+// A varlen parameter block as validation fills it (the pointers only need to be non-null).
+FwdParams varlen_params(int head_dim, int64_t rows_q, int64_t rows_k) {
+  static const int32_t kOffsets[2] = {0, 0};
+  FwdParams p;
+  p.dtype = DType::kFloat16;
+  p.batch = 1;
+  p.heads_q = p.heads_kv = 2;
+  p.head_dim = head_dim;
+  p.seqlen_q = rows_q;
+  p.seqlen_k = rows_k;
+  p.cu_seqlens_q = p.cu_seqlens_k = kOffsets;
+  p.varlen_rows_q = rows_q;
+  p.varlen_rows_k = rows_k;
+  p.scale = 0.125f;
+  return p;
+}
+
+std::string arch_for(const FwdParams& p) {
+  try {
+    return cuda::choose_forward(p, 9, 0).arch;
+  } catch (const Error&) {
+    return "none";  // no instance for the head dim in this build
+  }
+}
+
+// Host-only: needs no GPU. Varlen goes to the Hopper kernel wherever the dense problem would
+// (a build with that instance), unless its rows leave int32 or no sequence has a key.
+TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
+  for (int d : {64, 128, 256}) {
+    FwdParams dense = varlen_params(d, 1000, 900);
+    dense.cu_seqlens_q = dense.cu_seqlens_k = nullptr;
+    if (arch_for(dense) != "sm90") continue;
+    EXPECT_EQ(arch_for(varlen_params(d, 1000, 900)), "sm90") << "d" << d;
+    EXPECT_EQ(arch_for(varlen_params(d, 1000, 0)), "sm80") << "no keys at all, d" << d;
+    EXPECT_EQ(arch_for(varlen_params(d, int64_t{1} << 31, 900)), "sm80") << "rows past int32, d" << d;
+  }
+}
+
+class Sm90Varlen : public ::testing::Test {
+ protected:
+  void SetUp() override { SKIP_UNLESS_HOPPER(); }
+};
+
+// Lengths around the tile edges: 0, 1, under one warpgroup slice (64), one slice plus a row,
+// a tile (128) and 192-row tiles plus and minus a row, several tiles.
+const std::vector<int64_t> kLensQ = {5, 0, 130, 260, 64, 193, 1, 127};
+const std::vector<int64_t> kLensK = {7, 9, 0, 200, 65, 191, 300, 128};
+
+TEST_F(Sm90Varlen, EveryMaskMatchesReference) {
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("d" + std::to_string(d));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(packed(4, 2, d, kLensQ, kLensK)));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(4, 2, d, kLensQ, kLensK), true, -1, -1)));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(3, 1, d, kLensQ, kLensK), false, 31, 5)));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(2, 2, d, {200, 17}, {180, 40}), false, 0, 0)));
+  }
+}
+
+// Long sequences among short ones: many tiles per sequence, the d64 192-row tile (max_seqlen_q >=
+// 512 for full masks, >= 2048 for masked ones) and a batch whose tiles outnumber the SMs.
+TEST_F(Sm90Varlen, LongAndShortSequencesTogether) {
+  const std::vector<int64_t> lens_q = {2100, 3, 700, 0, 1500, 64}, lens_k = {1800, 2500, 700, 40, 1500, 1};
+  for (int d : {64, 128}) {
+    SCOPED_TRACE("d" + std::to_string(d));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(packed(4, 4, d, lens_q, lens_k), DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(packed(4, 2, d, lens_q, lens_k), true, -1, -1), DType::kBFloat16));
+  }
+}
+
+// The schedule and pipeline switches change how tiles are handed out and when Q buffers return;
+// each must still cover every tile once.
+TEST_F(Sm90Varlen, ScheduleSwitches) {
+  const std::vector<std::pair<const char*, const char*>> switches = {
+      {"FUSEDATTN_SM90_DYNAMIC", "0"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}, {"FUSEDATTN_SM90_Q_PREFETCH", "0"},
+      {"FUSEDATTN_SM90_D64_TILE", "192"}, {"FUSEDATTN_SM90_PINGPONG", "0"}};
+  for (const auto& [name, value] : switches) {
+    SCOPED_TRACE(std::string(name) + "=" + value);
+    const ScopedEnv env(name, value);
+    for (int d : {64, 128}) {
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(packed(2, 1, d, kLensQ, kLensK), true, -1, -1), DType::kFloat16));
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(packed(2, 2, d, kLensQ, kLensK), DType::kFloat16));
+    }
+  }
+}
+
+// Calls in a row on one stream, varlen and dense in turn: the dynamic schedule's counter, which
+// a varlen launch cannot reset itself, is zero again for the next launch (a dense launch of more
+// tiles than SMs skipped tiles when it was not).
+TEST_F(Sm90Varlen, RepeatedCallsOnOneStream) {
+  for (int i = 0; i < 3; ++i) {
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(packed(4, 2, 128, kLensQ, kLensK), true, -1, -1), DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2 * sm_count(), 2, 300, 64, 64), DType::kFloat16));
+  }
+}
+
+// The packed tensors are longer than cu_seqlens says: a last "sequence" of NaN rows that
+// cu_seqlens leaves out. The kept sequences match the reference computed without those rows
+// (NaN read as a key or value would reach them) and the rows past them stay poisoned.
+TEST_F(Sm90Varlen, RowsPastTheLastSequenceAreNeverTouched) {
+  const std::vector<int64_t> lens_q = {70, 129, 5}, lens_k = {60, 130, 77};
+  constexpr int64_t kExtraQ = 100, kExtraK = 90;
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE("d" + std::to_string(d) + (causal ? " causal" : " full"));
+      const Problem kept = with_mask(packed(2, 1, d, lens_q, lens_k), causal, -1, -1);
+      std::vector<int64_t> long_q = lens_q, long_k = lens_k;
+      long_q.push_back(kExtraQ);
+      long_k.push_back(kExtraK);
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(with_mask(packed(2, 1, d, long_q, long_k), causal, -1, -1), DType::kFloat16,
+                             Layout::kBSHD, rng);
+      const int64_t row_q = kept.total_q() * 2 * d, row_k = kept.total_k() * 1 * d;  // canonical [total, H, D]
+      for (int64_t i = row_q; i < static_cast<int64_t>(c.values.q.size()); ++i) c.values.q[i] = NAN;
+      for (int64_t i = row_k; i < static_cast<int64_t>(c.values.k.size()); ++i) c.values.k[i] = c.values.v[i] = NAN;
+      refill_inputs(c);
+      DeviceCase dc(c);
+      ForwardArgs a = dc.forward_args();
+      a.options.cu_seqlens_q.shape[0] = a.options.cu_seqlens_k.shape[0] = kept.batch + 1;
+      FUSEDATTN_RUN_OR_SKIP(dc.forward(a));
+
+      Tensors ref, plain;
+      ref.q.assign(c.values.q.begin(), c.values.q.begin() + row_q);
+      ref.k.assign(c.values.k.begin(), c.values.k.begin() + row_k);
+      ref.v.assign(c.values.v.begin(), c.values.v.begin() + row_k);
+      plain = ref;
+      reference_forward(kept, ref);
+      plain_forward(kept, DType::kFloat16, plain);
+      const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+      EXPECT_TRUE(obeys_2x_rule(std::vector<double>(out.begin(), out.begin() + row_q), plain.out, ref.out,
+                                atol_for(DType::kFloat16)));
+      const int64_t total_q = c.problem.total_q();
+      std::vector<double> kept_lse;
+      for (int h = 0; h < 2; ++h)
+        for (int64_t r = 0; r < total_q; ++r) {
+          const double x = lse[h * total_q + r];
+          if (r < kept.total_q()) kept_lse.push_back(x);
+          else EXPECT_TRUE(std::isnan(x)) << "lse written past the last sequence, head " << h << " row " << r;
+        }
+      EXPECT_TRUE(obeys_2x_rule(kept_lse, plain.lse, ref.lse, kLseAtol));
+      for (int64_t i = row_q; i < static_cast<int64_t>(out.size()); ++i)
+        ASSERT_TRUE(std::isnan(out[i])) << "out written past the last sequence at element " << i;
+    }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
