@@ -58,6 +58,8 @@ if has sanitize; then
   # And the GQA-packed tiles (the grouped Q/O maps, rows mapped to head and position).
   split_set="Sm90TailSplit.BitIdenticalOverThreeRuns:Sm90TailSplit.AlternatingShapesShareTheWorkspace:*BackwardSplit.Head64*"
   split_set="$split_set:Sm90Fwd.PackedGqaGroups"
+  # Variable-length batches on the Hopper forward (sequence scan, row-by-row stores at sequence ends).
+  split_set="$split_set:Sm90Varlen.RowsPastTheLastSequenceAreNeverTouched"
   # The d192/d256 backward rows (column warps, dS fragments kept over the dQ passes), both tiles.
   split_set="$split_set:*Sm80Backward.WideHeadCausalGqa*:*Sm80Backward.WideHeadSm80Tiles*:*Sm80Backward.Head192*"
   for tool in memcheck racecheck synccheck; do
@@ -89,14 +91,20 @@ fi
 peers=$root/.devbuild/carry/peers.py
 # peer runs: "dtype" (the whole grid, every provider), "dtype-sm80" (the portable forward alone
 # against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated)
-# or "decode" (peers.py's decode suite, fp16, every provider);
+# "decode" (peers.py's decode suite, fp16, every provider) or "varlen" (tools/bench_varlen.py,
+# packed batches against FA2's and cuDNN's varlen kernels, fp16 and bf16);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
   suite=$([ "$mode" = full ] && echo fa || echo quick)
   for run in ${peer_runs//,/ }; do
     dt=${run%-sm80}
-    if [ "$run" = decode ]; then
+    if [ "$run" = varlen ]; then
+      for vdt in float16 bfloat16; do
+        step "varlen-$vdt" 250 "varlen_$vdt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
+          --dtype "$vdt" --out "$dest/varlen_$vdt.jsonl"
+      done
+    elif [ "$run" = decode ]; then
       step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
         --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"
     elif [ "$run" = "$dt" ]; then
@@ -115,3 +123,4 @@ tag=$(echo "$steps" | tr ',' '-')
 tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
 echo; echo "==== summary ===="; cat "$summary"
 for f in "$out"/peers_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; }; done
+for f in "$out"/varlen_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; }; done

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Variable-length (packed) forward batches, ours against the peers in one process.
+
+Each case packs sequences of a length distribution into about 16k tokens (model dim 2048, so
+2048 / head_dim heads), as a training step with packed sequences would. Columns (TFLOP/s of the
+visible query-key pairs, triton's do_bench median):
+  ours          fusedattn.flash_attn_varlen_func (on Hopper: the sm90 kernel)
+  ours_sm80     the same with FUSEDATTN_DISABLE_SM90=1 (the portable kernel; read per call)
+  fa2_varlen    torch.ops.aten._flash_attention_forward with cu_seqlens: the FA2 varlen kernel that
+                SDPA's FLASH_ATTENTION backend runs for nested tensors, called without SDPA's
+                nested-tensor wrapping
+  cudnn_varlen  torch.ops.aten._cudnn_attention_forward with cu_seqlens, where torch supports it
+  cudnn_padded  CUDNN_ATTENTION on the batch padded to its longest sequence (what a caller without
+                varlen runs), timed over the padded batch but credited with the real pairs only
+A peer that torch refuses for a case prints '-'. Every provider's output is checked against ours
+(max abs difference over the real rows) before it is timed.
+
+  tools/bench_varlen.py [--dtype float16] [--head-dims 64,128,256] [--out FILE]
+"""
+import argparse
+import contextlib
+import json
+import os
+import random
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import fusedattn
+
+TOKENS, MODEL_DIM = 16384, 2048
+# name -> (low, high) of uniform lengths, or a fixed length
+DISTRIBUTIONS = {"equal2k": (2048, 2048), "mixed128-4k": (128, 4096), "short32-512": (32, 512)}
+
+
+def lengths(dist, seed=0):
+    lo, hi = DISTRIBUTIONS[dist]
+    rng = random.Random(seed)
+    out, total = [], 0
+    while total < TOKENS:
+        n = min(rng.randint(lo, hi), TOKENS - total)
+        out.append(n)
+        total += n
+    return out
+
+
+def pairs(lens, causal):
+    return sum(n * (n + 1) // 2 if causal else n * n for n in lens)
+
+
+@contextlib.contextmanager
+def env(name, value):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def padded(x, lens, offsets):
+    """(B, H, max_len, D) zero-padded copy of the packed rows."""
+    longest = max(lens)
+    out = x.new_zeros(len(lens), longest, x.shape[1], x.shape[2])
+    for b, n in enumerate(lens):
+        out[b, :n] = x[offsets[b]:offsets[b] + n]
+    return out.transpose(1, 2)
+
+
+def run_case(dist, d, causal, dtype):
+    lens = lengths(dist)
+    heads = MODEL_DIM // d
+    offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    total, longest = sum(lens), max(lens)
+    q, k, v = (torch.randn(total, heads, d, dtype=dtype, device="cuda") for _ in range(3))
+
+    def ours():
+        return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=causal)
+
+    def ours_sm80():
+        with env("FUSEDATTN_DISABLE_SM90", "1"):
+            return ours()
+
+    scale = 1.0 / math.sqrt(d)
+
+    def fa2_varlen():
+        return torch.ops.aten._flash_attention_forward(q, k, v, offsets, offsets, longest, longest, 0.0, causal, False,
+                                                       scale=scale)[0]
+
+    def cudnn_varlen():
+        return torch.ops.aten._cudnn_attention_forward(q, k, v, None, offsets, offsets, longest, longest, False, 0.0,
+                                                       causal, False, scale=scale)[0]
+
+    def cudnn_padded():
+        qp, kp, vp = (padded(x, lens, offsets.tolist()) for x in (q, k, v))
+        # Padded keys must not be seen: a boolean mask of the real keys (and causal) per sequence.
+        keep = None  # equal lengths: no padding at all
+        if len(set(lens)) > 1:
+            keep = torch.zeros(len(lens), 1, longest, longest, dtype=torch.bool, device="cuda")
+            for b, n in enumerate(lens):
+                keep[b, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool, device="cuda").tril() if causal else True
+
+        def fn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=keep, is_causal=causal and keep is None)
+            return o
+        return fn, lambda o: torch.cat([o.transpose(1, 2)[b, :n] for b, n in enumerate(lens)])
+
+    reference = ours()
+    providers = {"ours": (ours, None), "ours_sm80": (ours_sm80, None),
+                 "fa2_varlen": (fa2_varlen, None), "cudnn_varlen": (cudnn_varlen, None)}
+    try:
+        providers["cudnn_padded"] = cudnn_padded()
+    except Exception as e:  # noqa: BLE001
+        providers["cudnn_padded"] = (None, str(e))
+    flops = 4 * heads * d * pairs(lens, causal)
+    row = {"dist": dist, "head_dim": d, "causal": causal, "dtype": str(dtype).split(".")[-1], "seqs": len(lens),
+           "max_len": longest}
+    for name, (fn, unpack) in providers.items():
+        try:
+            if fn is None:
+                raise RuntimeError(unpack)
+            out = fn()
+            got = unpack(out) if callable(unpack) else out
+            err = (got.float() - reference.float()).abs().max().item()
+            ms = do_bench(fn, warmup=25, rep=100)
+            row[name] = round(flops / ms / 1e9, 1)
+            row[name + "_maxdiff"] = round(err, 4)
+        except Exception as e:  # noqa: BLE001
+            row[name] = None
+            row[name + "_error"] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--head-dims", default="64,128,256")
+    ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    names = ["ours", "ours_sm80", "fa2_varlen", "cudnn_varlen", "cudnn_padded"]
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s of the real pairs")
+    print(f"{'dist':>12} {'d':>4} {'mask':>6} {'seqs':>4} " + " ".join(f"{n:>12}" for n in names)
+          + "  ours/fa2 ours/cudnn")
+    for dist in args.dists.split(","):
+        for d in (int(x) for x in args.head_dims.split(",")):
+            for causal in (False, True):
+                row = run_case(dist, d, causal, dtype)
+                cells = " ".join(f"{row[n] if row[n] is not None else '-':>12}" for n in names)
+                ratio = lambda peer: f"{row['ours'] / row[peer]:.2f}" if row["ours"] and row.get(peer) else "-"  # noqa: E731
+                best_cudnn = max((row[n] for n in ("cudnn_varlen", "cudnn_padded") if row.get(n)), default=None)
+                row["best_cudnn"] = best_cudnn
+                print(f"{dist:>12} {d:>4} {'causal' if causal else 'full':>6} {row['seqs']:>4} {cells}  "
+                      f"{ratio('fa2_varlen'):>8} {ratio('best_cudnn'):>10}", flush=True)
+                for n in names:
+                    if row.get(n + "_error"):
+                        print(f"    {n}: {row[n + '_error']}")
+                    elif row.get(n + "_maxdiff", 0) > 0.05:
+                        print(f"    {n}: max abs difference to ours {row[n + '_maxdiff']}")
+                if args.out:
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
