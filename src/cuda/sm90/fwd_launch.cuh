@@ -80,17 +80,18 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   kp.packing = rows.packing;
   // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
   // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
-  // rows of head_dim elements.
+  // rows of head_dim elements. A variable-length batch groups the heads of each sequence (its
+  // scan goes sequence by sequence), sized for the longest.
+  const bool varlen = p.cu_seqlens_q != nullptr;
   kp.schedule_shift = kMask == MaskKind::kFull
                           ? 0
                           : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
-                                           rows.heads * p.batch);
+                                           varlen ? rows.heads : rows.heads * p.batch);
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
   // A variable-length batch is one packed sequence of the rows in use to the TMA (so rows past
   // them read as zeros, whatever the tensors hold there); its tiles add their sequence's first row.
-  const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows_q = varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = varlen ? p.varlen_rows_k : p.seqlen_k;
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, varlen ? 1 : p.batch, s};
