@@ -35,6 +35,12 @@ struct Options {
   TensorView cu_seqlens_k;
   int64_t max_seqlen_q = 0;
   int64_t max_seqlen_k = 0;
+  // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
+  // contents, or -1. Set (both), forward() and backward() skip their own check of the offsets,
+  // which reads them on the host: a device-to-host copy, i.e. a sync of the stream, per call.
+  // Offsets that changed since their check are the caller's error.
+  int64_t checked_rows_q = -1;
+  int64_t checked_rows_k = -1;
   Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides
   void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream
   int num_threads = 0;               // CPU backend threads; 0 = hardware concurrency
@@ -60,6 +66,16 @@ struct BackwardArgs {
 
 void forward(const ForwardArgs& args);
 void backward(const BackwardArgs& args);
+
+// Checks cu_seqlens_q (keys == false) or cu_seqlens_k (keys == true) as forward() and backward()
+// do: an int32 vector of batch + 1 offsets starting at 0, never decreasing, no sequence longer
+// than max_seqlen, the last offset within the packed tensor's packed_rows. Reads the offsets on
+// the host (for a CUDA tensor: a copy on `stream`, which waits for the stream). Returns the last
+// offset, for Options::checked_rows_q/k of the calls that share these offsets (every layer of a
+// model), which then skip the check. Throws fusedattn::Error naming cu_seqlens_q/k or
+// max_seqlen_q/k.
+int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows,
+                         void* stream = nullptr);
 
 // Bytes of scratch the chosen backend needs for this backward call (0 for the CPU backend).
 std::size_t backward_workspace_bytes(const BackwardArgs& args);

@@ -13,6 +13,7 @@
 #include <optional>
 #include <tuple>
 
+#include "checked_offsets.h"
 #include "fusedattn/attention.h"
 #include "torch_views.h"
 
@@ -32,12 +33,15 @@ at::Tensor empty_lse(const at::Tensor& q, bool varlen) {
   return varlen ? at::empty({q.size(1), q.size(0)}, options) : at::empty({q.size(0), q.size(2), q.size(1)}, options);
 }
 
+// The offsets and their check (checked_offsets.h: once per offsets tensor and version), against
+// the packed q and k.
 void set_varlen(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                int64_t max_seqlen_q, int64_t max_seqlen_k, const at::Tensor& q, const at::Tensor& k) {
   options.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
   options.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
   options.max_seqlen_q = max_seqlen_q;
   options.max_seqlen_k = max_seqlen_k;
+  set_checked_rows(options, cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
 }
 
 std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -115,9 +119,10 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               bool /*deterministic: read by autograd only*/) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
+    expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
-    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     return run_forward(q, k, v, options, /*varlen=*/true);
   });
 }
@@ -128,9 +133,11 @@ Grads varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& 
                  std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
                  bool deterministic) {
   return translate_errors([&] {
+    expect_rank(q, "q", kVarlenRank, kVarlenLayout);
+    expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
-    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     return run_backward(dout, q, k, v, out, softmax_lse, options, deterministic);
   });
 }

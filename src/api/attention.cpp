@@ -29,6 +29,11 @@ void backward(const BackwardArgs& args) {
     cpu::backward(params);
 }
 
+int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows,
+                         void* stream) {
+  return detail::check_offsets(cu_seqlens, keys, max_seqlen, packed_rows, stream);
+}
+
 std::size_t backward_workspace_bytes(const BackwardArgs& args) {
   BwdParams params;
   Backend backend;

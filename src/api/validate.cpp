@@ -253,10 +253,22 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (out) check_cuda_alignment(*out, "out");
   }
   if (varlen) {
-    p.varlen_rows_q =
-        check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q", backend, device, opt.stream);
-    p.varlen_rows_k =
-        check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k", backend, device, opt.stream);
+    if (opt.checked_rows_q >= 0 && opt.checked_rows_k >= 0) {
+      // Checked by the caller (check_cu_seqlens): only what needs no read of the offsets.
+      if (opt.checked_rows_q > q.shape[0])
+        fail(ErrorCode::kShapeMismatch, "checked_rows_q",
+             "is " + std::to_string(opt.checked_rows_q) + ", past the packed q's " + std::to_string(q.shape[0]) + " rows");
+      if (opt.checked_rows_k > k.shape[0])
+        fail(ErrorCode::kShapeMismatch, "checked_rows_k",
+             "is " + std::to_string(opt.checked_rows_k) + ", past the packed k's " + std::to_string(k.shape[0]) + " rows");
+      p.varlen_rows_q = opt.checked_rows_q;
+      p.varlen_rows_k = opt.checked_rows_k;
+    } else {
+      p.varlen_rows_q = check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q",
+                                         backend, device, opt.stream);
+      p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k",
+                                         backend, device, opt.stream);
+    }
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
   }
@@ -280,6 +292,15 @@ Backend choose_backend(Backend requested, const Device& device) {
     fail(ErrorCode::kBackendUnavailable, "backend",
          "the tensors are on a CUDA device but this build has no CUDA backend or no GPU is visible");
   return on_gpu ? Backend::kCUDA : Backend::kCPU;
+}
+
+int64_t check_offsets(const TensorView& cu, bool keys, int64_t max_seqlen, int64_t packed_rows, void* stream) {
+  const char* name = keys ? "cu_seqlens_k" : "cu_seqlens_q";
+  const char* max_name = keys ? "max_seqlen_k" : "max_seqlen_q";
+  check_cu_tensor(cu, name, cu.device);
+  if (max_seqlen < 0) fail(ErrorCode::kInvalidArgument, max_name, "must be >= 0");
+  const Backend backend = choose_backend(Backend::kAuto, cu.device);
+  return check_cu_seqlens(cu, name, cu.shape[0] - 1, packed_rows, max_seqlen, max_name, backend, cu.device, stream);
 }
 
 bool make_fwd_params(const ForwardArgs& a, FwdParams& p, Backend& backend) {

@@ -15,6 +15,9 @@ Backend choose_backend(Backend requested, const Device& device);
 bool make_fwd_params(const ForwardArgs& args, FwdParams& params, Backend& backend);
 bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backend);
 
+// fusedattn::check_cu_seqlens (attention.h).
+int64_t check_offsets(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows, void* stream);
+
 constexpr int kMaxHeadDim = 256;
 // Alignment the CUDA kernels' 16-byte vector loads need, for pointers and for strides.
 constexpr int kCudaAlignBytes = 16;

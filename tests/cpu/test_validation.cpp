@@ -316,6 +316,40 @@ TEST(Validation, OffsetContents) {
   expect_bad_offsets({0, 3, 3, 7}, {0, 2, 4, 9}, ErrorCode::kShapeMismatch, "cu_seqlens_k", "exceeds the packed tensor's 8 rows");
 }
 
+// check_cu_seqlens: the same check on its own, returning the last offset; with that result in
+// Options::checked_rows_q/k a call skips its own read of the offsets (it trusts them) but still
+// checks what needs no read.
+TEST(Validation, OffsetsCheckedOnceByTheCaller) {
+  Valid v = valid_varlen();  // q {0, 3, 3, 7}, k {0, 2, 7, 8}
+  const Options& o = v.fwd.options;
+  EXPECT_EQ(check_cu_seqlens(o.cu_seqlens_q, false, o.max_seqlen_q, v.fwd.q.shape[0]), 7);
+  EXPECT_EQ(check_cu_seqlens(o.cu_seqlens_k, true, o.max_seqlen_k, v.fwd.k.shape[0]), 8);
+  expect_error([&] { check_cu_seqlens(o.cu_seqlens_q, false, 3, v.fwd.q.shape[0]); }, ErrorCode::kInvalidArgument,
+               "max_seqlen_q", "has length 4");
+  expect_error([&] { check_cu_seqlens(o.cu_seqlens_k, true, o.max_seqlen_k, 7); }, ErrorCode::kShapeMismatch,
+               "cu_seqlens_k", "exceeds the packed tensor's 7 rows");
+  expect_error([&] { check_cu_seqlens(o.cu_seqlens_k, true, -1, 8); }, ErrorCode::kInvalidArgument, "max_seqlen_k",
+               ">= 0");
+
+  // Checked rows given: the same results as the call that checks for itself.
+  ForwardArgs checked = v.fwd;
+  checked.options.checked_rows_q = 7;
+  checked.options.checked_rows_k = 8;
+  forward(v.fwd);
+  const std::vector<double> out = v.c.out.to_double(), lse = v.c.lse.to_double();
+  v.c.out.poison();
+  v.c.lse.poison();
+  forward(checked);
+  EXPECT_EQ(v.c.out.to_double(), out);
+  EXPECT_EQ(v.c.lse.to_double(), lse);
+  // Trusted means not read: offsets that would fail their check pass, ...
+  v.c.cu_q.fill({1, 3, 3, 7});
+  EXPECT_NO_THROW(forward(checked));
+  // ... but checked rows past the packed tensors do not.
+  checked.options.checked_rows_k = 9;
+  expect_fwd_error(checked, ErrorCode::kShapeMismatch, "checked_rows_k", "past the packed k's 8 rows");
+}
+
 // ---- backward gradients ---------------------------------------------------------------------------
 
 TEST(Validation, GradientTensors) {
