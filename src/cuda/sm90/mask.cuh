@@ -38,20 +38,23 @@ struct TileMask {
   // Tiled rows per (tile head, batch) pair.
   __device__ __forceinline__ int64_t rows() const { return packing.rows(int64_t{len_q}); }
 
-  // Keys visible to any row of the query tile that starts at first_row. key_range's lo and hi
-  // both grow with the row, so the union over the tile is [lo(first row), hi(last row)].
-  __device__ __forceinline__ KVBlockRange kv_blocks(int first_row) const {
-    const int num_n = (len_k + kBlockN - 1) / kBlockN;
+  // Keys visible to any of the query rows [row_first, row_last]. key_range's lo and hi both grow
+  // with the row, so their union is [lo(row_first), hi(row_last)].
+  __device__ __forceinline__ KVBlockRange kv_blocks_of_rows(int64_t row_first, int64_t row_last) const {
     if constexpr (kMask == MaskKind::kFull) {
-      return {0, num_n};
+      return {0, (len_k + kBlockN - 1) / kBlockN};
     } else {
-      const int64_t end = int64_t{first_row} + kBlockM;
-      const int64_t last = (end < rows() ? end : rows()) - 1;
-      const int64_t lo = key_range(p, position(first_row), len_q, len_k).lo;
-      const int64_t hi = key_range(p, position(last), len_q, len_k).hi;
+      const int64_t lo = key_range(p, position(row_first), len_q, len_k).lo;
+      const int64_t hi = key_range(p, position(row_last), len_q, len_k).hi;
       if (hi < lo) return {0, 0};
       return {static_cast<int>(lo / kBlockN), static_cast<int>(hi / kBlockN + 1)};
     }
+  }
+
+  // The KV blocks of the query tile that starts at first_row: those any of its rows sees.
+  __device__ __forceinline__ KVBlockRange kv_blocks(int first_row) const {
+    const int64_t end = int64_t{first_row} + kBlockM;
+    return kv_blocks_of_rows(first_row, (end < rows() ? end : rows()) - 1);
   }
 
   // Keys are int32 inside the kernel (the TMA coordinates are int32 too; dispatch keeps longer

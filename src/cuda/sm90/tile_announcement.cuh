@@ -27,6 +27,10 @@ struct TileAnnouncement {
   int q_start, len_q, len_k;                    // WorkTile's: the tile's sequence (its K/V rows are the producer's)
   KVBlockRange blocks;                          // visible KV blocks of the tile, or of the part
   KVBlockRange uncut[kMaxConsumerWarpgroups];  // per consumer warpgroup's slice, see MaskedSlice
+  // Per consumer warpgroup, the blocks (of `blocks`) its slice's rows see at all: the others it
+  // skips (Consumer::mma_tile). A slice ends before its tile under a causal mask, so it may not
+  // reach the tile's last block (80-key blocks at d256, the 192-row d64 tile).
+  KVBlockRange visible[kMaxConsumerWarpgroups];
 };
 constexpr int kAnnouncementWords = static_cast<int>(sizeof(TileAnnouncement) / sizeof(int));
 static_assert(sizeof(TileAnnouncement) == kAnnouncementWords * sizeof(int), "announced one word per lane");
@@ -36,6 +40,7 @@ static_assert(kAnnouncementWords <= 32, "a warp reads the announcement with one 
 struct AnnouncedTile {
   WorkTile tile;
   KVBlockRange blocks;
+  KVBlockRange visible;  // this warpgroup's, within blocks
   MaskedSlice slice;
   __device__ __forceinline__ bool valid() const { return tile.index != kNoTile; }
 };
@@ -73,6 +78,8 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
     const int64_t last = row_first + kWarpgroupRows - 1;
     const int64_t real_last = last < len_q ? last : len_q - 1;
     a.uncut[wg] = mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first);
+    const KVBlockRange seen = mask.kv_blocks_of_rows(row_first, real_last >= row_first ? real_last : row_first);
+    a.visible[wg] = {seen.lo > a.blocks.lo ? seen.lo : a.blocks.lo, seen.hi < a.blocks.hi ? seen.hi : a.blocks.hi};
   }
   return a;
 }
@@ -94,6 +101,7 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
   };
   constexpr size_t kHi = offsetof(KVBlockRange, hi);
   const size_t my_uncut = offsetof(TileAnnouncement, uncut) + warpgroup * sizeof(KVBlockRange);
+  const size_t my_visible = offsetof(TileAnnouncement, visible) + warpgroup * sizeof(KVBlockRange);
   const int first_row = word(offsetof(TileAnnouncement, first_row));
   const int len_q = word(offsetof(TileAnnouncement, len_q)), len_k = word(offsetof(TileAnnouncement, len_k));
   // The producer's fields (the sequence's K/V rows, the scan position) stay 0.
@@ -101,6 +109,7 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
            word(offsetof(TileAnnouncement, batch)), word(offsetof(TileAnnouncement, part)),
            word(offsetof(TileAnnouncement, slot)), word(offsetof(TileAnnouncement, q_start)), 0, len_q, len_k, 0},
           {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
+          {word(my_visible), word(my_visible + kHi)},
           {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}, len_q, len_k}};
 }
 
