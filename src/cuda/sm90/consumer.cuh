@@ -313,8 +313,7 @@ struct Consumer {
   // busy warpgroups get the tensor cores more often. Before a turn it waits for no stage that a
   // busy warpgroup would not have waited for by the same turn, so the ring cannot stall on it,
   // and it gives each stage back once that stage has arrived (an arrival on "empty" before the
-  // "full" wait would count towards the stage's previous use). The turn has one call site: with
-  // a second one ptxas re-allocated the 128-row tile's unmasked step (+6 instructions).
+  // "full" wait would count towards the stage's previous use).
   __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, int q_buffer, PipelineState& kv,
                                                     const WarpgroupTurns& turns, PendingStore& pending) {
     q_stage = q_buffer;
@@ -367,7 +366,7 @@ struct Consumer {
   // 192-row d64 tile. Where the blocks divide the tile (128 x 128) the square causal grid never
   // skips, so those tiles (and full masks, whose slices see every block) keep the plain loop. The
   // producer still works out every slice's blocks in every instance, and d128 causal 512 measured
-  // ~2% slower with that (H200; docs/hopper.md session 17).
+  // ~2% slower with that (H200; docs/hopper.md session 18).
   static constexpr bool kSkipsUnseenBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
 
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
