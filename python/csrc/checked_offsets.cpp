@@ -41,6 +41,8 @@ bool still_holds(const CheckedTensor& c, const at::Tensor& cu, int64_t max_seqle
 
 int64_t checked_rows(const at::Tensor& cu, const TensorView& view, bool keys, int64_t max_seqlen, int64_t packed_rows,
                      void* stream) {
+  // Inference tensors (torch.inference_mode) have no version counter: checked every call.
+  if (cu.is_inference()) return check_cu_seqlens(view, keys, max_seqlen, packed_rows, stream);
   const c10::TensorImpl* key = cu.unsafeGetTensorImpl();
   {
     const std::lock_guard<std::mutex> lock(table_mutex);

@@ -4,7 +4,8 @@
 // keyed by their TensorImpl and torch's version counter (bumped by every in-place write through
 // torch), and hands the result to the library (Options::checked_rows_q/k), which then skips the
 // check: one sync per offsets tensor and version instead of one or more per call, and varlen
-// calls can be captured in CUDA graphs once checked.
+// calls can be captured in CUDA graphs once checked. Inference tensors (torch.inference_mode)
+// have no version counter and are checked on every call.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -56,6 +56,20 @@ def test_varlen_offsets_are_rechecked_when_they_change(device):
         fusedattn.flash_attn_varlen_func(q, k, v, cu, cu, 29, 30, causal=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_offsets_made_in_inference_mode(device):
+    """Inference tensors have no version counter: their offsets are checked on every call."""
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    with torch.inference_mode():
+        q, k, v = (randn(37, 2, 64, dtype=dtype, device=device) for _ in range(3))
+        cu = torch.tensor([0, 7, 37], dtype=torch.int32, device=device)
+        first = fusedattn.flash_attn_varlen_func(q, k, v, cu, cu, 30, 30)
+        assert torch.equal(fusedattn.flash_attn_varlen_func(q, k, v, cu, cu, 30, 30), first)
+        cu[0] = 1
+        with pytest.raises(ValueError, match="cu_seqlens_q"):
+            fusedattn.flash_attn_varlen_func(q, k, v, cu, cu, 30, 30)
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 def test_varlen_calls_can_be_captured_in_a_cuda_graph():
     """Once its offsets are checked, a varlen call makes no device-to-host copy: a CUDA graph can
