@@ -84,7 +84,7 @@ bool sm90_allowed() {
 }
 
 // The Hopper forward kernel's limits; requests outside them use the portable path: at least one
-// key (TMA maps need non-empty extents), int32 TMA coordinates (the rows in use of a
+// query row and one key in use (TMA maps need non-empty extents), int32 TMA coordinates (the rows in use of a
 // variable-length batch, whose tiles it counts in int32), and a positive scale (its online
 // softmax takes the row max before scaling).
 bool sm90_supports(const FwdParams& p) {
@@ -94,8 +94,8 @@ bool sm90_supports(const FwdParams& p) {
   // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
   constexpr int64_t kSmallestTileRows = 64;
   const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;
-  return rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate && countable &&
-         p.scale > 0.f;
+  return rows_q > 0 && rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate &&
+         countable && p.scale > 0.f;
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ std::string arch_for(const FwdParams& p) {
 }
 
 // Host-only: needs no GPU. Varlen goes to the Hopper kernel wherever the dense problem would
-// (a build with that instance), unless its rows leave int32 or no sequence has a key.
+// (a build with that instance), unless its rows leave int32 or no sequence has a query or a key.
 TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
   for (int d : {64, 128, 256}) {
     FwdParams dense = varlen_params(d, 1000, 900);
@@ -52,6 +52,7 @@ TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
     if (arch_for(dense) != "sm90") continue;
     EXPECT_EQ(arch_for(varlen_params(d, 1000, 900)), "sm90") << "d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, 1000, 0)), "sm80") << "no keys at all, d" << d;
+    EXPECT_EQ(arch_for(varlen_params(d, 0, 900)), "sm80") << "no query rows at all, d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, int64_t{1} << 31, 900)), "sm80") << "rows past int32, d" << d;
   }
 }
