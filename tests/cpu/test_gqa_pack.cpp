@@ -53,5 +53,25 @@ TEST(GqaPack, OnlyWhereTheLaunchShortens) {
   EXPECT_EQ(tiled_rows(shape(4, 32, 8, 16, 8192), 128, MaskKind::kFull, kSms).packing.shift, 2);
 }
 
+// A variable-length batch: never packed or split; its grid is planned from a bound on its tiles
+// (the kernel counts them as it scans cu_seqlens), the smaller of max_seqlen_q's blocks per
+// sequence and the packed rows' blocks plus one per sequence, per head.
+TEST(GqaPack, VarlenIsNeitherPackedNorSplit) {
+  static const int32_t kOffsets[2] = {0, 0};
+  FwdParams p = shape(4, 32, 8, 1, 8192);  // decode-like: would pack if dense
+  p.cu_seqlens_q = p.cu_seqlens_k = kOffsets;
+  p.varlen_rows_q = 4;
+  p.varlen_rows_k = 4 * 8192;
+  EXPECT_EQ(tiled_rows(p, 128, MaskKind::kFull, kSms).packing.shift, 0);
+  const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, kSms);
+  EXPECT_EQ(w.split.parts, 1);
+  EXPECT_EQ(w.tiles, 4 * 32);  // one block of max_seqlen_q (1) per sequence and head
+  p.seqlen_q = 5000;            // long maximum, few rows: the rows' bound wins
+  p.varlen_rows_q = 300;
+  EXPECT_EQ(varlen_tile_bound(p, 128), ((300 + 127) / 128 + 4) * 32);
+  p.varlen_rows_q = 4 * 5000;   // rows of full sequences: the maximum's bound wins
+  EXPECT_EQ(varlen_tile_bound(p, 128), (5000 + 127) / 128 * 4 * 32);
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda::sm90
