@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda/common/kinds.h"
+#include "cuda/sm90/fwd_split.h"
 #include "fusedattn/error.h"
 
 namespace fusedattn::cuda {
@@ -90,7 +91,7 @@ bool sm90_allowed() {
 bool sm90_supports(const FwdParams& p) {
   constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows_q = varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = varlen ? p.varlen_rows_k : p.seqlen_k;
+  const auto [rows_q, rows_k] = sm90::map_rows(p);
   // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
   constexpr int64_t kSmallestTileRows = 64;
   const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;

@@ -90,9 +90,8 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
-  // A variable-length batch is one packed sequence of the rows in use to the TMA (so rows past
-  // them read as zeros, whatever the tensors hold there); its tiles add their sequence's first row.
-  const int64_t rows_q = varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = varlen ? p.varlen_rows_k : p.seqlen_k;
+  // A variable-length batch's tiles add their sequence's first row (map_rows).
+  const auto [rows_q, rows_k] = map_rows(p);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, varlen ? 1 : p.batch, s};
   };

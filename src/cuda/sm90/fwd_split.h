@@ -121,6 +121,17 @@ struct FwdWork {
   int64_t items() const { return split.ctas(tiles); }
 };
 
+// The rows of the Q/O and K/V tensor maps per batch entry: the sequence lengths of a dense batch;
+// a variable-length one is a single packed sequence to the TMA, of the rows the sequences use
+// (so rows past them read as zeros, whatever the tensors hold there).
+struct MapRows {
+  int64_t q, k;
+};
+inline MapRows map_rows(const FwdParams& p) {
+  if (p.cu_seqlens_q != nullptr) return {p.varlen_rows_q, p.varlen_rows_k};
+  return {p.seqlen_q, p.seqlen_k};
+}
+
 // A bound on the tiles of a variable-length batch (the kernel counts them as it goes, see
 // tile_scheduler.cuh): sequence b has ceil(len_b / block_m) query blocks, at most max_seqlen_q's
 // and at most len_b / block_m + 1, per head.
