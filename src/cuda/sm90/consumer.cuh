@@ -320,17 +320,20 @@ struct Consumer {
     const KVPipeline<Storage> pipe{smem};
     const int count = t.blocks.count();
     pending.release(smem, previous_q_buffer());
-    if (count == 0) return;
-    if (params.features.overlap) {
-      pass_turns(0, count + 1, kv, turns, pipe);
-      return;
-    }
-    for (int i = 0; i < 2 * count; ++i) {
-      // A block's K goes back before its Q K^T turn (even i), its V before its P V turn (odd i).
-      if (i % 2 == 0) {
+    const bool overlap = params.features.overlap;
+    const int turn_count = count == 0 ? 0 : overlap ? count + 1 : 2 * count;
+    // One loop, so the turn has one call site here: with a second one ptxas re-allocated the
+    // 128-row tile's unmasked step (+6 instructions); the skipping instances add pass_turns.
+    for (int i = 0; i < turn_count; ++i) {
+      // With the overlap, block i - 1 goes back before turn i > 0 (as in pass_turns); without, a
+      // block's K before its Q K^T turn (even i) and its V before its P V turn (odd i).
+      const bool frees_k = overlap ? i > 0 : i % 2 == 0;
+      const bool frees_v = overlap ? i > 0 : i % 2 == 1;
+      if (frees_k) {
         pipe.consumer_wait_k(kv);
         pipe.consumer_release_k(kv, lane);
-      } else {
+      }
+      if (frees_v) {
         pipe.consumer_wait_v(kv);
         pipe.consumer_release_v(kv, lane);
         kv.advance(params.features.num_stages);
@@ -360,15 +363,6 @@ struct Consumer {
     }
   }
 
-  // Whether a slice skips the blocks of its tile that its rows do not see at all. Under a causal
-  // mask that happens where a slice's last row and the tile's fall in different KV blocks: with
-  // 80-key blocks at d256 (4 of a 512-query head's 18 block steps of the first slices) and in the
-  // 192-row d64 tile. Where the blocks divide the tile (128 x 128) the square causal grid never
-  // skips, so those tiles (and full masks, whose slices see every block) keep the plain loop. The
-  // producer still works out every slice's blocks in every instance, and d128 causal 512 measured
-  // ~2% slower with that (H200; docs/hopper.md session 18).
-  static constexpr bool kSkipsUnseenBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
-
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
   // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
   // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.
@@ -387,7 +381,7 @@ struct Consumer {
     }
 
     if (params.features.overlap) {
-      if constexpr (!kSkipsUnseenBlocks) {
+      if constexpr (!Mask::kSlicesSkipBlocks) {
         overlapped_blocks(blocks, kv, turns, pipe, pending);
         return;
       }
@@ -395,9 +389,8 @@ struct Consumer {
       // skipped: their turns pass at once, their stages go back unread.
       const KVBlockRange mine = t.visible;
       const int count = blocks.count(), top = blocks.hi - mine.hi, mine_count = mine.count();
-      if (mine_count == 0) {
-        pending.release(smem, previous_q_buffer());
-        pass_turns(0, count + 1, kv, turns, pipe);
+      if (mine_count == 0) {  // its rows see no key of the tile: out 0, lse -inf
+        pass_through_tile(t, q_buffer, kv, turns, pending);
         return;
       }
       pass_turns(0, top, kv, turns, pipe);

@@ -30,6 +30,15 @@ struct MaskedSlice {
 
 template <MaskKind kMask, int kBlockM, int kBlockN>
 struct TileMask {
+  // Whether a consumer warpgroup skips the blocks of its tile that its 64 rows do not see at all
+  // (Consumer::mma_tile; the producer then announces each slice's blocks). Under a causal mask
+  // that happens where a slice's last row and the tile's fall in different KV blocks: with 80-key
+  // blocks at d256 (4 of a 512-query head's 18 block steps) and in the 192-row d64 tile. Where the
+  // blocks divide the tile (128 x 128) the square causal grid never skips, and working out the
+  // slices' blocks per tile cost d128 causal 512 ~2% (H200), so those tiles (and full masks, whose
+  // slices see every block) keep the plain loop.
+  static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
+
   const FwdParams& p;
   RowPacking packing;  // KernelParams::packing
   int len_q, len_k;    // the tile's sequence (int32 in the kernel, like the TMA coordinates)

@@ -27,9 +27,8 @@ struct TileAnnouncement {
   int q_start, len_q, len_k;                    // WorkTile's: the tile's sequence (its K/V rows are the producer's)
   KVBlockRange blocks;                          // visible KV blocks of the tile, or of the part
   KVBlockRange uncut[kMaxConsumerWarpgroups];  // per consumer warpgroup's slice, see MaskedSlice
-  // Per consumer warpgroup, the blocks (of `blocks`) its slice's rows see at all: the others it
-  // skips (Consumer::mma_tile). A slice ends before its tile under a causal mask, so it may not
-  // reach the tile's last block (80-key blocks at d256, the 192-row d64 tile).
+  // Per consumer warpgroup, the blocks (of `blocks`) its slice's rows see at all, which it alone
+  // works on where TileMask::kSlicesSkipBlocks (else `blocks`).
   KVBlockRange visible[kMaxConsumerWarpgroups];
 };
 constexpr int kAnnouncementWords = static_cast<int>(sizeof(TileAnnouncement) / sizeof(int));
@@ -77,9 +76,13 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
     const int64_t row_first = int64_t{t.first_row} + wg * kWarpgroupRows;
     const int64_t last = row_first + kWarpgroupRows - 1;
     const int64_t real_last = last < len_q ? last : len_q - 1;
-    a.uncut[wg] = mask.uncut_blocks(row_first, real_last >= row_first ? real_last : row_first);
-    const KVBlockRange seen = mask.kv_blocks_of_rows(row_first, real_last >= row_first ? real_last : row_first);
-    a.visible[wg] = {seen.lo > a.blocks.lo ? seen.lo : a.blocks.lo, seen.hi < a.blocks.hi ? seen.hi : a.blocks.hi};
+    const int64_t row_last = real_last >= row_first ? real_last : row_first;
+    a.uncut[wg] = mask.uncut_blocks(row_first, row_last);
+    a.visible[wg] = a.blocks;
+    if constexpr (Mask::kSlicesSkipBlocks) {
+      const KVBlockRange seen = mask.kv_blocks_of_rows(row_first, row_last);
+      a.visible[wg] = {seen.lo > a.blocks.lo ? seen.lo : a.blocks.lo, seen.hi < a.blocks.hi ? seen.hi : a.blocks.hi};
+    }
   }
   return a;
 }
