@@ -1,5 +1,5 @@
-// The small set compute-sanitizer runs (tools/gpu_check.sh filters on *Sanitizer*): ragged
-// lengths, causal and windowed masks, GQA and varlen through the public API, forward and
+// The small set compute-sanitizer runs (tools/gpu_check.sh filters on *Sanitizer*): ragged and
+// square lengths, causal and windowed masks, GQA and varlen through the public API, forward and
 // backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
 #include <gtest/gtest.h>
 
@@ -14,7 +14,10 @@ void run_small_set() {
   const Problem ragged = with_mask(dense(2, 4, 2, 77, 133, 64), true, -1, -1);
   const Problem window = with_mask(dense(1, 2, 2, 150, 90, 128), false, 20, 5);
   const Problem packed_causal = with_mask(packed(2, 1, 64, {17, 0, 70}, {40, 33, 20}), true, -1, -1);
-  for (const Problem& p : {ragged, window, packed_causal}) {
+  // Square causal: on the Hopper kernel the first slice of each tile takes its diagonal block at
+  // half width (TileMask::kNarrowsFirstBlock), and the last tile's second slice is empty.
+  const Problem square_causal = with_mask(dense(1, 2, 1, 192, 192, 128), true, -1, -1);
+  for (const Problem& p : {ragged, window, packed_causal, square_causal}) {
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
     FUSEDATTN_RUN_OR_SKIP(check_backward_gpu(p, DType::kBFloat16));
   }

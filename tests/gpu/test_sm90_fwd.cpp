@@ -420,6 +420,34 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
 }
 
 // Every optimisation switched off in turn must still give the same answers.
+// A slice's first block at half width (TileMask::kNarrowsFirstBlock) where its rows see only the
+// block's first half. Bottom-right causal: slice 0's last row (63) sees keys up to 63 + Sk - Sq,
+// so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 40
+// of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask on the narrow
+// columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
+TEST(Sm90Fwd, NarrowFirstBlocks) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int64_t kQueries = 256;
+  for (const char* narrow : {"1", "0"}) {
+    const ScopedEnv env("FUSEDATTN_SM90_NARROW_FIRST", narrow);
+    SCOPED_TRACE(std::string("FUSEDATTN_SM90_NARROW_FIRST=") + narrow);
+    for (const int d : {64, 128, 256})
+      for (const int64_t offset : {-1, 0, 1, 16, 39, 40, 63, 64, 65, 127})
+        for (const bool window : {false, true}) {
+          const Problem pr = window ? make_problem(1, 2, 1, d, kQueries, kQueries + offset, false, 50, 0)
+                                    : make_problem(1, 2, 1, d, kQueries, kQueries + offset, true);
+          HostCase c = make_case(pr, offset % 2 == 0 ? DType::kFloat16 : DType::kBFloat16, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+  }
+  const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", "192");
+  for (const int64_t offset : {0, 1, 64}) {
+    HostCase c = make_case(make_problem(1, 2, 1, 64, 384, 384 + offset, true), DType::kFloat16, Layout::kBSHD, rng);
+    expect_matches_reference(c);
+  }
+}
+
 TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -441,6 +469,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
+      {{"FUSEDATTN_SM90_NARROW_FIRST", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);

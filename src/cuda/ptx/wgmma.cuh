@@ -147,6 +147,7 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 
 // ---- the MMAs --------------------------------------------------------------------------------
 // The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 64 and 128 registers.
+#define FUSEDATTN_WGMMA_ACC_20 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
 #define FUSEDATTN_WGMMA_ACC_64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -155,6 +156,8 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_ACC_OPS_8(d, i)                                                                    \
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FUSEDATTN_ACC_OPS_20(d, i) \
+  FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), "+f"(d[i + 16]), "+f"(d[i + 17]), "+f"(d[i + 18]), "+f"(d[i + 19])
 #define FUSEDATTN_ACC_OPS_32(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), FUSEDATTN_ACC_OPS_8(d, i + 16), FUSEDATTN_ACC_OPS_8(d, i + 24)
 #define FUSEDATTN_ACC_OPS_40(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_8(d, i + 32)
@@ -196,11 +199,20 @@ template <typename Element>
 constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
 // D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128 and
-// 80 are the KV blocks of sm90/tile_config.h.
-template <typename Element, int kN>
-__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 80 || kN == 128, "instantiated for N = 80, 128");
-  if constexpr (kN == 80) {
+// 80 are the KV blocks of sm90/tile_config.h, 64 and 40 their first halves (a causal diagonal
+// block of which a slice sees only the first half, sm90/mask.cuh). d may be a wider accumulator:
+// only its first kN / 2 registers are written.
+template <typename Element, int kN, int kAcc>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kAcc], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(kN == 40 || kN == 64 || kN == 80 || kN == 128, "instantiated for N = 40, 64, 80, 128");
+  static_assert(kAcc >= kN / 2, "the accumulator holds kN / 2 floats per thread");
+  if constexpr (kN == 40) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(40, 20, "f16", 20, 21, 22);
+    else FUSEDATTN_WGMMA_SS(40, 20, "bf16", 20, 21, 22);
+  } else if constexpr (kN == 64) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(64, 32, "f16", 32, 33, 34);
+    else FUSEDATTN_WGMMA_SS(64, 32, "bf16", 32, 33, 34);
+  } else if constexpr (kN == 80) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(80, 40, "f16", 40, 41, 42);
     else FUSEDATTN_WGMMA_SS(80, 40, "bf16", 40, 41, 42);
   } else {

@@ -68,10 +68,12 @@ struct Consumer {
   float o[kOAcc];
   OnlineSoftmax softmax;
 
-  // S (64 x kBlockN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps. A k-step's descriptors
+  // S (64 x kN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps, for the first kN keys of the
+  // block (kN < kBlockN: a narrow block, TileMask::kNarrowsFirstBlock). A k-step's descriptors
   // are the tiles' low words plus a constant (ptx::desc_low_word), with the operand's high word
   // from the kernel parameters (see DescriptorHighWords).
-  __device__ __forceinline__ void issue_qk(float (&s)[kSAcc], int stage) const {
+  template <int kN = kBlockN>
+  __device__ __forceinline__ void issue_qk(float (&s)[kN / 2], int stage) const {
     // K's base is re-read per block (value_here): hoisted, its per-k-step descriptors stay live
     // across the loop. Q's, the same for every block of the tile, may be hoisted: with the high
     // words from the kernel parameters ptxas keeps its words in uniform registers (0 B spills at
@@ -87,7 +89,7 @@ struct Consumer {
       const int slab = kk / kKStepsPerSlab;
       const uint32_t q_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockM * kRowBytes + offset));
       const uint32_t k_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockN * kRowBytes + offset));
-      ptx::wgmma_ss<Element, kBlockN>(s, ptx::desc_from_words(q_low + q_step, q_high),
+      ptx::wgmma_ss<Element, kN>(s, ptx::desc_from_words(q_low + q_step, q_high),
                                       ptx::desc_from_words(k_low + k_step, k_high), kk > 0);
     }
   }
@@ -107,9 +109,20 @@ struct Consumer {
   }
 
   // The softmax output as the A operand of P V: k-step kk takes accumulator chunks 2kk, 2kk+1.
-  __device__ __forceinline__ static void convert_p(const float (&s)[kSAcc], uint32_t (&p)[kPRegs]) {
+  // A narrow block's S (its first kAcc registers) leaves P 0 for the keys it did not compute.
+  template <int kAcc>
+  __device__ __forceinline__ static void convert_p(const float (&s)[kAcc], uint32_t (&p)[kPRegs]) {
+    static_assert(kAcc <= kSAcc && kAcc % 2 == 0);
 #pragma unroll
-    for (int i = 0; i < kPRegs; ++i) p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+    for (int i = 0; i < kPRegs; ++i) p[i] = 2 * i < kAcc ? pack2<Element>(s[2 * i], s[2 * i + 1]) : 0u;
+  }
+
+  // The first kCount registers of S: a narrow block's accumulator. The view, like S, is indexed
+  // with constants only, so it stays in S's registers.
+  template <int kCount>
+  __device__ __forceinline__ static float (&first_columns(float (&s)[kSAcc]))[kCount] {
+    static_assert(kCount <= kSAcc);
+    return *reinterpret_cast<float (*)[kCount]>(&s[0]);
   }
 
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
@@ -157,8 +170,9 @@ struct Consumer {
 
   __device__ __forceinline__ bool cuts(int n) const { return Mask::cuts(slice().uncut, n); }
 
-  // Masks block n of S outside this thread's two rows' keys.
-  __device__ __forceinline__ void apply_mask(float (&s)[kSAcc], int n) const {
+  // Masks block n of S (or a narrow block's first columns) outside this thread's two rows' keys.
+  template <int kAcc>
+  __device__ __forceinline__ void apply_mask(float (&s)[kAcc], int n) const {
     const MaskedSlice& facts = slice();
     const Mask mask{params.p, params.packing, facts.len_q, facts.len_k};
     const int64_t row0 = int64_t{facts.first_row} + warp * 16 + lane / 4;
@@ -172,7 +186,8 @@ struct Consumer {
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
-  __device__ __forceinline__ void softmax_step(float (&s)[kSAcc], int n, RowCorrection& correction) {
+  template <int kAcc>
+  __device__ __forceinline__ void softmax_step(float (&s)[kAcc], int n, RowCorrection& correction) {
     if (cuts(n)) apply_mask(s, n);
     softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
   }
@@ -181,15 +196,16 @@ struct Consumer {
   // buffers in use: only then is the release deferred, see PendingStore) took the other buffer.
   __device__ __forceinline__ int previous_q_buffer() const { return Cfg::kQBuffers > 1 ? q_stage ^ 1 : 0; }
 
-  // S = Q K^T of the block at kv with nothing else in flight: wait for its K, issue in my turn,
-  // wait until S is in registers. The previous tile's O staging, if still held, is released
-  // while this GEMM runs.
-  __device__ __forceinline__ void qk_alone(float (&s)[kSAcc], const PipelineState& kv, const WarpgroupTurns& turns,
+  // S = Q K^T of the block at kv (its first kN keys) with nothing else in flight: wait for its
+  // K, issue in my turn, wait until S is in registers. The previous tile's O staging, if still
+  // held, is released while this GEMM runs.
+  template <int kN = kBlockN>
+  __device__ __forceinline__ void qk_alone(float (&s)[kN / 2], const PipelineState& kv, const WarpgroupTurns& turns,
                                            const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     pipe.consumer_wait_k(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_qk(s, kv.stage());
+    issue_qk<kN>(s, kv.stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
     pending.release(smem, previous_q_buffer());
@@ -382,7 +398,7 @@ struct Consumer {
 
     if (params.features.overlap) {
       if constexpr (!Mask::kSlicesSkipBlocks) {
-        overlapped_blocks(blocks, kv, turns, pipe, pending);
+        overlapped_blocks(blocks, t.narrow_first, kv, turns, pipe, pending);
         return;
       }
       // Blocks of the tile that none of this slice's rows sees (above or below t.visible) are
@@ -395,7 +411,7 @@ struct Consumer {
       }
       pass_turns(0, top, kv, turns, pipe);
       if (top > 0) skip_block(kv, pipe);
-      overlapped_blocks(mine, kv, turns, pipe, pending);
+      overlapped_blocks(mine, t.narrow_first, kv, turns, pipe, pending);
       pass_turns(top + mine_count + 1, count + 1, kv, turns, pipe);
       return;
     }
@@ -411,17 +427,39 @@ struct Consumer {
     }
   }
 
-  // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first.
-  __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, PipelineState& kv,
+  // The first (highest) block of a loop, alone: S, mask, softmax, P into p. A narrow one
+  // (TileMask::kNarrowsFirstBlock) at half the width: half the Q K^T, mask and exponentials on
+  // the path from the tile's first K to its first overlapped turn, where no GEMM of this
+  // warpgroup hides them.
+  __device__ __forceinline__ void first_block(float (&s)[kSAcc], uint32_t (&p)[kPRegs], int n, bool narrow,
+                                              RowCorrection& correction, const PipelineState& kv,
+                                              const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
+                                              PendingStore& pending) {
+    if constexpr (Mask::kNarrowsFirstBlock) {
+      if (narrow) {
+        constexpr int kNarrow = Mask::kNarrowKeys;
+        float(&s_narrow)[kNarrow / 2] = first_columns<kNarrow / 2>(s);
+        qk_alone<kNarrow>(s_narrow, kv, turns, pipe, pending);
+        softmax_step(s_narrow, n, correction);
+        convert_p(s_narrow, p);
+        return;
+      }
+    }
+    qk_alone(s, kv, turns, pipe, pending);
+    softmax_step(s, n, correction);
+    convert_p(s, p);
+  }
+
+  // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the
+  // first block is narrow for this slice.
+  __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, PipelineState& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
     float s[kSAcc];
     uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
     int n = blocks.hi - 1;
-    qk_alone(s, kv, turns, pipe, pending);
-    softmax_step(s, n, correction);
-    convert_p(s, p[0]);
+    first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.
       for (; n > blocks.lo; --n) {

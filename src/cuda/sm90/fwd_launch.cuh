@@ -32,7 +32,7 @@ constexpr int kMaxSplitWaves = 2;
 // matches or beats the static round robin on full ones.
 // FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0|1, FUSEDATTN_SM90_OVERLAP=0|1,
 // FUSEDATTN_SM90_PERSISTENT=0|1, FUSEDATTN_SM90_DYNAMIC=0|1 (0: static persistent for full
-// masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1 and
+// masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1, FUSEDATTN_SM90_NARROW_FIRST=0|1 and
 // FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
 // online softmax) and FUSEDATTN_SM90_Q_PREFETCH=0|1 (the next tile's Q loaded into a second
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
@@ -48,6 +48,7 @@ inline Features features_from_env(int compiled_stages, int compiled_q_buffers, b
   Features f;
   f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", true);
   f.early_k_release = flag("FUSEDATTN_SM90_EARLY_K", true);
+  f.narrow_first = flag("FUSEDATTN_SM90_NARROW_FIRST", true);
   f.overlap = flag("FUSEDATTN_SM90_OVERLAP", true);
   // The dynamic schedule is a persistent grid's: asking for it implies one unless PERSISTENT=0.
   f.dynamic = flag("FUSEDATTN_SM90_DYNAMIC", dynamic_default);

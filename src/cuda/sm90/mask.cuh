@@ -39,6 +39,15 @@ struct TileMask {
   // slices see every block) keep the plain loop.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
 
+  // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
+  // second half: the causal diagonal block of the first slice of a 128 x 128 tile, whose last row
+  // sees the block's first 64 keys. The consumer then computes S, the mask and the softmax on
+  // the first kNarrowKeys columns only (a wgmma of half the width) and gives P zeros beyond.
+  // Masked launches only: a full mask's last block is narrow only where len_k % kBlockN is in
+  // (0, kBlockN / 2], which the common lengths never are.
+  static constexpr int kNarrowKeys = kBlockN / 2;
+  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0;
+
   const FwdParams& p;
   RowPacking packing;  // KernelParams::packing
   int len_q, len_k;    // the tile's sequence (int32 in the kernel, like the TMA coordinates)
@@ -58,6 +67,11 @@ struct TileMask {
       if (hi < lo) return {0, 0};
       return {static_cast<int>(lo / kBlockN), static_cast<int>(hi / kBlockN + 1)};
     }
+  }
+
+  // Whether the rows up to row_last see no key of block n's second half (see kNarrowsFirstBlock).
+  __device__ __forceinline__ bool narrow_block(int64_t row_last, int n_block) const {
+    return key_range(p, position(row_last), len_q, len_k).hi < int64_t{n_block} * kBlockN + kNarrowKeys;
   }
 
   // The KV blocks of the query tile that starts at first_row: those any of its rows sees.
@@ -106,19 +120,20 @@ struct TileMask {
     else return p.window_left >= 0;
   }
 
-  // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator: this thread
-  // holds two rows (bounds rows[0], rows[1]) and columns 8j + col0 + {0, 1} (see ptx/wgmma.cuh).
+  // Sets S to -inf outside each row's keys. s is a 64 x kBlockN wgmma accumulator, or its first
+  // kAcc registers (a narrow block's first columns): this thread holds two rows (bounds rows[0],
+  // rows[1]) and columns 8j + col0 + {0, 1} (see ptx/wgmma.cuh).
   // The bounds are shifted once per row to this thread's first key, so each element is two
   // compares of its compile-time offset 8j + e and a select.
   template <int kAcc>
   __device__ __forceinline__ static void apply(float (&s)[kAcc], int n_block, const Bounds (&rows)[2], int col0) {
-    static_assert(kAcc == kBlockN / 2);
+    static_assert(kAcc <= kBlockN / 2 && kAcc % 4 == 0);
     const int thread_first_key = n_block * kBlockN + col0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int lo = rows[half].lo - thread_first_key, hi = rows[half].hi - thread_first_key;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+      for (int j = 0; j < kAcc / 4; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           if (8 * j + e < lo || 8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;
@@ -128,13 +143,13 @@ struct TileMask {
   // The same without a left edge (right bounds from right_bound_of_row): one compare per element.
   template <int kAcc>
   __device__ __forceinline__ static void apply_right(float (&s)[kAcc], int n_block, const int (&row_hi)[2], int col0) {
-    static_assert(kAcc == kBlockN / 2);
+    static_assert(kAcc <= kBlockN / 2 && kAcc % 4 == 0);
     const int thread_first_key = n_block * kBlockN + col0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int hi = row_hi[half] - thread_first_key;
 #pragma unroll
-      for (int j = 0; j < kBlockN / 8; ++j)
+      for (int j = 0; j < kAcc / 4; ++j)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
           if (8 * j + e > hi) s[4 * j + 2 * half + e] = -INFINITY;

@@ -83,7 +83,8 @@ struct Producer {
       const bool valid = scheduler.is_valid(t);
       // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
       const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
-      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts);
+      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts,
+                                                      params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = blocks.hi - 1;

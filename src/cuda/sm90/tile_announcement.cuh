@@ -30,6 +30,8 @@ struct TileAnnouncement {
   // Per consumer warpgroup, the blocks (of `blocks`) its slice's rows see at all, which it alone
   // works on where TileMask::kSlicesSkipBlocks (else `blocks`).
   KVBlockRange visible[kMaxConsumerWarpgroups];
+  // Bit wg: warpgroup wg's first visible block is narrow (TileMask::kNarrowsFirstBlock).
+  unsigned narrow_first;
 };
 constexpr int kAnnouncementWords = static_cast<int>(sizeof(TileAnnouncement) / sizeof(int));
 static_assert(sizeof(TileAnnouncement) == kAnnouncementWords * sizeof(int), "announced one word per lane");
@@ -41,16 +43,18 @@ struct AnnouncedTile {
   KVBlockRange blocks;
   KVBlockRange visible;  // this warpgroup's, within blocks
   MaskedSlice slice;
+  bool narrow_first;  // the highest block of `visible` is narrow for this slice
   __device__ __forceinline__ bool valid() const { return tile.index != kNoTile; }
 };
 
 // Producer thread: the announcement of tile t (kNoTile when !valid) for a tile shape of
 // consumer_warpgroups 64-row slices; a part of a split tile (of `parts`) gets its share of the
 // tile's KV blocks. The cut blocks stay the tile's: the sequence end still cuts the last block,
-// which the last part runs. mask: the tile's (its sequence's lengths).
+// which the last part runs. mask: the tile's (its sequence's lengths). narrow: whether slices may
+// take their first block narrow (Features::narrow_first).
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
-                                                            int consumer_warpgroups, int parts) {
+                                                            int consumer_warpgroups, int parts, bool narrow) {
   TileAnnouncement a{};
   a.index = valid ? t.index : kNoTile;
   if (!valid) return a;
@@ -83,6 +87,10 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
       const KVBlockRange seen = mask.kv_blocks_of_rows(row_first, row_last);
       a.visible[wg] = {seen.lo > a.blocks.lo ? seen.lo : a.blocks.lo, seen.hi < a.blocks.hi ? seen.hi : a.blocks.hi};
     }
+    if constexpr (Mask::kNarrowsFirstBlock) {
+      if (narrow && a.visible[wg].count() > 0 && mask.narrow_block(row_last, a.visible[wg].hi - 1))
+        a.narrow_first |= 1u << wg;
+    }
   }
   return a;
 }
@@ -113,7 +121,8 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
            word(offsetof(TileAnnouncement, slot)), word(offsetof(TileAnnouncement, q_start)), 0, len_q, len_k, 0},
           {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
           {word(my_visible), word(my_visible + kHi)},
-          {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}, len_q, len_k}};
+          {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}, len_q, len_k},
+          ((word(offsetof(TileAnnouncement, narrow_first)) >> warpgroup) & 1) != 0};
 }
 
 }  // namespace fusedattn::cuda::sm90
