@@ -307,6 +307,32 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   }
 }
 
+// d256 (one Q buffer) gives Q back after each warpgroup's last Q K^T and stages O in the tile's
+// last KV stage (KernelConfig::kStagesOInKV), or with FUSEDATTN_SM90_O_IN_KV=0 in the Q buffer:
+// many tiles per CTA (the announcement slots, the o_read barriers and the staging barriers wrap
+// many times; 1450 rows leave each head's last tile a second slice without rows), the tail split
+// of a full mask, tiles that see no key (causal Sq > Sk), windows whose slices skip blocks, and a
+// tile with a single KV block.
+TEST(Sm90Fwd, OStagedInKVStages) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int d = 256;
+  constexpr int64_t kEmptySecondSlice = 1450;
+  static_assert(kEmptySecondSlice % 128 > 0 && kEmptySecondSlice % 128 <= 64);
+  for (const char* on : {"1", "0"}) {
+    const ScopedEnv env("FUSEDATTN_SM90_O_IN_KV", on);
+    const std::string label = std::string("FUSEDATTN_SM90_O_IN_KV=") + on;
+    SCOPED_TRACE(label);
+    for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
+                                make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
+        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+  }
+}
+
 // The d64 tile shapes (FUSEDATTN_SM90_D64_TILE): 128-row tiles and 192-row ones (three consumer
 // warpgroups in a three-way GEMM turn, 160 registers each, cut blocks masked after P V).
 // Lengths that are not multiples of 192 or 128 (the partial tile is the first one), causal masks
@@ -470,6 +496,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
       {{"FUSEDATTN_SM90_NARROW_FIRST", "0"}},
+      {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);

@@ -35,6 +35,12 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
 // mbarrier.arrive.shared.b64 _, [addr]; PTX ISA 7.0, sm_80.
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) { (void)::cuda::ptx::mbarrier_arrive(bar); }
 
+// mbarrier.arrive.shared::cta.b64 _, [addr], count; PTX ISA 7.8, sm_90: `count` arrivals at once
+// (one thread standing for a group whose completion it has seen).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar, uint32_t count) {
+  (void)::cuda::ptx::mbarrier_arrive(bar, count);
+}
+
 // mbarrier.try_wait.parity.shared::cta.b64 p, [addr], parity; PTX ISA 7.8, sm_90, in a loop
 // (try_wait already suspends the thread for a while before reporting "not yet").
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {

@@ -316,6 +316,19 @@ struct Consumer {
     return t.slice.first_row >= static_cast<int>(params.packing.rows(int64_t{t.slice.len_q}));
   }
 
+  // Whether tiles with KV blocks stage O in their last block's stage (KernelConfig::kStagesOInKV).
+  __device__ __forceinline__ bool o_in_kv() const { return Cfg::kStagesOInKV && params.features.o_in_kv; }
+
+  // With o_in_kv, once this warpgroup's last Q K^T of a tile has completed (or, passing through,
+  // at once): each warp gives the Q buffer back, so the next tile's Q loads during this tile's
+  // last P V and epilogue, and warpgroup 1 tells warpgroup 0 it has read the last block's K,
+  // where warpgroup 0 stages its O (Epilogue::meet).
+  __device__ __forceinline__ void last_qk_done() const {
+    if (!o_in_kv()) return;
+    if (lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
+    if (warpgroup == 1) ptx::named_barrier_arrive(barrier_id(NamedBarrier::kKStageRead, 0), 2 * kWarpgroupThreads);
+  }
+
   // One GEMM turn taken and handed on at once, by a warpgroup with nothing to issue.
   __device__ __forceinline__ static void pass_through_turn(const WarpgroupTurns& turns) {
     turns.wait_turn();
@@ -336,6 +349,7 @@ struct Consumer {
     const KVPipeline<Storage> pipe{smem};
     const int count = t.blocks.count();
     pending.release(smem, previous_q_buffer());
+    if (count > 0) last_qk_done();
     const bool overlap = params.features.overlap;
     const int turn_count = count == 0 ? 0 : overlap ? count + 1 : 2 * count;
     // One loop, so the turn has one call site here: with a second one ptxas re-allocated the
@@ -465,6 +479,7 @@ struct Consumer {
       for (; n > blocks.lo; --n) {
         kv_step(s, p[0], p[1], correction, n - 1, kv, turns, pipe);
         if (--n == blocks.lo) {
+          last_qk_done();
           apply_correction(o, correction);
           pv_alone(p[1], kv, turns, pipe);
           return;
@@ -474,6 +489,7 @@ struct Consumer {
     } else {
       for (; n > blocks.lo; --n) kv_step(s, p[0], p[0], correction, n - 1, kv, turns, pipe);
     }
+    last_qk_done();
     apply_correction(o, correction);
     pv_alone(p[0], kv, turns, pipe);
   }

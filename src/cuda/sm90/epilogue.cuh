@@ -1,6 +1,7 @@
 // A consumer warpgroup's epilogue: O normalised by the softmax row sums, converted to the
-// element type, staged in the warpgroup's own 64 rows of the tile's Q buffer (in the 128B-swizzled
-// layout of the O tensor map) and written by one TMA store per 64-column slab; the TMA clips rows
+// element type, staged in the warpgroup's own 64 rows of the tile's Q buffer, or with
+// KernelConfig::kStagesOInKV in the last KV block's K (warpgroup 0) or V (warpgroup 1) (in the
+// 128B-swizzled layout of the O tensor map), and written by one TMA store per 64-column slab; the TMA clips rows
 // past seqlen_q and columns past head_dim. In a variable-length batch the rows past a sequence's
 // end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
 // sequence's end is copied row by row instead (store_rows). LSE (natural log) goes straight from
@@ -52,15 +53,53 @@ struct Epilogue {
   static constexpr int kStores = kOAcc / (2 * kMatricesPerStore);
   static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
 
-  // A warpgroup whose slice of the tile lies past the sequence end (Consumer::slice_is_empty)
-  // has no rows to store. q_empty still counts its arrival, one per warpgroup; with no store of
-  // its own reading the buffer, that goes at once.
-  __device__ __forceinline__ void release_unstored(int q_stage) const {
-    if (warp == 0 && lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
+  // Where this warpgroup stages O: its 64 rows of the Q buffer q_stage, or (o_stage >= 0) the
+  // first 64 rows of stage o_stage's K (warpgroup 0) or V (warpgroup 1). Either way [64-column
+  // slab][row], slabs slab_elems apart, starting on a 1024-byte swizzle atom.
+  struct Staging {
+    Element* base;
+    int slab_elems;
+  };
+  __device__ __forceinline__ Staging staging(int q_stage, int o_stage) const {
+    if (Cfg::kStagesOInKV && o_stage >= 0)
+      return {warpgroup == 0 ? smem.k[o_stage] : smem.v[o_stage], kWarpgroupRows * Cfg::kSlabCols};
+    return {smem.q[q_stage] + warpgroup * kWarpgroupRows * Cfg::kSlabCols, kSlabElems};
   }
 
-  __device__ __forceinline__ void store(const WorkTile& t, int q_stage, float (&o)[kOAcc], OnlineSoftmax& softmax,
-                                        PendingStore& pending) const {
+  // Staging in the last block's stage (o_stage >= 0) waits until the other warpgroup has read it:
+  // warpgroup 1 its K (Consumer::last_qk_done), warpgroup 0 its V, which it says here once its
+  // last P V is done. Every tile with KV blocks meets here once per warpgroup, stored or not, so
+  // the two barriers stay paired.
+  __device__ __forceinline__ void meet(int o_stage) const {
+    if (!Cfg::kStagesOInKV || o_stage < 0) return;
+    constexpr uint32_t kBoth = 2 * kWarpgroupThreads;
+    if (warpgroup == 0) {
+      ptx::named_barrier_arrive(barrier_id(NamedBarrier::kVStageRead, 0), kBoth);
+      ptx::named_barrier_sync(barrier_id(NamedBarrier::kKStageRead, 0), kBoth);
+    } else {
+      ptx::named_barrier_sync(barrier_id(NamedBarrier::kVStageRead, 0), kBoth);
+    }
+  }
+
+  // A warpgroup with no rows to store (its slice lies past the sequence end, or another part of a
+  // split tile stores them) still signs off its staging: q_empty counts one arrival per warp, the
+  // o_read barrier one per warpgroup; with no store reading the buffer, that goes at once.
+  __device__ __forceinline__ void release_unstored(int q_stage, int o_stage) const {
+    if (warp != 0 || lane != 0) return;
+    if (Cfg::kStagesOInKV && o_stage >= 0) ptx::mbarrier_arrive(&smem.o_read[o_stage][warpgroup]);
+    else ptx::mbarrier_arrive(&smem.q_empty[q_stage], kWarpsPerWarpgroup);
+  }
+
+  // A warpgroup whose slice of the tile lies past the sequence end (Consumer::slice_is_empty).
+  __device__ __forceinline__ void skip(int q_stage, int o_stage) const {
+    meet(o_stage);
+    release_unstored(q_stage, o_stage);
+  }
+
+  // o_stage: the stage of the tile's last KV block where O is staged there, else -1.
+  __device__ __forceinline__ void store(const WorkTile& t, int q_stage, int o_stage, float (&o)[kOAcc],
+                                        OnlineSoftmax& softmax, PendingStore& pending) const {
+    meet(o_stage);
     float inv_sum[2], lse[2];
     softmax.finalize(inv_sum, lse);
     rescale_rows(o, inv_sum);
@@ -71,21 +110,22 @@ struct Epilogue {
         if (!parts.write_part(t, o, lse, thread)) {
           // Another part combines and stores the slice; this Q buffer is free once every warp's
           // wgmma is done, which the tickets' barrier has seen.
-          release_unstored(q_stage);
+          release_unstored(q_stage, o_stage);
           return;
         }
         parts.combine(t, o, lse, thread);
       }
     }
-    stage_and_store(t, q_stage, o, lse, pending);
+    stage_and_store(t, q_stage, o_stage, o, lse, pending);
   }
 
-  // O (normalised) staged in the Q buffer and stored by TMA; the LSE from registers.
-  __device__ __forceinline__ void stage_and_store(const WorkTile& t, int q_stage, const float (&o)[kOAcc],
+  // O (normalised) staged (see staging) and stored by TMA; the LSE from registers.
+  __device__ __forceinline__ void stage_and_store(const WorkTile& t, int q_stage, int o_stage, const float (&o)[kOAcc],
                                                   const float (&lse)[2], PendingStore& pending) const {
     const FwdParams& p = params.p;
     const uint32_t epilogue_barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
-    // Every warp's last wgmma has read its Q rows before anyone overwrites them with O.
+    const Staging to = staging(q_stage, o_stage);
+    // Every warp's last wgmma has read the staging's Q rows (or K/V) before anyone overwrites them with O.
     ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
     // The thread index is re-read here so the staging addresses below are computed per tile
     // rather than hoisted out of the tile loop, where they would take registers the mainloop
@@ -93,12 +133,12 @@ struct Epilogue {
     const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
     const uint32_t lane_now = thread_now % 32, matrix = lane_now / kAtomRows;
     const uint32_t row_in_atom = lane_now % kAtomRows;  // the warp's 16 rows start on an atom
-    const uint32_t row = warpgroup * kWarpgroupRows + thread_now / 32 * 16 + row_in_atom + matrix % 2 * kAtomRows;
+    const uint32_t row = thread_now / 32 * 16 + row_in_atom + matrix % 2 * kAtomRows;  // of the slice
     // In a 128B-swizzled slab the 16-byte chunk c of a row sits at position c ^ (row % kAtomRows).
     // Chunk 2i + matrix / 2 of pair i, with 2i even: its position is (2i % kChunksPerSlab) ^
     // (matrix / 2 ^ row % kAtomRows), the second term the same for every pair.
     const uint32_t lane_chunk = matrix / 2 ^ row_in_atom;
-    const uint32_t row_address = ptx::smem_addr(smem.q[q_stage] + row * Cfg::kSlabCols);
+    const uint32_t row_address = ptx::smem_addr(to.base + row * Cfg::kSlabCols);
 #pragma unroll
     for (int i = 0; i < kStores; ++i) {
       const int first_chunk = 2 * i;
@@ -107,15 +147,15 @@ struct Epilogue {
       const uint32_t regs[kMatricesPerStore] = {
           pack2<Element>(o[8 * i], o[8 * i + 1]), pack2<Element>(o[8 * i + 2], o[8 * i + 3]),
           pack2<Element>(o[8 * i + 4], o[8 * i + 5]), pack2<Element>(o[8 * i + 6], o[8 * i + 7])};
-      ptx::stmatrix_x4(row_address + (slab * kSlabElems + position * kChunkElems) * sizeof(Element), regs);
+      ptx::stmatrix_x4(row_address + (slab * to.slab_elems + position * kChunkElems) * sizeof(Element), regs);
     }
     const int slice_row = t.first_row + warpgroup * kWarpgroupRows;
     if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > t.len_q) {
       // Generic stores to generic reads: the barrier alone orders them.
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-      store_rows(t, q_stage, slice_row, thread_now);
+      store_rows(t, to, slice_row, thread_now);
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);  // the staging rows are read
-      release_unstored(q_stage);
+      release_unstored(q_stage, o_stage);
     } else {
       // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
       ptx::fence_proxy_async_shared();
@@ -124,13 +164,18 @@ struct Epilogue {
         const int row = t.q_start + params.packing.position(slice_row);
 #pragma unroll
         for (int s = 0; s < Cfg::kSlabs; ++s)
-          ptx::tma_store_5d(&params.tma_o,
-                            smem.q[q_stage] + s * Cfg::kBlockM * Cfg::kSlabCols + warpgroup * kWarpgroupRows * Cfg::kSlabCols,
-                            s * Cfg::kSlabCols, 0, row, t.head, params.map_batch(t.batch));
+          ptx::tma_store_5d(&params.tma_o, to.base + s * to.slab_elems, s * Cfg::kSlabCols, 0, row, t.head,
+                            params.map_batch(t.batch));
         ptx::tma_store_commit();
-        pending.held = true;
-        // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
-        if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
+        if (Cfg::kStagesOInKV && o_stage >= 0) {
+          // The producer refills the stage only for the next tile's second block: give it back now.
+          ptx::tma_store_wait_read();
+          ptx::mbarrier_arrive(&smem.o_read[o_stage][warpgroup]);
+        } else {
+          pending.held = true;
+          // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
+          if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
+        }
       }
     }
 
@@ -152,15 +197,15 @@ struct Epilogue {
 
   // The slice's rows before its sequence's end (a variable-length batch: unpacked, so tiled rows
   // are positions), copied from the staging in 16-byte chunks of the head_dim columns in use.
-  __device__ __forceinline__ void store_rows(const WorkTile& t, int q_stage, int slice_row, uint32_t thread) const {
+  __device__ __forceinline__ void store_rows(const WorkTile& t, const Staging& from, int slice_row,
+                                             uint32_t thread) const {
     const FwdParams& p = params.p;
     const int rows = t.len_q - slice_row, chunks = static_cast<int>(p.head_dim) / kChunkElems;
     Element* out = static_cast<Element*>(p.o) + (int64_t{t.q_start} + slice_row) * p.o_stride.row + t.head * p.o_stride.head;
     for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
       const int r = i / chunks, c = i - r * chunks;
-      const int row = warpgroup * kWarpgroupRows + r;  // in the tile's staging
-      const int position = c % kChunksPerSlab ^ row % kAtomRows;
-      const Element* staged = smem.q[q_stage] + c / kChunksPerSlab * kSlabElems + row * Cfg::kSlabCols;
+      const int position = c % kChunksPerSlab ^ r % kAtomRows;
+      const Element* staged = from.base + c / kChunksPerSlab * from.slab_elems + r * Cfg::kSlabCols;
       *reinterpret_cast<uint4*>(out + r * p.o_stride.row + c * kChunkElems) =
           *reinterpret_cast<const uint4*>(staged + position * kChunkElems);
     }

@@ -36,11 +36,17 @@ constexpr int kMaxSplitWaves = 2;
 // FUSEDATTN_SM90_RESCALE_SLACK=x (log2 units the running max may lag behind; 0: the textbook
 // online softmax) and FUSEDATTN_SM90_Q_PREFETCH=0|1 (the next tile's Q loaded into a second
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
-// A/B measurements. FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
+// A/B measurements; FUSEDATTN_SM90_O_IN_KV=0|1 keeps d256's O staged in its one Q buffer (which
+// the next tile's Q then waits for) or stages it in the last KV stage (default: up to
+// kOInKVMaxKeys keys). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 constexpr bool kQPrefetchDefault = true;
+// O staged in K/V (d256, KernelConfig::kStagesOInKV) by default up to this many keys: H200, one
+// process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at
+// 1k, +2-3% at 2k, even at 4k-8k, but 1-5% slower at full 16k, in every pairing.
+constexpr int64_t kOInKVMaxKeys = 8192;
 inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
-                                  bool dynamic_default) {
+                                  bool dynamic_default, bool o_in_kv_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
     return v && v[0] ? v[0] != '0' : fallback;
@@ -61,6 +67,7 @@ inline Features features_from_env(int compiled_stages, int compiled_q_buffers, b
     f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
   }
   f.q_buffers = flag("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
+  f.o_in_kv = f.overlap && flag("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
   return f;
 }
 
@@ -90,7 +97,8 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
                                            varlen ? rows.heads : rows.heads * p.batch);
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
-  kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true);
+  kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true,
+                                  p.seqlen_k <= kOInKVMaxKeys);
   // A variable-length batch's tiles add their sequence's first row (map_rows).
   const auto [rows_q, rows_k] = map_rows(p);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {

@@ -23,8 +23,10 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
   for (int b = 0; b < Cfg::kQBuffers; ++b) {
     ptx::mbarrier_init(&smem.q_full[b], kProducerArrivals);
-    ptx::mbarrier_init(&smem.q_empty[b], Cfg::kConsumerWarpgroups);  // one TMA-store thread per warpgroup
+    ptx::mbarrier_init(&smem.q_empty[b], Cfg::kConsumerWarps);
   }
+  for (int s = 0; s < Cfg::kStages; ++s)
+    for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], 1);  // the staging warpgroup's store
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
@@ -64,29 +66,36 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
     PipelineState kv;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
     PendingStore pending;
-    // The announcement stays in shared memory until the tile's O store has left its Q buffer.
-    const auto announced = [&](int q_buffer) { return read_announcement(smem.tile[q_buffer], lane, consumer); };
+    // The announcement stays in its slot until the epilogue has read it again (pipeline.cuh).
+    const auto announced = [&]() {
+      return read_announcement(smem.tile[announcement_slot<Cfg>(q_ring)], lane, consumer);
+    };
+    // Where a tile with KV blocks stages O: its last block's stage (kStagesOInKV), else -1.
+    const auto o_stage = [&](const AnnouncedTile& t) {
+      return mainloop.o_in_kv() && t.blocks.count() > 0 ? kv.previous_stage(params.features.num_stages) : -1;
+    };
     for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
       const int q_stage = q_ring.stage();
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
-      const AnnouncedTile t = announced(q_stage);
+      const AnnouncedTile t = announced();
       if (!t.valid()) break;
       if (mainloop.slice_is_empty(t)) {
         // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
         // (the busy warpgroups issue more often) and only keeps the K/V and Q rings in step.
         mainloop.pass_through_tile(t, q_stage, kv, turns, pending);
-        epilogue.release_unstored(q_stage);
+        epilogue.skip(q_stage, o_stage(t));
         continue;
       }
       if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
         // Registers to spare (the d64 128-row tile): the tile goes to the epilogue as it is.
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
-        epilogue.store(t.tile, q_stage, mainloop.o, mainloop.softmax, pending);
+        epilogue.store(t.tile, q_stage, o_stage(t), mainloop.o, mainloop.softmax, pending);
       } else {
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
         // The epilogue reads the tile again instead of carrying it through the KV loop, where
         // its fields would take registers (the 192-row tile has 160 per thread).
-        epilogue.store(announced(q_ring.stage()).tile, q_ring.stage(), mainloop.o, mainloop.softmax, pending);
+        const AnnouncedTile again = announced();
+        epilogue.store(again.tile, q_ring.stage(), o_stage(again), mainloop.o, mainloop.softmax, pending);
       }
     }
     if (consumer == 0) turns.wait_turn();

@@ -28,6 +28,10 @@ struct Features {
   bool dynamic = true;     // persistent CTAs take tiles from an atomic counter (else round robin)
   bool early_k_release = true;  // a stage's K goes back to the producer once S is done, not with V
   bool narrow_first = true;     // a slice's first block at half width where it sees only that half
+  // Where the instance has KernelConfig::kStagesOInKV: Q given back after the last Q K^T and O
+  // staged in the last block's K/V stage. Only with the overlapped loop (the host clears it
+  // otherwise).
+  bool o_in_kv = true;
   float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
   // Q buffers in use (1 .. compiled kQBuffers). 2: the producer loads the next tile's Q (and its
   // first K/V) while the consumers still work on this tile, and the wait for O's TMA store to

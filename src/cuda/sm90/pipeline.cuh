@@ -8,6 +8,7 @@
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
+#include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -21,6 +22,9 @@ class PipelineState {
   __device__ __forceinline__ int stage() const { return static_cast<int>(bits_ & ~kPhaseBit); }
   // Parity of the barrier phase this pass over the ring waits for.
   __device__ __forceinline__ uint32_t phase() const { return bits_ >> kPhaseShift; }
+
+  // The stage before this one (the last block's, once the ring has moved past it).
+  __device__ __forceinline__ int previous_stage(int depth) const { return stage() == 0 ? depth - 1 : stage() - 1; }
 
   __device__ __forceinline__ void advance(int depth) {
     ++bits_;
@@ -38,6 +42,13 @@ class PipelineState {
 template <class Cfg>
 __device__ __forceinline__ int q_ring_depth(const Features& f) {
   return Cfg::kQBuffers > 1 ? f.q_buffers : 1;
+}
+
+// The announcement slot of the tile at q_ring: its Q buffer's, or with one Q buffer the ring's
+// phase (SharedStorage::kAnnouncementSlots).
+template <class Cfg>
+__device__ __forceinline__ int announcement_slot(const PipelineState& q_ring) {
+  return Cfg::kQBuffers > 1 ? q_ring.stage() : static_cast<int>(q_ring.phase());
 }
 
 // Views the barrier arrays of SharedStorage. K and V of a stage are freed separately: K is done
@@ -86,7 +97,7 @@ struct PendingStore {
   __device__ __forceinline__ void release(Storage& smem, int buffer) {
     if (!held) return;
     ptx::tma_store_wait_read();
-    ptx::mbarrier_arrive(&smem.q_empty[buffer]);
+    ptx::mbarrier_arrive(&smem.q_empty[buffer], kWarpsPerWarpgroup);  // for the warpgroup's warps
     held = false;
   }
 };

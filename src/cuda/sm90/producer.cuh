@@ -29,6 +29,26 @@ struct Producer {
   const KernelParams& params;
   Storage& smem;
 
+  // With O staged in K/V stages (KernelConfig::kStagesOInKV): which stages hold an O whose TMA
+  // store may still read it (bit s) and the parity each o_read barrier completes next (bit
+  // kPhaseBits + 2 s + part). One word: the producer runs on 24 registers. A stage holds at most
+  // one such O at a time (the next O staged in it needs the stage refilled first), so its two
+  // barriers never run a phase ahead of these waits.
+  struct StagedO {
+    static constexpr int kPhaseBits = 8;
+    static_assert(Cfg::kStages <= kPhaseBits);
+    uint32_t bits = 0;
+    __device__ __forceinline__ void mark(int stage) { bits |= 1u << stage; }
+    // Before the stage's K (part 0) or V (part 1) is refilled: wait until that O has been read.
+    __device__ __forceinline__ void wait_read(Storage& smem, int stage, int part) {
+      if ((bits >> stage & 1) == 0) return;
+      const int phase = kPhaseBits + 2 * stage + part;
+      ptx::mbarrier_wait(&smem.o_read[stage][part], bits >> phase & 1);
+      bits ^= 1u << phase;
+      if (part == 1) bits &= ~(1u << stage);
+    }
+  };
+
   // A [rows x kHeadDim] tile as kSlabs boxes of [rows x 64], each into its own swizzled slab.
   __device__ __forceinline__ void load_tile(const CUtensorMap* map, Element* dst, int slab_elems, int row, int head, int batch,
                             uint64_t* bar) const {
@@ -48,7 +68,7 @@ struct Producer {
     // arrival (release) publishes it.
     ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
     uint64_t* q_full = &smem.q_full[q_ring.stage()];
-    announce(smem.tile[q_ring.stage()], a);
+    announce(smem.tile[announcement_slot<Cfg>(q_ring)], a);
     if (a.index == kNoTile) {
       ptx::mbarrier_arrive(q_full);
       return false;
@@ -72,48 +92,50 @@ struct Producer {
     // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
     const int tile_heads = params.packing.tile_heads(p.heads_q);
     const int group = tile_heads / p.heads_kv;
+    const bool o_in_kv = Cfg::kStagesOInKV && params.features.o_in_kv;
     PipelineState kv;
     PipelineState q_ring;
-    // With one Q buffer, Q waits for the previous tile's epilogue, so the first K goes out
-    // before that wait; with two, Q's buffer is free long before and goes first.
+    StagedO staged;
+    // With one Q buffer, Q waits for the previous tile's epilogue (unless o_in_kv gives it back
+    // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
+    // before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
     const TileScheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.schedule_shift, params.split,
                                   params.tile_counter);
+    const auto load_k = [&](const WorkTile& t, int n, int head_kv, int kv_batch) {
+      if (o_in_kv) staged.wait_read(smem, kv.stage(), 0);
+      pipe.producer_acquire_k(kv);
+      ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
+      load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
+                &smem.k_full[kv.stage()]);
+    };
+    const auto load_v = [&](const WorkTile& t, int n, int head_kv, int kv_batch) {
+      if (o_in_kv) staged.wait_read(smem, kv.stage(), 1);
+      pipe.producer_acquire_v(kv);
+      ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
+      load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
+                &smem.v_full[kv.stage()]);
+      kv.advance(params.features.num_stages);
+    };
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
       const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
       const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts,
-                                                      params.features.narrow_first);
+                                                 params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = blocks.hi - 1;
       if (q_first && !publish_q(t, a, q_ring)) return;
-      if (blocks.count() > 0) {
-        pipe.producer_acquire_k(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                  &smem.k_full[kv.stage()]);
-      }
+      if (blocks.count() > 0) load_k(t, n, head_kv, kv_batch);
       if (!q_first && !publish_q(t, a, q_ring)) return;
-      if (blocks.count() > 0) {
-        pipe.producer_acquire_v(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                  &smem.v_full[kv.stage()]);
-        kv.advance(params.features.num_stages);
-      }
+      if (blocks.count() > 0) load_v(t, n, head_kv, kv_batch);
       for (--n; n >= blocks.lo; --n) {
-        pipe.producer_acquire_k(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                  &smem.k_full[kv.stage()]);
-        pipe.producer_acquire_v(kv);
-        ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
-        load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                  &smem.v_full[kv.stage()]);
-        kv.advance(params.features.num_stages);
+        load_k(t, n, head_kv, kv_batch);
+        load_v(t, n, head_kv, kv_batch);
       }
+      // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
+      if (o_in_kv && blocks.count() > 0) staged.mark(kv.previous_stage(params.features.num_stages));
       q_ring.advance(q_ring_depth<Cfg>(params.features));
     }
   }

@@ -22,12 +22,20 @@ struct SharedStorage {
   alignas(1024) Element k[Cfg::kStages][kKVElems];
   alignas(1024) Element v[Cfg::kStages][kKVElems];
   uint64_t q_full[Cfg::kQBuffers];   // TMA -> consumers: Q landed
-  uint64_t q_empty[Cfg::kQBuffers];  // consumers -> producer: O stored, Q buffer free for a later tile
+  // consumers -> producer: Q buffer free for a later tile (its O stored, or with kStagesOInKV the
+  // last Q K^T done); one arrival per consumer warp.
+  uint64_t q_empty[Cfg::kQBuffers];
   uint64_t k_full[Cfg::kStages];
   uint64_t v_full[Cfg::kStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
   uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
-  TileAnnouncement tile[Cfg::kQBuffers];  // producer -> consumers: the tile q_full announces
+  // Announcement slots (tile_announcement.cuh): one per Q buffer, and two with one Q buffer, since
+  // with kStagesOInKV the next tile's announcement may come while the epilogue still reads this one.
+  static constexpr int kAnnouncementSlots = Cfg::kQBuffers > 1 ? Cfg::kQBuffers : 2;
+  TileAnnouncement tile[kAnnouncementSlots];  // producer -> consumers: the tile q_full announces
+  // kStagesOInKV: consumers -> producer, per stage, the O staged in its K (part 0, warpgroup 0)
+  // or V (part 1, warpgroup 1) has been read by its TMA store; the producer waits before refilling.
+  uint64_t o_read[Cfg::kStages][2];
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
   int split_last[kMaxConsumerWarpgroups];  // per warpgroup: it drew its split tile's last ticket (SplitCombine)
 };

@@ -75,6 +75,12 @@ struct KernelConfig {
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
       2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kMaxSharedBytesPerBlock ? 2 : 1;
+  // With one Q buffer (d256) the next tile's Q could load only after this tile's O had been
+  // staged in it and stored, so its whole latency sat on every tile boundary. There each
+  // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
+  // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
+  // KV tile), which the producer refills only for the next tile's second block.
+  static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
   static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
   static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
