@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU machine's one script: build, GPU tests, compute-sanitizer on a small set, the CLI, the
 # Python tests and the peer benchmark, with a short table last.
-#   tools/gpu_check.sh [quick|full] [steps]
-#     quick: head dims 64;128;   full: every instance (32..256)
+#   tools/gpu_check.sh [quick|sm90|full] [steps]
+#     quick: head dims 64;128;   sm90: the Hopper kernel's 64;128;256;   full: every instance (32..256)
 #     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them)
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
@@ -33,6 +33,7 @@ step() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$summary"
 heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
+[ "$mode" = sm90 ] && heads="64;128;256"
 
 if has build || [ ! -x "$build/tests/fusedattn_gpu_tests" ]; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
@@ -96,7 +97,7 @@ peers=$root/.devbuild/carry/peers.py
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
-  suite=$([ "$mode" = full ] && echo fa || echo quick)
+  suite=$([ "$mode" = quick ] && echo quick || echo fa)
   for run in ${peer_runs//,/ }; do
     dt=${run%-sm80}
     if [ "$run" = varlen ]; then
