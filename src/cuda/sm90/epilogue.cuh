@@ -96,7 +96,8 @@ struct Epilogue {
     release_unstored(q_stage, o_stage);
   }
 
-  // o_stage: the stage of the tile's last KV block where O is staged there, else -1.
+  // o_stage: the stage of the tile's last KV block where O is staged there (kStagesOInKV, a tile
+  // with KV blocks), else -1 (the Q buffer q_stage).
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, int o_stage, float (&o)[kOAcc],
                                         OnlineSoftmax& softmax, PendingStore& pending) const {
     meet(o_stage);

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_cons
         continue;
       }
       if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
-        // Registers to spare (the d64 128-row tile): the tile goes to the epilogue as it is.
+        // Registers to spare (every tile but d64's 192-row one): the tile goes to the epilogue as it is.
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
         epilogue.store(t.tile, q_stage, o_stage(t), mainloop.o, mainloop.softmax, pending);
       } else {
