@@ -7,6 +7,8 @@
 // tile it publishes kNoTile, which sends the consumers home.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -102,21 +104,21 @@ struct Producer {
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
     const TileScheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.schedule_shift, params.split,
                                   params.tile_counter);
-    const auto load_k = [&](const WorkTile& t, int n, int head_kv, int kv_batch) {
-      if (o_in_kv) staged.wait_read(smem, kv.stage(), 0);
-      pipe.producer_acquire_k(kv);
-      ptx::mbarrier_arrive_expect_tx(&smem.k_full[kv.stage()], kKVBytes);
-      load_tile(&params.tma_k, smem.k[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                &smem.k_full[kv.stage()]);
+    // K (kPart 0) or V (kPart 1) of block n into the stage at kv, once the stage's previous K or V
+    // has been consumed (and an O staged there has been read by its store).
+    const auto load = [&](auto part, const WorkTile& t, int n, int head_kv, int kv_batch) {
+      constexpr int kPart = decltype(part)::value;
+      const int s = kv.stage();
+      if (o_in_kv) staged.wait_read(smem, s, kPart);
+      if constexpr (kPart == 0) pipe.producer_acquire_k(kv);
+      else pipe.producer_acquire_v(kv);
+      uint64_t* full = kPart == 0 ? &smem.k_full[s] : &smem.v_full[s];
+      ptx::mbarrier_arrive_expect_tx(full, kKVBytes);
+      load_tile(kPart == 0 ? &params.tma_k : &params.tma_v, kPart == 0 ? smem.k[s] : smem.v[s], kKVSlabElems,
+                t.k_start + n * Cfg::kBlockN, head_kv, kv_batch, full);
     };
-    const auto load_v = [&](const WorkTile& t, int n, int head_kv, int kv_batch) {
-      if (o_in_kv) staged.wait_read(smem, kv.stage(), 1);
-      pipe.producer_acquire_v(kv);
-      ptx::mbarrier_arrive_expect_tx(&smem.v_full[kv.stage()], kKVBytes);
-      load_tile(&params.tma_v, smem.v[kv.stage()], kKVSlabElems, t.k_start + n * Cfg::kBlockN, head_kv, kv_batch,
-                &smem.v_full[kv.stage()]);
-      kv.advance(params.features.num_stages);
-    };
+    constexpr std::integral_constant<int, 0> kK{};
+    constexpr std::integral_constant<int, 1> kV{};
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
@@ -127,12 +129,16 @@ struct Producer {
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = blocks.hi - 1;
       if (q_first && !publish_q(t, a, q_ring)) return;
-      if (blocks.count() > 0) load_k(t, n, head_kv, kv_batch);
+      if (blocks.count() > 0) load(kK, t, n, head_kv, kv_batch);
       if (!q_first && !publish_q(t, a, q_ring)) return;
-      if (blocks.count() > 0) load_v(t, n, head_kv, kv_batch);
+      if (blocks.count() > 0) {
+        load(kV, t, n, head_kv, kv_batch);
+        kv.advance(params.features.num_stages);
+      }
       for (--n; n >= blocks.lo; --n) {
-        load_k(t, n, head_kv, kv_batch);
-        load_v(t, n, head_kv, kv_batch);
+        load(kK, t, n, head_kv, kv_batch);
+        load(kV, t, n, head_kv, kv_batch);
+        kv.advance(params.features.num_stages);
       }
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
       if (o_in_kv && blocks.count() > 0) staged.mark(kv.previous_stage(params.features.num_stages));
