@@ -200,12 +200,10 @@ constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
 // D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128 and
 // 80 are the KV blocks of sm90/tile_config.h, 64 and 40 their first halves (a causal diagonal
-// block of which a slice sees only the first half, sm90/mask.cuh). d may be a wider accumulator:
-// only its first kN / 2 registers are written.
-template <typename Element, int kN, int kAcc>
-__device__ __forceinline__ void wgmma_ss(float (&d)[kAcc], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+// block of which a slice sees only the first half, sm90/mask.cuh).
+template <typename Element, int kN>
+__device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(kN == 40 || kN == 64 || kN == 80 || kN == 128, "instantiated for N = 40, 64, 80, 128");
-  static_assert(kAcc >= kN / 2, "the accumulator holds kN / 2 floats per thread");
   if constexpr (kN == 40) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(40, 20, "f16", 20, 21, 22);
     else FUSEDATTN_WGMMA_SS(40, 20, "bf16", 20, 21, 22);

@@ -34,9 +34,9 @@ struct TileMask {
   // (Consumer::mma_tile; the producer then announces each slice's blocks). Under a causal mask
   // that happens where a slice's last row and the tile's fall in different KV blocks: with 80-key
   // blocks at d256 (4 of a 512-query head's 18 block steps) and in the 192-row d64 tile. Where the
-  // blocks divide the tile (128 x 128) the square causal grid never skips, and working out the
-  // slices' blocks per tile cost d128 causal 512 ~2% (H200), so those tiles (and full masks, whose
-  // slices see every block) keep the plain loop.
+  // blocks divide the tile (128 x 128) the square causal grid never skips, so those tiles (and
+  // full masks, whose slices see every block) keep the plain loop and the producer works out no
+  // per-slice ranges for them.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
 
   // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
