@@ -7,7 +7,7 @@ numbers compare with the performance log. peers.py is read from .devbuild/carry/
 from ../shared/bench and carried with the device call).
 
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
-      [--dtype float16] [--env NAME=VALUE ...]
+      [--dtype float16] [--env NAME=VALUE[+NAME=VALUE...] ...]
 A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048), or any shape as
 mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; `fa-fwd` or `fa-bwd` names every
 forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--points", required=True)
     ap.add_argument("--providers", default="sdpa_flash,ours")
     ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE: one more `ours` column with it set")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[+NAME=VALUE...]: one more `ours` column with these set")
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
     args = ap.parse_args()
@@ -81,8 +81,8 @@ def main():
         row = []
         for provider, env in columns:
             saved = {}
-            if env:
-                key, value = env.split("=", 1)
+            for setting in env.split("+") if env else []:
+                key, value = setting.split("=", 1)
                 saved[key] = os.environ.get(key)
                 os.environ[key] = value
             try:

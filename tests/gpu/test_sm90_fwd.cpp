@@ -333,8 +333,9 @@ TEST(Sm90Fwd, OStagedInKVStages) {
   }
 }
 
-// The d64 tile shapes (FUSEDATTN_SM90_D64_TILE): 128-row tiles and 192-row ones (three consumer
-// warpgroups in a three-way GEMM turn, 160 registers each, cut blocks masked after P V).
+// The d64 tile shapes (FUSEDATTN_SM90_D64_TILE): 128-row tiles, 192-row ones (three consumer
+// warpgroups in a three-way GEMM turn, 160 registers each, cut blocks masked after P V) and the
+// 128 x 64 tiles of two CTAs per SM (104 registers, no overlap, 64-key blocks that slices skip).
 // Lengths that are not multiples of 192 or 128 (the partial tile is the first one), causal masks
 // with Sq != Sk both ways, a window cutting blocks at both ends, both dtypes, a head dim below
 // the instance's, the switches that change the schedule, and a problem with many tiles per CTA
@@ -346,7 +347,7 @@ TEST(Sm90Fwd, TileShapes) {
   const std::vector<std::pair<const char*, const char*>> switches = {
       {"FUSEDATTN_SM90_PINGPONG", "0"}, {"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_Q_PREFETCH", "0"},
       {"FUSEDATTN_SM90_PERSISTENT", "0"}, {"FUSEDATTN_SM90_DYNAMIC", "0"}};
-  for (const char* shape : {"128", "192"}) {
+  for (const char* shape : {"128", "192", "pair"}) {
     const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", shape);
     const std::string label = std::string("FUSEDATTN_SM90_D64_TILE=") + shape;
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})

@@ -146,7 +146,8 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------
-// The accumulator operand lists spelled out ("%0, %1, ...") for 32, 40, 64 and 128 registers.
+// The accumulator operand lists spelled out ("%0, %1, ...") for 16, 20, 32, 40, 64 and 128 registers.
+#define FUSEDATTN_WGMMA_ACC_16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FUSEDATTN_WGMMA_ACC_20 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
@@ -156,6 +157,7 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_ACC_OPS_8(d, i)                                                                    \
   "+f"(d[i + 0]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define FUSEDATTN_ACC_OPS_16(d, i) FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8)
 #define FUSEDATTN_ACC_OPS_20(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), "+f"(d[i + 16]), "+f"(d[i + 17]), "+f"(d[i + 18]), "+f"(d[i + 19])
 #define FUSEDATTN_ACC_OPS_32(d, i) \
@@ -198,13 +200,16 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 template <typename Element>
 constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
-// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128 and
-// 80 are the KV blocks of sm90/tile_config.h, 64 and 40 their first halves (a causal diagonal
-// block of which a slice sees only the first half, sm90/mask.cuh).
+// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128, 80
+// and 64 are the KV blocks of sm90/tile_config.h, 64, 40 and 32 their first halves (a causal
+// diagonal block of which a slice sees only the first half, sm90/mask.cuh).
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 40 || kN == 64 || kN == 80 || kN == 128, "instantiated for N = 40, 64, 80, 128");
-  if constexpr (kN == 40) {
+  static_assert(kN == 32 || kN == 40 || kN == 64 || kN == 80 || kN == 128, "instantiated for N = 32, 40, 64, 80, 128");
+  if constexpr (kN == 32) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(32, 16, "f16", 16, 17, 18);
+    else FUSEDATTN_WGMMA_SS(32, 16, "bf16", 16, 17, 18);
+  } else if constexpr (kN == 40) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(40, 20, "f16", 20, 21, 22);
     else FUSEDATTN_WGMMA_SS(40, 20, "bf16", 20, 21, 22);
   } else if constexpr (kN == 64) {

@@ -128,6 +128,16 @@ struct Consumer {
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
   // Registers of S, P and O, which the overlapped loop holds throughout.
   static constexpr int kSinglePAccumulators = kSAcc + kPRegs + kOAcc;
+  // Whether the overlapped loop is compiled at all: beside its accumulators it needs 32 registers
+  // (the 192-row tile runs on that); with 24 (two CTAs per SM, kD64Pair) ptxas serialises every
+  // wgmma of the kernel, so there the launch turns the overlap off (features.overlap).
+  static constexpr int kOverlapHeadroomRegisters = 32;
+  static constexpr bool kOverlaps = Cfg::kConsumerRegisters - kSinglePAccumulators >= kOverlapHeadroomRegisters;
+  // Whether the loop without the overlap skips the blocks a slice does not see (as the overlapped
+  // one does): only where it is the only loop (kD64Pair). In the overlapping tiles it is the
+  // switch-off path, which computes those blocks fully masked instead: skipping there serialised
+  // the 192-row tile's wgmmas (C7511).
+  static constexpr bool kSkipsAlone = Mask::kSlicesSkipBlocks && !kOverlaps;
   // Headroom the masked overlapped step needs besides the accumulators: 32 spilled 124-144 B,
   // d256's 52 did not.
   static constexpr int kMaskHeadroomRegisters = 48;
@@ -411,7 +421,7 @@ struct Consumer {
       return;
     }
 
-    if (params.features.overlap) {
+    if (kOverlaps && params.features.overlap) {
       if constexpr (!Mask::kSlicesSkipBlocks) {
         overlapped_blocks(blocks, t.narrow_first, kv, turns, pipe, pending);
         return;
@@ -430,15 +440,40 @@ struct Consumer {
       pass_turns(top + mine_count + 1, count + 1, kv, turns, pipe);
       return;
     }
+    // Without the overlap: Q K^T, softmax and P V of each block alone, highest block first.
+    KVBlockRange mine = blocks;
+    if constexpr (kSkipsAlone) {
+      // Blocks none of this slice's rows sees (above or below t.visible) pass their two turns at
+      // once and go back unread.
+      mine = t.visible.count() > 0 ? t.visible : KVBlockRange{blocks.hi, blocks.hi};
+      skip_blocks_alone(blocks.hi - mine.hi, kv, turns, pipe, pending);
+    }
     float s[kSAcc];
     uint32_t p[kPRegs];
     RowCorrection correction;
-    for (int n = blocks.hi - 1; n >= blocks.lo; --n) {
+    for (int n = mine.hi - 1; n >= mine.lo; --n) {
       qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, correction);
       apply_correction(o, correction);
       convert_p(s, p);
       pv_alone(p, kv, turns, pipe);
+    }
+    if constexpr (kSkipsAlone) skip_blocks_alone(mine.lo - blocks.lo, kv, turns, pipe, pending);
+  }
+
+  // `count` blocks of the loop without the overlap given back unread, each once it has landed (as
+  // in pass_through_tile), their two turns each passed at once.
+  __device__ __forceinline__ void skip_blocks_alone(int count, PipelineState& kv, const WarpgroupTurns& turns,
+                                                    const KVPipeline<Storage>& pipe, PendingStore& pending) const {
+    for (int i = 0; i < count; ++i) {
+      pending.release(smem, previous_q_buffer());
+      pipe.consumer_wait_k(kv);
+      pipe.consumer_release_k(kv, lane);
+      pass_through_turn(turns);
+      pipe.consumer_wait_v(kv);
+      pipe.consumer_release_v(kv, lane);
+      kv.advance(params.features.num_stages);
+      pass_through_turn(turns);
     }
   }
 

@@ -46,13 +46,13 @@ constexpr bool kQPrefetchDefault = true;
 // 1k, +2-3% at 2k, even at 4k-8k, but 1-5% slower at full 16k, in every pairing.
 constexpr int64_t kOInKVMaxKeys = 8192;
 inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
-                                  bool dynamic_default, bool o_in_kv_default) {
+                                  bool dynamic_default, bool o_in_kv_default, bool pingpong_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
     return v && v[0] ? v[0] != '0' : fallback;
   };
   Features f;
-  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", true);
+  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", pingpong_default);
   f.early_k_release = flag("FUSEDATTN_SM90_EARLY_K", true);
   f.narrow_first = flag("FUSEDATTN_SM90_NARROW_FIRST", true);
   f.overlap = flag("FUSEDATTN_SM90_OVERLAP", true);
@@ -76,9 +76,10 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   const int num_m_blocks = static_cast<int>((rows.rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
-  // Persistent or not, one CTA per SM runs at a time (the shared memory allows no more), so the
-  // SMs are the plan's slots.
-  FwdWork work = fwd_work(p, kMask, rows, kShape, num_sms);
+  // Persistent or not, kCtasPerSm CTAs per SM run at a time (the shared memory and registers
+  // allow no more): those are the plan's slots.
+  const int64_t slots = int64_t{num_sms} * Cfg::kCtasPerSm;
+  FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
   const int64_t tiles = work.tiles;
   if (tiles == 0) return;
 
@@ -97,8 +98,13 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
                                            varlen ? rows.heads : rows.heads * p.batch);
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
+  // Two CTAs per SM (kD64Pair) interleave their warpgroups' GEMMs without turns: H200, d64
+  // causal 512 / 1k, TFLOP/s with / without the turns, two runs in one process: 277-279 /
+  // 287-289, 342-345 / 346-350 (docs/hopper.md, session 20).
   kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true,
-                                  p.seqlen_k <= kOInKVMaxKeys);
+                                  p.seqlen_k <= kOInKVMaxKeys, Cfg::kCtasPerSm == 1);
+  // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
+  if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
   // A variable-length batch's tiles add their sequence's first row (map_rows).
   const auto [rows_q, rows_k] = map_rows(p);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
@@ -113,7 +119,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   SplitWorkspace workspace;
   if (work.split.parts > 1) {
-    workspace = split_workspace(stream, kMaxSplitWaves * int64_t{num_sms}, work.split.split_items(tiles),
+    workspace = split_workspace(stream, kMaxSplitWaves * slots, work.split.split_items(tiles),
                                 work.split.parts, Cfg::kBlockM, kHeadDim);
     // No workspace can be made during a graph capture: every tile whole.
     if (!workspace.ok()) work.split = {tiles, 1};
@@ -126,10 +132,13 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     kp.features.dynamic = false;
     kp.features.persistent = kMask == MaskKind::kFull;
   }
-  const int64_t grid = kp.features.persistent ? std::min<int64_t>(work.items(), num_sms) : work.items();
+  const int64_t grid = kp.features.persistent ? std::min<int64_t>(work.items(), slots) : work.items();
 
   auto kernel = fwd_kernel<Element, Cfg, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
+  FUSEDATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(kp);
   FUSEDATTN_CHECK_LAUNCH();
   // Every launch leaves the stream's counter at zero for the next. A variable-length one cannot
@@ -139,13 +148,17 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
 }
 
 // Whether GQA groups are packed into tiles, and d64's tile, are chosen per launch (fwd_split.h:
-// tiled_rows, uses_d64_tall).
+// tiled_rows, d64_tile).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
-    if (uses_d64_tall(kMask, rows.rows)) return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
+    switch (d64_tile(kMask, rows.rows, p.seqlen_k)) {
+      case D64Tile::kTall: return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
+      case D64Tile::kPair: return launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms);
+      case D64Tile::kTable: break;
+    }
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

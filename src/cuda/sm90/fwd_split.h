@@ -40,22 +40,35 @@ inline bool tail_split_enabled() {
 }
 
 // d64: the 192-row tile where the query sequence (its tiled rows, see TiledRows) is long enough that the third consumer
-// warpgroup gains more than the partial last tile costs, the table's 128-row tile otherwise. A
+// warpgroup gains more than the partial last tile costs, a shorter one otherwise. A
 // warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a full mask
 // 192 rows win from 512 queries: H200 fp16 TFLOP/s, default (128) vs forced 192, one call, two
-// repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Causal masks keep 128 rows below
-// 2k (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for both (before the
-// skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00 ours/cuDNN).
-// FUSEDATTN_SM90_D64_TILE=128|192 forces one ("192o", its name while a 192-row tile without the
-// overlap existed, still means 192).
+// repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Below 2k queries 192 rows lose to
+// 128 under causal masks (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for
+// both (before the skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00
+// ours/cuDNN). Below 2k queries masked tiles are short (a causal 512-query head: 1 to 4 blocks), and the
+// 128 x 64 tile of two CTAs per SM (kD64Pair) hides one CTA's tile boundaries under the other's
+// loop: H200 fp16 TFLOP/s, pair / 128-row tile, one process, two runs: causal 512 287-289 /
+// 243-246, 1k 346-350 / 321-324, 2k 391-393 / 370-382 (the 192-row tile: 400-405). Measured with
+// at most 2048 keys; longer key ranges (long tiles, whose boundaries cost little) keep 128 rows.
+// Full masks gain nothing from it (512: 366-383 / 383 with 192 rows).
+// FUSEDATTN_SM90_D64_TILE=128|192|pair forces one ("192o", its name while a 192-row tile without
+// the overlap existed, still means 192).
 constexpr int64_t kD64TallMinQueries = 2048;
 constexpr int64_t kD64TallMinQueriesFullMask = 512;
+constexpr int64_t kD64PairMaxKeys = 2048;
 
-inline bool uses_d64_tall(MaskKind mask, int64_t rows) {
+enum class D64Tile { kTable, kTall, kPair };
+
+inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t seqlen_k) {
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
-  const int64_t min_queries = mask == MaskKind::kFull ? kD64TallMinQueriesFullMask : kD64TallMinQueries;
-  return forced != "128" && (forced == "192" || forced == "192o" || rows >= min_queries);
+  if (forced == "pair") return D64Tile::kPair;
+  if (forced == "128") return D64Tile::kTable;
+  if (forced == "192" || forced == "192o") return D64Tile::kTall;
+  if (mask == MaskKind::kFull) return rows >= kD64TallMinQueriesFullMask ? D64Tile::kTall : D64Tile::kTable;
+  if (rows >= kD64TallMinQueries) return D64Tile::kTall;
+  return seqlen_k <= kD64PairMaxKeys ? D64Tile::kPair : D64Tile::kTable;
 }
 
 // GQA packing: a tile's rows are the query rows of all `group` query heads that share one KV
@@ -76,12 +89,18 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 }
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
-inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows) {
-  if (instance_head_dim == 64 && uses_d64_tall(mask, rows.rows)) return kD64Tall;
+inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t seqlen_k) {
+  if (instance_head_dim == 64) {
+    switch (d64_tile(mask, rows.rows, seqlen_k)) {
+      case D64Tile::kTall: return kD64Tall;
+      case D64Tile::kPair: return kD64Pair;
+      case D64Tile::kTable: break;
+    }
+  }
   return tile_shape(instance_head_dim);
 }
 
-// Packed where that is estimated faster on `slots` concurrent CTAs: first by the launch's waves
+// Packed where that is estimated faster on the CTAs that run at once on sm_count SMs: first by the launch's waves
 // times the tile height (the makespan of equal tiles), then by the rows computed in all (a tie
 // there is a launch of fewer tiles than SMs, which the tail split spreads, so less work is less
 // time). H200, fp16, TFLOP/s packed / unpacked: decode (one query, 32 query heads on 8 KV heads,
@@ -90,7 +109,7 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
 // batch 8 and 16 query heads would pack into 80 192-row tiles instead of 128 128-row ones
 // (one wave either way on 132 SMs): 208 / 247. FUSEDATTN_SM90_PACK_GQA=0|1 turns it off, or on
 // wherever the group allows. Variable-length batches are never packed.
-inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind mask, int64_t slots) {
+inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind mask, int64_t sm_count) {
   const TiledRows unpacked = tiled_rows(p, 0);
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   if (p.cu_seqlens_q != nullptr || group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return unpacked;
@@ -104,7 +123,8 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     int64_t makespan, work;
   };
   const auto cost = [&](const TiledRows& r) {
-    const int64_t block_m = fwd_tile_shape(instance_head_dim, mask, r).block_m;
+    const TileShape shape = fwd_tile_shape(instance_head_dim, mask, r, p.seqlen_k);
+    const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = (r.rows + block_m - 1) / block_m * r.heads * p.batch;
     return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
   };
@@ -163,7 +183,8 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 // GPU tests check that the shapes they mean to split or pack do so).
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
   const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
-  return fwd_work(p, mask, rows, fwd_tile_shape(instance_head_dim, mask, rows), sm_count);
+  const TileShape shape = fwd_tile_shape(instance_head_dim, mask, rows, p.seqlen_k);
+  return fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm);
 }
 
 }  // namespace fusedattn::cuda::sm90

@@ -37,7 +37,7 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
 }
 
 template <typename Element, class Cfg, MaskKind kMask>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) fwd_kernel(const __grid_constant__ KernelParams params) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(const __grid_constant__ KernelParams params) {
   extern __shared__ __align__(1024) unsigned char smem_bytes[];
   auto& smem = *reinterpret_cast<SharedStorage<Element, Cfg>*>(smem_bytes);
   // Warpgroup and warp index broadcast from lane 0: the same value, but one ptxas knows to be

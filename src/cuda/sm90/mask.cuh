@@ -33,11 +33,12 @@ struct TileMask {
   // Whether a consumer warpgroup skips the blocks of its tile that its 64 rows do not see at all
   // (Consumer::mma_tile; the producer then announces each slice's blocks). Under a causal mask
   // that happens where a slice's last row and the tile's fall in different KV blocks: with 80-key
-  // blocks at d256 (4 of a 512-query head's 18 block steps) and in the 192-row d64 tile. Where the
-  // blocks divide the tile (128 x 128) the square causal grid never skips, so those tiles (and
-  // full masks, whose slices see every block) keep the plain loop and the producer works out no
-  // per-slice ranges for them.
-  static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockM % kBlockN != 0;
+  // blocks at d256 (4 of a 512-query head's 18 block steps), in the 192-row d64 tile and with
+  // 64-key blocks (a 128-row tile's first slice never sees its diagonal's second block). In a
+  // square tile (128 x 128) the square causal grid never skips, so those tiles (and full masks,
+  // whose slices see every block) keep the plain loop and the producer works out no per-slice
+  // ranges for them.
+  static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockN < kBlockM;
 
   // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
   // second half: the causal diagonal block of the first slice of a 128 x 128 tile, whose last row

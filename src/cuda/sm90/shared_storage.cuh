@@ -43,7 +43,7 @@ struct SharedStorage {
 template <typename Element, class Cfg>
 constexpr int shared_bytes() {
   constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
-  static_assert(bytes <= kMaxSharedBytesPerBlock, "tile configuration exceeds the shared memory of an SM");
+  static_assert(bytes <= Cfg::kSharedBytesLimit, "tile configuration exceeds its share of an SM's shared memory");
   static_assert(bytes <= Cfg::kQBuffers * Cfg::kQTileBytes + 2 * Cfg::kStages * Cfg::kKVTileBytes + Cfg::kBarrierBytes,
                 "kBarrierBytes in tile_config.h is too small: the Q buffer count was chosen on a wrong size");
   return bytes;

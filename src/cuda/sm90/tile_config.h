@@ -11,6 +11,7 @@ struct TileShape {
   int block_n;              // keys per KV block
   int stages;               // depth of the K/V shared-memory pipeline
   int consumer_warpgroups;  // 64-row slices, one per consumer warpgroup (each takes GEMM turns)
+  int ctas_per_sm = 1;      // CTAs resident per SM: they share its registers and shared memory
 };
 
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
@@ -30,6 +31,11 @@ constexpr TileShape tile_shape(int head_dim) {
 // (docs/hopper.md, session 6), and its cut blocks wait for P V before the mask (consumer.cuh).
 constexpr TileShape kD64Tall{192, 128, 3, 3};
 
+// d64 for short sequences: two CTAs per SM, so one CTA's tile boundary (epilogue, the next tile's
+// first Q K^T and softmax alone) runs beside the other's KV loop. Half the register file each
+// leaves 104 per consumer thread: S (32) + P (16) + O (32) of a 64-key block.
+constexpr TileShape kD64Pair{128, 64, 4, 2, 2};
+
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
@@ -39,16 +45,31 @@ constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer on
 constexpr int kMaxRegistersPerThread = 256;
 constexpr int kRegisterGranule = 8;  // setmaxnreg counts are multiples of 8
 
-// What the consumers get after setmaxnreg: all the producer leaves, shared evenly and rounded down
-// to setmaxnreg's granule (2 consumer warpgroups: 240, 3: 160).
-constexpr int consumer_registers(int consumer_warpgroups) {
-  const int per_thread =
-      (kRegisterFileSize - kWarpgroupThreads * kProducerRegisters) / (consumer_warpgroups * kWarpgroupThreads);
-  const int granular = per_thread / kRegisterGranule * kRegisterGranule;
-  return granular < kMaxRegistersPerThread ? granular : kMaxRegistersPerThread;
+// The registers a CTA of `threads` starts with when ctas_per_sm of them share the register file
+// (__launch_bounds__(threads, ctas_per_sm) caps each thread at its share, in granules).
+constexpr int launch_registers(int threads, int ctas_per_sm) {
+  const int per_thread = kRegisterFileSize / (ctas_per_sm * threads) / kRegisterGranule * kRegisterGranule;
+  return per_thread < kMaxRegistersPerThread ? per_thread : kMaxRegistersPerThread;
+}
+
+// What the consumers get after setmaxnreg: what the CTA started with less the producer's share,
+// evenly and rounded down to setmaxnreg's granule (setmaxnreg moves registers within a CTA only).
+// One CTA per SM: 2 consumer warpgroups 240, 3: 160; two CTAs per SM with 2: 104.
+constexpr int consumer_registers(int consumer_warpgroups, int ctas_per_sm) {
+  const int threads = (1 + consumer_warpgroups) * kWarpgroupThreads;
+  const int pool = launch_registers(threads, ctas_per_sm) * threads - kWarpgroupThreads * kProducerRegisters;
+  const int per_thread = pool / (consumer_warpgroups * kWarpgroupThreads) / kRegisterGranule * kRegisterGranule;
+  return per_thread < kMaxRegistersPerThread ? per_thread : kMaxRegistersPerThread;
 }
 
 constexpr int kMaxSharedBytesPerBlock = 227 * 1024;  // sm_90 opt-in limit per block
+constexpr int kMaxSharedBytesPerSm = 228 * 1024;     // what the CTAs on one SM share
+constexpr int kReservedSharedBytesPerBlock = 1024;   // the system's share of each CTA's
+// The dynamic shared memory one CTA may take when ctas_per_sm of them share an SM.
+constexpr int shared_bytes_per_cta(int ctas_per_sm) {
+  const int share = kMaxSharedBytesPerSm / ctas_per_sm - kReservedSharedBytesPerBlock;
+  return share < kMaxSharedBytesPerBlock ? share : kMaxSharedBytesPerBlock;
+}
 constexpr int kSwizzleBytes = 128;                   // TMA/wgmma 128-byte swizzle span (one smem row)
 
 template <typename Element, int kHeadDim_, TileShape kShape_ = tile_shape(kHeadDim_)>
@@ -59,9 +80,11 @@ struct KernelConfig {
   static constexpr int kBlockN = kShape.block_n;
   static constexpr int kStages = kShape.stages;
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
+  static constexpr int kCtasPerSm = kShape.ctas_per_sm;
+  static constexpr int kSharedBytesLimit = shared_bytes_per_cta(kCtasPerSm);
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // producer + consumers
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
-  static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups);
+  static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kCtasPerSm);
   // A tile row of kHeadDim elements is stored as kHeadDim / kSlabCols "slabs" of 128 bytes each,
   // so every slab is a plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on.
   static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
@@ -74,7 +97,7 @@ struct KernelConfig {
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
-      2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kMaxSharedBytesPerBlock ? 2 : 1;
+      2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
   // With one Q buffer (d256) the next tile's Q could load only after this tile's O had been
   // staged in it and stored, so its whole latency sat on every tile boundary. There each
   // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
@@ -86,7 +109,7 @@ struct KernelConfig {
   static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "the GEMM turns need a partner; named barriers exist for kMaxConsumerWarpgroups");
   static_assert(kWarpgroupThreads * kProducerRegisters + kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
-                kRegisterFileSize);
+                launch_registers(kThreads, kCtasPerSm) * kThreads);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma k-steps are 16 wide");
 };
 
