@@ -48,10 +48,10 @@ inline bool tail_split_enabled() {
 // both (before the skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00
 // ours/cuDNN). Below 2k queries masked tiles are short (a causal 512-query head: 1 to 4 blocks), and the
 // 128 x 64 tile of two CTAs per SM (kD64Pair) hides one CTA's tile boundaries under the other's
-// loop: H200 fp16 TFLOP/s, pair / 128-row tile, one process, two runs: causal 512 287-289 /
-// 243-246, 1k 346-350 / 321-324, 2k 391-393 / 370-382 (the 192-row tile: 400-405). Measured with
-// at most 2048 keys; longer key ranges (long tiles, whose boundaries cost little) keep 128 rows.
-// Full masks gain nothing from it (512: 366-383 / 383 with 192 rows).
+// loop: H200 fp16 TFLOP/s, pair / 128-row tile, both in one process, three calls: causal 512
+// 287-292 / 244-247, 1k 346-362 / 321-327, 2k 391-408 / 370-385 (192 rows: 400-416). Measured
+// with at most 2048 keys; longer key ranges (long tiles, whose boundaries cost little) keep 128
+// rows. Full masks gain nothing from it (512: 366-383 / 380-388 with 192 rows).
 // FUSEDATTN_SM90_D64_TILE=128|192|pair forces one ("192o", its name while a 192-row tile without
 // the overlap existed, still means 192).
 constexpr int64_t kD64TallMinQueries = 2048;

@@ -33,7 +33,9 @@ constexpr TileShape kD64Tall{192, 128, 3, 3};
 
 // d64 for short sequences: two CTAs per SM, so one CTA's tile boundary (epilogue, the next tile's
 // first Q K^T and softmax alone) runs beside the other's KV loop. Half the register file each
-// leaves 104 per consumer thread: S (32) + P (16) + O (32) of a 64-key block.
+// leaves 104 per consumer thread: S (32) + P (16) + O (32) of a 64-key block, too few for the
+// intra-warpgroup overlap (Consumer::kOverlaps); 4 stages of 16 KiB + 2 Q buffers: 96 KiB each.
+// docs/hopper.md, session 20.
 constexpr TileShape kD64Pair{128, 64, 4, 2, 2};
 
 constexpr int kWarpgroupThreads = 128;
@@ -64,7 +66,7 @@ constexpr int consumer_registers(int consumer_warpgroups, int ctas_per_sm) {
 
 constexpr int kMaxSharedBytesPerBlock = 227 * 1024;  // sm_90 opt-in limit per block
 constexpr int kMaxSharedBytesPerSm = 228 * 1024;     // what the CTAs on one SM share
-constexpr int kReservedSharedBytesPerBlock = 1024;   // the system's share of each CTA's
+constexpr int kReservedSharedBytesPerBlock = 1024;   // reserved by the system for each CTA
 // The dynamic shared memory one CTA may take when ctas_per_sm of them share an SM.
 constexpr int shared_bytes_per_cta(int ctas_per_sm) {
   const int share = kMaxSharedBytesPerSm / ctas_per_sm - kReservedSharedBytesPerBlock;
