@@ -371,6 +371,37 @@ TEST(Sm90Fwd, TileShapes) {
   }
 }
 
+// d256's two KV block widths (FUSEDATTN_SM90_D256_TILE): 80 keys (full masks, long key ranges)
+// and 64 (masked launches below 4096 keys), each forced on every kind of mask: a causal diagonal
+// split across blocks (80) or whole (64, where the first slice skips its diagonal's second
+// block), Sq != Sk both ways, a window cutting blocks at both ends, a single key, a head dim
+// below the instance's, the overlap and O-in-KV switches, and a large problem's sampled rows.
+TEST(Sm90Fwd, D256BlockWidths) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int d = 256;
+  for (const char* width : {"64", "80"}) {
+    const ScopedEnv tile("FUSEDATTN_SM90_D256_TILE", width);
+    const std::string label = std::string("FUSEDATTN_SM90_D256_TILE=") + width;
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
+                                make_problem(1, 3, 1, d, 200, 515, true), make_problem(1, 2, 2, d, 515, 200, true),
+                                make_problem(1, 2, 1, d, 385, 577, false, 100, 20),
+                                make_problem(1, 2, 2, d, 193, 1, false), make_problem(1, 2, 2, d - 24, 200, 190, true)}) {
+        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+        SCOPED_TRACE(label);
+        expect_matches_reference(c);
+      }
+    for (const auto& [k, v] : {std::pair{"FUSEDATTN_SM90_OVERLAP", "0"}, std::pair{"FUSEDATTN_SM90_O_IN_KV", "0"}}) {
+      const ScopedEnv scoped(k, v);
+      HostCase c = make_case(make_problem(1, 4, 2, d, 450, 420, true), DType::kFloat16, Layout::kBSHD, rng);
+      SCOPED_TRACE(label + " " + k + "=" + v);
+      expect_matches_reference(c);
+    }
+    expect_sampled_rows_match(true, rng, label, d);
+  }
+}
+
 // Partial last tiles whose last 64-row slices lie wholly past the sequence end: the consumer
 // warpgroups owning those slices compute nothing there but must keep the GEMM turns, the K/V
 // stages and the Q buffer's release in step with the others. 192-row d64 tiles with one empty

@@ -147,8 +147,8 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
 }
 
-// Whether GQA groups are packed into tiles, and d64's tile, are chosen per launch (fwd_split.h:
-// tiled_rows, d64_tile).
+// Whether GQA groups are packed into tiles, and d64's and d256's tiles, are chosen per launch
+// (fwd_split.h: tiled_rows, d64_tile, uses_d256_block64).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
@@ -159,6 +159,9 @@ void run_fwd(const FwdParams& p) {
       case D64Tile::kPair: return launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms);
       case D64Tile::kTable: break;
     }
+  }
+  if constexpr (kHeadDim == 256) {
+    if (uses_d256_block64(kMask, p.seqlen_k)) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

@@ -71,6 +71,22 @@ inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t seqlen_k) {
   return seqlen_k <= kD64PairMaxKeys ? D64Tile::kPair : D64Tile::kTable;
 }
 
+// d256: 64-key blocks (kD256Block64) for masked launches of fewer than 4096 keys, 80 otherwise.
+// H200 fp16 TFLOP/s, 64 / 80, one process, both column orders: causal 512 337-341 / 322-324,
+// 1k 472-479 / 461-462, 2k 564-569 / 554-558; causal 4k-16k within 1%; full 512 504-506 /
+// 494-501, 1k 597-599 / 590-597, 2k 654-663 / 644-669, 16k 670-700 / 703-722 (docs/hopper.md,
+// session 20). Full masks keep 80 (at most +1% up to 1k, -3 to -5% at 16k), as do long key
+// ranges under a mask (a short query block sees them all, like a full mask).
+// FUSEDATTN_SM90_D256_TILE=64|80 forces one.
+constexpr int64_t kD256Block64MaxKeys = 4096;  // exclusive
+
+inline bool uses_d256_block64(MaskKind mask, int64_t seqlen_k) {
+  const char* v = std::getenv("FUSEDATTN_SM90_D256_TILE");
+  const std::string forced = v ? v : "";
+  if (forced == "64" || forced == "80") return forced == "64";
+  return mask != MaskKind::kFull && seqlen_k < kD256Block64MaxKeys;
+}
+
 // GQA packing: a tile's rows are the query rows of all `group` query heads that share one KV
 // head, position-major (tiled row r = position r / group of query head group * kv_head + r %
 // group), so a short query sequence fills the tile with the group's heads instead of rows past
@@ -97,6 +113,7 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
       case D64Tile::kTable: break;
     }
   }
+  if (instance_head_dim == 256 && uses_d256_block64(mask, seqlen_k)) return kD256Block64;
   return tile_shape(instance_head_dim);
 }
 

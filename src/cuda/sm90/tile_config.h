@@ -16,7 +16,8 @@ struct TileShape {
 
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
 // 128 registers per thread, so the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of
-// 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3). A 176-key block at
+// 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3; since session 20
+// 64 wins under short masks, kD256Block64). A 176-key block at
 // d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 stage bought nothing.
 constexpr TileShape tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 128, 3, 2};
@@ -37,6 +38,11 @@ constexpr TileShape kD64Tall{192, 128, 3, 3};
 // intra-warpgroup overlap (Consumer::kOverlaps); 4 stages of 16 KiB + 2 Q buffers: 96 KiB each.
 // docs/hopper.md, session 20.
 constexpr TileShape kD64Pair{128, 64, 4, 2, 2};
+
+// d256 under masks with fewer than kD256Block64MaxKeys keys (fwd_split.h): 64-key blocks, so a
+// 128-row causal tile's diagonal is two whole blocks (80-key blocks cut 512 queries into 6.4) and
+// each step's softmax is shorter. 2 stages of 64 KiB + one 64 KiB Q buffer: 192 KiB.
+constexpr TileShape kD256Block64{128, 64, 2, 2};
 
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
