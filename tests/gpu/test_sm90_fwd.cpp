@@ -333,6 +333,21 @@ TEST(Sm90Fwd, OStagedInKVStages) {
   }
 }
 
+// The cases every forced tile shape runs, both dtypes: lengths that are not multiples of the
+// tile (the partial tile is the first one), full and causal masks, Sq != Sk both ways, a window
+// cutting blocks at both ends, a single key, and a head dim below the instance's (d).
+void expect_tile_cases_match(int d, const std::string& label, std::mt19937_64& rng) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
+                              make_problem(1, 3, 1, d, 200, 515, true), make_problem(1, 2, 2, d, 515, 200, true),
+                              make_problem(1, 2, 1, d, 385, 577, false, 100, 20),
+                              make_problem(1, 2, 1, d, 193, 1, false), make_problem(1, 2, 2, d - 24, 200, 190, true)}) {
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      SCOPED_TRACE(label);
+      expect_matches_reference(c);
+    }
+}
+
 // The d64 tile shapes (FUSEDATTN_SM90_D64_TILE): 128-row tiles, 192-row ones (three consumer
 // warpgroups in a three-way GEMM turn, 160 registers each, cut blocks masked after P V) and the
 // 128 x 64 tiles of two CTAs per SM (104 registers, no overlap, 64-key blocks that slices skip).
@@ -350,15 +365,7 @@ TEST(Sm90Fwd, TileShapes) {
   for (const char* shape : {"128", "192", "pair"}) {
     const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", shape);
     const std::string label = std::string("FUSEDATTN_SM90_D64_TILE=") + shape;
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
-                                make_problem(1, 3, 1, d, 200, 515, true), make_problem(1, 2, 2, d, 515, 200, true),
-                                make_problem(1, 2, 1, d, 385, 577, false, 100, 20),
-                                make_problem(1, 2, 1, d, 193, 1, false), make_problem(1, 2, 2, d - 24, 200, 190, true)}) {
-        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-        SCOPED_TRACE(label);
-        expect_matches_reference(c);
-      }
+    expect_tile_cases_match(d, label, rng);
     for (const auto& [k, v] : switches) {
       const ScopedEnv scoped(k, v);
       for (bool causal : {false, true}) {
@@ -383,15 +390,7 @@ TEST(Sm90Fwd, D256BlockWidths) {
   for (const char* width : {"64", "80"}) {
     const ScopedEnv tile("FUSEDATTN_SM90_D256_TILE", width);
     const std::string label = std::string("FUSEDATTN_SM90_D256_TILE=") + width;
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (const Problem& pr : {make_problem(2, 4, 2, d, 300, 300, false), make_problem(2, 4, 2, d, 300, 300, true),
-                                make_problem(1, 3, 1, d, 200, 515, true), make_problem(1, 2, 2, d, 515, 200, true),
-                                make_problem(1, 2, 1, d, 385, 577, false, 100, 20),
-                                make_problem(1, 2, 2, d, 193, 1, false), make_problem(1, 2, 2, d - 24, 200, 190, true)}) {
-        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-        SCOPED_TRACE(label);
-        expect_matches_reference(c);
-      }
+    expect_tile_cases_match(d, label, rng);
     for (const auto& [k, v] : {std::pair{"FUSEDATTN_SM90_OVERLAP", "0"}, std::pair{"FUSEDATTN_SM90_O_IN_KV", "0"}}) {
       const ScopedEnv scoped(k, v);
       HostCase c = make_case(make_problem(1, 4, 2, d, 450, 420, true), DType::kFloat16, Layout::kBSHD, rng);
