@@ -46,9 +46,9 @@ inline bool tail_split_enabled() {
 // repetitions: 512 370-373 vs 392-397, 1k 406-408 vs 426-427. Below 2k queries 192 rows lose to
 // 128 under causal masks (causal 1k 318-325 vs 309-310; 512 even); at 2k and above 192 wins for
 // both (before the skip: full 2k 1.05 vs 0.98, causal 2k 1.02 vs 0.99, 4k 1.08 vs 1.00
-// ours/cuDNN). Below 2k queries masked tiles are short (a causal 512-query head: 1 to 4 blocks), and the
-// 128 x 64 tile of two CTAs per SM (kD64Pair) hides one CTA's tile boundaries under the other's
-// loop: H200 fp16 TFLOP/s, pair / 128-row tile, both in one process, three calls: causal 512
+// ours/cuDNN). Below 2k queries masked tiles are short (a causal 512-query head: 1 to 4
+// blocks), and the 128 x 64 tile of two CTAs per SM (kD64Pair) hides one CTA's tile boundaries
+// under the other's loop: H200 fp16 TFLOP/s, pair / 128-row tile, both in one process, three calls: causal 512
 // 287-292 / 244-247, 1k 346-362 / 321-327, 2k 391-408 / 370-385 (192 rows: 400-416). Measured
 // with at most 2048 keys; longer key ranges (long tiles, whose boundaries cost little) keep 128
 // rows. Full masks gain nothing from it (512: 366-383 / 380-388 with 192 rows).
@@ -117,8 +117,9 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
   return tile_shape(instance_head_dim);
 }
 
-// Packed where that is estimated faster on the CTAs that run at once on sm_count SMs: first by the launch's waves
-// times the tile height (the makespan of equal tiles), then by the rows computed in all (a tie
+// Packed where that is estimated faster on the CTAs that run at once on sm_count SMs: first by
+// the launch's waves times the tile height (the makespan of equal tiles), then by the rows
+// computed in all (a tie
 // there is a launch of fewer tiles than SMs, which the tail split spreads, so less work is less
 // time). H200, fp16, TFLOP/s packed / unpacked: decode (one query, 32 query heads on 8 KV heads,
 // d128) 3.4 / 3.1 at batch 1 and 4k keys, 13.1 / 7.2 at 128k, 16.8 / 7.1 at batch 16 and 128k;
