@@ -328,7 +328,7 @@ struct Consumer {
   }
 
   // Whether tiles with KV blocks stage O in their last block's stage (KernelConfig::kStagesOInKV).
-  __device__ __forceinline__ bool o_in_kv() const { return Cfg::kStagesOInKV && params.features.o_in_kv; }
+  __device__ __forceinline__ bool o_in_kv() const { return stages_o_in_kv<Cfg>(params.features); }
 
   // With o_in_kv, once this warpgroup's last Q K^T of a tile has completed (or, passing through,
   // at once): each warp gives the Q buffer back, so the next tile's Q loads during this tile's

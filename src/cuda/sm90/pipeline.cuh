@@ -44,6 +44,12 @@ __device__ __forceinline__ int q_ring_depth(const Features& f) {
   return Cfg::kQBuffers > 1 ? f.q_buffers : 1;
 }
 
+// Whether O is staged in the tile's last KV stage (KernelConfig::kStagesOInKV, switched on).
+template <class Cfg>
+__device__ __forceinline__ bool stages_o_in_kv(const Features& f) {
+  return Cfg::kStagesOInKV && f.o_in_kv;
+}
+
 // The announcement slot of the tile at q_ring: its Q buffer's, or with one Q buffer the ring's
 // phase (SharedStorage::kAnnouncementSlots).
 template <class Cfg>

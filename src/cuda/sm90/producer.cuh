@@ -94,7 +94,7 @@ struct Producer {
     // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
     const int tile_heads = params.packing.tile_heads(p.heads_q);
     const int group = tile_heads / p.heads_kv;
-    const bool o_in_kv = Cfg::kStagesOInKV && params.features.o_in_kv;
+    const bool o_in_kv = stages_o_in_kv<Cfg>(params.features);
     PipelineState kv;
     PipelineState q_ring;
     StagedO staged;
