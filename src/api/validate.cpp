@@ -255,14 +255,15 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (varlen) {
     if (opt.checked_rows_q >= 0 && opt.checked_rows_k >= 0) {
       // Checked by the caller (check_cu_seqlens): only what needs no read of the offsets.
-      if (opt.checked_rows_q > q.shape[0])
-        fail(ErrorCode::kShapeMismatch, "checked_rows_q",
-             "is " + std::to_string(opt.checked_rows_q) + ", past the packed q's " + std::to_string(q.shape[0]) + " rows");
-      if (opt.checked_rows_k > k.shape[0])
-        fail(ErrorCode::kShapeMismatch, "checked_rows_k",
-             "is " + std::to_string(opt.checked_rows_k) + ", past the packed k's " + std::to_string(k.shape[0]) + " rows");
-      p.varlen_rows_q = opt.checked_rows_q;
-      p.varlen_rows_k = opt.checked_rows_k;
+      const auto within = [](int64_t rows, const char* name, int64_t packed_rows, const char* tensor) {
+        if (rows > packed_rows)
+          fail(ErrorCode::kShapeMismatch, name,
+               "is " + std::to_string(rows) + ", past the packed " + tensor + "'s " + std::to_string(packed_rows) +
+                   " rows");
+        return rows;
+      };
+      p.varlen_rows_q = within(opt.checked_rows_q, "checked_rows_q", q.shape[0], "q");
+      p.varlen_rows_k = within(opt.checked_rows_k, "checked_rows_k", k.shape[0], "k");
     } else {
       p.varlen_rows_q = check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q",
                                          backend, device, opt.stream);
