@@ -9,7 +9,9 @@ from ../shared/bench and carried with the device call).
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
       [--dtype float16] [--env NAME=VALUE[+NAME=VALUE...] ...]
 A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048), or any shape as
-mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; `fa-fwd` or `fa-bwd` names every
+mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; mask is full, causal or windowN (a causal
+sliding window of N keys to the left: window_size=(N, 0), ours only, its FLOPs counted over the
+visible pairs); `fa-fwd` or `fa-bwd` names every
 forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
 measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
 `env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
@@ -31,15 +33,44 @@ FA_TOKENS, FA_MODEL_DIM = 16384, 2048
 def parse_point(text):
     """(mode, head_dim, causal, seqlen_q, seqlen_k, batch, heads_q, heads_kv) of a point."""
     fields = text.split(":")
-    if len(fields) not in (4, 8) or fields[0] not in ("fwd", "bwd") or fields[2] not in ("full", "causal"):
+    window = fields[2][len("window"):] if len(fields) in (4, 8) and fields[2].startswith("window") else None
+    if (len(fields) not in (4, 8) or fields[0] not in ("fwd", "bwd")
+            or not (fields[2] in ("full", "causal") or (window and window.isdigit()))):
         raise SystemExit(f"bad point '{text}': expected mode:head_dim:mask:seqlen or "
-                         "mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv, mode fwd|bwd, mask full|causal")
-    mode, d, causal = fields[0], int(fields[1]), fields[2] == "causal"
+                         "mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv, mode fwd|bwd, "
+                         "mask full|causal|windowN")
+    mode, d = fields[0], int(fields[1])
+    causal = fields[2] == "causal" or window is not None
     if len(fields) == 4:
         s = int(fields[3])
         return mode, d, causal, s, s, FA_TOKENS // s, FA_MODEL_DIM // d, FA_MODEL_DIM // d
     sq, sk, batch, hq, hkv = (int(x) for x in fields[3:])
     return mode, d, causal, sq, sk, batch, hq, hkv
+
+
+def point_window(text):
+    """The left window of a windowN point, else None."""
+    mask = text.split(":")[2]
+    return int(mask[len("window"):]) if mask.startswith("window") else None
+
+
+def window_flops(batch, heads, sq, sk, d, left, mode):
+    """FLOPs of a causal sliding window (bottom-right aligned): each query row sees at most left + 1 keys."""
+    pairs = 0
+    for i in range(sq):
+        last = i + sk - sq  # the row's diagonal key
+        if last >= 0:
+            pairs += min(last, left) + 1
+    return 4.0 * batch * heads * pairs * d * (2.5 if mode == "bwd" else 1.0)
+
+
+def install_window(left):
+    """Points with a window run ours through window_size (the peers have no sliding window)."""
+    def windowed(q, k, v, causal, scale):
+        o = peers.OURS["mod"].flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              softmax_scale=scale, causal=causal, window_size=(left, 0))
+        return o.transpose(1, 2)
+    peers.PROVIDERS["ours_window"] = windowed
 
 
 def expand_points(spec):
@@ -78,21 +109,33 @@ def main():
     print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
     for text in expand_points(args.points):
         mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
+        left = point_window(text)
+        if left is not None:
+            install_window(left)
         row = []
         for provider, env in columns:
+            if left is not None and provider != "ours":
+                row.append(float("nan"))  # no peer takes a sliding window
+                continue
             saved = {}
             for setting in env.split("+") if env else []:
                 key, value = setting.split("=", 1)
                 saved[key] = os.environ.get(key)
                 os.environ[key] = value
             try:
-                ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
-                row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
+                if left is None:
+                    ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                    row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
+                else:
+                    ms = peers.bench_one("ours_window", batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                    row.append(window_flops(batch, hq, sq, sk, d, left, mode) / ms * 1e-9)
                 if out:
                     suite = "fa" if len(text.split(":")) == 4 else "shape"
                     rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq,
                            "Sk": sk, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
                            "ms": round(ms, 4), "tflops": round(row[-1], 1)}
+                    if left is not None:
+                        rec["window_left"] = left
                     if env:
                         rec["env"] = env  # perf_table.py renders only the default columns
                     out.write(json.dumps(rec) + "\n")

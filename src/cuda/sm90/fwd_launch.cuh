@@ -154,14 +154,14 @@ void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
-    switch (d64_tile(kMask, rows.rows, p.seqlen_k)) {
+    switch (d64_tile(kMask, rows.rows, keys_per_row(p))) {
       case D64Tile::kTall: return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
       case D64Tile::kPair: return launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms);
       case D64Tile::kTable: break;
     }
   }
   if constexpr (kHeadDim == 256) {
-    if (uses_d256_block64(kMask, p.seqlen_k)) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
+    if (uses_d256_block64(kMask, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

@@ -39,6 +39,14 @@ inline bool tail_split_enabled() {
   return !(v && v[0] == '0');
 }
 
+// The most keys one query row of p sees: a window's width (both sides bounded), at most the key
+// sequence. How long a tile's KV loop runs follows from it, and with that which tile is fastest.
+inline int64_t keys_per_row(const FwdParams& p) {
+  if (p.window_left < 0 || p.window_right < 0) return p.seqlen_k;
+  const int64_t width = p.window_left + p.window_right + 1;
+  return width < p.seqlen_k ? width : p.seqlen_k;
+}
+
 // d64: the 192-row tile where the query sequence (its tiled rows, see TiledRows) is long enough that the third consumer
 // warpgroup gains more than the partial last tile costs, a shorter one otherwise. A
 // warpgroup with no rows in the last tile skips its work (consumer.cuh), so with a full mask
@@ -51,40 +59,50 @@ inline bool tail_split_enabled() {
 // under the other's loop: H200 fp16 TFLOP/s, pair / 128-row tile, both in one process, three calls: causal 512
 // 287-292 / 244-247, 1k 346-362 / 321-327, 2k 391-408 / 370-385 (192 rows: 400-416). Measured
 // with at most 2048 keys; longer key ranges (long tiles, whose boundaries cost little) keep 128
-// rows. Full masks gain nothing from it (512: 366-383 / 380-388 with 192 rows).
+// rows. Full masks gain nothing from it (512: 366-383 / 380-388 with 192 rows). A sliding window
+// makes every tile short whatever the lengths: up to kD64PairMaxWindowKeys keys per row the pair
+// tile wins at any query length (H200 fp16 TFLOP/s, 4k and 16k queries, pair / 192 rows, one
+// process: window 128 167 / 131-135, 256 248-250 / 209-213, 512 317-320 / 292-299; 1024 even,
+// 2048 behind; docs/hopper.md, session 21).
 // FUSEDATTN_SM90_D64_TILE=128|192|pair forces one ("192o", its name while a 192-row tile without
 // the overlap existed, still means 192).
 constexpr int64_t kD64TallMinQueries = 2048;
 constexpr int64_t kD64TallMinQueriesFullMask = 512;
 constexpr int64_t kD64PairMaxKeys = 2048;
+constexpr int64_t kD64PairMaxWindowKeys = 1024;
 
 enum class D64Tile { kTable, kTall, kPair };
 
-inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t seqlen_k) {
+// row_keys: the most keys one query row sees (keys_per_row).
+inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
   if (forced == "pair") return D64Tile::kPair;
   if (forced == "128") return D64Tile::kTable;
   if (forced == "192" || forced == "192o") return D64Tile::kTall;
   if (mask == MaskKind::kFull) return rows >= kD64TallMinQueriesFullMask ? D64Tile::kTall : D64Tile::kTable;
+  if (row_keys <= kD64PairMaxWindowKeys) return D64Tile::kPair;
   if (rows >= kD64TallMinQueries) return D64Tile::kTall;
-  return seqlen_k <= kD64PairMaxKeys ? D64Tile::kPair : D64Tile::kTable;
+  return row_keys <= kD64PairMaxKeys ? D64Tile::kPair : D64Tile::kTable;
 }
 
-// d256: 64-key blocks (kD256Block64) for masked launches of fewer than 4096 keys, 80 otherwise.
+// d256: 64-key blocks (kD256Block64) for masked launches whose rows see fewer than 4096 keys, 80
+// otherwise.
 // H200 fp16 TFLOP/s, 64 / 80, one process, both column orders: causal 512 337-341 / 322-324,
 // 1k 472-479 / 461-462, 2k 564-569 / 554-558; causal 4k-16k within 1%; full 512 504-506 /
 // 494-501, 1k 597-599 / 590-597, 2k 654-663 / 644-669, 16k 670-700 / 703-722 (docs/hopper.md,
 // session 20). Full masks keep 80 (at most +1% up to 1k, -3 to -5% at 16k), as do long key
-// ranges under a mask (a short query block sees them all, like a full mask).
+// ranges under a mask (a short query block sees them all, like a full mask). What counts is the
+// keys a row sees: sliding windows of 128-2048 keys over 4k and 16k queries, 64 / 80: +2 to +12%
+// (docs/hopper.md, session 21).
 // FUSEDATTN_SM90_D256_TILE=64|80 forces one.
 constexpr int64_t kD256Block64MaxKeys = 4096;  // exclusive
 
-inline bool uses_d256_block64(MaskKind mask, int64_t seqlen_k) {
+inline bool uses_d256_block64(MaskKind mask, int64_t row_keys) {
   const char* v = std::getenv("FUSEDATTN_SM90_D256_TILE");
   const std::string forced = v ? v : "";
   if (forced == "64" || forced == "80") return forced == "64";
-  return mask != MaskKind::kFull && seqlen_k < kD256Block64MaxKeys;
+  return mask != MaskKind::kFull && row_keys < kD256Block64MaxKeys;
 }
 
 // GQA packing: a tile's rows are the query rows of all `group` query heads that share one KV
@@ -105,15 +123,15 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 }
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
-inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t seqlen_k) {
+inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys) {
   if (instance_head_dim == 64) {
-    switch (d64_tile(mask, rows.rows, seqlen_k)) {
+    switch (d64_tile(mask, rows.rows, row_keys)) {
       case D64Tile::kTall: return kD64Tall;
       case D64Tile::kPair: return kD64Pair;
       case D64Tile::kTable: break;
     }
   }
-  if (instance_head_dim == 256 && uses_d256_block64(mask, seqlen_k)) return kD256Block64;
+  if (instance_head_dim == 256 && uses_d256_block64(mask, row_keys)) return kD256Block64;
   return tile_shape(instance_head_dim);
 }
 
@@ -141,7 +159,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     int64_t makespan, work;
   };
   const auto cost = [&](const TiledRows& r) {
-    const TileShape shape = fwd_tile_shape(instance_head_dim, mask, r, p.seqlen_k);
+    const TileShape shape = fwd_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = (r.rows + block_m - 1) / block_m * r.heads * p.batch;
     return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
@@ -201,7 +219,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 // GPU tests check that the shapes they mean to split or pack do so).
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
   const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
-  const TileShape shape = fwd_tile_shape(instance_head_dim, mask, rows, p.seqlen_k);
+  const TileShape shape = fwd_tile_shape(instance_head_dim, mask, rows, keys_per_row(p));
   return fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm);
 }
 

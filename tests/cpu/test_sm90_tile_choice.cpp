@@ -1,0 +1,84 @@
+// The sm90 forward's tile choice per launch (src/cuda/sm90/fwd_split.h: keys_per_row, d64_tile,
+// uses_d256_block64, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
+// here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
+// Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/fwd_split.h"
+#include "fusedattn/params.h"
+#include "reference/problems.h"
+
+namespace fusedattn::cuda::sm90 {
+namespace {
+
+// A dense problem of one sequence length (Sq = Sk) with the window folded the way the API folds
+// it: causal is window_right = 0; -1 leaves a side unbounded.
+FwdParams windowed(int64_t seqlen, int64_t left, int64_t right, int head_dim) {
+  FwdParams p;
+  testing::set_shape(p, testing::dense(2, 8, 8, seqlen, seqlen, head_dim));
+  p.window_left = left;
+  p.window_right = right;
+  return p;
+}
+
+MaskKind mask_of(const FwdParams& p) { return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull; }
+
+TileShape chosen(const FwdParams& p, int instance_head_dim) {
+  return fwd_tile_shape(instance_head_dim, mask_of(p), tiled_rows(p, 0), keys_per_row(p));
+}
+
+bool same(TileShape a, TileShape b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.stages == b.stages &&
+         a.consumer_warpgroups == b.consumer_warpgroups && a.ctas_per_sm == b.ctas_per_sm;
+}
+
+TEST(Sm90TileChoice, KeysPerRowIsTheWindowWidthAtMostTheKeys) {
+  EXPECT_EQ(keys_per_row(windowed(4096, -1, -1, 64)), 4096);   // full
+  EXPECT_EQ(keys_per_row(windowed(4096, -1, 0, 64)), 4096);    // causal: the last row sees every key
+  EXPECT_EQ(keys_per_row(windowed(4096, 512, 0, 64)), 513);    // sliding window
+  EXPECT_EQ(keys_per_row(windowed(4096, 100, 50, 64)), 151);   // both sides
+  EXPECT_EQ(keys_per_row(windowed(4096, 500, -1, 64)), 4096);  // left only: the right is unbounded
+  EXPECT_EQ(keys_per_row(windowed(300, 1000, 0, 64)), 300);    // wider than the sequence
+}
+
+// The FA grid's choices (sessions 8-20): a window that covers the whole sequence changes nothing.
+TEST(Sm90TileChoice, FullAndCausalKeepTheirTiles) {
+  EXPECT_TRUE(same(chosen(windowed(256, -1, -1, 64), 64), tile_shape(64)));
+  EXPECT_TRUE(same(chosen(windowed(512, -1, -1, 64), 64), kD64Tall));
+  EXPECT_TRUE(same(chosen(windowed(16384, -1, -1, 64), 64), kD64Tall));
+  EXPECT_TRUE(same(chosen(windowed(512, -1, 0, 64), 64), kD64Pair));
+  EXPECT_TRUE(same(chosen(windowed(1024, -1, 0, 64), 64), kD64Pair));
+  EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 64), 64), kD64Tall));
+  EXPECT_TRUE(same(chosen(windowed(8192, -1, 0, 64), 64), kD64Tall));
+  EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 256), 256), kD256Block64));
+  EXPECT_TRUE(same(chosen(windowed(4096, -1, 0, 256), 256), tile_shape(256)));
+  EXPECT_TRUE(same(chosen(windowed(1024, -1, -1, 256), 256), tile_shape(256)));
+  EXPECT_TRUE(same(chosen(windowed(1024, -1, 0, 128), 128), tile_shape(128)));
+  // Few queries over many keys: the 128-row tile (long tiles), as before.
+  FwdParams few = windowed(8192, -1, 0, 64);
+  few.seqlen_q = 1000;
+  EXPECT_TRUE(same(chosen(few, 64), tile_shape(64)));
+}
+
+// Sliding windows make every tile short at any length (session 21): d64 takes the pair tile up
+// to 1024 keys per row, d256 64-key blocks below 4096.
+TEST(Sm90TileChoice, ShortWindowsTakeTheShortTileShapes) {
+  for (const int64_t seqlen : {4096, 16384}) {
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 512, 0, 64), 64), kD64Pair)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 1023, 0, 64), 64), kD64Pair)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 256, 256, 64), 64), kD64Pair)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 2048, 0, 64), 64), kD64Tall)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 512, -1, 64), 64), kD64Tall)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 2048, 0, 256), 256), kD256Block64)) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 4095, 0, 256), 256), tile_shape(256))) << seqlen;
+  }
+  // Few queries over a long cache with a short window: short tiles too.
+  FwdParams few = windowed(32768, 512, 0, 64);
+  few.seqlen_q = 16;
+  EXPECT_TRUE(same(chosen(few, 64), kD64Pair));
+}
+
+}  // namespace
+}  // namespace fusedattn::cuda::sm90
