@@ -16,6 +16,11 @@ A peer that torch refuses for a case prints '-'. Every provider's output is chec
 (max abs difference over the real rows) before it is timed.
 
   tools/bench_varlen.py [--dtype float16] [--head-dims 64,128,256] [--out FILE]
+
+--decode B,B,... instead times serving steps: B sequences of --queries new tokens each (1: decode,
+a few: speculative drafts) against KV caches of uniform random lengths in --cache-lens LO-HI, GQA
+32 query heads on 8 KV heads at d128 (causal, bottom-right aligned). Columns: milliseconds of ours
+(GQA packing as planned), ours_unpacked (FUSEDATTN_SM90_PACK_GQA=0) and fa2_varlen.
 """
 import argparse
 import contextlib
@@ -139,14 +144,74 @@ def run_case(dist, d, causal, dtype):
     return row
 
 
+def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
+    rng = random.Random(batch)
+    lens_k = [rng.randint(cache_lo, cache_hi) for _ in range(batch)]
+    lens_q = [queries] * batch
+    cu_q = torch.tensor([0] + list(torch.tensor(lens_q).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(lens_k).cumsum(0)), dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lens_q), heads_q, d, dtype=dtype, device="cuda")
+    k, v = (torch.randn(sum(lens_k), heads_kv, d, dtype=dtype, device="cuda") for _ in range(2))
+    max_q, max_k = queries, max(lens_k)
+
+    def ours():
+        return fusedattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+
+    def ours_unpacked():
+        with env("FUSEDATTN_SM90_PACK_GQA", "0"):
+            return ours()
+
+    def fa2_varlen():
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                       scale=1.0 / math.sqrt(d))[0]
+
+    reference = ours_unpacked()
+    row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
+           "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
+    for name, fn in (("ours", ours), ("ours_unpacked", ours_unpacked), ("fa2_varlen", fa2_varlen)):
+        try:
+            err = (fn().float() - reference.float()).abs().max().item()
+            row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)
+            row[name + "_maxdiff"] = round(err, 4)
+        except Exception as e:  # noqa: BLE001
+            row[name + "_ms"] = None
+            row[name + "_error"] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    return row
+
+
+def main_decode(args, dtype):
+    lo, hi = (int(x) for x in args.cache_lens.split("-"))
+    names = ["ours", "ours_unpacked", "fa2_varlen"]
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  milliseconds, GQA 32/8 d128, caches {lo}-{hi}")
+    print(f"{'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names) + "  unpacked/ours fa2/ours")
+    for batch in (int(x) for x in args.decode.split(",")):
+        row = run_decode(batch, args.queries, lo, hi, dtype)
+        cells = " ".join(f"{row[n + '_ms'] if row[n + '_ms'] is not None else '-':>14}" for n in names)
+        speed = lambda n: f"{row[n + '_ms'] / row['ours_ms']:.2f}" if row["ours_ms"] and row.get(n + "_ms") else "-"  # noqa: E731
+        print(f"{batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7}", flush=True)
+        for n in names:
+            if row.get(n + "_error"):
+                print(f"    {n}: {row[n + '_error']}")
+            elif row.get(n + "_maxdiff", 0) > 0.05:
+                print(f"    {n}: max abs difference to ours_unpacked {row[n + '_maxdiff']}")
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--head-dims", default="64,128,256")
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
     ap.add_argument("--out", default=None)
+    ap.add_argument("--decode", default=None, help="B,B,...: serving steps of B sequences (see above)")
+    ap.add_argument("--queries", type=int, default=1)
+    ap.add_argument("--cache-lens", default="1024-32768")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    if args.decode:
+        return main_decode(args, dtype)
     names = ["ours", "ours_sm80", "fa2_varlen", "cudnn_varlen", "cudnn_padded"]
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s of the real pairs")
     print(f"{'dist':>12} {'d':>4} {'mask':>6} {'seqs':>4} " + " ".join(f"{n:>12}" for n in names)

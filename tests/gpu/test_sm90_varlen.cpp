@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,6 +101,28 @@ TEST_F(Sm90Varlen, ScheduleSwitches) {
     for (int d : {64, 128}) {
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(packed(2, 1, d, kLensQ, kLensK), true, -1, -1), DType::kFloat16));
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(packed(2, 2, d, kLensQ, kLensK), DType::kFloat16));
+    }
+  }
+}
+
+// GQA packing of variable-length batches (sm90/fwd_split.h: tiled_rows): a tile holds a KV head's
+// group of query heads, position-major, so a sequence has its positions times the group in tiled
+// rows, and a slice that crosses its sequence's end is stored row by row to (query head,
+// position). Groups 2 to 8, decode-like and mixed lengths (empty sequences, ends inside a slice),
+// every mask kind, by default (where the plan packs) and forced on and off.
+TEST_F(Sm90Varlen, PackedGqaGroups) {
+  const std::vector<int64_t> decode_q = {1, 1, 0, 1, 1}, decode_k = {300, 1, 20, 4000, 129};
+  const std::vector<int64_t> draft_q = {3, 40, 17, 9}, draft_k = {500, 64, 900, 9};
+  for (const char* pack : {"default", "1", "0"}) {
+    SCOPED_TRACE(std::string("FUSEDATTN_SM90_PACK_GQA=") + pack);
+    std::optional<ScopedEnv> env;
+    if (std::string(pack) != "default") env.emplace("FUSEDATTN_SM90_PACK_GQA", pack);
+    for (int d : {64, 128, 256}) {
+      SCOPED_TRACE("d" + std::to_string(d));
+      FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(packed(8, 2, d, decode_q, decode_k)));
+      FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(16, 2, d, draft_q, draft_k), true, -1, -1)));
+      FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(8, 1, d, kLensQ, kLensK), true, -1, -1)));
+      FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(packed(4, 2, d, kLensQ, kLensK), false, 31, 5)));
     }
   }
 }

@@ -151,7 +151,7 @@ struct Epilogue {
       ptx::stmatrix_x4(row_address + (slab * to.slab_elems + position * kChunkElems) * sizeof(Element), regs);
     }
     const int slice_row = t.first_row + warpgroup * kWarpgroupRows;
-    if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > t.len_q) {
+    if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > params.packing.rows(int64_t{t.len_q})) {
       // Generic stores to generic reads: the barrier alone orders them.
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
       store_rows(t, to, slice_row, thread_now);
@@ -196,19 +196,23 @@ struct Epilogue {
     }
   }
 
-  // The slice's rows before its sequence's end (a variable-length batch: unpacked, so tiled rows
-  // are positions), copied from the staging in 16-byte chunks of the head_dim columns in use.
+  // The slice's rows before its sequence's end (a variable-length batch), copied from the staging
+  // in 16-byte chunks of the head_dim columns in use; tiled row r is query head
+  // packing.query_head(head, r) at position packing.position(r) (row_packing.h).
   __device__ __forceinline__ void store_rows(const WorkTile& t, const Staging& from, int slice_row,
                                              uint32_t thread) const {
     const FwdParams& p = params.p;
-    const int rows = t.len_q - slice_row, chunks = static_cast<int>(p.head_dim) / kChunkElems;
-    Element* out = static_cast<Element*>(p.o) + (int64_t{t.q_start} + slice_row) * p.o_stride.row + t.head * p.o_stride.head;
+    const RowPacking packing = params.packing;
+    const int rows = static_cast<int>(packing.rows(int64_t{t.len_q})) - slice_row;
+    const int chunks = static_cast<int>(p.head_dim) / kChunkElems;
+    Element* out = static_cast<Element*>(p.o) + int64_t{t.q_start} * p.o_stride.row;
     for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
       const int r = i / chunks, c = i - r * chunks;
-      const int position = c % kChunksPerSlab ^ r % kAtomRows;
+      const int swizzled = c % kChunksPerSlab ^ r % kAtomRows;
       const Element* staged = from.base + c / kChunksPerSlab * from.slab_elems + r * Cfg::kSlabCols;
-      *reinterpret_cast<uint4*>(out + r * p.o_stride.row + c * kChunkElems) =
-          *reinterpret_cast<const uint4*>(staged + position * kChunkElems);
+      const int row = slice_row + r;
+      Element* dst = out + packing.position(row) * p.o_stride.row + packing.query_head(t.head, row) * p.o_stride.head;
+      *reinterpret_cast<uint4*>(dst + c * kChunkElems) = *reinterpret_cast<const uint4*>(staged + swizzled * kChunkElems);
     }
   }
 };

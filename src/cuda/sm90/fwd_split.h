@@ -144,11 +144,12 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
 // 16 queries, batch 4, 8k keys 170 / 106. By packed rows alone, d64 with 100 queries, group 8,
 // batch 8 and 16 query heads would pack into 80 192-row tiles instead of 128 128-row ones
 // (one wave either way on 132 SMs): 208 / 247. FUSEDATTN_SM90_PACK_GQA=0|1 turns it off, or on
-// wherever the group allows. Variable-length batches are never packed.
+// wherever the group allows. A variable-length batch is judged by its longest sequence (the
+// tiles' bound, varlen_tile_bound).
 inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind mask, int64_t sm_count) {
   const TiledRows unpacked = tiled_rows(p, 0);
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
-  if (p.cu_seqlens_q != nullptr || group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return unpacked;
+  if (group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return unpacked;
   if (p.seqlen_q * group >= kMaxTiledRows) return unpacked;
   int shift = 0;
   while ((1 << shift) < group) ++shift;
@@ -189,12 +190,12 @@ inline MapRows map_rows(const FwdParams& p) {
 }
 
 // A bound on the tiles of a variable-length batch (the kernel counts them as it goes, see
-// tile_scheduler.cuh): sequence b has ceil(len_b / block_m) query blocks, at most max_seqlen_q's
-// and at most len_b / block_m + 1, per head.
-inline int64_t varlen_tile_bound(const FwdParams& p, int block_m) {
-  const int64_t by_max = (p.seqlen_q + block_m - 1) / block_m * p.batch;
-  const int64_t by_rows = (p.varlen_rows_q + block_m - 1) / block_m + p.batch;
-  return (by_max < by_rows ? by_max : by_rows) * p.heads_q;
+// tile_scheduler.cuh): sequence b has ceil(tiled rows_b / block_m) query blocks per tile head, at
+// most max_seqlen_q's and at most tiled rows_b / block_m + 1.
+inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int block_m) {
+  const int64_t by_max = (rows.rows + block_m - 1) / block_m * p.batch;
+  const int64_t by_rows = (rows.packing.rows(p.varlen_rows_q) + block_m - 1) / block_m + p.batch;
+  return (by_max < by_rows ? by_max : by_rows) * rows.heads;
 }
 
 // The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
@@ -203,7 +204,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   FwdWork w;
   w.rows = rows;
   if (p.cu_seqlens_q != nullptr) {
-    w.tiles = varlen_tile_bound(p, shape.block_m);
+    w.tiles = varlen_tile_bound(p, rows, shape.block_m);
     w.split = {w.tiles, 1};
     return w;
   }

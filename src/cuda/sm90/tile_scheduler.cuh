@@ -16,7 +16,8 @@
 // its heads in the grouped order above (groups of heads instead of (head, batch) pairs; a head's
 // query blocks last first). Under a causal mask head-major order ran the last head's longest
 // tiles near the launch's end (H200, 8 sequences of 2048, d128 causal: 448-453 TFLOP/s
-// head-major, 464-470 grouped). Sequence b holds heads * ceil(len_q(b) / block_m) tiles; which
+// head-major, 464-470 grouped). Sequence b holds tile heads * ceil(tiled rows(b) / block_m) tiles
+// (with GQA packing a sequence's tiled rows are its positions times the group); which
 // sequence holds item i takes a scan of cu_seqlens_q. A CTA's items only grow, so it scans on from its last tile's sequence
 // (carried in WorkTile) and reads each offset about once per launch. Past the last sequence
 // there is no tile; nothing in the kernel knows the count beforehand, so the dynamic schedule's
@@ -25,6 +26,7 @@
 
 #include "cuda/common/schedule.h"
 #include "cuda/sm90/kernel_params.h"
+#include "cuda/sm90/row_packing.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -45,12 +47,13 @@ struct WorkTile {
 
 class TileScheduler {
  public:
-  // counter: zero at launch, or null for the static schedule.
-  __device__ TileScheduler(const FwdParams& p, int num_m_blocks, int block_m, int heads, int group_shift,
-                           const SplitParams& split, int* counter)
+  // counter: zero at launch, or null for the static schedule. heads: tile heads (packing's).
+  __device__ TileScheduler(const FwdParams& p, int num_m_blocks, int block_m, int heads, RowPacking packing,
+                           int group_shift, const SplitParams& split, int* counter)
       : order_{num_m_blocks, group_shift},
         block_m_(block_m),
         heads_(heads),
+        packing_(packing),
         total_(split.items),
         whole_(split.whole),
         parts_(split.parts),
@@ -109,7 +112,7 @@ class TileScheduler {
     for (;; ++b) {
       if (b >= p_.batch) return {total_, 0, 0, b, kWholeTile, 0, 0, 0, 0, 0, first};
       q_end = p_.cu_seqlens_q[b + 1];
-      m_blocks = (q_end - q_start + block_m_ - 1) / block_m_;
+      m_blocks = static_cast<int>((packing_.rows(int64_t{q_end - q_start}) + block_m_ - 1) / block_m_);
       if (index < first + heads_ * m_blocks) break;
       first += heads_ * m_blocks;
       q_start = q_end;
@@ -129,6 +132,7 @@ class TileScheduler {
   ScheduleOrder order_;
   int block_m_;
   int heads_;
+  RowPacking packing_;
   int total_;  // work items
   int whole_;  // items before whole_ are whole tiles
   int parts_;
