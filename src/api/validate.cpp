@@ -1,5 +1,6 @@
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -223,10 +224,13 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.window_right = opt.causal ? 0 : opt.window_right;
   // A side of the window that reaches past every key of every row is no bound at all: folding it
   // to -1 keeps each backend's row +/- window arithmetic far from int64 overflow and lets dispatch
-  // pick the unmasked kernels. (Row i sees keys down to i + Sk - Sq - left >= 0 when left < Sq + Sk.)
-  const int64_t unbounded_span = sq + sk;
-  if (p.window_left >= unbounded_span) p.window_left = -1;
-  if (p.window_right >= unbounded_span) p.window_right = -1;
+  // pick the unmasked kernels (a decode step's causal mask, one query that sees its whole cache,
+  // takes the full-mask kernels and their split of the KV blocks). Row i's diagonal key is
+  // i + Sk - Sq (seq_info), so every row sees all keys to its left when left >= Sk - 1 (the last
+  // row's diagonal) and all to its right when right >= Sq - 1 (the first row's). Varlen: the
+  // maxima bound every sequence's lengths (check_cu_seqlens).
+  if (p.window_left >= std::max<int64_t>(sk - 1, 0)) p.window_left = -1;
+  if (p.window_right >= std::max<int64_t>(sq - 1, 0)) p.window_right = -1;
 
   const bool noop = batch == 0 || hq == 0 || (varlen ? q.shape[0] == 0 : sq == 0);
   if (noop) return false;

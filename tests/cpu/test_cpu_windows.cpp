@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include "api/validate.h"
 #include "cpu/cpu_check.h"
 
 namespace fusedattn::testing {
@@ -47,6 +48,39 @@ TEST(CpuWindows, Int64MaxMeansUnboundedBitForBit) {
     EXPECT_EQ(forward_with(c, -1, kHuge), unbounded) << dtype_name(dtype);
     // A one-sided bound stays a bound when the other side is huge.
     EXPECT_EQ(forward_with(c, kHuge, 3), forward_with(c, -1, 3)) << dtype_name(dtype);
+  }
+}
+
+// A side that excludes no key of any row is folded away exactly at its threshold: left >= Sk - 1
+// (the last row's diagonal), right >= Sq - 1 (the first row's); one less is a real bound.
+TEST(CpuWindows, BoundsThatExcludeNothingAreFoldedAtTheirThreshold) {
+  const int64_t sq = 77, sk = 100;
+  const Problem p = dense(2, 4, 2, sq, sk, kHeadDim);
+  for (DType dtype : kCpuDtypes) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    const auto unbounded = forward_with(c, -1, -1);
+    EXPECT_EQ(forward_with(c, sk - 1, -1), unbounded) << dtype_name(dtype);
+    EXPECT_EQ(forward_with(c, -1, sq - 1), unbounded) << dtype_name(dtype);
+    EXPECT_EQ(forward_with(c, sk - 1, sq - 1), unbounded) << dtype_name(dtype);
+    check_forward(with_mask(p, false, sk - 2, -1), dtype);
+    check_forward(with_mask(p, false, -1, sq - 2), dtype);
+  }
+}
+
+// The params a backend sees: a decode step's causal mask (one query, which sees its whole cache)
+// is no mask, so dispatch takes the full-mask kernels; two queries keep it.
+TEST(CpuWindows, ADecodeStepsCausalMaskIsNoMask) {
+  for (const int64_t sq : {1, 2}) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(dense(2, 4, 2, sq, 300, kHeadDim), DType::kFloat32, Layout::kBSHD, rng);
+    ForwardArgs a = forward_args(c);
+    a.options.causal = true;
+    FwdParams params;
+    Backend backend;
+    ASSERT_TRUE(detail::make_fwd_params(a, params, backend));
+    EXPECT_EQ(params.is_masked(), sq > 1) << "Sq " << sq;
+    EXPECT_EQ(params.window_right, sq > 1 ? 0 : -1) << "Sq " << sq;
   }
 }
 
