@@ -37,6 +37,15 @@ if ! has_module transformers; then
 fi
 log "dependencies ready ($((SECONDS - start)) s)"
 
+# Some machines report AMX in cpuid but do not let a process use it (this project's CI sandbox):
+# there torch's bf16 matmul on the CPU (oneDNN's AMX kernels, torch 2.15 from PyPI) dies with
+# SIGILL inside the tests' reference. Cap oneDNN at the AVX-512 kernels where that happens.
+bf16_matmul="import torch; x = torch.ones(64, 64, dtype=torch.bfloat16); (x @ x).sum().item()"
+if [[ -z "${ONEDNN_MAX_CPU_ISA:-}" ]] && ! ("${python}" -c "${bf16_matmul}") >/dev/null 2>&1; then
+  log "torch's bf16 matmul fails on this CPU: ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16"
+  export ONEDNN_MAX_CPU_ISA=AVX512_CORE_FP16
+fi
+
 defines=()
 if "${python}" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
   log "a GPU is visible: building the CUDA backend too"
