@@ -144,6 +144,18 @@ def run_case(dist, d, causal, dtype):
     return row
 
 
+def report(row, names, against, out):
+    """Prints each provider's error, or its difference to `against` where large; appends row to out."""
+    for n in names:
+        if row.get(n + "_error"):
+            print(f"    {n}: {row[n + '_error']}")
+        elif row.get(n + "_maxdiff", 0) > 0.05:
+            print(f"    {n}: max abs difference to {against} {row[n + '_maxdiff']}")
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
     rng = random.Random(batch)
     lens_k = [rng.randint(cache_lo, cache_hi) for _ in range(batch)]
@@ -189,14 +201,7 @@ def main_decode(args, dtype):
         cells = " ".join(f"{row[n + '_ms'] if row[n + '_ms'] is not None else '-':>14}" for n in names)
         speed = lambda n: f"{row[n + '_ms'] / row['ours_ms']:.2f}" if row["ours_ms"] and row.get(n + "_ms") else "-"  # noqa: E731
         print(f"{batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7}", flush=True)
-        for n in names:
-            if row.get(n + "_error"):
-                print(f"    {n}: {row[n + '_error']}")
-            elif row.get(n + "_maxdiff", 0) > 0.05:
-                print(f"    {n}: max abs difference to ours_unpacked {row[n + '_maxdiff']}")
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        report(row, names, "ours_unpacked", args.out)
 
 
 def main():
@@ -226,14 +231,7 @@ def main():
                 row["best_cudnn"] = best_cudnn
                 print(f"{dist:>12} {d:>4} {'causal' if causal else 'full':>6} {row['seqs']:>4} {cells}  "
                       f"{ratio('fa2_varlen'):>8} {ratio('best_cudnn'):>10}", flush=True)
-                for n in names:
-                    if row.get(n + "_error"):
-                        print(f"    {n}: {row[n + '_error']}")
-                    elif row.get(n + "_maxdiff", 0) > 0.05:
-                        print(f"    {n}: max abs difference to ours {row[n + '_maxdiff']}")
-                if args.out:
-                    with open(args.out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                report(row, names, "ours", args.out)
 
 
 if __name__ == "__main__":
