@@ -53,11 +53,12 @@ TEST(GqaPack, OnlyWhereTheLaunchShortens) {
   EXPECT_EQ(tiled_rows(shape(4, 32, 8, 16, 8192), 128, MaskKind::kFull, kSms).packing.shift, 2);
 }
 
-// A variable-length batch: packed like a dense one of its longest sequence, never split; its grid
-// is planned from a bound on its tiles (the kernel counts them as it scans cu_seqlens), the
-// smaller of max_seqlen_q's blocks per sequence and the tiled rows' blocks plus one per sequence,
-// per tile head.
-TEST(GqaPack, VarlenPacksAndIsNeverSplit) {
+// A variable-length batch: packed like a dense one of its longest sequence; its grid is planned
+// from a bound on its tiles (the kernel counts them as it scans cu_seqlens), the smaller of
+// max_seqlen_q's blocks per sequence and the tiled rows' blocks plus one per sequence, per tile
+// head. Where that bound fits one wave (decode) every tile splits its keys into parts; a batch
+// of more tiles never splits (the kernel's order cannot put the split tiles last).
+TEST(GqaPack, VarlenPacksAndSplitsOnlyFewTiles) {
   static const int32_t kOffsets[2] = {0, 0};
   FwdParams p = shape(4, 32, 8, 1, 8192);  // decode: one query per sequence, groups of 4
   p.cu_seqlens_q = p.cu_seqlens_k = kOffsets;
@@ -68,8 +69,10 @@ TEST(GqaPack, VarlenPacksAndIsNeverSplit) {
   EXPECT_EQ(packed.rows, 4);
   EXPECT_EQ(packed.heads, 8);
   const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, kSms);
-  EXPECT_EQ(w.split.parts, 1);
   EXPECT_EQ(w.tiles, 4 * 8);  // one block of max_seqlen_q's 4 tiled rows per sequence and tile head
+  EXPECT_EQ(w.split.whole, 0);
+  EXPECT_GT(w.split.parts, 1);
+  EXPECT_EQ(planned_fwd_work(p, MaskKind::kWindow, 128, kSms).split.parts, 1);  // masked: whole tiles
   p.seqlen_q = 5000;            // long maximum, few rows: the rows' bound wins
   p.varlen_rows_q = 300;
   const TiledRows unpacked = tiled_rows(p, 0);
@@ -78,6 +81,7 @@ TEST(GqaPack, VarlenPacksAndIsNeverSplit) {
   p.varlen_rows_q = 4 * 5000;   // rows of full sequences: the maximum's bound wins
   EXPECT_EQ(varlen_tile_bound(p, unpacked, 128), (5000 + 127) / 128 * 4 * 32);
   EXPECT_EQ(varlen_tile_bound(p, tiled_rows(p, 2), 128), (4 * 5000 + 127) / 128 * 4 * 8);
+  EXPECT_EQ(planned_fwd_work(p, MaskKind::kFull, 128, kSms).split.parts, 1);  // many tiles: whole
 }
 
 }  // namespace

@@ -22,10 +22,19 @@ namespace {
 
 constexpr int kRepeats = 3;
 
-// What dispatch and the Hopper launch see of a dense full-mask problem.
+// What dispatch and the Hopper launch see of a full-mask problem (a varlen one: its maxima, the
+// packed rows, and offsets whose values the plan does not read).
 FwdParams shape_params(const Problem& pr, DType dtype) {
+  static const int32_t kOffsets[2] = {0, 0};
   FwdParams p;
   set_shape(p, pr);
+  if (pr.varlen()) {
+    p.seqlen_q = pr.max_seqlen_q();
+    p.seqlen_k = pr.max_seqlen_k();
+    p.cu_seqlens_q = p.cu_seqlens_k = kOffsets;
+    p.varlen_rows_q = pr.total_q();
+    p.varlen_rows_k = pr.cu_seqlens_k().back();
+  }
   p.dtype = dtype;
   p.scale = pr.scale();
   p.window_left = -1;
@@ -100,6 +109,33 @@ TEST(Sm90TailSplit, AlternatingShapesShareTheWorkspace) {
     SCOPED_TRACE(pr.str());
     if (!expect_split(pr, DType::kFloat16)) continue;
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kFloat16));
+  }
+}
+
+// Variable-length batches whose tiles fit one wave (decode and short prompts over long caches)
+// split every tile's keys: sequences of 0 and 1 keys (empty parts), keys not a multiple of any
+// block, queries crossing a tile's end, GQA packed (decode) and not, every head dim; then
+// bit-identical repeats (the combine runs in part order).
+std::vector<Problem> varlen_split_shapes(int d) {
+  return {packed(8, 2, d, {1, 1, 1, 1, 1}, {3000, 0, 1, 5000, 1777}),
+          packed(4, 4, d, {130, 7, 0, 64}, {4100, 2500, 900, 3000}),
+          packed(16, 2, d, {4, 3, 5}, {2600, 1, 3900})};
+}
+
+TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
+  SKIP_UNLESS_HOPPER();
+  for (const int d : {64, 128, 256})
+    for (const DType dtype : kGpuDtypes)
+      for (const Problem& pr : varlen_split_shapes(d)) {
+        SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+        if (!expect_split(pr, dtype)) continue;
+        EXPECT_EQ(planned_work(pr, dtype).split.whole, 0);
+        FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+      }
+  for (const Problem& pr : varlen_split_shapes(128)) {
+    SCOPED_TRACE(pr.str());
+    if (!expect_split(pr, DType::kBFloat16)) continue;
+    FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(pr, DType::kBFloat16, kRepeats));
   }
 }
 

@@ -199,19 +199,20 @@ inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int 
 }
 
 // The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
-// persistent grid: one per SM). Only full masks of dense batches split: their tiles are equal.
+// persistent grid: one per SM). Only full masks split: their tiles are equal (a dense batch's),
+// or (a variable-length one's) the plan models them by the longest sequence. A variable-length
+// batch's tiles are counted only in the kernel, so its launch splits only where its bound fits
+// one wave (decode: a few tiles over long caches), and then every tile: the split items follow
+// the whole ones in the kernel's order, which the bound cannot place in the last wave.
 inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows, TileShape shape, int64_t slots) {
   FwdWork w;
   w.rows = rows;
-  if (p.cu_seqlens_q != nullptr) {
-    w.tiles = varlen_tile_bound(p, rows, shape.block_m);
-    w.split = {w.tiles, 1};
-    return w;
-  }
-  w.tiles = (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m)
+                   : (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
   w.split = {w.tiles, 1};
-  if (mask == MaskKind::kFull && tail_split_enabled())
+  if (mask == MaskKind::kFull && tail_split_enabled() && (!varlen || w.tiles < slots))
     w.split = plan_tail_split(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }

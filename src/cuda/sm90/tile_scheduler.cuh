@@ -42,7 +42,7 @@ struct WorkTile {
   // The tile's sequence (seq_info()): its first rows in the packed tensors (0 for dense batches)
   // and lengths; int32 like the TMA coordinates.
   int q_start, k_start, len_q, len_k;
-  int batch_first;  // variable-length batches: the index of the sequence's first tile
+  int batch_first;  // variable-length batches: the tile index of the sequence's first tile
 };
 
 class TileScheduler {
@@ -83,21 +83,26 @@ class TileScheduler {
 
   __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
 
+  // Work item `index`'s tile and, past the whole tiles, which part of it and its workspace slot.
+  struct ItemTile {
+    int tile, part, slot;
+  };
+  __device__ ItemTile item_tile(int index) const {
+    if (index < whole_) return {index, kWholeTile, 0};
+    const int slot = (index - whole_) / parts_;
+    return {whole_ + slot, index - whole_ - slot * parts_, slot};
+  }
+
   __device__ WorkTile tile_at(int index) const {
-    int tile = index, part = kWholeTile, slot = 0;
-    if (index >= whole_) {
-      slot = (index - whole_) / parts_;
-      part = index - whole_ - slot * parts_;
-      tile = whole_ + slot;
-    }
-    const ScheduledItem item = scheduled_item(order_, tile);
+    const ItemTile it = item_tile(index);
+    const ScheduledItem item = scheduled_item(order_, it.tile);
     const int m_block = order_.blocks - 1 - item.rank;
     return {index,
             m_block * block_m_,
             item.pair % heads_,
             item.pair / heads_,
-            part,
-            slot,
+            it.part,
+            it.slot,
             0,
             0,
             static_cast<int>(p_.seqlen_q),
@@ -105,23 +110,24 @@ class TileScheduler {
             0};
   }
 
-  // Item `index` of a variable-length launch, scanning from sequence b, whose first tile is item
-  // `first` (index >= first); past the last sequence, an item that is_valid() rejects.
+  // Item `index` of a variable-length launch, scanning from sequence b, whose first tile is tile
+  // `first` (the item's tile >= first); past the last sequence, an item that is_valid() rejects.
   __device__ WorkTile varlen_tile_at(int index, int b, int first) const {
+    const ItemTile it = item_tile(index);
     int q_start = p_.cu_seqlens_q[b], q_end = 0, m_blocks = 0;
     for (;; ++b) {
       if (b >= p_.batch) return {total_, 0, 0, b, kWholeTile, 0, 0, 0, 0, 0, first};
       q_end = p_.cu_seqlens_q[b + 1];
       m_blocks = static_cast<int>((packing_.rows(int64_t{q_end - q_start}) + block_m_ - 1) / block_m_);
-      if (index < first + heads_ * m_blocks) break;
+      if (it.tile < first + heads_ * m_blocks) break;
       first += heads_ * m_blocks;
       q_start = q_end;
     }
-    const ScheduledItem item = scheduled_item({m_blocks, order_.shift}, index - first);
+    const ScheduledItem item = scheduled_item({m_blocks, order_.shift}, it.tile - first);
     const int m_block = m_blocks - 1 - item.rank;
     const int k_start = p_.cu_seqlens_k[b];
     return {index,      m_block * block_m_, item.pair, b,
-            kWholeTile, 0,
+            it.part,    it.slot,
             q_start,    k_start,
             q_end - q_start,
             p_.cu_seqlens_k[b + 1] - k_start,
