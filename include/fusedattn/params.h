@@ -98,4 +98,17 @@ FUSEDATTN_HD KeyRange key_range(const FwdParams& p, int64_t i, int64_t len_q, in
   return {lo, hi};
 }
 
+// A window side that excludes no key of any row is no bound at all: row i's diagonal key is
+// i + Sk - Sq, so every row sees all keys to its left when left >= Sk - 1 (the last row's
+// diagonal) and all to its right when right >= Sq - 1 (the first row's); for a variable-length
+// batch the maxima (seqlen_q/k) bound every sequence's. The API folds such sides to -1, which
+// keeps each backend's row +/- window arithmetic far from int64 overflow and lets dispatch take
+// the unmasked kernels (a decode step's causal mask: one query that sees its whole cache).
+inline void fold_unbounded_window(FwdParams& p) {
+  const int64_t last_diagonal = p.seqlen_k > 0 ? p.seqlen_k - 1 : 0;
+  const int64_t last_row = p.seqlen_q > 0 ? p.seqlen_q - 1 : 0;
+  if (p.window_left >= last_diagonal) p.window_left = -1;
+  if (p.window_right >= last_row) p.window_right = -1;
+}
+
 }  // namespace fusedattn

@@ -1,6 +1,5 @@
 #include "api/validate.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -222,15 +221,8 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * M_LOG2E);
   p.window_left = opt.window_left;
   p.window_right = opt.causal ? 0 : opt.window_right;
-  // A side of the window that reaches past every key of every row is no bound at all: folding it
-  // to -1 keeps each backend's row +/- window arithmetic far from int64 overflow and lets dispatch
-  // pick the unmasked kernels (a decode step's causal mask, one query that sees its whole cache,
-  // takes the full-mask kernels and their split of the KV blocks). Row i's diagonal key is
-  // i + Sk - Sq (seq_info), so every row sees all keys to its left when left >= Sk - 1 (the last
-  // row's diagonal) and all to its right when right >= Sq - 1 (the first row's). Varlen: the
-  // maxima bound every sequence's lengths (check_cu_seqlens).
-  if (p.window_left >= std::max<int64_t>(sk - 1, 0)) p.window_left = -1;
-  if (p.window_right >= std::max<int64_t>(sq - 1, 0)) p.window_right = -1;
+  // Varlen: check_cu_seqlens below holds every sequence to the maxima the fold relies on.
+  fold_unbounded_window(p);
 
   const bool noop = batch == 0 || hq == 0 || (varlen ? q.shape[0] == 0 : sq == 0);
   if (noop) return false;

@@ -20,6 +20,7 @@ FwdParams windowed(int64_t seqlen, int64_t left, int64_t right, int head_dim) {
   testing::set_shape(p, testing::dense(2, 8, 8, seqlen, seqlen, head_dim));
   p.window_left = left;
   p.window_right = right;
+  fold_unbounded_window(p);
   return p;
 }
 

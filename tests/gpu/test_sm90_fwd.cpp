@@ -180,11 +180,11 @@ std::optional<PlannedLaunch> planned_launch(const Problem& pr, DType dtype) {
   p.scale = pr.scale();
   p.window_left = pr.window_left;
   p.window_right = pr.causal ? 0 : pr.window_right;
-  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  fold_unbounded_window(p);  // as the API does
   try {
     const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
     if (std::string(choice.arch) != "sm90") return std::nullopt;
-    const cuda::MaskKind mask = masked ? cuda::MaskKind::kWindow : cuda::MaskKind::kFull;
+    const cuda::MaskKind mask = p.is_masked() ? cuda::MaskKind::kWindow : cuda::MaskKind::kFull;
     PlannedLaunch planned;
     planned.work = cuda::sm90::planned_fwd_work(p, mask, choice.instance_head_dim, sm_count());
     planned.shape = cuda::sm90::fwd_tile_shape(choice.instance_head_dim, mask, planned.work.rows,
