@@ -22,6 +22,7 @@
 #include "fusedattn/params.h"
 #include "gpu/gpu_util.h"
 #include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
 
@@ -167,34 +168,6 @@ TEST(Sm90Fwd, SlidingWindows) {
   }
 }
 
-// How the Hopper launch of pr is planned: its work list and tile shape; nullopt when this build
-// has no Hopper instance for it.
-struct PlannedLaunch {
-  cuda::sm90::FwdWork work;
-  cuda::sm90::TileShape shape;
-};
-std::optional<PlannedLaunch> planned_launch(const Problem& pr, DType dtype) {
-  FwdParams p;
-  set_shape(p, pr);
-  p.dtype = dtype;
-  p.scale = pr.scale();
-  p.window_left = pr.window_left;
-  p.window_right = pr.causal ? 0 : pr.window_right;
-  fold_unbounded_window(p);  // as the API does
-  try {
-    const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
-    if (std::string(choice.arch) != "sm90") return std::nullopt;
-    const cuda::MaskKind mask = p.is_masked() ? cuda::MaskKind::kWindow : cuda::MaskKind::kFull;
-    PlannedLaunch planned;
-    planned.work = cuda::sm90::planned_fwd_work(p, mask, choice.instance_head_dim, sm_count());
-    planned.shape = cuda::sm90::fwd_tile_shape(choice.instance_head_dim, mask, planned.work.rows,
-                                               cuda::sm90::keys_per_row(p));
-    return planned;
-  } catch (const Error&) {
-    return std::nullopt;
-  }
-}
-
 // Sliding windows over long sequences take the short tiles' shapes by default (fwd_split.h,
 // keys_per_row): d64's pair tile up to 1024 keys per row at any query length (a wider window
 // keeps the 192-row tile), d256's 64-key blocks below 4096. Each case asserts the shape its launch
@@ -212,7 +185,7 @@ TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
                           Case{make_problem(1, 2, 1, 64, 2500, 2500, false, 1500, 0), cuda::sm90::kD64Tall},
                           Case{make_problem(1, 2, 1, 256, 4300, 4300, false, 500, 0), cuda::sm90::kD256Block64}}) {
       SCOPED_TRACE(k.pr.str());
-      const auto planned = planned_launch(k.pr, dtype);
+      const auto planned = planned_sm90_work(k.pr, dtype);
       if (!planned) continue;
       EXPECT_EQ(planned->shape.block_m, k.shape.block_m);
       EXPECT_EQ(planned->shape.block_n, k.shape.block_n);
@@ -606,8 +579,8 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
 // unpacked under the switch.
 // The pack shift the Hopper launch plans for pr; -1 when this build has no Hopper instance for it.
 int planned_pack_shift(const Problem& pr, DType dtype) {
-  const auto planned = planned_launch(pr, dtype);
-  return planned ? planned->work.rows.packing.shift : -1;
+  const auto planned = planned_sm90_work(pr, dtype);
+  return planned ? planned->rows.packing.shift : -1;
 }
 
 void expect_packed_case(const Problem& pr, DType dtype, bool packs, std::mt19937_64& rng) {

@@ -16,43 +16,17 @@
 #include "fusedattn/params.h"
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
 
 namespace fusedattn::testing {
 namespace {
 
 constexpr int kRepeats = 3;
 
-// What dispatch and the Hopper launch see of a full-mask problem (a varlen one: its maxima, the
-// packed rows, and offsets whose values the plan does not read).
-FwdParams shape_params(const Problem& pr, DType dtype) {
-  static const int32_t kOffsets[2] = {0, 0};
-  FwdParams p;
-  set_shape(p, pr);
-  if (pr.varlen()) {
-    p.seqlen_q = pr.max_seqlen_q();
-    p.seqlen_k = pr.max_seqlen_k();
-    p.cu_seqlens_q = p.cu_seqlens_k = kOffsets;
-    p.varlen_rows_q = pr.total_q();
-    p.varlen_rows_k = pr.cu_seqlens_k().back();
-  }
-  p.dtype = dtype;
-  p.scale = pr.scale();
-  p.window_left = -1;
-  p.window_right = -1;
-  return p;
-}
-
 // The work list the Hopper launch plans for pr; parts == 0 when this build has no Hopper
 // instance for it (the test then skips).
 cuda::sm90::FwdWork planned_work(const Problem& pr, DType dtype) {
-  const FwdParams p = shape_params(pr, dtype);
-  try {
-    const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
-    if (std::string(choice.arch) != "sm90") return {0, 0, {0, 0}};
-    return cuda::sm90::planned_fwd_work(p, cuda::MaskKind::kFull, choice.instance_head_dim, sm_count());
-  } catch (const Error&) {
-    return {0, 0, {0, 0}};
-  }
+  return planned_sm90_work(pr, dtype).value_or(cuda::sm90::FwdWork{0, 0, {0, 0}});
 }
 
 // Fewer tiles than SMs and enough KV blocks per tile: each must split. Head dims of every

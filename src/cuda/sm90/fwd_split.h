@@ -175,6 +175,7 @@ struct FwdWork {
   int kv_blocks = 0;   // KV blocks of a full-mask tile: the steps the plan splits
   TailSplit split;     // {tiles, 1}: no split
   TiledRows rows{};
+  TileShape shape{};   // the tile shape the launch runs
   int64_t items() const { return split.ctas(tiles); }
 };
 
@@ -207,6 +208,7 @@ inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int 
 inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows, TileShape shape, int64_t slots) {
   FwdWork w;
   w.rows = rows;
+  w.shape = shape;
   const bool varlen = p.cu_seqlens_q != nullptr;
   w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m)
                    : (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
