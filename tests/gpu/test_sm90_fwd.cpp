@@ -533,6 +533,37 @@ TEST(Sm90Fwd, NarrowFirstBlocks) {
   }
 }
 
+// d128's V ring is deeper than its K ring (tile_config.h, kD128VStages), so the two rings wrap
+// at different blocks and their barrier phases part. The long-key cases wrap both rings many
+// times inside a tile; the last case has more tiles (4 x 20 x 2) than an H200 has CTAs, so some
+// CTAs carry the rings into a second tile. Settings: the default depths, V at K's depth with the rings still kept apart,
+// and a one-deep K ring without the overlap beside the deep V ring; full, causal and windowed,
+// ragged lengths, both dtypes.
+TEST(Sm90Fwd, DeeperVRing) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {},
+      {{"FUSEDATTN_SM90_V_STAGES", "2"}},
+      {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}},
+      {{"FUSEDATTN_SM90_EARLY_K", "0"}},
+  };
+  for (const auto& env : settings) {
+    const ScopedEnvs scoped(env);
+    std::string label;
+    for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
+    SCOPED_TRACE(label);
+    for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (const Problem& pr : {make_problem(1, 2, 1, 128, 300, 1700, false), make_problem(1, 2, 2, 128, 1100, 1037, true),
+                                make_problem(1, 2, 1, 128, 900, 1300, false, 333, 40),
+                                make_problem(4, 20, 20, 128, 129, 200, false)}) {
+        SCOPED_TRACE(pr.str());
+        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+  }
+}
+
 TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();

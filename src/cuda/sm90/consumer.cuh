@@ -45,6 +45,7 @@ struct WarpgroupTurns {
 template <typename Element, class Cfg, MaskKind kMask>
 struct Consumer {
   using Storage = SharedStorage<Element, Cfg>;
+  using KVRing = KVRingState<Cfg>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
   static constexpr int kSAcc = kWarpgroupRows * kBlockN / kWarpgroupThreads;    // S floats per thread
   static constexpr int kOAcc = kWarpgroupRows * kHeadDim / kWarpgroupThreads;   // O floats per thread
@@ -211,12 +212,12 @@ struct Consumer {
   // K, issue in my turn, wait until S is in registers. The previous tile's O staging, if still
   // held, is released while this GEMM runs.
   template <int kN = kBlockN>
-  __device__ __forceinline__ void qk_alone(float (&s)[kN / 2], const PipelineState& kv, const WarpgroupTurns& turns,
+  __device__ __forceinline__ void qk_alone(float (&s)[kN / 2], const KVRing& kv, const WarpgroupTurns& turns,
                                            const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     pipe.consumer_wait_k(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_qk<kN>(s, kv.stage());
+    issue_qk<kN>(s, kv.k().stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
     pending.release(smem, previous_q_buffer());
@@ -226,25 +227,25 @@ struct Consumer {
   }
 
   // The stage's V (and its K, unless that went right after S = Q K^T) back to the producer.
-  __device__ __forceinline__ void release_after_pv(const PipelineState& kv, const KVPipeline<Storage>& pipe) const {
+  __device__ __forceinline__ void release_after_pv(const KVRing& kv, const KVPipeline<Storage>& pipe) const {
     if (!params.features.early_k_release) pipe.consumer_release_k(kv, lane);
     pipe.consumer_release_v(kv, lane);
   }
 
   // O += P V of the block at kv with nothing else in flight; then the stage goes back to the
   // producer and kv moves on.
-  __device__ __forceinline__ void pv_alone(const uint32_t (&p)[kPRegs], PipelineState& kv, const WarpgroupTurns& turns,
+  __device__ __forceinline__ void pv_alone(const uint32_t (&p)[kPRegs], KVRing& kv, const WarpgroupTurns& turns,
                                            const KVPipeline<Storage>& pipe) {
     pipe.consumer_wait_v(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_pv(p, kv.stage());
+    issue_pv(p, kv.v().stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(o);
     release_after_pv(kv, pipe);
-    kv.advance(params.features.num_stages);
+    kv.advance(params.features);
   }
 
   // One block of the overlapped loop: S of block n_next and O += P V of the current block are
@@ -254,21 +255,21 @@ struct Consumer {
   // p is P V's operand; the next block's P goes to p_next (the same buffer without kDoubleP).
   template <bool kMasked>
   __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
-                                                  RowCorrection& correction, int n_next, PipelineState& kv,
+                                                  RowCorrection& correction, int n_next, KVRing& kv,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     constexpr bool kWaitsForPV = kMasked && !kMaskBesidePV;
     constexpr bool kConvertsBeforeWait = kDoubleP && !kWaitsForPV;
-    PipelineState next = kv;
-    next.advance(params.features.num_stages);
+    KVRing next = kv;
+    next.advance(params.features);
     pipe.consumer_wait_k(next);
     pipe.consumer_wait_v(kv);
     turns.wait_turn();
     ptx::wgmma_fence();
-    issue_qk(s, next.stage());
+    issue_qk(s, next.k().stage());
     ptx::wgmma_commit_group();
     apply_correction(o, correction);
     ptx::wgmma_fence();
-    issue_pv(p, kv.stage());
+    issue_pv(p, kv.v().stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
     if constexpr (kWaitsForPV) {
@@ -311,7 +312,7 @@ struct Consumer {
   // One overlapped step, the masked or the unmasked copy (so the common unmasked one carries no
   // mask code, and its register pressure, at all).
   __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
-                                          RowCorrection& correction, int n_next, PipelineState& kv,
+                                          RowCorrection& correction, int n_next, KVRing& kv,
                                           const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
     if (cuts(n_next))
       overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
@@ -354,7 +355,7 @@ struct Consumer {
   // busy warpgroup would not have waited for by the same turn, so the ring cannot stall on it,
   // and it gives each stage back once that stage has arrived (an arrival on "empty" before the
   // "full" wait would count towards the stage's previous use).
-  __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, int q_buffer, PipelineState& kv,
+  __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, int q_buffer, KVRing& kv,
                                                     const WarpgroupTurns& turns, PendingStore& pending) {
     q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
@@ -377,26 +378,26 @@ struct Consumer {
       if (frees_v) {
         pipe.consumer_wait_v(kv);
         pipe.consumer_release_v(kv, lane);
-        kv.advance(params.features.num_stages);
+        kv.advance(params.features);
       }
       pass_through_turn(turns);
     }
   }
 
   // The block at kv given back unread once it has landed (a block this warpgroup skips).
-  __device__ __forceinline__ void skip_block(PipelineState& kv, const KVPipeline<Storage>& pipe) const {
+  __device__ __forceinline__ void skip_block(KVRing& kv, const KVPipeline<Storage>& pipe) const {
     pipe.consumer_wait_k(kv);
     pipe.consumer_release_k(kv, lane);
     pipe.consumer_wait_v(kv);
     pipe.consumer_release_v(kv, lane);
-    kv.advance(params.features.num_stages);
+    kv.advance(params.features);
   }
 
   // Turns [first, last) of a tile's overlapped schedule (count + 1 turns for count blocks: Q K^T
   // of the first block alone, then one per block, the last P V alone), taken by a warpgroup with
   // nothing to issue in them: before turn i > 0 block i - 1 of the tile's order goes back (a busy
   // warpgroup waits for block i's K there, which the producer loads later).
-  __device__ __forceinline__ void pass_turns(int first, int last, PipelineState& kv, const WarpgroupTurns& turns,
+  __device__ __forceinline__ void pass_turns(int first, int last, KVRing& kv, const WarpgroupTurns& turns,
                                              const KVPipeline<Storage>& pipe) const {
     for (int i = first; i < last; ++i) {
       if (i > 0) skip_block(kv, pipe);
@@ -407,7 +408,7 @@ struct Consumer {
   // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
   // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
   // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.
-  __device__ __forceinline__ void mma_tile(const AnnouncedTile& t, int q_buffer, PipelineState& kv,
+  __device__ __forceinline__ void mma_tile(const AnnouncedTile& t, int q_buffer, KVRing& kv,
                                            const WarpgroupTurns& turns, PendingStore& pending) {
     q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
@@ -463,7 +464,7 @@ struct Consumer {
 
   // `count` blocks of the loop without the overlap given back unread, each once it has landed (as
   // in pass_through_tile), their two turns each passed at once.
-  __device__ __forceinline__ void skip_blocks_alone(int count, PipelineState& kv, const WarpgroupTurns& turns,
+  __device__ __forceinline__ void skip_blocks_alone(int count, KVRing& kv, const WarpgroupTurns& turns,
                                                     const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     for (int i = 0; i < count; ++i) {
       pending.release(smem, previous_q_buffer());
@@ -472,7 +473,7 @@ struct Consumer {
       pass_through_turn(turns);
       pipe.consumer_wait_v(kv);
       pipe.consumer_release_v(kv, lane);
-      kv.advance(params.features.num_stages);
+      kv.advance(params.features);
       pass_through_turn(turns);
     }
   }
@@ -482,7 +483,7 @@ struct Consumer {
   // the path from the tile's first K to its first overlapped turn, where no GEMM of this
   // warpgroup hides them.
   __device__ __forceinline__ void first_block(float (&s)[kSAcc], uint32_t (&p)[kPRegs], int n, bool narrow,
-                                              RowCorrection& correction, const PipelineState& kv,
+                                              RowCorrection& correction, const KVRing& kv,
                                               const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                               PendingStore& pending) {
     if constexpr (Mask::kNarrowsFirstBlock) {
@@ -502,7 +503,7 @@ struct Consumer {
 
   // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the
   // first block is narrow for this slice.
-  __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, PipelineState& kv,
+  __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, KVRing& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
     float s[kSAcc];

@@ -45,7 +45,7 @@ constexpr bool kQPrefetchDefault = true;
 // process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at
 // 1k, +2-3% at 2k, even at 4k-8k, but 1-5% slower at full 16k, in every pairing.
 constexpr int64_t kOInKVMaxKeys = 8192;
-inline Features features_from_env(int compiled_stages, int compiled_q_buffers, bool persistent_default,
+inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers, bool persistent_default,
                                   bool dynamic_default, bool o_in_kv_default, bool pingpong_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
@@ -63,6 +63,9 @@ inline Features features_from_env(int compiled_stages, int compiled_q_buffers, b
   if (const char* v = std::getenv("FUSEDATTN_SM90_STAGES")) f.num_stages = std::clamp(std::atoi(v), 1, compiled_stages);
   // The overlapped loop holds one stage while it waits for the next: it needs two.
   if (f.overlap) f.num_stages = std::max(f.num_stages, 2);
+  f.num_v_stages = compiled_v_stages > compiled_stages ? compiled_v_stages : f.num_stages;
+  if (const char* v = std::getenv("FUSEDATTN_SM90_V_STAGES"); v && compiled_v_stages > compiled_stages)
+    f.num_v_stages = std::clamp(std::atoi(v), f.num_stages, compiled_v_stages);
   if (const char* v = std::getenv("FUSEDATTN_SM90_RESCALE_SLACK")) {
     f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
   }
@@ -101,7 +104,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // Two CTAs per SM (kD64Pair) interleave their warpgroups' GEMMs without turns: H200, d64
   // causal 512 / 1k, TFLOP/s with / without the turns, two runs in one process: 277-279 /
   // 287-289, 342-345 / 346-350 (docs/hopper.md, session 20).
-  kp.features = features_from_env(Cfg::kStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true,
+  kp.features = features_from_env(Cfg::kStages, Cfg::kVStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true,
                                   p.seqlen_k <= kOInKVMaxKeys, Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;

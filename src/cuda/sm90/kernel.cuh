@@ -29,8 +29,10 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
     for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], 1);  // the staging warpgroup's store
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
-    ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumerWarps);
+  }
+  for (int s = 0; s < Cfg::kVStages; ++s) {
+    ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumerWarps);
   }
   ptx::fence_barrier_init();
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     if (consumer == Cfg::kConsumerWarpgroups - 1) turns.pass_turn();
     Consumer<Element, Cfg, kMask> mainloop{params, smem, consumer, lane, warp};
     const Epilogue<Element, Cfg, kMask == MaskKind::kFull> epilogue{params, smem, consumer, warp, lane};
-    PipelineState kv;
+    KVRingState<Cfg> kv;
     PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
     PendingStore pending;
     // The announcement stays in its slot until the epilogue has read it again (pipeline.cuh).
@@ -72,7 +74,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     };
     // Where a tile with KV blocks stages O: its last block's stage (kStagesOInKV), else -1.
     const auto o_stage = [&](const AnnouncedTile& t) {
-      return mainloop.o_in_kv() && t.blocks.count() > 0 ? kv.previous_stage(params.features.num_stages) : -1;
+      return mainloop.o_in_kv() && t.blocks.count() > 0 ? kv.k().previous_stage(params.features.num_stages) : -1;
     };
     for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
       const int q_stage = q_ring.stage();

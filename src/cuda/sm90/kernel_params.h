@@ -21,7 +21,8 @@ constexpr float kMaxRescaleSlack = 12.f;
 // Optimisations that can be turned off at run time (read from the environment on the host by
 // fwd_launch.cuh) so docs/hopper.md can record what each one buys.
 struct Features {
-  int num_stages = 2;      // K/V pipeline depth in use (1 .. compiled kStages)
+  int num_stages = 2;      // K ring depth in use (1 .. compiled kStages), the V ring's too where equal
+  int num_v_stages = 2;    // V ring depth in use where compiled deeper (num_stages .. kVStages)
   bool pingpong = true;    // the consumer warpgroups take turns (round robin) issuing their GEMMs
   bool overlap = true;     // Q*K^T of block n-1 is issued before the softmax of block n
   bool persistent = true;  // one CTA per SM walking tiles; off: one CTA per tile

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -37,6 +38,30 @@ class PipelineState {
   uint32_t bits_ = 0;
 };
 
+// A place in the K and V rings (the producer's or a consumer's). Where the V ring is deeper than
+// the K ring (KernelConfig::kVStages) each ring has its own PipelineState; elsewhere one word
+// serves both, so the register-bound tiles carry nothing more.
+template <class Cfg>
+class KVRingState {
+ public:
+  __device__ __forceinline__ const PipelineState& k() const { return k_; }
+  __device__ __forceinline__ const PipelineState& v() const {
+    if constexpr (kSplit) return v_;
+    else return k_;
+  }
+  // On to the next KV block.
+  __device__ __forceinline__ void advance(const Features& f) {
+    k_.advance(f.num_stages);
+    if constexpr (kSplit) v_.advance(f.num_v_stages);
+  }
+
+ private:
+  static constexpr bool kSplit = Cfg::kVStages != Cfg::kStages;
+  struct SameAsK {};
+  PipelineState k_;
+  [[no_unique_address]] std::conditional_t<kSplit, PipelineState, SameAsK> v_;
+};
+
 // Depth of the Q ring: the Q buffers in use. With one compiled buffer (d256) a compile-time 1,
 // since a run-time depth there cost 28 B more spills.
 template <class Cfg>
@@ -66,25 +91,31 @@ struct KVPipeline {
 
   // The producer's first pass finds fresh "empty" barriers in phase 0: waiting for parity 1
   // returns at once, so it can fill every stage before any consumer has released one.
-  __device__ __forceinline__ void producer_acquire_k(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.k_empty[s.stage()], s.phase() ^ 1);
+  template <class Ring>
+  __device__ __forceinline__ void producer_acquire_k(const Ring& r) const {
+    ptx::mbarrier_wait(&smem.k_empty[r.k().stage()], r.k().phase() ^ 1);
   }
-  __device__ __forceinline__ void producer_acquire_v(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.v_empty[s.stage()], s.phase() ^ 1);
+  template <class Ring>
+  __device__ __forceinline__ void producer_acquire_v(const Ring& r) const {
+    ptx::mbarrier_wait(&smem.v_empty[r.v().stage()], r.v().phase() ^ 1);
   }
-  __device__ __forceinline__ void consumer_wait_k(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.k_full[s.stage()], s.phase());
+  template <class Ring>
+  __device__ __forceinline__ void consumer_wait_k(const Ring& r) const {
+    ptx::mbarrier_wait(&smem.k_full[r.k().stage()], r.k().phase());
   }
-  __device__ __forceinline__ void consumer_wait_v(const PipelineState& s) const {
-    ptx::mbarrier_wait(&smem.v_full[s.stage()], s.phase());
+  template <class Ring>
+  __device__ __forceinline__ void consumer_wait_v(const Ring& r) const {
+    ptx::mbarrier_wait(&smem.v_full[r.v().stage()], r.v().phase());
   }
   // One arrival per consumer warp (the empty barriers count Cfg::kConsumerWarps): each warp arrives
   // after its own wgmma.wait_group, so the buffer is free only once every warp's reads completed.
-  __device__ __forceinline__ void consumer_release_k(const PipelineState& s, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[s.stage()]);
+  template <class Ring>
+  __device__ __forceinline__ void consumer_release_k(const Ring& r, int lane) const {
+    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[r.k().stage()]);
   }
-  __device__ __forceinline__ void consumer_release_v(const PipelineState& s, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[s.stage()]);
+  template <class Ring>
+  __device__ __forceinline__ void consumer_release_v(const Ring& r, int lane) const {
+    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[r.v().stage()]);
   }
 };
 

@@ -95,7 +95,7 @@ struct Producer {
     const int tile_heads = params.packing.tile_heads(p.heads_q);
     const int group = tile_heads / p.heads_kv;
     const bool o_in_kv = stages_o_in_kv<Cfg>(params.features);
-    PipelineState kv;
+    KVRingState<Cfg> kv;
     PipelineState q_ring;
     StagedO staged;
     // With one Q buffer, Q waits for the previous tile's epilogue (unless o_in_kv gives it back
@@ -108,7 +108,7 @@ struct Producer {
     // has been consumed (and an O staged there has been read by its store).
     const auto load = [&](auto part, const WorkTile& t, int n, int head_kv, int kv_batch) {
       constexpr int kPart = decltype(part)::value;
-      const int s = kv.stage();
+      const int s = kPart == 0 ? kv.k().stage() : kv.v().stage();
       if (o_in_kv) staged.wait_read(smem, s, kPart);
       if constexpr (kPart == 0) pipe.producer_acquire_k(kv);
       else pipe.producer_acquire_v(kv);
@@ -133,15 +133,15 @@ struct Producer {
       if (!q_first && !publish_q(t, a, q_ring)) return;
       if (blocks.count() > 0) {
         load(kV, t, n, head_kv, kv_batch);
-        kv.advance(params.features.num_stages);
+        kv.advance(params.features);
       }
       for (--n; n >= blocks.lo; --n) {
         load(kK, t, n, head_kv, kv_batch);
         load(kV, t, n, head_kv, kv_batch);
-        kv.advance(params.features.num_stages);
+        kv.advance(params.features);
       }
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
-      if (o_in_kv && blocks.count() > 0) staged.mark(kv.previous_stage(params.features.num_stages));
+      if (o_in_kv && blocks.count() > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
       q_ring.advance(q_ring_depth<Cfg>(params.features));
     }
   }

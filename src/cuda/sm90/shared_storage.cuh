@@ -20,15 +20,15 @@ struct SharedStorage {
   // its tile's O staging for the TMA store in the epilogue.
   alignas(1024) Element q[Cfg::kQBuffers][kQElems];
   alignas(1024) Element k[Cfg::kStages][kKVElems];
-  alignas(1024) Element v[Cfg::kStages][kKVElems];
+  alignas(1024) Element v[Cfg::kVStages][kKVElems];
   uint64_t q_full[Cfg::kQBuffers];   // TMA -> consumers: Q landed
   // consumers -> producer: Q buffer free for a later tile (its O stored, or with kStagesOInKV the
   // last Q K^T done); one arrival per consumer warp.
   uint64_t q_empty[Cfg::kQBuffers];
   uint64_t k_full[Cfg::kStages];
-  uint64_t v_full[Cfg::kStages];
+  uint64_t v_full[Cfg::kVStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
-  uint64_t v_empty[Cfg::kStages];  // consumers -> producer: the stage's V consumed
+  uint64_t v_empty[Cfg::kVStages];  // consumers -> producer: the stage's V consumed
   // Announcement slots (tile_announcement.cuh): one per Q buffer, and two with one Q buffer, since
   // with kStagesOInKV the next tile's announcement may come while the epilogue still reads this one.
   static constexpr int kAnnouncementSlots = Cfg::kQBuffers > 1 ? Cfg::kQBuffers : 2;
@@ -44,7 +44,8 @@ template <typename Element, class Cfg>
 constexpr int shared_bytes() {
   constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
   static_assert(bytes <= Cfg::kSharedBytesLimit, "tile configuration exceeds its share of an SM's shared memory");
-  static_assert(bytes <= Cfg::kQBuffers * Cfg::kQTileBytes + 2 * Cfg::kStages * Cfg::kKVTileBytes + Cfg::kBarrierBytes,
+  static_assert(bytes <= Cfg::kQBuffers * Cfg::kQTileBytes + (Cfg::kStages + Cfg::kVStages) * Cfg::kKVTileBytes +
+                             Cfg::kBarrierBytes,
                 "kBarrierBytes in tile_config.h is too small: the Q buffer count was chosen on a wrong size");
   return bytes;
 }

@@ -12,7 +12,14 @@ struct TileShape {
   int stages;               // depth of the K/V shared-memory pipeline
   int consumer_warpgroups;  // 64-row slices, one per consumer warpgroup (each takes GEMM turns)
   int ctas_per_sm = 1;      // CTAs resident per SM: they share its registers and shared memory
+  int v_stages = 0;         // depth of the V ring where it is deeper than K's (0: `stages`)
 };
+
+// d128's V ring is a stage deeper than its K ring: a V stage is held from its load until P V has
+// completed, about a step longer than K (given back once Q K^T has completed), so with two V
+// stages a V load has only about one step to land, less than an L2 miss takes at short sequences
+// (docs/hopper.md, session 22). 2 Q buffers + 2 K + 3 V stages of 32 KiB: 224 KiB.
+constexpr int kD128VStages = 3;
 
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
 // 128 registers per thread, so the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of
@@ -21,7 +28,7 @@ struct TileShape {
 // d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 stage bought nothing.
 constexpr TileShape tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 128, 3, 2};
-  if (head_dim <= 128) return {128, 128, 2, 2};
+  if (head_dim <= 128) return {128, 128, 2, 2, 1, kD128VStages};
   return {128, 80, 2, 2};
 }
 
@@ -86,7 +93,8 @@ struct KernelConfig {
   static constexpr TileShape kShape = kShape_;
   static constexpr int kBlockM = kShape.block_m;
   static constexpr int kBlockN = kShape.block_n;
-  static constexpr int kStages = kShape.stages;
+  static constexpr int kStages = kShape.stages;  // the K ring's depth
+  static constexpr int kVStages = kShape.v_stages > kShape.stages ? kShape.v_stages : kShape.stages;
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr int kCtasPerSm = kShape.ctas_per_sm;
   static constexpr int kSharedBytesLimit = shared_bytes_per_cta(kCtasPerSm);
@@ -105,13 +113,14 @@ struct KernelConfig {
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
-      2 * kQTileBytes + 2 * kStages * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
+      2 * kQTileBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
   // With one Q buffer (d256) the next tile's Q could load only after this tile's O had been
   // staged in it and stored, so its whole latency sat on every tile boundary. There each
   // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
   // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
   // KV tile), which the producer refills only for the next tile's second block.
   static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
+  static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
   static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
   static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
