@@ -18,6 +18,7 @@ measurement in peers.py's record format (tools/perf_table.py reads it; the --env
 library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
 """
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -73,6 +74,24 @@ def install_window(left):
     peers.PROVIDERS["ours_window"] = windowed
 
 
+@contextlib.contextmanager
+def apply_env(env):
+    """Sets an --env column's NAME=VALUE[+NAME=VALUE...] for the block (read by the library at launch)."""
+    saved = {}
+    for setting in env.split("+") if env else []:
+        key, value = setting.split("=", 1)
+        saved[key] = os.environ.get(key)
+        os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def expand_points(spec):
     """The --points list with `fa-fwd` / `fa-bwd` replaced by that mode's points of the FA grid."""
     points = []
@@ -117,38 +136,28 @@ def main():
             if left is not None and provider != "ours":
                 row.append(float("nan"))  # no peer takes a sliding window
                 continue
-            saved = {}
-            for setting in env.split("+") if env else []:
-                key, value = setting.split("=", 1)
-                saved[key] = os.environ.get(key)
-                os.environ[key] = value
-            try:
-                if left is None:
-                    ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
-                    row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
-                else:
-                    ms = peers.bench_one("ours_window", batch, hq, hkv, sq, sk, d, causal, mode, dtype)
-                    row.append(window_flops(batch, hq, sq, sk, d, left, mode) / ms * 1e-9)
-                if out:
-                    suite = "fa" if len(text.split(":")) == 4 else "shape"
-                    rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq,
-                           "Sk": sk, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
-                           "ms": round(ms, 4), "tflops": round(row[-1], 1)}
-                    if left is not None:
-                        rec["window_left"] = left
-                    if env:
-                        rec["env"] = env  # perf_table.py renders only the default columns
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
-            except Exception as e:  # a provider that cannot run the point says why, the row goes on
-                print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
-                row.append(float("nan"))
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
+            with apply_env(env):
+                try:
+                    if left is None:
+                        ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                        row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
                     else:
-                        os.environ[key] = value
+                        ms = peers.bench_one("ours_window", batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                        row.append(window_flops(batch, hq, sq, sk, d, left, mode) / ms * 1e-9)
+                    if out:
+                        suite = "fa" if len(text.split(":")) == 4 else "shape"
+                        rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq,
+                               "Sk": sk, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
+                               "ms": round(ms, 4), "tflops": round(row[-1], 1)}
+                        if left is not None:
+                            rec["window_left"] = left
+                        if env:
+                            rec["env"] = env  # perf_table.py renders only the default columns
+                        out.write(json.dumps(rec) + "\n")
+                        out.flush()
+                except Exception as e:  # a provider that cannot run the point says why, the row goes on
+                    print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
+                    row.append(float("nan"))
             torch.cuda.empty_cache()
         ratios = " ".join("%.2f" % (x / row[0]) for x in row[1:])
         print("%-32s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)

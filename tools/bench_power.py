@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Sustained speed, SM clock and board power of ours and the peers at FA-grid points: tells a
+kernel that needs fewer cycles from one that runs at a higher clock.
+
+The H200 runs these kernels at its power cap (nvidia-smi's clock event reason 0x4, SW power cap):
+the SM clock falls from 1980 MHz to 1400-1900 while the board draws ~680 W, so TFLOP/s is
+(work per clock) x (clock the power allows). Each provider runs one point back to back for
+--seconds (after --warmup seconds, not counted) while `nvidia-smi -lms` samples clock, power and
+temperature; the table gives TFLOP/s, mean MHz and W over the counted window, FLOP per SM-cycle
+(TFLOP/s / (MHz x SMs)) and joules per PFLOP. Providers alternate in A B B A order so a drift in
+temperature falls on both.
+
+  tools/bench_power.py --points fwd:128:full:512,fwd:256:full:16384 [--providers sdpa_cudnn,ours]
+      [--dtype float16] [--seconds 2] [--env NAME=VALUE[+...]] [--out FILE]
+Points as in bench_points.py (forward only); --env adds an `ours` variant, as there.
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbuild" / "carry"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import torch  # noqa: E402
+import peers  # noqa: E402
+from bench_points import parse_point, apply_env  # noqa: E402
+
+
+class Sampler:
+    """nvidia-smi's clock/power/temperature lines, stamped with this process's clock on arrival."""
+
+    def __init__(self, period_ms):
+        self.samples = []  # (time, MHz, W, C)
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
+             f"-lms={period_ms}", "-i", str(torch.cuda.current_device())],
+            stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, watts, temp = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.perf_counter(), mhz, watts, temp))
+
+    def mean(self, t0, t1):
+        rows = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not rows:
+            return math.nan, math.nan, math.nan
+        return tuple(sum(r[i] for r in rows) / len(rows) for i in (1, 2, 3))
+
+    def stop(self):
+        self.proc.terminate()
+
+
+def sustained(fn, seconds, warmup):
+    """Runs fn back to back; returns (calls, wall seconds, window start, window end) of the counted part."""
+    end_warm = time.perf_counter() + warmup
+    while time.perf_counter() < end_warm:
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    calls = 0
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(8):
+            fn()
+        calls += 8
+        torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    return calls, t1 - t0, t0, t1
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", required=True)
+    ap.add_argument("--providers", default="sdpa_cudnn,ours")
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--env", action="append", default=[])
+    ap.add_argument("--module", default="fusedattn")
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--warmup", type=float, default=0.5)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    peers.OURS["mod"] = __import__(args.module)
+    columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sampler = Sampler(50)
+    time.sleep(0.5)
+    rows = []
+    for text in args.points.split(","):
+        mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
+        if mode != "fwd":
+            raise SystemExit(f"{text}: forward points only")
+        q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+        k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
+        v = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
+        scale = 1.0 / math.sqrt(d)
+        flop = peers.flops(batch, hq, sq, sk, d, causal, "fwd")
+        results = {}
+        for name, env in columns + columns[::-1]:
+            fn = peers.PROVIDERS[name]
+            with torch.no_grad(), apply_env(env):
+                calls, wall, t0, t1 = sustained(lambda: fn(q, k, v, causal, scale), args.seconds, args.warmup)
+            mhz, watts, temp = sampler.mean(t0, t1)
+            results.setdefault((name, env), []).append((flop * calls / wall / 1e12, mhz, watts, temp))
+        for (name, env), runs in results.items():
+            tflops, mhz, watts, temp = (sum(r[i] for r in runs) / len(runs) for i in range(4))
+            rec = {"point": text, "provider": name if env is None else f"ours[{env}]", "dtype": args.dtype,
+                   "tflops": tflops, "mhz": mhz, "watts": watts, "temp_c": temp,
+                   "flop_per_sm_cycle": tflops * 1e12 / (mhz * 1e6 * sms),
+                   "joule_per_pflop": watts / tflops * 1e3, "runs": [r[0] for r in runs]}
+            rows.append(rec)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+    sampler.stop()
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  sustained {args.seconds:g} s per run, two runs each")
+    print(f"{'point':<22} {'provider':<34} {'TFLOP/s':>8} {'MHz':>6} {'W':>6} {'C':>4} {'FLOP/SM-cyc':>11} {'J/PFLOP':>8}")
+    for r in rows:
+        print(f"{r['point']:<22} {r['provider']:<34} {r['tflops']:8.1f} {r['mhz']:6.0f} {r['watts']:6.0f} "
+              f"{r['temp_c']:4.0f} {r['flop_per_sm_cycle']:11.0f} {r['joule_per_pflop']:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
