@@ -243,6 +243,41 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
   expect_matches_reference(c, 1e-2);
 }
 
+// Scores that rise towards the first keys, which the kernel visits last, so a row's max moves in
+// most KV blocks: by less than the rescale slack in some, by tens of log2 units in others, and in
+// the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
+// max overflows. The unmasked step's check on the block's row sums (update_unless_moved) must
+// send all of these to the full update; the same cases with the check off. Both dtypes, every
+// head dim, full and causal.
+TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int64_t kSq = 200, kSk = 700, kHeads = 2;
+  constexpr double kQRamp = 16.0, kKRamp = 48.0, kSpike = 1500.0;
+  for (const char* check : {"1", "0"}) {
+    const std::vector<std::pair<const char*, const char*>> env = {{"FUSEDATTN_SM90_SUM_CHECK", check}};
+    const ScopedEnvs scoped(env);
+    for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (int d : {64, 128, 256})
+        for (bool causal : {false, true})
+          for (bool spike : {false, true}) {
+            const Problem pr = make_problem(1, kHeads, kHeads, d, kSq, kSk, causal);
+            SCOPED_TRACE(pr.str() + (spike ? " spike" : " ramp") + " SUM_CHECK=" + check);
+            HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+            for (int64_t i = 0; i < kSq; ++i)
+              for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
+            for (int64_t j = 0; j < kSk; ++j) {
+              const double ramp = static_cast<double>(kSk - j) / kSk;
+              const double k0 = spike ? (j == 0 ? kSpike : 0.0) : kKRamp * ramp * ramp;
+              for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
+            }
+            refill_inputs(c);
+            // Logits up to ~2e4 / sqrt(d): absolute errors scale with them (as LargeLogitsDoNotOverflow).
+            expect_matches_reference(c, 1e-2);
+          }
+  }
+}
+
 // Rows whose window is empty: out exactly 0 and lse -inf, never NaN.
 TEST(Sm90Fwd, FullyMaskedRows) {
   SKIP_UNLESS_HOPPER();
@@ -582,6 +617,8 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}, {"FUSEDATTN_SM90_PINGPONG", "0"}},
       {{"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
       {{"FUSEDATTN_SM90_RESCALE_SLACK", "12"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
+      {{"FUSEDATTN_SM90_SUM_CHECK", "0"}},
+      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "3"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_OVERLAP", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},

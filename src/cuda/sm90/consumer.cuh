@@ -288,13 +288,21 @@ struct Consumer {
       ptx::fence_operands(s);
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
-      softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      bool converted = false;
+      if constexpr (kConvertsBeforeWait && !kMasked) {
+        converted = params.features.sum_limit > 0.f &&
+                    softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,
+                                                         correction);
+      }
+      if (!converted) {
+        softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+        if constexpr (kConvertsBeforeWait) convert_p(s, p_next);
+      }
       // Keeps ptxas from hoisting the wait above the softmax and, with two P buffers, the next
       // P's conversion below it (see ptx/wgmma.cuh); a launched kernel has batch >= 1, so the
       // anchoring stores never run.
       const bool never = params.p.batch == 0;
       if constexpr (kConvertsBeforeWait) {
-        convert_p(s, p_next);
         ptx::complete_before_wait(never, ptx::smem_addr(smem.q[0]), p_next, softmax.row_sum);
       } else {
         ptx::complete_before_wait(never, ptx::smem_addr(smem.q[0]), softmax.row_sum);

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "cuda/common/check.cuh"
@@ -70,6 +71,9 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
     f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
   }
   f.q_buffers = flag("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
+  // H200, one process, both column orders: d128 full 2k-16k +6-10%, causal 2k-8k +4-6%, full
+  // 512 +5% (docs/hopper.md, session 22).
+  f.sum_limit = flag("FUSEDATTN_SM90_SUM_CHECK", true) ? std::exp2(f.rescale_slack) : 0.f;
   f.o_in_kv = f.overlap && flag("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
   return f;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 
 // quad_max / quad_sum (the four lanes 4r .. 4r+3 of a quad hold one row) and finalize_row.
+#include "cuda/common/element.cuh"
 #include "cuda/common/softmax.cuh"
 #include "cuda/ptx/mufu.cuh"
 
@@ -76,6 +77,41 @@ struct OnlineSoftmax {
     }
     // Warp-uniform, so skipping the rescale never splits the warp.
     c.any = __any_sync(kFullWarpMask, moved);
+  }
+
+  // The common step without the row max: probabilities against the current reference max,
+  // packed straight into P (pair i = 2j + r holds columns 4j + 2r, +1, as Consumer::convert_p),
+  // with S left intact. Every probability is at most its row's partial sum, so when no lane's
+  // partial sum of this block exceeds sum_limit = 2^slack the reference may stay (each
+  // probability <= 2^slack, update()'s invariant): the sums are added, the correction is 1 and
+  // true is returned. Otherwise nothing is kept (P is to be overwritten) and false sends the
+  // warp to update(). It saves the max's FMNMX chain and shuffles (the row max is needed only
+  // when it moves); a NaN sum passes the test and stays in its row, as with update().
+  template <typename Element, int kAcc, int kPRegs>
+  __device__ __forceinline__ bool update_unless_moved(const float (&s)[kAcc], uint32_t (&p)[kPRegs], float scale_log2,
+                                                      float sum_limit, RowCorrection& c) {
+    static_assert(kPRegs * 2 == kAcc);
+    float sum[kRows];
+    bool over = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j) {
+        const float x0 = ptx::ex2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -row_max[r]));
+        const float x1 = ptx::ex2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -row_max[r]));
+        p[2 * j + r] = pack2<Element>(x0, x1);
+        sum[r] = j == 0 ? x0 + x1 : sum[r] + (x0 + x1);
+      }
+      over = over || sum[r] > sum_limit;
+    }
+    if (__any_sync(kFullWarpMask, over)) return false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      row_sum[r] += sum[r];
+      c.factor[r] = 1.f;
+    }
+    c.any = false;
+    return true;
   }
 
   // 1 / rowsum for the output and the natural-log LSE (finalize_row: a fully masked row, sum 0,
