@@ -288,6 +288,8 @@ struct Consumer {
       ptx::fence_operands(s);
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
+      // Unmasked blocks with two P buffers first try the softmax without the row max: it writes
+      // P itself and leaves S for update() in case a row's max has moved (softmax.cuh).
       bool converted = false;
       if constexpr (kConvertsBeforeWait && !kMasked) {
         converted = params.features.sum_limit > 0.f &&

@@ -46,8 +46,9 @@ constexpr bool kQPrefetchDefault = true;
 // process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at
 // 1k, +2-3% at 2k, even at 4k-8k, but 1-5% slower at full 16k, in every pairing.
 constexpr int64_t kOInKVMaxKeys = 8192;
-inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers, bool persistent_default,
-                                  bool dynamic_default, bool o_in_kv_default, bool pingpong_default) {
+inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers,
+                                  bool persistent_default, bool dynamic_default, bool o_in_kv_default,
+                                  bool pingpong_default) {
   const auto flag = [](const char* name, bool fallback) {
     const char* v = std::getenv(name);
     return v && v[0] ? v[0] != '0' : fallback;
