@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <deque>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,15 +23,21 @@ class ScopedEnv {
   const char* name_;
 };
 
-// Several switches set for one scope (a deque holds them: ScopedEnv does not move).
+// Several switches set for one scope (a deque holds them: ScopedEnv does not move); label() is
+// "NAME=VALUE ..." for a test's trace.
 class ScopedEnvs {
  public:
   explicit ScopedEnvs(const std::vector<std::pair<const char*, const char*>>& settings) {
-    for (const auto& [name, value] : settings) envs_.emplace_back(name, value);
+    for (const auto& [name, value] : settings) {
+      envs_.emplace_back(name, value);
+      label_ += std::string(name) + "=" + value + " ";
+    }
   }
+  const std::string& label() const { return label_; }
 
  private:
   std::deque<ScopedEnv> envs_;
+  std::string label_;
 };
 
 // The portable (sm80-instruction) forward, also on Hopper.

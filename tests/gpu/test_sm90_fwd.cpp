@@ -255,8 +255,7 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   constexpr int64_t kSq = 200, kSk = 700, kHeads = 2;
   constexpr double kQRamp = 16.0, kKRamp = 48.0, kSpike = 1500.0;
   for (const char* check : {"1", "0"}) {
-    const std::vector<std::pair<const char*, const char*>> env = {{"FUSEDATTN_SM90_SUM_CHECK", check}};
-    const ScopedEnvs scoped(env);
+    const ScopedEnv scoped("FUSEDATTN_SM90_SUM_CHECK", check);
     for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (int d : {64, 128, 256})
         for (bool causal : {false, true})
@@ -509,9 +508,7 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
         {{"FUSEDATTN_SM90_DYNAMIC", "0"}}};
     for (const auto& env : settings) {
       const ScopedEnvs scoped(env);
-      std::string label;
-      for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
-      SCOPED_TRACE(label);
+      SCOPED_TRACE(scoped.label());
       for (bool causal : {false, true}) {
         HostCase c = make_case(make_problem(1, 2, 1, 64, kTwoEmptySlices, kTwoEmptySlices, causal), DType::kFloat16,
                                Layout::kBSHD, rng);
@@ -585,9 +582,7 @@ TEST(Sm90Fwd, DeeperVRing) {
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);
-    std::string label;
-    for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
-    SCOPED_TRACE(label);
+    SCOPED_TRACE(scoped.label());
     for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (const Problem& pr : {make_problem(1, 2, 1, 128, 300, 1700, false), make_problem(1, 2, 2, 128, 1100, 1037, true),
                                 make_problem(1, 2, 1, 128, 900, 1300, false, 333, 40),

@@ -25,7 +25,8 @@ constexpr int kD128VStages = 3;
 // 128 registers per thread, so the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of
 // 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3; since session 20
 // 64 wins under short masks, kD256Block64). A 176-key block at
-// d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 stage bought nothing.
+// d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 K/V stage (one Q buffer) bought
+// nothing.
 constexpr TileShape tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 128, 3, 2};
   if (head_dim <= 128) return {128, 128, 2, 2, 1, kD128VStages};
