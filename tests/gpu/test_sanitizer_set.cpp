@@ -37,5 +37,14 @@ TEST(GpuSanitizer, SmallRaggedPortablePath) {
   run_small_set();
 }
 
+// d64's 192-row tile (full masks from 512 rows) with slack 0, so nearly every unmasked step fails
+// the sum check and each warp computes its scores again from Q and K in shared memory
+// (Consumer::rescore) while its P V is in flight.
+TEST(GpuSanitizer, TallTileRescoredSteps) {
+  FUSEDATTN_REQUIRE_GPU();
+  const ScopedEnv slack("FUSEDATTN_SM90_RESCALE_SLACK", "0");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 1, 520, 400, 64), DType::kBFloat16));
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

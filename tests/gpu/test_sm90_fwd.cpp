@@ -247,26 +247,46 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // most KV blocks: by less than the rescale slack in some, by tens of log2 units in others, and in
 // the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
 // max overflows. The unmasked step's check on the block's row sums (update_unless_moved) must
-// send all of these to the full update; the same cases with the check off. Both dtypes, every
-// head dim, full and causal.
+// send all of these to the full update: from S kept aside on tiles with two P buffers, from S
+// computed again by the warp (Consumer::rescore) on tiles with one (d64's 192-row tile, asserted
+// through the plan, and d256's 80-key blocks); with slack 0 nearly every step fails the check; the
+// same cases with the check off. Both dtypes, every head dim, full and causal.
 TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  constexpr int64_t kSq = 200, kSk = 700, kHeads = 2;
+  constexpr int64_t kHeads = 2;
+  // d64 takes its 192-row tile from 2048 queries, under a causal mask only past 1024 keys.
+  constexpr int64_t kTallTileQueries = 2100;
   constexpr double kQRamp = 16.0, kKRamp = 48.0, kSpike = 1500.0;
-  for (const char* check : {"1", "0"}) {
-    const ScopedEnv scoped("FUSEDATTN_SM90_SUM_CHECK", check);
+  struct Shape {
+    int d;
+    int64_t sq, sk;
+  };
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}},
+      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
+      {{"FUSEDATTN_SM90_SUM_CHECK", "0"}},
+  };
+  for (const auto& env : settings) {
+    const ScopedEnvs scoped(env);
     for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (int d : {64, 128, 256})
+      for (const Shape shape : {Shape{64, 200, 700}, Shape{64, kTallTileQueries, kTallTileQueries},
+                                Shape{128, 200, 700}, Shape{256, 200, 700}})
         for (bool causal : {false, true})
           for (bool spike : {false, true}) {
-            const Problem pr = make_problem(1, kHeads, kHeads, d, kSq, kSk, causal);
-            SCOPED_TRACE(pr.str() + (spike ? " spike" : " ramp") + " SUM_CHECK=" + check);
+            const int d = shape.d;
+            const int64_t sk = shape.sk;
+            const Problem pr = make_problem(1, kHeads, kHeads, d, shape.sq, sk, causal);
+            SCOPED_TRACE(pr.str() + (spike ? " spike " : " ramp ") + scoped.label());
+            if (shape.sq == kTallTileQueries) {
+              const auto planned = planned_sm90_work(pr, dtype);
+              if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+            }
             HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-            for (int64_t i = 0; i < kSq; ++i)
+            for (int64_t i = 0; i < shape.sq; ++i)
               for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
-            for (int64_t j = 0; j < kSk; ++j) {
-              const double ramp = static_cast<double>(kSk - j) / kSk;
+            for (int64_t j = 0; j < sk; ++j) {
+              const double ramp = static_cast<double>(sk - j) / sk;
               const double k0 = spike ? (j == 0 ? kSpike : 0.0) : kKRamp * ramp * ramp;
               for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
             }

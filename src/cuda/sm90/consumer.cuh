@@ -20,6 +20,7 @@
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_announcement.cuh"
+#include "cuda/sm90/warp_scores.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -50,6 +51,7 @@ struct Consumer {
   static constexpr int kSAcc = kWarpgroupRows * kBlockN / kWarpgroupThreads;    // S floats per thread
   static constexpr int kOAcc = kWarpgroupRows * kHeadDim / kWarpgroupThreads;   // O floats per thread
   static constexpr int kPRegs = kSAcc / 2;                                      // P as packed pairs
+  static constexpr int kWarpRows = kWarpgroupRows / kWarpsPerWarpgroup;         // a warp's rows of S
   static constexpr int kKStep = 16;                                             // wgmma K per instruction
   static constexpr uint32_t kRowBytes = kSwizzleBytes;
   static constexpr uint32_t kKStepBytes = kKStep * sizeof(Element);  // next 16 columns of a K-major slab
@@ -226,6 +228,15 @@ struct Consumer {
     if (params.features.early_k_release) pipe.consumer_release_k(kv, lane);
   }
 
+  // This warp's rows of S for the K stage, by warp-level MMAs (the warpgroup's wgmma cannot be
+  // issued by one warp): the rare path of the one-buffer sum-checked step.
+  __device__ __forceinline__ void rescore(float (&s)[kSAcc], int k_stage) const {
+    const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
+    warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(smem.q[q_buffer]),
+                                                     ptx::smem_addr(smem.k[k_stage]),
+                                                     warpgroup * kWarpgroupRows + warp * kWarpRows, lane);
+  }
+
   // The stage's V (and its K, unless that went right after S = Q K^T) back to the producer.
   __device__ __forceinline__ void release_after_pv(const KVRing& kv, const KVPipeline<Storage>& pipe) const {
     if (!params.features.early_k_release) pipe.consumer_release_k(kv, lane);
@@ -286,11 +297,21 @@ struct Consumer {
     } else {
       ptx::wgmma_wait_group<1>();  // S ready; P V may still run
       ptx::fence_operands(s);
+      // Unmasked blocks first try the softmax without the row max (softmax.cuh). With one P
+      // buffer the probabilities overwrite S: a warp that then finds a row's max moved computes
+      // its S again from K, so K goes back only after the test.
+      bool kept = false;
+      if constexpr (!kConvertsBeforeWait && !kMasked) {
+        if (params.features.sum_limit > 0.f) {
+          kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit, correction);
+          if (!kept) rescore(s, next.k().stage());
+        }
+      }
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
-      // Unmasked blocks with two P buffers first try the softmax without the row max: it writes
-      // P itself and leaves S for update() in case a row's max has moved (softmax.cuh).
-      bool converted = false;
+      // With two P buffers the probabilities go straight into the second one and S stays for
+      // update() in case a row's max has moved.
+      bool converted = kept;
       if constexpr (kConvertsBeforeWait && !kMasked) {
         converted = params.features.sum_limit > 0.f &&
                     softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,

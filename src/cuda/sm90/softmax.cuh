@@ -79,18 +79,17 @@ struct OnlineSoftmax {
     c.any = __any_sync(kFullWarpMask, moved);
   }
 
-  // The common step without the row max: probabilities against the current reference max,
-  // packed straight into P (pair i = 2j + r holds columns 4j + 2r, +1, as Consumer::convert_p),
-  // with S left intact. Every probability is at most its row's partial sum, so when no lane's
-  // partial sum of this block exceeds sum_limit = 2^slack the reference may stay (each
-  // probability <= 2^slack, update()'s invariant): the sums are added, the correction is 1 and
-  // true is returned. Otherwise nothing is kept (P is to be overwritten) and false sends the
-  // warp to update(). It saves the max's FMNMX chain and shuffles (the row max is needed only
-  // when it moves); a NaN sum passes the test and stays in its row, as with update().
-  template <typename Element, int kAcc, int kPRegs>
-  __device__ __forceinline__ bool update_unless_moved(const float (&s)[kAcc], uint32_t (&p)[kPRegs], float scale_log2,
-                                                      float sum_limit, RowCorrection& c) {
-    static_assert(kPRegs * 2 == kAcc);
+  // The common step without the row max: probabilities against the current reference max, each
+  // pair (columns 4j + 2r, +1 of row r) handed to keep(j, r, x0, x1). Every probability is at most
+  // its row's partial sum, so when no lane's partial sum of this block exceeds sum_limit = 2^slack
+  // the reference may stay (each probability <= 2^slack, update()'s invariant): the sums are
+  // added, the correction is 1 and true is returned. Otherwise nothing is added and false sends
+  // the warp to update(), which needs the scores. It saves the max's FMNMX chain and shuffles (the
+  // row max is needed only when it moves); a NaN sum passes the test and stays in its row, as with
+  // update().
+  template <int kAcc, class Keep>
+  __device__ __forceinline__ bool sum_checked_exps(const float (&s)[kAcc], float scale_log2, float sum_limit,
+                                                   RowCorrection& c, Keep keep) {
     float sum[kRows];
     bool over = false;
 #pragma unroll
@@ -99,7 +98,7 @@ struct OnlineSoftmax {
       for (int j = 0; j < kAcc / 4; ++j) {
         const float x0 = ptx::ex2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -row_max[r]));
         const float x1 = ptx::ex2_approx(fmaf(s[4 * j + 2 * r + 1], scale_log2, -row_max[r]));
-        p[2 * j + r] = pack2<Element>(x0, x1);
+        keep(j, r, x0, x1);
         sum[r] = j == 0 ? x0 + x1 : sum[r] + (x0 + x1);
       }
       over = over || sum[r] > sum_limit;
@@ -112,6 +111,29 @@ struct OnlineSoftmax {
     }
     c.any = false;
     return true;
+  }
+
+  // sum_checked_exps packing P straight into a second buffer (pair i = 2j + r, as
+  // Consumer::convert_p) with S left intact for update() if it returns false.
+  template <typename Element, int kAcc, int kPRegs>
+  __device__ __forceinline__ bool update_unless_moved(const float (&s)[kAcc], uint32_t (&p)[kPRegs], float scale_log2,
+                                                      float sum_limit, RowCorrection& c) {
+    static_assert(kPRegs * 2 == kAcc);
+    return sum_checked_exps(s, scale_log2, sum_limit, c,
+                            [&](int j, int r, float x0, float x1) { p[2 * j + r] = pack2<Element>(x0, x1); });
+  }
+
+  // sum_checked_exps writing the probabilities over S, for tiles with one P buffer (P V still
+  // reads it). On false S is lost: the caller recomputes it before update() (a row whose max
+  // moved is rare after a tile's first blocks, and one whose scores overflowed the stale
+  // reference cannot be rescaled from its probabilities).
+  template <int kAcc>
+  __device__ __forceinline__ bool update_in_place_unless_moved(float (&s)[kAcc], float scale_log2, float sum_limit,
+                                                               RowCorrection& c) {
+    return sum_checked_exps(s, scale_log2, sum_limit, c, [&](int j, int r, float x0, float x1) {
+      s[4 * j + 2 * r] = x0;
+      s[4 * j + 2 * r + 1] = x1;
+    });
   }
 
   // 1 / rowsum for the output and the natural-log LSE (finalize_row: a fully masked row, sum 0,

@@ -1,0 +1,64 @@
+// One warp's 16 rows of S = Q K^T recomputed with warp-level mma.sync, from the Q tile and a K
+// stage in shared memory as the TMA stored them (128-byte swizzle, 64-column slabs). wgmma is
+// issued by a whole warpgroup; this serves a warp that alone finds it needs its scores again
+// (the sum-checked step of tiles with one P buffer, Consumer::overlapped_step), a rare path. The
+// accumulator comes out in the wgmma layout (ptx/wgmma.cuh), which per 8-key chunk is the
+// mma.m16n8k16 C layout (ptx/mma_sm80.cuh): chunk j is s[4j .. 4j + 3].
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx/ldmatrix.cuh"
+#include "cuda/ptx/mma_sm80.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+// The physical address of a logical one in a 128B-swizzled tile whose atoms are 1024-byte
+// aligned: the 16-byte chunk index (address bits 4-6) is XORed with the row within the atom
+// (bits 7-9), as the TMA writes it.
+__device__ __forceinline__ uint32_t swizzled_128b(uint32_t address) {
+  constexpr uint32_t kChunkShift = 4, kRowShift = 7, kRowsPerAtomMask = 7;
+  return address ^ (((address >> kRowShift) & kRowsPerAtomMask) << kChunkShift);
+}
+
+// s = Q[row0 .. row0 + 16) K^T for a K tile of kBlockN keys. q_tile / k_tile: shared addresses of
+// the tiles (slabs of kBlockM / kBlockN rows of 128 bytes each); row0: the warp's first row in
+// the Q tile.
+template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
+__device__ __forceinline__ void warp_scores(float (&s)[kBlockN / 2], uint32_t q_tile, uint32_t k_tile, int row0,
+                                            int lane) {
+  constexpr uint32_t kRowBytes = ptx::kSwizzleRowBytes;
+  constexpr uint32_t kChunkBytes = 16;  // one 8x8 ldmatrix row of 16-bit elements
+  constexpr int kSlabCols = kRowBytes / sizeof(Element);
+  constexpr int kKStep = 16, kKStepsPerSlab = kSlabCols / kKStep, kChunksPerKStep = 2;
+  constexpr int kKeysPerLoad = 16;  // one ldmatrix.x4 of K: two 8-key chunks x 16 k
+  static_assert(kBlockN % kKeysPerLoad == 0 && kHeadDim % kKStep == 0);
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.f;
+  // ldmatrix.x4: lanes 8m .. 8m + 7 address the rows of matrix m. A (16 rows x 16 k): matrices
+  // (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15). B of two
+  // 8-key chunks: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+  const int matrix = lane / 8, row_in_matrix = lane % 8;
+  const int a_row = row0 + row_in_matrix + 8 * (matrix % 2), a_chunk = matrix / 2;
+  const int b_key = row_in_matrix + 8 * (matrix / 2), b_chunk = matrix % 2;
+  // The k-steps stay a loop: unrolled, their address arithmetic spilled registers of the whole
+  // kernel in the 192-row d64 tile (48 B) and d256 (540 B), for a path that rarely runs.
+#pragma unroll 1
+  for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
+    const int slab = kk / kKStepsPerSlab, chunk0 = kChunksPerKStep * (kk % kKStepsPerSlab);
+    uint32_t a[4];
+    ptx::ldmatrix_x4(a, swizzled_128b(q_tile + (slab * kBlockM + a_row) * kRowBytes + (chunk0 + a_chunk) * kChunkBytes));
+#pragma unroll
+    for (int n = 0; n < kBlockN / kKeysPerLoad; ++n) {
+      uint32_t b[4];
+      ptx::ldmatrix_x4(b, swizzled_128b(k_tile + (slab * kBlockN + kKeysPerLoad * n + b_key) * kRowBytes +
+                                        (chunk0 + b_chunk) * kChunkBytes));
+      const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
+      ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n]), a, lo);
+      ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n + 4]), a, hi);
+    }
+  }
+}
+
+}  // namespace fusedattn::cuda::sm90
