@@ -73,7 +73,8 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   }
   f.q_buffers = flag("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
   // H200, one process, both column orders: d128 full 2k-16k +6-10%, causal 2k-8k +4-6%, full
-  // 512 +5% (docs/hopper.md, session 22).
+  // 512 +5% (docs/hopper.md, session 22); d64's 192-row tile full 2k-16k +9-11%, d256 full +1-2%
+  // (session 23).
   f.sum_limit = flag("FUSEDATTN_SM90_SUM_CHECK", true) ? std::exp2(f.rescale_slack) : 0.f;
   f.o_in_kv = f.overlap && flag("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
   return f;

@@ -34,8 +34,9 @@ struct Features {
   // otherwise).
   bool o_in_kv = true;
   float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
-  // Unmasked steps of tiles with two P buffers try OnlineSoftmax::update_unless_moved first
-  // (0: off); its bound on a block's partial row sum, 2^rescale_slack.
+  // Unmasked steps try the softmax without the row max first (OnlineSoftmax::update_unless_moved
+  // with two P buffers, update_in_place_unless_moved with one; 0: off); its bound on a block's
+  // partial row sum, 2^rescale_slack.
   float sum_limit = 0.f;
   // Q buffers in use (1 .. compiled kQBuffers). 2: the producer loads the next tile's Q (and its
   // first K/V) while the consumers still work on this tile, and the wait for O's TMA store to

@@ -38,7 +38,9 @@ constexpr TileShape tile_shape(int head_dim) {
 // softmax between turns. At 160 registers per consumer thread S (64) + P (32) + O (32) of the
 // intra-warpgroup overlap leave 32 for everything else: the consumers carry little per tile
 // (docs/hopper.md, session 6), and its cut blocks wait for P V before the mask (consumer.cuh).
-constexpr TileShape kD64Tall{192, 128, 3, 3};
+// Four K/V stages (2 Q buffers of 24 KiB + 4 x 32 KiB = 176 KiB): since its K is held until the
+// step's sum check, a fourth stage bought causal 2k-8k +0.5-2% (full masks even; session 23).
+constexpr TileShape kD64Tall{192, 128, 4, 3};
 
 // d64 for short sequences: two CTAs per SM, so one CTA's tile boundary (epilogue, the next tile's
 // first Q K^T and softmax alone) runs beside the other's KV loop. Half the register file each
