@@ -38,12 +38,15 @@ TEST(GpuSanitizer, SmallRaggedPortablePath) {
 }
 
 // d64's 192-row tile (full masks from 512 rows) with slack 0, so nearly every unmasked step fails
-// the sum check and each warp computes its scores again from Q and K in shared memory
-// (Consumer::rescore) while its P V is in flight.
+// the sum check: the warps rebase the block from its probabilities, and with REBASE=0 compute their
+// scores again from Q and K in shared memory (Consumer::rescore) while their P V is in flight.
 TEST(GpuSanitizer, TallTileRescoredSteps) {
   FUSEDATTN_REQUIRE_GPU();
   const ScopedEnv slack("FUSEDATTN_SM90_RESCALE_SLACK", "0");
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 1, 520, 400, 64), DType::kBFloat16));
+  for (const char* rebase : {"1", "0"}) {
+    const ScopedEnv scoped("FUSEDATTN_SM90_REBASE", rebase);
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 1, 520, 400, 64), DType::kBFloat16));
+  }
 }
 
 }  // namespace

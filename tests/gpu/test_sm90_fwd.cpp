@@ -247,10 +247,12 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // most KV blocks: by less than the rescale slack in some, by tens of log2 units in others, and in
 // the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
 // max overflows. The unmasked step's check on the block's row sums (update_unless_moved) must
-// send all of these to the full update: from S kept aside on tiles with two P buffers, from S
-// computed again by the warp (Consumer::rescore) on tiles with one (d64's 192-row tile, asserted
-// through the plan, and d256's 80-key blocks); with slack 0 nearly every step fails the check; the
-// same cases with the check off. Both dtypes, every head dim, full and causal.
+// send all of these to the full update: from S kept aside on tiles with two P buffers; on tiles
+// with one (d64's 192-row tile, asserted through the plan, and d256's 80-key blocks) by a rebase
+// from the probabilities, or where they overflowed (the spike) from S computed again by the warp
+// (Consumer::rescore). With slack 0 nearly every step fails the check, and with REBASE=0 every
+// failed check computes S again; the same cases with the check off. Both dtypes, every head dim,
+// full and causal.
 TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -265,6 +267,7 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
       {{"FUSEDATTN_SM90_SUM_CHECK", "1"}},
       {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
+      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}, {"FUSEDATTN_SM90_REBASE", "0"}},
       {{"FUSEDATTN_SM90_SUM_CHECK", "0"}},
   };
   for (const auto& env : settings) {

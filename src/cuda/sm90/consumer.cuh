@@ -229,7 +229,8 @@ struct Consumer {
   }
 
   // This warp's rows of S for the K stage, by warp-level MMAs (the warpgroup's wgmma cannot be
-  // issued by one warp): the rare path of the one-buffer sum-checked step.
+  // issued by one warp): the one-buffer sum-checked step's path for probabilities it cannot
+  // rebase (OnlineSoftmax::update_in_place_unless_moved), rare.
   __device__ __forceinline__ void rescore(float (&s)[kSAcc], int k_stage) const {
     const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
     warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(smem.q[q_buffer]),
@@ -298,12 +299,13 @@ struct Consumer {
       ptx::wgmma_wait_group<1>();  // S ready; P V may still run
       ptx::fence_operands(s);
       // Unmasked blocks first try the softmax without the row max (softmax.cuh). With one P
-      // buffer the probabilities overwrite S: a warp that then finds a row's max moved computes
-      // its S again from K, so K goes back only after the test.
+      // buffer the probabilities overwrite S: a warp whose rows' maxima moved too far to be
+      // recovered from them computes its S again from K, so K goes back only after the test.
       bool kept = false;
       if constexpr (!kConvertsBeforeWait && !kMasked) {
         if (params.features.sum_limit > 0.f) {
-          kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit, correction);
+          kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit,
+                                                      params.features.rebase_limit, correction);
           if (!kept) rescore(s, next.k().stage());
         }
       }

@@ -41,6 +41,9 @@ constexpr int kMaxSplitWaves = 2;
 // the next tile's Q then waits for) or stages it in the last KV stage (default: up to
 // kOInKVMaxKeys keys). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
+// FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
+// FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities with one P buffer (every failed check
+// then computes the scores again).
 constexpr bool kQPrefetchDefault = true;
 // O staged in K/V (d256, KernelConfig::kStagesOInKV) by default up to this many keys: H200, one
 // process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at
@@ -76,6 +79,7 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   // 512 +5% (docs/hopper.md, session 22); d64's 192-row tile full 2k-16k +9-11%, d256 full +1-2%
   // (session 23).
   f.sum_limit = flag("FUSEDATTN_SM90_SUM_CHECK", true) ? std::exp2(f.rescale_slack) : 0.f;
+  f.rebase_limit = flag("FUSEDATTN_SM90_REBASE", true) ? kRebaseLimit : 0.f;
   f.o_in_kv = f.overlap && flag("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
   return f;
 }

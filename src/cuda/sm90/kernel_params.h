@@ -17,6 +17,10 @@ namespace fusedattn::cuda::sm90 {
 // 0 is the textbook online softmax.
 constexpr float kDefaultRescaleSlack = 8.f;
 constexpr float kMaxRescaleSlack = 12.f;
+// The largest probability OnlineSoftmax::update_in_place_unless_moved takes a block max from
+// (2^64: its reciprocal stays a normal float with room to spare); a row whose max jumped further
+// needs its scores again.
+constexpr float kRebaseLimit = 0x1p64f;
 
 // Optimisations that can be turned off at run time (read from the environment on the host by
 // fwd_launch.cuh) so docs/hopper.md can record what each one buys.
@@ -38,6 +42,9 @@ struct Features {
   // with two P buffers, update_in_place_unless_moved with one; 0: off); its bound on a block's
   // partial row sum, 2^rescale_slack.
   float sum_limit = 0.f;
+  // With one P buffer, the largest probability a failed check may rebase the block from
+  // (kRebaseLimit; 0: none, every failed check computes the scores again).
+  float rebase_limit = kRebaseLimit;
   // Q buffers in use (1 .. compiled kQBuffers). 2: the producer loads the next tile's Q (and its
   // first K/V) while the consumers still work on this tile, and the wait for O's TMA store to
   // leave its staging buffer moves behind the next tile's first GEMM issue. 1: each tile's Q

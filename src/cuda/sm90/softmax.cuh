@@ -80,17 +80,15 @@ struct OnlineSoftmax {
   }
 
   // The common step without the row max: probabilities against the current reference max, each
-  // pair (columns 4j + 2r, +1 of row r) handed to keep(j, r, x0, x1). Every probability is at most
-  // its row's partial sum, so when no lane's partial sum of this block exceeds sum_limit = 2^slack
-  // the reference may stay (each probability <= 2^slack, update()'s invariant): the sums are
-  // added, the correction is 1 and true is returned. Otherwise nothing is added and false sends
-  // the warp to update(), which needs the scores. It saves the max's FMNMX chain and shuffles (the
-  // row max is needed only when it moves); a NaN sum passes the test and stays in its row, as with
-  // update().
+  // pair (columns 4j + 2r, +1 of row r) handed to keep(j, r, x0, x1), and the block's partial row
+  // sums into `sum`. Every probability is at most its row's partial sum, so when no lane's
+  // partial sum exceeds sum_limit = 2^slack the reference may stay (each probability <= 2^slack,
+  // update()'s invariant: keep_reference). Returns whether some lane's sum exceeded it (the same
+  // in every lane of the warp). It saves the max's FMNMX chain and shuffles: the row max is needed
+  // only when it moves. A NaN sum passes the test and stays in its row, as with update().
   template <int kAcc, class Keep>
-  __device__ __forceinline__ bool sum_checked_exps(const float (&s)[kAcc], float scale_log2, float sum_limit,
-                                                   RowCorrection& c, Keep keep) {
-    float sum[kRows];
+  __device__ __forceinline__ bool exps_over_limit(const float (&s)[kAcc], float scale_log2, float sum_limit,
+                                                  float (&sum)[kRows], Keep keep) const {
     bool over = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -103,37 +101,80 @@ struct OnlineSoftmax {
       }
       over = over || sum[r] > sum_limit;
     }
-    if (__any_sync(kFullWarpMask, over)) return false;
+    return __any_sync(kFullWarpMask, over);
+  }
+
+  // The reference max stays: the block's sums are added and every factor is 1.
+  __device__ __forceinline__ void keep_reference(const float (&sum)[kRows], RowCorrection& c) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row_sum[r] += sum[r];
       c.factor[r] = 1.f;
     }
     c.any = false;
-    return true;
   }
 
-  // sum_checked_exps packing P straight into a second buffer (pair i = 2j + r, as
-  // Consumer::convert_p) with S left intact for update() if it returns false.
+  // exps_over_limit packing P straight into a second buffer (pair i = 2j + r, as
+  // Consumer::convert_p) with S left intact: false sends the warp to update().
   template <typename Element, int kAcc, int kPRegs>
   __device__ __forceinline__ bool update_unless_moved(const float (&s)[kAcc], uint32_t (&p)[kPRegs], float scale_log2,
                                                       float sum_limit, RowCorrection& c) {
     static_assert(kPRegs * 2 == kAcc);
-    return sum_checked_exps(s, scale_log2, sum_limit, c,
-                            [&](int j, int r, float x0, float x1) { p[2 * j + r] = pack2<Element>(x0, x1); });
+    float sum[kRows];
+    if (exps_over_limit(s, scale_log2, sum_limit, sum,
+                        [&](int j, int r, float x0, float x1) { p[2 * j + r] = pack2<Element>(x0, x1); }))
+      return false;
+    keep_reference(sum, c);
+    return true;
   }
 
-  // sum_checked_exps writing the probabilities over S, for tiles with one P buffer (P V still
-  // reads it). On false S is lost: the caller recomputes it before update() (a row whose max
-  // moved is rare after a tile's first blocks, and one whose scores overflowed the stale
-  // reference cannot be rescaled from its probabilities).
+  // exps_over_limit writing the probabilities over S, for tiles with one P buffer (P V still
+  // reads it). When a sum exceeds the limit the block's row max is recovered from the
+  // probabilities: q, the largest of a row's, is 2^(block max - reference), so a row whose max
+  // moved by more than slack (q > 2^slack, update()'s decision) takes reference + log2 q and its
+  // probabilities, sum and O are scaled by 1/q. Returns false, with S lost, only if some q of the
+  // warp is above rebase_limit (kRebaseLimit; an overflow to inf included: a score more than 128
+  // log2 units above the stale reference, or a row that has seen no key yet): the caller
+  // computes S again and runs update().
   template <int kAcc>
   __device__ __forceinline__ bool update_in_place_unless_moved(float (&s)[kAcc], float scale_log2, float sum_limit,
-                                                               RowCorrection& c) {
-    return sum_checked_exps(s, scale_log2, sum_limit, c, [&](int j, int r, float x0, float x1) {
-      s[4 * j + 2 * r] = x0;
-      s[4 * j + 2 * r + 1] = x1;
-    });
+                                                               float rebase_limit, RowCorrection& c) {
+    float sum[kRows];
+    if (!exps_over_limit(s, scale_log2, sum_limit, sum, [&](int j, int r, float x0, float x1) {
+          s[4 * j + 2 * r] = x0;
+          s[4 * j + 2 * r + 1] = x1;
+        })) {
+      keep_reference(sum, c);
+      return true;
+    }
+    float q[kRows];
+    bool rebasable = true;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float mx = fmaxf(s[2 * r], s[2 * r + 1]);
+#pragma unroll
+      for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+      q[r] = quad_max(mx);
+      rebasable = rebasable && q[r] <= rebase_limit;
+    }
+    if (!__all_sync(kFullWarpMask, rebasable)) return false;
+    bool moved = false;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool move = q[r] > sum_limit;
+      c.factor[r] = move ? ptx::rcp_approx(q[r]) : 1.f;
+      if (move) row_max[r] += ptx::lg2_approx(q[r]);
+      row_sum[r] = (row_sum[r] + sum[r]) * c.factor[r];
+      moved = moved || move;
+    }
+    c.any = __any_sync(kFullWarpMask, moved);
+    if (c.any) {
+#pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[4 * j + e] *= c.factor[e / 2];
+    }
+    return true;
   }
 
   // 1 / rowsum for the output and the natural-log LSE (finalize_row: a fully masked row, sum 0,
