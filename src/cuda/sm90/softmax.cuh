@@ -37,6 +37,16 @@ struct OnlineSoftmax {
     }
   }
 
+  // The largest of row r's values in a quad's accumulators, one FMNMX per value: seeded with the
+  // row's first pair rather than -inf (fmaxf(-inf, x) is no identity for ptxas: it keeps the op).
+  template <int kAcc>
+  __device__ __forceinline__ static float quad_row_max(const float (&s)[kAcc], int r) {
+    float mx = fmaxf(s[2 * r], s[2 * r + 1]);
+#pragma unroll
+    for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    return quad_max(mx);
+  }
+
   // Turns scores s into unnormalised probabilities in place and sets, per row, the factor by
   // which the O accumulated so far must be rescaled. Requires scale_log2 > 0. The running max
   // moves only when the block's max exceeds it by more than `slack` (log2 units); otherwise the
@@ -48,12 +58,7 @@ struct OnlineSoftmax {
     bool moved = false;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // Seeded with the row's first pair rather than -inf (fmaxf(-inf, x) is no identity for
-      // ptxas: it keeps the op), one FMNMX per score.
-      float mx = fmaxf(s[2 * r], s[2 * r + 1]);
-#pragma unroll
-      for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      const float m_block = quad_max(mx) * scale_log2;
+      const float m_block = quad_row_max(s, r) * scale_log2;
       // kNoKeyMax + slack rounds to kNoKeyMax: a row's first visible key moves the max. A row that
       // has seen only masked keys (block max -inf) keeps the finite floor, so the subtraction
       // below never meets -inf - (-inf) = NaN, and exp2(-inf) = 0 keeps its probabilities and
@@ -151,10 +156,7 @@ struct OnlineSoftmax {
     bool rebasable = true;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      float mx = fmaxf(s[2 * r], s[2 * r + 1]);
-#pragma unroll
-      for (int j = 1; j < kAcc / 4; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-      q[r] = quad_max(mx);
+      q[r] = quad_row_max(s, r);
       rebasable = rebasable && q[r] <= rebase_limit;
     }
     if (!__all_sync(kFullWarpMask, rebasable)) return false;
