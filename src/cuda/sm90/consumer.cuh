@@ -71,6 +71,9 @@ struct Consumer {
   float o[kOAcc];
   OnlineSoftmax softmax;
 
+  // The current tile's Q buffer in shared memory.
+  __device__ __forceinline__ const Element* q_tile() const { return smem.q[Cfg::kQBuffers > 1 ? q_stage : 0]; }
+
   // S (64 x kN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps, for the first kN keys of the
   // block (kN < kBlockN: a narrow block, TileMask::kNarrowsFirstBlock). A k-step's descriptors
   // are the tiles' low words plus a constant (ptx::desc_low_word), with the operand's high word
@@ -81,9 +84,8 @@ struct Consumer {
     // across the loop. Q's, the same for every block of the tile, may be hoisted: with the high
     // words from the kernel parameters ptxas keeps its words in uniform registers (0 B spills at
     // every head dim; before, the hoisted descriptors spilled at d256).
-    const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
     const uint32_t q_low =
-        ptx::desc_low_word(ptx::smem_addr(smem.q[q_buffer]) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo);
+        ptx::desc_low_word(ptx::smem_addr(q_tile()) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo);
     const uint32_t k_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
     const uint32_t q_high = params.desc_high.q, k_high = params.desc_high.k;
 #pragma unroll
@@ -232,9 +234,7 @@ struct Consumer {
   // issued by one warp): the one-buffer sum-checked step's path for probabilities it cannot
   // rebase (OnlineSoftmax::update_in_place_unless_moved), rare.
   __device__ __forceinline__ void rescore(float (&s)[kSAcc], int k_stage) const {
-    const int q_buffer = Cfg::kQBuffers > 1 ? q_stage : 0;
-    warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(smem.q[q_buffer]),
-                                                     ptx::smem_addr(smem.k[k_stage]),
+    warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(q_tile()), ptx::smem_addr(smem.k[k_stage]),
                                                      warpgroup * kWarpgroupRows + warp * kWarpRows, lane);
   }
 
