@@ -14,17 +14,9 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// The physical address of a logical one in a 128B-swizzled tile whose atoms are 1024-byte
-// aligned: the 16-byte chunk index (address bits 4-6) is XORed with the row within the atom
-// (bits 7-9), as the TMA writes it.
-__device__ __forceinline__ uint32_t swizzled_128b(uint32_t address) {
-  constexpr uint32_t kChunkShift = 4, kRowShift = 7, kRowsPerAtomMask = 7;
-  return address ^ (((address >> kRowShift) & kRowsPerAtomMask) << kChunkShift);
-}
-
 // s = Q[row0 .. row0 + 16) K^T for a K tile of kBlockN keys. q_tile / k_tile: shared addresses of
-// the tiles (slabs of kBlockM / kBlockN rows of 128 bytes each); row0: the warp's first row in
-// the Q tile.
+// the tiles (slabs of kBlockM / kBlockN rows of 128 bytes each, 1024-byte aligned, as every tile of
+// SharedStorage is); row0: the warp's first row in the Q tile, a multiple of 16.
 template <typename Element, int kHeadDim, int kBlockM, int kBlockN>
 __device__ __forceinline__ void warp_scores(float (&s)[kBlockN / 2], uint32_t q_tile, uint32_t k_tile, int row0,
                                             int lane) {
@@ -33,27 +25,33 @@ __device__ __forceinline__ void warp_scores(float (&s)[kBlockN / 2], uint32_t q_
   constexpr int kSlabCols = kRowBytes / sizeof(Element);
   constexpr int kKStep = 16, kKStepsPerSlab = kSlabCols / kKStep, kChunksPerKStep = 2;
   constexpr int kKeysPerLoad = 16;  // one ldmatrix.x4 of K: two 8-key chunks x 16 k
+  constexpr int kRowsPerAtom = 8;   // the 128-byte swizzle permutes a row's chunks by row % 8
   static_assert(kBlockN % kKeysPerLoad == 0 && kHeadDim % kKStep == 0);
+  static_assert(kBlockM % kRowsPerAtom == 0 && kBlockN % kRowsPerAtom == 0, "slabs start on a swizzle atom");
 #pragma unroll
   for (int i = 0; i < kBlockN / 2; ++i) s[i] = 0.f;
   // ldmatrix.x4: lanes 8m .. 8m + 7 address the rows of matrix m. A (16 rows x 16 k): matrices
   // (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15). B of two
   // 8-key chunks: (keys 0-7, k 0-7), (keys 0-7, k 8-15), (keys 8-15, k 0-7), (keys 8-15, k 8-15).
+  // Every row a lane addresses is lane % 8 within its swizzle atom, so chunk c of it sits at
+  // c ^ (lane % 8) in every slab and every 16-key group: one base per k-step, immediate offsets.
   const int matrix = lane / 8, row_in_matrix = lane % 8;
-  const int a_row = row0 + row_in_matrix + 8 * (matrix % 2), a_chunk = matrix / 2;
-  const int b_key = row_in_matrix + 8 * (matrix / 2), b_chunk = matrix % 2;
+  const uint32_t swizzle = static_cast<uint32_t>(row_in_matrix);
+  const uint32_t a_row = q_tile + (row0 + row_in_matrix + 8 * (matrix % 2)) * kRowBytes;
+  const uint32_t b_row = k_tile + (row_in_matrix + 8 * (matrix / 2)) * kRowBytes;
+  const uint32_t a_chunk = matrix / 2, b_chunk = matrix % 2;
   // The k-steps stay a loop: unrolled, their address arithmetic spilled registers of the whole
   // kernel in the 192-row d64 tile (48 B) and d256 (540 B), for a path that rarely runs.
 #pragma unroll 1
   for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
-    const int slab = kk / kKStepsPerSlab, chunk0 = kChunksPerKStep * (kk % kKStepsPerSlab);
+    const uint32_t slab = kk / kKStepsPerSlab, chunk0 = kChunksPerKStep * (kk % kKStepsPerSlab);
     uint32_t a[4];
-    ptx::ldmatrix_x4(a, swizzled_128b(q_tile + (slab * kBlockM + a_row) * kRowBytes + (chunk0 + a_chunk) * kChunkBytes));
+    ptx::ldmatrix_x4(a, a_row + slab * kBlockM * kRowBytes + ((chunk0 + a_chunk) ^ swizzle) * kChunkBytes);
+    const uint32_t b_step = b_row + slab * kBlockN * kRowBytes + ((chunk0 + b_chunk) ^ swizzle) * kChunkBytes;
 #pragma unroll
     for (int n = 0; n < kBlockN / kKeysPerLoad; ++n) {
       uint32_t b[4];
-      ptx::ldmatrix_x4(b, swizzled_128b(k_tile + (slab * kBlockN + kKeysPerLoad * n + b_key) * kRowBytes +
-                                        (chunk0 + b_chunk) * kChunkBytes));
+      ptx::ldmatrix_x4(b, b_step + n * kKeysPerLoad * kRowBytes);
       const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
       ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n]), a, lo);
       ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n + 4]), a, hi);
