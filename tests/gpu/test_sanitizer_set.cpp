@@ -49,5 +49,18 @@ TEST(GpuSanitizer, TallTileRescoredSteps) {
   }
 }
 
+// The same on tiles with two P buffers under a causal mask (d128's and d64's 128-row tiles), whose
+// unmasked steps check the sums over S there too (Consumer::kSumCheckInPlace).
+TEST(GpuSanitizer, MaskedTilesRescoredSteps) {
+  FUSEDATTN_REQUIRE_GPU();
+  const ScopedEnv slack("FUSEDATTN_SM90_RESCALE_SLACK", "0");
+  for (const char* rebase : {"1", "0"}) {
+    const ScopedEnv scoped("FUSEDATTN_SM90_REBASE", rebase);
+    // d64's masked launches take the 128-row tile only past 2048 keys a row (fwd_split.h).
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 1, 300, 2200, 64), true, -1, -1), DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16));
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

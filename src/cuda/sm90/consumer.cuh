@@ -158,6 +158,14 @@ struct Consumer {
   // with 160 (the 192-row d64 tile: 128 of accumulators) its row bounds and compares spilled, so
   // there the cut blocks wait for P V first.
   static constexpr bool kMaskBesidePV = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
+  // Whether the unmasked step's sum check writes the probabilities over S (rebased from them when
+  // a row moved, S computed again on overflow: OnlineSoftmax::update_in_place_unless_moved) rather
+  // than into the second P buffer with S kept for update(). With one P buffer it must. With two,
+  // under masks: a row's first whole block after the cut diagonal fails the check in most warps,
+  // and the rebase is cheaper than update()'s second pass of exponentials (d128 causal 1k +5%,
+  // 4k-8k +1-3%); full masks rarely fail it and lost 2-3% to converting P after the check
+  // (docs/hopper.md, session 23).
+  static constexpr bool kSumCheckInPlace = !kDoubleP || kMask != MaskKind::kFull;
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
   // its second P buffer: 48; d256: 52), the tile and the mask's per-tile facts stay in registers:
   // 0 B spills, and the epilogue saves re-reading the announcement (d128 full +1-1.5% on the
@@ -298,11 +306,12 @@ struct Consumer {
     } else {
       ptx::wgmma_wait_group<1>();  // S ready; P V may still run
       ptx::fence_operands(s);
-      // Unmasked blocks first try the softmax without the row max (softmax.cuh). With one P
-      // buffer the probabilities overwrite S: a warp whose rows' maxima moved too far to be
-      // recovered from them computes its S again from K, so K goes back only after the test.
+      // Unmasked blocks first try the softmax without the row max (softmax.cuh): over S
+      // (kSumCheckInPlace; a warp whose rows' maxima moved too far to rebase computes its S again
+      // from K, so K goes back only after the check), or straight into the second P buffer with S
+      // kept for update().
       bool kept = false;
-      if constexpr (!kConvertsBeforeWait && !kMasked) {
+      if constexpr (kSumCheckInPlace && !kMasked) {
         if (params.features.sum_limit > 0.f) {
           kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit,
                                                       params.features.rebase_limit, correction);
@@ -311,18 +320,18 @@ struct Consumer {
       }
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       if constexpr (kMasked) apply_mask(s, n_next);
-      // With two P buffers the probabilities go straight into the second one and S stays for
-      // update() in case a row's max has moved.
+      constexpr bool kPacksInCheck = kConvertsBeforeWait && !kSumCheckInPlace;
       bool converted = kept;
-      if constexpr (kConvertsBeforeWait && !kMasked) {
+      if constexpr (kPacksInCheck && !kMasked) {
         converted = params.features.sum_limit > 0.f &&
                     softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,
                                                          correction);
       }
       if (!converted) {
         softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
-        if constexpr (kConvertsBeforeWait) convert_p(s, p_next);
+        if constexpr (kPacksInCheck) convert_p(s, p_next);
       }
+      if constexpr (kConvertsBeforeWait && kSumCheckInPlace) convert_p(s, p_next);
       // Keeps ptxas from hoisting the wait above the softmax and, with two P buffers, the next
       // P's conversion below it (see ptx/wgmma.cuh); a launched kernel has batch >= 1, so the
       // anchoring stores never run.
