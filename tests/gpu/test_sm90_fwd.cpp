@@ -246,13 +246,13 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // Scores that rise towards the first keys, which the kernel visits last, so a row's max moves in
 // most KV blocks: by less than the rescale slack in some, by tens of log2 units in others, and in
 // the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
-// max overflows. The unmasked step's check on the block's row sums (update_unless_moved) must
-// send all of these to the full update: from S kept aside on tiles with two P buffers; on tiles
-// with one (d64's 192-row tile, asserted through the plan, and d256's 80-key blocks) by a rebase
-// from the probabilities, or where they overflowed (the spike) from S computed again by the warp
-// (Consumer::rescore). With slack 0 nearly every step fails the check, and with REBASE=0 every
-// failed check computes S again; the same cases with the check off. Both dtypes, every head dim,
-// full and causal.
+// max overflows. The unmasked step's check on the block's row sums must send all of these to the
+// full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
+// 192-row tile, asserted through the plan, and d256's 80-key blocks; the others under masks) by a
+// rebase from the probabilities, or where they overflowed (the spike) from S computed again by
+// the warp (Consumer::rescore). With slack 0 nearly every step fails the check, and with
+// REBASE=0 every failed check computes S again; the same cases with the check off. Both dtypes,
+// every head dim, full and causal.
 TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();

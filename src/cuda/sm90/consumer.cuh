@@ -166,6 +166,7 @@ struct Consumer {
   // 4k-8k +1-3%); full masks rarely fail it and lost 2-3% to converting P after the check
   // (docs/hopper.md, session 23).
   static constexpr bool kSumCheckInPlace = !kDoubleP || kMask != MaskKind::kFull;
+  static_assert(kSumCheckInPlace || kMaskBesidePV, "the check into the second P buffer runs beside P V");
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
   // its second P buffer: 48; d256: 52), the tile and the mask's per-tile facts stay in registers:
   // 0 B spills, and the epilogue saves re-reading the announcement (d128 full +1-1.5% on the
@@ -239,8 +240,8 @@ struct Consumer {
   }
 
   // This warp's rows of S for the K stage, by warp-level MMAs (the warpgroup's wgmma cannot be
-  // issued by one warp): the one-buffer sum-checked step's path for probabilities it cannot
-  // rebase (OnlineSoftmax::update_in_place_unless_moved), rare.
+  // issued by one warp): the in-place sum-checked step's path for probabilities it cannot rebase
+  // (kSumCheckInPlace, OnlineSoftmax::update_in_place_unless_moved), rare.
   __device__ __forceinline__ void rescore(float (&s)[kSAcc], int k_stage) const {
     warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(q_tile()), ptx::smem_addr(smem.k[k_stage]),
                                                      warpgroup * kWarpgroupRows + warp * kWarpRows, lane);
@@ -306,32 +307,37 @@ struct Consumer {
     } else {
       ptx::wgmma_wait_group<1>();  // S ready; P V may still run
       ptx::fence_operands(s);
-      // Unmasked blocks first try the softmax without the row max (softmax.cuh): over S
-      // (kSumCheckInPlace; a warp whose rows' maxima moved too far to rebase computes its S again
-      // from K, so K goes back only after the check), or straight into the second P buffer with S
-      // kept for update().
-      bool kept = false;
-      if constexpr (kSumCheckInPlace && !kMasked) {
-        if (params.features.sum_limit > 0.f) {
-          kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit,
-                                                      params.features.rebase_limit, correction);
-          if (!kept) rescore(s, next.k().stage());
+      // Unmasked blocks first try the softmax without the row max (softmax.cuh).
+      if constexpr (kSumCheckInPlace) {
+        // Over S: a warp whose rows' maxima moved too far to rebase computes its S again from K,
+        // so K goes back only after the check.
+        bool kept = false;
+        if constexpr (!kMasked) {
+          if (params.features.sum_limit > 0.f) {
+            kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit,
+                                                        params.features.rebase_limit, correction);
+            if (!kept) rescore(s, next.k().stage());
+          }
+        }
+        if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
+        if constexpr (kMasked) apply_mask(s, n_next);
+        if (!kept) softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+        if constexpr (kConvertsBeforeWait) convert_p(s, p_next);
+      } else {
+        // Straight into the second P buffer, with S kept for update().
+        if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
+        if constexpr (kMasked) apply_mask(s, n_next);
+        bool packed = false;
+        if constexpr (!kMasked) {
+          packed = params.features.sum_limit > 0.f &&
+                   softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,
+                                                        correction);
+        }
+        if (!packed) {
+          softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+          convert_p(s, p_next);
         }
       }
-      if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
-      if constexpr (kMasked) apply_mask(s, n_next);
-      constexpr bool kPacksInCheck = kConvertsBeforeWait && !kSumCheckInPlace;
-      bool converted = kept;
-      if constexpr (kPacksInCheck && !kMasked) {
-        converted = params.features.sum_limit > 0.f &&
-                    softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,
-                                                         correction);
-      }
-      if (!converted) {
-        softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
-        if constexpr (kPacksInCheck) convert_p(s, p_next);
-      }
-      if constexpr (kConvertsBeforeWait && kSumCheckInPlace) convert_p(s, p_next);
       // Keeps ptxas from hoisting the wait above the softmax and, with two P buffers, the next
       // P's conversion below it (see ptx/wgmma.cuh); a launched kernel has batch >= 1, so the
       // anchoring stores never run.

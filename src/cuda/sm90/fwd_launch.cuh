@@ -42,8 +42,8 @@ constexpr int kMaxSplitWaves = 2;
 // kOInKVMaxKeys keys). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
-// FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities with one P buffer (every failed check
-// then computes the scores again).
+// FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities where it writes them over S
+// (Consumer::kSumCheckInPlace; every failed check then computes the scores again).
 constexpr bool kQPrefetchDefault = true;
 // O staged in K/V (d256, KernelConfig::kStagesOInKV) by default up to this many keys: H200, one
 // process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at

@@ -39,11 +39,11 @@ struct Features {
   bool o_in_kv = true;
   float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
   // Unmasked steps try the softmax without the row max first (OnlineSoftmax::update_unless_moved
-  // with two P buffers, update_in_place_unless_moved with one; 0: off); its bound on a block's
-  // partial row sum, 2^rescale_slack.
+  // into the second P buffer, update_in_place_unless_moved over S: Consumer::kSumCheckInPlace;
+  // 0: off); its bound on a block's partial row sum, 2^rescale_slack.
   float sum_limit = 0.f;
-  // With one P buffer, the largest probability a failed check may rebase the block from
-  // (kRebaseLimit; 0: none, every failed check computes the scores again).
+  // Over S, the largest probability a failed check may rebase the block from (kRebaseLimit; 0:
+  // none, every failed check computes the scores again).
   float rebase_limit = kRebaseLimit;
   // Q buffers in use (1 .. compiled kQBuffers). 2: the producer loads the next tile's Q (and its
   // first K/V) while the consumers still work on this tile, and the wait for O's TMA store to

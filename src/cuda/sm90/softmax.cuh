@@ -133,8 +133,8 @@ struct OnlineSoftmax {
     return true;
   }
 
-  // exps_over_limit writing the probabilities over S, for tiles with one P buffer (P V still
-  // reads it). When a sum exceeds the limit the block's row max is recovered from the
+  // exps_over_limit writing the probabilities over S (Consumer::kSumCheckInPlace: tiles with one
+  // P buffer, which P V still reads, and masked launches). When a sum exceeds the limit the block's row max is recovered from the
   // probabilities: q, the largest of a row's, is 2^(block max - reference), so a row whose max
   // moved by more than slack (q > 2^slack, update()'s decision) takes reference + log2 q and its
   // probabilities, sum and O are scaled by 1/q. Returns false, with S lost, only if some q of the

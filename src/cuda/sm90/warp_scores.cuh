@@ -1,7 +1,7 @@
 // One warp's 16 rows of S = Q K^T recomputed with warp-level mma.sync, from the Q tile and a K
 // stage in shared memory as the TMA stored them (128-byte swizzle, 64-column slabs). wgmma is
 // issued by a whole warpgroup; this serves a warp that alone finds it needs its scores again
-// (the sum-checked step of tiles with one P buffer, Consumer::overlapped_step), a rare path. The
+// (the sum-checked step over S, Consumer::kSumCheckInPlace), a rare path. The
 // accumulator comes out in the wgmma layout (ptx/wgmma.cuh), which per 8-key chunk is the
 // mma.m16n8k16 C layout (ptx/mma_sm80.cuh): chunk j is s[4j .. 4j + 3].
 #pragma once
