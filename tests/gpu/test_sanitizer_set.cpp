@@ -3,6 +3,9 @@
 // backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
 #include <gtest/gtest.h>
 
+#include <utility>
+#include <vector>
+
 
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
@@ -37,29 +40,30 @@ TEST(GpuSanitizer, SmallRaggedPortablePath) {
   run_small_set();
 }
 
-// d64's 192-row tile (full masks from 512 rows) with slack 0, so nearly every unmasked step fails
-// the sum check: the warps rebase the block from its probabilities, and with REBASE=0 compute their
-// scores again from Q and K in shared memory (Consumer::rescore) while their P V is in flight.
-TEST(GpuSanitizer, TallTileRescoredSteps) {
-  FUSEDATTN_REQUIRE_GPU();
+// Forward checks with slack 0, so nearly every unmasked step fails the sum check: the warps
+// rebase the block from its probabilities, and with REBASE=0 compute their scores again from Q and
+// K in shared memory (Consumer::rescore) while their P V is in flight.
+void run_with_failing_sum_checks(const std::vector<std::pair<Problem, DType>>& cases) {
   const ScopedEnv slack("FUSEDATTN_SM90_RESCALE_SLACK", "0");
   for (const char* rebase : {"1", "0"}) {
     const ScopedEnv scoped("FUSEDATTN_SM90_REBASE", rebase);
-    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 1, 520, 400, 64), DType::kBFloat16));
+    for (const auto& [problem, dtype] : cases) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(problem, dtype));
   }
 }
 
-// The same on tiles with two P buffers under a causal mask (d128's and d64's 128-row tiles), whose
-// unmasked steps check the sums over S there too (Consumer::kSumCheckInPlace).
+// d64's 192-row tile (full masks from 512 rows).
+TEST(GpuSanitizer, TallTileRescoredSteps) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_with_failing_sum_checks({{dense(1, 2, 1, 520, 400, 64), DType::kBFloat16}});
+}
+
+// Tiles with two P buffers under a causal mask (d128's and d64's 128-row tiles), whose unmasked
+// steps check the sums over S there too (Consumer::kSumCheckInPlace). d64's masked launches take
+// the 128-row tile only past 2048 keys a row (fwd_split.h).
 TEST(GpuSanitizer, MaskedTilesRescoredSteps) {
   FUSEDATTN_REQUIRE_GPU();
-  const ScopedEnv slack("FUSEDATTN_SM90_RESCALE_SLACK", "0");
-  for (const char* rebase : {"1", "0"}) {
-    const ScopedEnv scoped("FUSEDATTN_SM90_REBASE", rebase);
-    // d64's masked launches take the 128-row tile only past 2048 keys a row (fwd_split.h).
-    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 1, 300, 2200, 64), true, -1, -1), DType::kFloat16));
-    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16));
-  }
+  run_with_failing_sum_checks({{with_mask(dense(1, 2, 1, 300, 2200, 64), true, -1, -1), DType::kFloat16},
+                               {with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16}});
 }
 
 }  // namespace
