@@ -16,12 +16,18 @@ forward or backward point of that grid, `decode` every point of peers.py's decod
 measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
 `env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
 library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
+
+--repeat N measures every point N times in a row, the columns in reverse order on every second
+time (so neither side always runs first or last), and prints each column's median with its
+min-max: at the power cap one reading moves by 3-7% between runs of one process, so effects of
+about 1% need medians (docs/hopper.md, session 24). Every reading goes to --out with its `rep`.
 """
 import argparse
 import contextlib
 import json
 import os
 import pathlib
+import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbuild" / "carry"))
@@ -108,6 +114,42 @@ def expand_points(spec):
     return points
 
 
+def measure(text, provider, env, dtype_name, rep, out):
+    """TFLOP/s of one column at one point (nan where the provider cannot run it), recorded to out."""
+    mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
+    left = point_window(text)
+    if left is not None and provider != "ours":
+        return float("nan")  # no peer takes a sliding window
+    dtype = getattr(torch, dtype_name)
+    with apply_env(env):
+        try:
+            if left is None:
+                ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                tflops = peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9
+            else:
+                install_window(left)
+                ms = peers.bench_one("ours_window", batch, hq, hkv, sq, sk, d, causal, mode, dtype)
+                tflops = window_flops(batch, hq, sq, sk, d, left, mode) / ms * 1e-9
+        except Exception as e:  # a provider that cannot run the point says why, the row goes on
+            print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
+            return float("nan")
+        finally:
+            torch.cuda.empty_cache()
+    if out:
+        suite = "fa" if len(text.split(":")) == 4 else "shape"
+        rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d,
+               "causal": causal, "mode": mode, "dtype": dtype_name, "ms": round(ms, 4), "tflops": round(tflops, 1)}
+        if left is not None:
+            rec["window_left"] = left
+        if env:
+            rec["env"] = env  # perf_table.py renders only the default columns
+        if rep is not None:
+            rec["rep"] = rep
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return tflops
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", required=True)
@@ -116,51 +158,31 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[+NAME=VALUE...]: one more `ours` column with these set")
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
+    ap.add_argument("--repeat", type=int, default=1, help="readings per point and column, the order alternating; medians shown")
     args = ap.parse_args()
+    if args.repeat < 1:
+        raise SystemExit(f"--repeat must be at least 1, got {args.repeat}")
     out = open(args.out, "a") if args.out else None
     peers.OURS["mod"] = __import__(args.module)
-    dtype = getattr(torch, args.dtype)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
     # Column headers: an env column by its setting without the common prefixes (16 characters).
     short = lambda e: e.replace("FUSEDATTN_", "").replace("SM90_", "")
     names = [p if e is None else short(e) for p, e in columns]
-    print(f"{torch.cuda.get_device_name()}  {args.dtype}  TFLOP/s")
+    what = "TFLOP/s" if args.repeat == 1 else f"median TFLOP/s of {args.repeat} (min-max)"
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}")
     print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
     for text in expand_points(args.points):
-        mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
-        left = point_window(text)
-        if left is not None:
-            install_window(left)
-        row = []
-        for provider, env in columns:
-            if left is not None and provider != "ours":
-                row.append(float("nan"))  # no peer takes a sliding window
-                continue
-            with apply_env(env):
-                try:
-                    if left is None:
-                        ms = peers.bench_one(provider, batch, hq, hkv, sq, sk, d, causal, mode, dtype)
-                        row.append(peers.flops(batch, hq, sq, sk, d, causal, mode) / ms * 1e-9)
-                    else:
-                        ms = peers.bench_one("ours_window", batch, hq, hkv, sq, sk, d, causal, mode, dtype)
-                        row.append(window_flops(batch, hq, sq, sk, d, left, mode) / ms * 1e-9)
-                    if out:
-                        suite = "fa" if len(text.split(":")) == 4 else "shape"
-                        rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq,
-                               "Sk": sk, "D": d, "causal": causal, "mode": mode, "dtype": args.dtype,
-                               "ms": round(ms, 4), "tflops": round(row[-1], 1)}
-                        if left is not None:
-                            rec["window_left"] = left
-                        if env:
-                            rec["env"] = env  # perf_table.py renders only the default columns
-                        out.write(json.dumps(rec) + "\n")
-                        out.flush()
-                except Exception as e:  # a provider that cannot run the point says why, the row goes on
-                    print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
-                    row.append(float("nan"))
-            torch.cuda.empty_cache()
-        ratios = " ".join("%.2f" % (x / row[0]) for x in row[1:])
+        readings = [[] for _ in columns]
+        for rep in range(args.repeat):
+            order = range(len(columns)) if rep % 2 == 0 else reversed(range(len(columns)))
+            for i in order:
+                provider, env = columns[i]
+                readings[i].append(measure(text, provider, env, args.dtype, rep if args.repeat > 1 else None, out))
+        row = [statistics.median(r) for r in readings]
+        ratios = " ".join("%.3f" % (x / row[0]) for x in row[1:])
         print("%-32s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)
+        if args.repeat > 1:
+            print("%-32s" % "" + "".join("%16s" % f"{min(r):.0f}-{max(r):.0f}" for r in readings), flush=True)
 
 
 if __name__ == "__main__":
