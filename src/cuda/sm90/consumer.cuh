@@ -20,6 +20,7 @@
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_announcement.cuh"
+#include "cuda/sm90/trace.cuh"
 #include "cuda/sm90/warp_scores.cuh"
 
 namespace fusedattn::cuda::sm90 {
@@ -534,19 +535,30 @@ struct Consumer {
                                               RowCorrection& correction, const KVRing& kv,
                                               const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                               PendingStore& pending) {
+#ifdef FUSEDATTN_SM90_TRACE
+    pipe.consumer_wait_k(kv);  // the trace build's own wait, for the stamp (qk_alone's then passes at once)
+    stamp(TraceEvent::kFirstKReady);
+#endif
     if constexpr (Mask::kNarrowsFirstBlock) {
       if (narrow) {
         constexpr int kNarrow = Mask::kNarrowKeys;
         float(&s_narrow)[kNarrow / 2] = first_columns<kNarrow / 2>(s);
         qk_alone<kNarrow>(s_narrow, kv, turns, pipe, pending);
+        stamp(TraceEvent::kFirstSReady);
         softmax_step(s_narrow, n, correction);
         convert_p(s_narrow, p);
         return;
       }
     }
     qk_alone(s, kv, turns, pipe, pending);
+    stamp(TraceEvent::kFirstSReady);
     softmax_step(s, n, correction);
     convert_p(s, p);
+  }
+
+  // A tile-boundary stamp by lane 0 of warp 0 (trace.cuh; nothing unless compiled in).
+  __device__ __forceinline__ void stamp(TraceEvent event) const {
+    if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, -1, 0);
   }
 
   // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the

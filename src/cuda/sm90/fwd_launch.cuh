@@ -15,6 +15,7 @@
 #include "cuda/common/schedule.h"
 #include "cuda/sm90/fwd_split.h"
 #include "cuda/sm90/kernel.cuh"
+#include "cuda/sm90/trace_sink.h"
 #include "cuda/sm90/split_workspace.h"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
@@ -152,8 +153,15 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
   FUSEDATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+#ifdef FUSEDATTN_SM90_TRACE
+  const TraceSink trace(stream);
+  kp.trace = trace.buffer();
+#endif
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(kp);
   FUSEDATTN_CHECK_LAUNCH();
+#ifdef FUSEDATTN_SM90_TRACE
+  trace.write();
+#endif
   // Every launch leaves the stream's counter at zero for the next. A variable-length one cannot
   // tell its last fetch (tile_scheduler.cuh), so the stream zeroes it behind the kernel.
   if (varlen && kp.tile_counter != nullptr)

@@ -15,6 +15,7 @@
 #include "cuda/sm90/producer.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/tile_announcement.cuh"
+#include "cuda/sm90/trace.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -81,6 +82,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
       const AnnouncedTile t = announced();
       if (!t.valid()) break;
+      // Tile-boundary trace (trace.cuh; nothing unless compiled in): lane 0 of warp 0 stamps.
+      const auto stamp = [&](TraceEvent event) {
+        if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, consumer, t.tile.index, t.blocks.count());
+      };
+      stamp(TraceEvent::kTileStart);
       if (mainloop.slice_is_empty(t)) {
         // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
         // (the busy warpgroups issue more often) and only keeps the K/V and Q rings in step.
@@ -91,13 +97,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
       if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
         // Registers to spare (every tile but d64's 192-row one): the tile goes to the epilogue as it is.
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
+        stamp(TraceEvent::kLastPVDone);
         epilogue.store(t.tile, q_stage, o_stage(t), mainloop.o, mainloop.softmax, pending);
+        stamp(TraceEvent::kEpilogueDone);
       } else {
         mainloop.mma_tile(t, q_stage, kv, turns, pending);
+        stamp(TraceEvent::kLastPVDone);
         // The epilogue reads the tile again instead of carrying it through the KV loop, where
         // its fields would take registers (the 192-row tile has 160 per thread).
         const AnnouncedTile again = announced();
         epilogue.store(again.tile, q_ring.stage(), o_stage(again), mainloop.o, mainloop.softmax, pending);
+        stamp(TraceEvent::kEpilogueDone);
       }
     }
     if (consumer == 0) turns.wait_turn();

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/row_packing.h"
+#include "cuda/sm90/trace.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -93,6 +94,9 @@ struct KernelParams {
   SplitParams split;
   Features features;
   DescriptorHighWords desc_high;  // every field ptx::desc_high_word(ptx::kSwizzleAtomBytes)
+#ifdef FUSEDATTN_SM90_TRACE
+  TraceBuffer trace;  // the tile-boundary trace's stamps (trace.cuh); only in a trace build
+#endif
 
   // The batch coordinate of sequence b in the tensor maps: a variable-length batch is one
   // packed sequence of rows to the TMA (its tiles add the sequence's first row, WorkTile).

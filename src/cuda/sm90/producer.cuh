@@ -17,6 +17,7 @@
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/tile_announcement.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/trace.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -68,6 +69,7 @@ struct Producer {
     // warpgroup's TMA store has read it (first pass: fresh barriers, parity 1 passes at once).
     // By then the consumers have also read that tile's announcement, so it can be overwritten; q_full's
     // arrival (release) publishes it.
+    FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, a.blocks.count());
     ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
     uint64_t* q_full = &smem.q_full[q_ring.stage()];
     announce(smem.tile[announcement_slot<Cfg>(q_ring)], a);
@@ -82,6 +84,7 @@ struct Producer {
     for (int s = 0; s < Cfg::kSlabs; ++s)
       ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
                        params.map_batch(t.batch), q_full);
+    FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
     return true;
   }
 
@@ -140,6 +143,7 @@ struct Producer {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
       }
+      FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, blocks.count());
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
       if (o_in_kv && blocks.count() > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
       q_ring.advance(q_ring_depth<Cfg>(params.features));

@@ -1,0 +1,40 @@
+// What the Hopper forward's tile-boundary trace records (trace.cuh takes the stamps, fwd_launch.cuh
+// writes them out, tools/sm90_trace.py reads them): plain structs that host and device code share.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedattn::cuda::sm90 {
+
+// The order tools/sm90_trace.py reads them in; append, never renumber.
+enum class TraceEvent : uint16_t {
+  kTileStart = 0,      // consumer: the tile's Q has landed and its announcement is read
+  kFirstKReady = 1,    // consumer: the tile's first K has landed (its first Q K^T may issue)
+  kFirstSReady = 2,    // consumer: the first block's S is in registers
+  kLastPVDone = 3,     // consumer: the tile's last P V has completed (the KV loop is over)
+  kEpilogueDone = 4,   // consumer: O and LSE are on their way out
+  kQWaitStart = 5,     // producer: waits for the Q buffer of the next tile
+  kQIssued = 6,        // producer: the next tile's Q load is issued
+  kLastLoadIssued = 7  // producer: the tile's last K/V load is issued
+};
+
+constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
+
+struct TraceRecord {
+  uint64_t clock;   // clock64 of the SM
+  uint32_t sm;      // %smid
+  uint16_t event;   // TraceEvent
+  uint16_t role;    // consumer warpgroup, or kProducerRole
+  int32_t tile;     // the tile's index (kNoTile past the end)
+  int32_t blocks;   // KV blocks of the tile (consumer stamps), else 0
+};
+static_assert(sizeof(TraceRecord) == 24);
+
+// Where a launch's stamps go: null records (no FUSEDATTN_SM90_TRACE_FILE) take none.
+struct TraceBuffer {
+  TraceRecord* records = nullptr;
+  unsigned long long* count = nullptr;  // records taken, may pass capacity (the rest are dropped)
+  uint32_t capacity = 0;
+};
+
+}  // namespace fusedattn::cuda::sm90

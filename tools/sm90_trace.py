@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Where a Hopper forward tile boundary's time goes, from the clock stamps of a trace build.
+
+Build with -DFUSEDATTN_SM90_TRACE=ON, run one forward with FUSEDATTN_SM90_TRACE_FILE=trace.csv
+(each launch appends its stamps: launch, sm, role, event, tile, blocks, clock; role -1 is the
+producer, else the consumer warpgroup), then
+
+  tools/sm90_trace.py trace.csv [--launch N]
+
+prints, per consumer warpgroup, the median cycles of each part of a tile (src/cuda/sm90/trace.h
+names the stamps) and of the boundary between two tiles of one CTA, also in KV steps (the loop's
+time per block), and the producer's wait for the Q buffer. Clocks are per SM: only stamps of one
+SM are compared, and each SM runs one CTA of the persistent kernel (the launch's default).
+"""
+import argparse
+import collections
+import csv
+import statistics
+import sys
+
+# src/cuda/sm90/trace.h, TraceEvent
+TILE_START, FIRST_K_READY, FIRST_S_READY, LAST_PV_DONE, EPILOGUE_DONE = 0, 1, 2, 3, 4
+Q_WAIT_START, Q_ISSUED, LAST_LOAD_ISSUED = 5, 6, 7
+PRODUCER = -1
+
+
+def read(path, launch):
+    """The stamps of one launch (the last when launch is None): {(sm, role): [(clock, event, tile, blocks)]}."""
+    rows = collections.defaultdict(list)
+    launches = set()
+    with open(path, newline="") as f:
+        for rec in csv.reader(f):
+            if len(rec) != 7:
+                raise SystemExit(f"{path}: expected 7 fields per line, got {rec}")
+            l, sm, role, event, tile, blocks, clock = (int(x) for x in rec)
+            launches.add(l)
+            rows[l, sm, role].append((clock, event, tile, blocks))
+    if not launches:
+        raise SystemExit(f"{path}: no stamps")
+    chosen = max(launches) if launch is None else launch
+    if chosen not in launches:
+        raise SystemExit(f"{path}: no launch {chosen} (launches {min(launches)}..{max(launches)})")
+    return chosen, {(sm, role): sorted(v) for (l, sm, role), v in rows.items() if l == chosen}
+
+
+def consumer_tiles(stamps):
+    """A warpgroup's stamps cut into tiles: a list of {event: clock} with 'blocks'."""
+    tiles = []
+    for clock, event, tile, blocks in stamps:
+        if event == TILE_START:
+            tiles.append({"blocks": blocks, "tile": tile})
+        if tiles and event not in tiles[-1]:
+            tiles[-1][event] = clock
+    return tiles
+
+
+def parts_of(tiles):
+    """Per-tile spans (cycles) and, between consecutive tiles, the boundary."""
+    out = collections.defaultdict(list)
+    for i, t in enumerate(tiles):
+        have = lambda *events: all(e in t for e in events)
+        if have(FIRST_S_READY, LAST_PV_DONE) and t["blocks"] > 1:
+            out["KV step in the loop"].append((t[LAST_PV_DONE] - t[FIRST_S_READY]) / t["blocks"])
+        if have(TILE_START, FIRST_K_READY):
+            out["tile start -> first K landed"].append(t[FIRST_K_READY] - t[TILE_START])
+        if have(FIRST_K_READY, FIRST_S_READY):
+            out["first Q K^T alone (K landed -> S ready)"].append(t[FIRST_S_READY] - t[FIRST_K_READY])
+        if have(LAST_PV_DONE, EPILOGUE_DONE):
+            out["epilogue (last P V done -> stored)"].append(t[EPILOGUE_DONE] - t[LAST_PV_DONE])
+        nxt = tiles[i + 1] if i + 1 < len(tiles) else None
+        if nxt is not None and EPILOGUE_DONE in t and TILE_START in nxt:
+            out["epilogue done -> next tile's Q landed"].append(nxt[TILE_START] - t[EPILOGUE_DONE])
+        if nxt is not None and LAST_PV_DONE in t and FIRST_S_READY in nxt:
+            out["boundary (last P V done -> next S ready)"].append(nxt[FIRST_S_READY] - t[LAST_PV_DONE])
+    return out
+
+
+def producer_parts(stamps):
+    """The producer's wait for each Q buffer and the gap from a tile's last load to the next Q issue."""
+    out = collections.defaultdict(list)
+    wait_start = last_load = None
+    for clock, event, _tile, _blocks in stamps:
+        if event == Q_WAIT_START:
+            wait_start = clock
+        elif event == Q_ISSUED and wait_start is not None:
+            out["producer: Q buffer wait"].append(clock - wait_start)
+            if last_load is not None:
+                out["producer: last K/V issued -> next Q issued"].append(clock - last_load)
+            wait_start = None
+        elif event == LAST_LOAD_ISSUED:
+            last_load = clock
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("trace")
+    ap.add_argument("--launch", type=int, default=None, help="launch index in the file (default: the last)")
+    args = ap.parse_args()
+    launch, stamps = read(args.trace, args.launch)
+    by_role = collections.defaultdict(lambda: collections.defaultdict(list))
+    tile_count = collections.Counter()
+    for (sm, role), v in stamps.items():
+        if role == PRODUCER:
+            parts = producer_parts(v)
+        else:
+            tiles = consumer_tiles(v)
+            tile_count[role] += len(tiles)
+            parts = parts_of(tiles)
+        for name, values in parts.items():
+            by_role[role][name] += values
+    sms = len({sm for sm, _ in stamps})
+    print(f"launch {launch}: {sms} SMs, tiles per consumer warpgroup {dict(sorted(tile_count.items()))}")
+    for role in sorted(by_role):
+        parts = by_role[role]
+        step = statistics.median(parts["KV step in the loop"]) if parts.get("KV step in the loop") else None
+        print("producer" if role == PRODUCER else f"consumer warpgroup {role}")
+        for name, values in parts.items():
+            med = statistics.median(values)
+            in_steps = f"  ({med / step:.2f} steps)" if step and name != "KV step in the loop" else ""
+            print(f"  {name:<44} median {med:9.0f} cycles over {len(values):6d}{in_steps}")
+    if not by_role:
+        sys.exit("no tiles in the launch")
+
+
+if __name__ == "__main__":
+    main()
