@@ -3,7 +3,10 @@
 # Python tests and the peer benchmark, with a short table last.
 #   tools/gpu_check.sh [quick|sm90|full] [steps]
 #     quick: head dims 64;128;   sm90: the Hopper kernel's 64;128;256;   full: every instance (32..256)
-#     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them)
+#     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them), and
+#            trace (not in the default: the Hopper forward's tile-boundary trace build, run at
+#            TRACE_POINTS, head_dim:seqlen of the FA grid's full-mask points, default
+#            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary")
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
 # most 8 files), with summary.txt and the peers' JSON lines beside it. peers.py is read from
@@ -35,7 +38,9 @@ heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
 [ "$mode" = sm90 ] && heads="64;128;256"
 
-if has build || [ ! -x "$build/tests/fusedattn_gpu_tests" ]; then
+# The steps that run the main build's binaries (trace has a build of its own).
+uses_build() { has tests || has sanitize || has cli || has pytest || has peers; }
+if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
   step configure 120 configure.log cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -117,6 +122,28 @@ if has peers && [ -f "$peers" ]; then
         python3 "$root/tools/bench_points.py" --points fa-fwd --dtype "$dt" --providers sdpa_flash,ours \
         --out "$dest/peers_fa_fwd_$run.jsonl"
     fi
+  done
+fi
+
+if has trace; then
+  # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
+  # $dest as CSV and tools/sm90_trace.py's medians to the summary.
+  tbuild=$root/build-trace
+  step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF -DFUSEDATTN_HEAD_DIMS="$heads" \
+    -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF \
+    -DFUSEDATTN_SM90_TRACE=ON
+  step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
+  for point in ${TRACE_POINTS:-256:2048,256:16384,128:2048}; do
+    d=${point%%:*} s=${point##*:}
+    csv=$dest/trace_d${d}_s$s.csv
+    rm -f "$csv"
+    # The FA grid's shape: 16k tokens, model dim 2048.
+    step "trace-d$d-s$s" 120 "trace_d${d}_s$s.log" env FUSEDATTN_SM90_TRACE_FILE="$csv" "$tbuild/fusedattn" \
+      --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) --seqlen-q "$s" --seqlen-k "$s" --head-dim "$d" \
+      --dtype fp16 --warmup 1 --iters 2 --check-rows 0
+    note "trace d$d full $s:"
+    python3 "$root/tools/sm90_trace.py" "$csv" 2>&1 | tee -a "$summary"
   done
 fi
 

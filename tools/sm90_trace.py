@@ -28,7 +28,12 @@ def read(path, launch):
     """The stamps of one launch (the last when launch is None): {(sm, role): [(clock, event, tile, blocks)]}."""
     rows = collections.defaultdict(list)
     launches = set()
-    with open(path, newline="") as f:
+    try:
+        f = open(path, newline="")
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: no such trace (only a -DFUSEDATTN_SM90_TRACE=ON build writes one, "
+                         "from a Hopper forward launch run with FUSEDATTN_SM90_TRACE_FILE set)")
+    with f:
         for rec in csv.reader(f):
             if len(rec) != 7:
                 raise SystemExit(f"{path}: expected 7 fields per line, got {rec}")
