@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
 

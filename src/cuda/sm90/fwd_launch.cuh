@@ -15,10 +15,10 @@
 #include "cuda/common/schedule.h"
 #include "cuda/sm90/fwd_split.h"
 #include "cuda/sm90/kernel.cuh"
-#include "cuda/sm90/trace_sink.h"
 #include "cuda/sm90/split_workspace.h"
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
+#include "cuda/sm90/trace_sink.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {

@@ -82,10 +82,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
       const AnnouncedTile t = announced();
       if (!t.valid()) break;
-      // Tile-boundary trace (trace.cuh; nothing unless compiled in): lane 0 of warp 0 stamps.
-      const auto stamp = [&](TraceEvent event) {
-        if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, consumer, t.tile.index, t.blocks.count());
-      };
+      // Tile-boundary trace stamps (trace.cuh; nothing unless compiled in).
+      const auto stamp = [&](TraceEvent event) { mainloop.stamp(event, t.tile.index, t.blocks.count()); };
       stamp(TraceEvent::kTileStart);
       if (mainloop.slice_is_empty(t)) {
         // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
