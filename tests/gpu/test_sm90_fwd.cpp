@@ -342,8 +342,8 @@ TEST(Sm90Fwd, NanStaysInItsRow) {
 // them: it lies in each sequence's partial last tile.
 constexpr int64_t kSampledSeqlen = 1500;
 void expect_sampled_rows_match(bool causal, std::mt19937_64& rng, const std::string& label, int head_dim = 128,
-                               int64_t seqlen = kSampledSeqlen) {
-  const Problem pr = make_problem(4, 16, 4, head_dim, seqlen, seqlen, causal);
+                               int64_t seqlen = kSampledSeqlen, int heads_kv = 4) {
+  const Problem pr = make_problem(4, 16, heads_kv, head_dim, seqlen, seqlen, causal);
   HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
   const auto run = run_kernel(c);
   if (!run) GTEST_SKIP() << "no sm90 instance";
@@ -397,18 +397,28 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
 // many tiles per CTA (the announcement slots, the o_read barriers and the staging barriers wrap
 // many times; 1450 rows leave each head's last tile a second slice without rows), the tail split
 // of a full mask, tiles that see no key (causal Sq > Sk), windows whose slices skip blocks, and a
-// tile with a single KV block.
+// tile with a single KV block. FUSEDATTN_SM90_DEFER_O_READ=1 gives the stage back behind the
+// next tile's first Q K^T issue instead of in the epilogue (or before a slice skips a block).
 TEST(Sm90Fwd, OStagedInKVStages) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   constexpr int d = 256;
   constexpr int64_t kEmptySecondSlice = 1450;
   static_assert(kEmptySecondSlice % 128 > 0 && kEmptySecondSlice % 128 <= 64);
-  for (const char* on : {"1", "0"}) {
-    const ScopedEnv env("FUSEDATTN_SM90_O_IN_KV", on);
-    const std::string label = std::string("FUSEDATTN_SM90_O_IN_KV=") + on;
+  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+      {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
+      {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
+      {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
+  };
+  for (const auto& env : settings) {
+    const ScopedEnvs scoped(env);
+    std::string label;
+    for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
     SCOPED_TRACE(label);
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
+    // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
+    // slice skips the diagonal's second block, ahead of its own first one.
+    expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
                                 make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {

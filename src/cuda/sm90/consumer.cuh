@@ -222,6 +222,16 @@ struct Consumer {
   // buffers in use: only then is the release deferred, see PendingStore) took the other buffer.
   __device__ __forceinline__ int previous_q_buffer() const { return Cfg::kQBuffers > 1 ? q_stage ^ 1 : 0; }
 
+  // The previous tile's O store, if still held, is waited for and its staging given back: the
+  // Q buffer, or with O staged in K/V (o_in_kv) the stage of that tile's last block, the one
+  // before kv's (kv has not moved past this tile's first block yet where this is called).
+  __device__ __forceinline__ void release_pending(PendingStore& pending, const KVRing& kv) const {
+    if (Cfg::kStagesOInKV && o_in_kv())
+      pending.release_staged_o(smem, kv.k().previous_stage(params.features.num_stages), warpgroup);
+    else
+      pending.release(smem, previous_q_buffer());
+  }
+
   // S = Q K^T of the block at kv (its first kN keys) with nothing else in flight: wait for its
   // K, issue in my turn, wait until S is in registers. The previous tile's O staging, if still
   // held, is released while this GEMM runs.
@@ -234,7 +244,7 @@ struct Consumer {
     issue_qk<kN>(s, kv.k().stage());
     ptx::wgmma_commit_group();
     turns.pass_turn();
-    pending.release(smem, previous_q_buffer());
+    release_pending(pending, kv);
     ptx::wgmma_wait_group<0>();
     ptx::fence_operands(s);
     if (params.features.early_k_release) pipe.consumer_release_k(kv, lane);
@@ -409,7 +419,7 @@ struct Consumer {
     q_stage = q_buffer;
     const KVPipeline<Storage> pipe{smem};
     const int count = t.blocks.count();
-    pending.release(smem, previous_q_buffer());
+    release_pending(pending, kv);
     if (count > 0) last_qk_done();
     const bool overlap = params.features.overlap;
     const int turn_count = count == 0 ? 0 : overlap ? count + 1 : 2 * count;
@@ -467,7 +477,7 @@ struct Consumer {
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();
     if (blocks.count() == 0) {
-      pending.release(smem, previous_q_buffer());
+      release_pending(pending, kv);
       return;
     }
 
@@ -484,6 +494,9 @@ struct Consumer {
         pass_through_tile(t, q_buffer, kv, turns, pending);
         return;
       }
+      // A deferred staging goes back before the slice waits for blocks it skips: the producer
+      // may refill that stage for one of them (FUSEDATTN_SM90_DEFER_O_READ).
+      if (top > 0) release_pending(pending, kv);
       pass_turns(0, top, kv, turns, pipe);
       if (top > 0) skip_block(kv, pipe);
       overlapped_blocks(mine, t.narrow_first, kv, turns, pipe, pending);
@@ -516,7 +529,7 @@ struct Consumer {
   __device__ __forceinline__ void skip_blocks_alone(int count, KVRing& kv, const WarpgroupTurns& turns,
                                                     const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     for (int i = 0; i < count; ++i) {
-      pending.release(smem, previous_q_buffer());
+      release_pending(pending, kv);
       pipe.consumer_wait_k(kv);
       pipe.consumer_release_k(kv, lane);
       pass_through_turn(turns);

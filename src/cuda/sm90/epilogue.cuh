@@ -169,9 +169,10 @@ struct Epilogue {
                             params.map_batch(t.batch));
         ptx::tma_store_commit();
         if (Cfg::kStagesOInKV && o_stage >= 0) {
-          // The producer refills the stage only for the next tile's second block: give it back now.
-          ptx::tma_store_wait_read();
-          ptx::mbarrier_arrive(&smem.o_read[o_stage][warpgroup]);
+          // The producer refills the stage only for the next tile's second block: give it back
+          // now, or behind the next tile's first GEMM issue (Consumer::release_pending).
+          pending.held = true;
+          if (!params.features.defer_o_read) pending.release_staged_o(smem, o_stage, warpgroup);
         } else {
           pending.held = true;
           // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).

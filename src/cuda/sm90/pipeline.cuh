@@ -137,6 +137,16 @@ struct PendingStore {
     ptx::mbarrier_arrive(&smem.q_empty[buffer], kWarpsPerWarpgroup);  // for the warpgroup's warps
     held = false;
   }
+
+  // The same for an O staged in K/V stage `stage` (KernelConfig::kStagesOInKV): the producer
+  // refills it once the warpgroup's store has read it.
+  template <class Storage>
+  __device__ __forceinline__ void release_staged_o(Storage& smem, int stage, int warpgroup) {
+    if (!held) return;
+    ptx::tma_store_wait_read();
+    ptx::mbarrier_arrive(&smem.o_read[stage][warpgroup]);
+    held = false;
+  }
 };
 
 }  // namespace fusedattn::cuda::sm90
