@@ -412,8 +412,7 @@ TEST(Sm90Fwd, OStagedInKVStages) {
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);
-    std::string label;
-    for (const auto& [name, value] : env) label += std::string(name) + "=" + value + " ";
+    const std::string& label = scoped.label();
     SCOPED_TRACE(label);
     for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
     // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
