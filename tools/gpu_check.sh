@@ -129,12 +129,13 @@ if has trace; then
   # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
   tbuild=$root/build-trace
+  TRACE_POINTS=${TRACE_POINTS:-256:2048,256:16384,128:2048}
   step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF -DFUSEDATTN_HEAD_DIMS="$heads" \
     -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF \
     -DFUSEDATTN_SM90_TRACE=ON
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
-  for point in ${TRACE_POINTS:-256:2048,256:16384,128:2048}; do
+  for point in ${TRACE_POINTS//,/ }; do
     d=${point%%:*} s=${point##*:}
     csv=$dest/trace_d${d}_s$s.csv
     rm -f "$csv"
@@ -150,5 +151,9 @@ fi
 tag=$(echo "$steps" | tr ',' '-')
 tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
 echo; echo "==== summary ===="; cat "$summary"
-for f in "$out"/peers_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; }; done
-for f in "$out"/varlen_*.log; do [ -f "$f" ] && { echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; }; done
+for f in "$out"/peers_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
+done
+for f in "$out"/varlen_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
+done

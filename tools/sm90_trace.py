@@ -13,7 +13,9 @@ time per block), and the producer's wait for the Q buffer. Clocks are per SM: on
 SM are compared, and each SM runs one CTA of the persistent kernel (the launch's default).
 """
 import argparse
+import bisect
 import collections
+import math
 import csv
 import statistics
 import sys
@@ -21,6 +23,11 @@ import sys
 # src/cuda/sm90/trace.h, TraceEvent
 TILE_START, FIRST_K_READY, FIRST_S_READY, LAST_PV_DONE, EPILOGUE_DONE = 0, 1, 2, 3, 4
 Q_WAIT_START, Q_ISSUED, LAST_LOAD_ISSUED = 5, 6, 7
+Q_READY, O_STAGED = 8, 9
+NAMES = {TILE_START: "tile start (announcement read)", FIRST_K_READY: "first K landed",
+         FIRST_S_READY: "first S ready", LAST_PV_DONE: "last P V done", EPILOGUE_DONE: "epilogue done",
+         Q_WAIT_START: "waits for the Q buffer", Q_ISSUED: "Q issued", LAST_LOAD_ISSUED: "last K/V issued",
+         Q_READY: "Q landed", O_STAGED: "O staged in shared memory"}
 PRODUCER = -1
 
 
@@ -49,11 +56,19 @@ def read(path, launch):
 
 
 def consumer_tiles(stamps):
-    """A warpgroup's stamps cut into tiles: a list of {event: clock} with 'blocks'."""
+    """A warpgroup's stamps cut into tiles: a list of {event: clock} with 'blocks'. Q_READY comes
+    before its tile's TILE_START (the announcement is read after the Q wait): it goes with that tile."""
     tiles = []
+    q_ready = None
     for clock, event, tile, blocks in stamps:
+        if event == Q_READY:
+            q_ready = clock
+            continue
         if event == TILE_START:
             tiles.append({"blocks": blocks, "tile": tile})
+            if q_ready is not None:
+                tiles[-1][Q_READY] = q_ready
+                q_ready = None
         if tiles and event not in tiles[-1]:
             tiles[-1][event] = clock
     return tiles
@@ -72,9 +87,14 @@ def parts_of(tiles):
             out["first Q K^T alone (K landed -> S ready)"].append(t[FIRST_S_READY] - t[FIRST_K_READY])
         if have(LAST_PV_DONE, EPILOGUE_DONE):
             out["epilogue (last P V done -> stored)"].append(t[EPILOGUE_DONE] - t[LAST_PV_DONE])
+        if have(LAST_PV_DONE, O_STAGED):
+            out["  of it: last P V done -> O staged"].append(t[O_STAGED] - t[LAST_PV_DONE])
+        if have(Q_READY, TILE_START):
+            out["Q landed -> announcement read"].append(t[TILE_START] - t[Q_READY])
         nxt = tiles[i + 1] if i + 1 < len(tiles) else None
-        if nxt is not None and EPILOGUE_DONE in t and TILE_START in nxt:
-            out["epilogue done -> next tile's Q landed"].append(nxt[TILE_START] - t[EPILOGUE_DONE])
+        landed = Q_READY if nxt is not None and Q_READY in nxt else TILE_START
+        if nxt is not None and EPILOGUE_DONE in t and landed in nxt:
+            out["epilogue done -> next tile's Q landed"].append(nxt[landed] - t[EPILOGUE_DONE])
         if nxt is not None and LAST_PV_DONE in t and FIRST_S_READY in nxt:
             out["boundary (last P V done -> next S ready)"].append(nxt[FIRST_S_READY] - t[LAST_PV_DONE])
     return out
@@ -94,6 +114,31 @@ def producer_parts(stamps):
             wait_start = None
         elif event == LAST_LOAD_ISSUED:
             last_load = clock
+    return out
+
+
+def timeline(stamps):
+    """Each role's events around a tile boundary, as offsets from the nearest of warpgroup 0's
+    "last P V done" stamps on the same SM (negative: before it; the first of each (role, event) per
+    boundary): {name: [cycles]}."""
+    out = collections.defaultdict(list)
+    for sm in {sm for sm, _ in stamps}:
+        events = sorted((clock, role, event) for (s, role), v in stamps.items() if s == sm
+                        for clock, event, _tile, _blocks in v)
+        anchors = [clock for clock, role, event in events if role == 0 and event == LAST_PV_DONE]
+        if not anchors:
+            continue
+        # Stamps further than half a tile from every anchor (a CTA's first tile) belong to none.
+        reach = statistics.median(b - a for a, b in zip(anchors, anchors[1:])) / 2 if len(anchors) > 1 else math.inf
+        seen = set()
+        for clock, role, event in events:
+            i = bisect.bisect_left(anchors, clock)
+            near = min((j for j in (i - 1, i) if 0 <= j < len(anchors)), key=lambda j: abs(anchors[j] - clock))
+            if (near, role, event) in seen or (role == 0 and event == LAST_PV_DONE) or abs(clock - anchors[near]) > reach:
+                continue
+            seen.add((near, role, event))
+            who = "producer" if role == PRODUCER else f"warpgroup {role}"
+            out[f"{who}: {NAMES.get(event, event)}"].append(clock - anchors[near])
     return out
 
 
@@ -126,6 +171,10 @@ def main():
             print(f"  {name:<44} median {med:9.0f} cycles over {len(values):6d}{in_steps}")
     if not by_role:
         sys.exit("no tiles in the launch")
+    print("the boundary, cycles after warpgroup 0's last P V done (median, p10-p90)")
+    for name, v in sorted(timeline(stamps).items(), key=lambda kv: statistics.median(kv[1])):
+        v = sorted(v)
+        print(f"  {name:<44} {statistics.median(v):8.0f}  ({v[len(v) // 10]}-{v[9 * len(v) // 10]}, {len(v)})")
 
 
 if __name__ == "__main__":

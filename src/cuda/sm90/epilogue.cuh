@@ -24,6 +24,7 @@
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/split_combine.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/trace.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -162,6 +163,7 @@ struct Epilogue {
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
       if (warp == 0 && lane == 0) {
+        FUSEDATTN_SM90_STAMP(params, TraceEvent::kOStaged, warpgroup, -1, 0);
         const int row = t.q_start + params.packing.position(slice_row);
 #pragma unroll
         for (int s = 0; s < Cfg::kSlabs; ++s)

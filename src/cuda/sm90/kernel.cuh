@@ -51,7 +51,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   const int warp = warp_uniform(static_cast<int>(threadIdx.x) % kWarpgroupThreads / 32);
   const int lane = static_cast<int>(threadIdx.x) % 32;
 
-  if (threadIdx.x == 0) init_barriers<Element, Cfg>(smem);
+  if (threadIdx.x == 0) {
+    init_barriers<Element, Cfg>(smem);
+    FUSEDATTN_SM90_TRACE_RESET();  // the trace build's stamp counters (trace.cuh), else nothing
+  }
   __syncthreads();
 
   if (warpgroup == 0) {
@@ -80,6 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
       const int q_stage = q_ring.stage();
       ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
+      mainloop.stamp(TraceEvent::kQReady);
       const AnnouncedTile t = announced();
       if (!t.valid()) break;
       // Tile-boundary trace stamps (trace.cuh; nothing unless compiled in).

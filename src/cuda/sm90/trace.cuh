@@ -6,6 +6,7 @@
 //
 // A stamp is the SM's clock64, so stamps compare only within one SM: each comes with its SM, the
 // role that took it (the producer thread, or lane 0 of a consumer warpgroup's warp 0) and the tile.
+// The clock is read first, so a stamp's own stores come after the time it records.
 #pragma once
 
 #include <cstdint>
@@ -15,21 +16,40 @@
 namespace fusedattn::cuda::sm90 {
 
 #ifdef FUSEDATTN_SM90_TRACE
+// Each (CTA, role) fills its own stretch of the buffer and counts its stamps in shared memory, so a
+// stamp is a clock read and two stores. (An atomicAdd on one global counter for the slot put an
+// L2 round trip, ~1000 cycles, on the stamping thread's path at every stamp.) Only one thread
+// per role stamps: the producer thread and lane 0 of each consumer warpgroup's warp 0.
+__device__ __forceinline__ uint32_t* trace_counts() {
+  __shared__ uint32_t counts[kTraceRoles];
+  return counts;
+}
+// By thread 0 before the kernel's first __syncthreads.
+__device__ __forceinline__ void trace_reset() {
+  for (int r = 0; r < kTraceRoles; ++r) trace_counts()[r] = 0;
+}
 __device__ __forceinline__ void trace_stamp(const TraceBuffer& buffer, TraceEvent event, int role, int tile,
                                             int blocks) {
   if (buffer.records == nullptr) return;
+  const uint64_t clock = clock64();
   uint32_t sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  const unsigned long long slot = atomicAdd(buffer.count, 1ull);
-  if (slot < buffer.capacity)
-    buffer.records[slot] = {static_cast<uint64_t>(clock64()), sm, static_cast<uint16_t>(event),
-                            static_cast<uint16_t>(role), tile, blocks};
+  const int slot_role = trace_role_slot(role);
+  const uint32_t per_role = buffer.capacity / (gridDim.x * kTraceRoles);
+  const uint32_t n = trace_counts()[slot_role]++;
+  if (n < per_role)
+    buffer.records[(blockIdx.x * kTraceRoles + slot_role) * per_role + n] = {
+        clock, sm, static_cast<uint16_t>(event), static_cast<uint16_t>(role), tile, blocks};
+  else
+    atomicAdd(buffer.dropped, 1ull);  // no return value wanted: a fire-and-forget reduction
 }
 // One stamp by the calling thread; `params` is the KernelParams, `event` a TraceEvent.
 #define FUSEDATTN_SM90_STAMP(params, event, role, tile, blocks) \
   ::fusedattn::cuda::sm90::trace_stamp((params).trace, event, role, tile, blocks)
+#define FUSEDATTN_SM90_TRACE_RESET() ::fusedattn::cuda::sm90::trace_reset()
 #else
 #define FUSEDATTN_SM90_STAMP(params, event, role, tile, blocks) ((void)0)
+#define FUSEDATTN_SM90_TRACE_RESET() ((void)0)
 #endif
 
 }  // namespace fusedattn::cuda::sm90

@@ -8,17 +8,23 @@ namespace fusedattn::cuda::sm90 {
 
 // The order tools/sm90_trace.py reads them in; append, never renumber.
 enum class TraceEvent : uint16_t {
-  kTileStart = 0,      // consumer: the tile's Q has landed and its announcement is read
+  kTileStart = 0,      // consumer: the tile's announcement is read (its Q has landed)
   kFirstKReady = 1,    // consumer: the tile's first K has landed (its first Q K^T may issue)
   kFirstSReady = 2,    // consumer: the first block's S is in registers
   kLastPVDone = 3,     // consumer: the tile's last P V has completed (the KV loop is over)
   kEpilogueDone = 4,   // consumer: O and LSE are on their way out
   kQWaitStart = 5,     // producer: waits for the Q buffer of the next tile
   kQIssued = 6,        // producer: the next tile's Q load is issued
-  kLastLoadIssued = 7  // producer: the tile's last K/V load is issued
+  kLastLoadIssued = 7,  // producer: the tile's last K/V load is issued
+  kQReady = 8,          // consumer: the next tile's Q has landed (before its announcement is read)
+  kOStaged = 9          // consumer: the epilogue's O is in shared memory (its TMA store not yet issued)
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
+// The roles that stamp: the producer and up to three consumer warpgroups (d64's 192-row tile).
+constexpr int kTraceRoles = 4;
+// A role's stretch of the buffer: the producer's first, then the consumer warpgroups in order.
+constexpr int trace_role_slot(int role) { return role == kProducerRole ? 0 : role + 1; }
 
 struct TraceRecord {
   uint64_t clock;   // clock64 of the SM
@@ -30,10 +36,12 @@ struct TraceRecord {
 };
 static_assert(sizeof(TraceRecord) == 24);
 
-// Where a launch's stamps go: null records (no FUSEDATTN_SM90_TRACE_FILE) take none.
+// Where a launch's stamps go: null records (no FUSEDATTN_SM90_TRACE_FILE) take none. Each (CTA,
+// role) owns capacity / (CTAs * kTraceRoles) records from (cta * kTraceRoles + slot) times that;
+// the host zeroes them first, so a record with clock 0 was not taken.
 struct TraceBuffer {
   TraceRecord* records = nullptr;
-  unsigned long long* count = nullptr;  // records taken, may pass capacity (the rest are dropped)
+  unsigned long long* dropped = nullptr;  // stamps past their role's stretch
   uint32_t capacity = 0;
 };
 

@@ -20,45 +20,49 @@ namespace fusedattn::cuda::sm90 {
 
 class TraceSink {
  public:
-  // Records one launch may take: ~13 per tile and consumer warpgroup pair, so 4M covers 300k tiles.
-  static constexpr uint32_t kCapacity = 1u << 22;
+  // Records one launch may take, shared out among its CTAs' roles (trace.h): a persistent grid of
+  // 132 CTAs gets ~4000 per role, ~800 tiles' worth; a grid of one CTA per tile, one tile's
+  // worth (about 5 stamps per role) in up to 100k CTAs.
+  static constexpr uint32_t kCapacity = 1u << 21;
 
   explicit TraceSink(cudaStream_t stream) : stream_(stream), path_(std::getenv("FUSEDATTN_SM90_TRACE_FILE")) {
     if (path_ == nullptr || path_[0] == '\0') return;
     FUSEDATTN_CUDA_CHECK(cudaMalloc(&buffer_.records, sizeof(TraceRecord) * kCapacity));
-    FUSEDATTN_CUDA_CHECK(cudaMalloc(&buffer_.count, sizeof(unsigned long long)));
-    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(buffer_.count, 0, sizeof(unsigned long long), stream_));
+    FUSEDATTN_CUDA_CHECK(cudaMalloc(&buffer_.dropped, sizeof(unsigned long long)));
+    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(buffer_.records, 0, sizeof(TraceRecord) * kCapacity, stream_));
+    FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(buffer_.dropped, 0, sizeof(unsigned long long), stream_));
     buffer_.capacity = kCapacity;
   }
   TraceSink(const TraceSink&) = delete;
   TraceSink& operator=(const TraceSink&) = delete;
   ~TraceSink() {
     cudaFree(buffer_.records);
-    cudaFree(buffer_.count);
+    cudaFree(buffer_.dropped);
   }
 
   const TraceBuffer& buffer() const { return buffer_; }
 
-  // After the launch: its stamps appended to the file (a note on stderr if some were dropped).
+  // After the launch: its stamps (the records taken, clock != 0) appended to the file, and a note
+  // on stderr if some were dropped.
   void write() const {
     if (buffer_.records == nullptr) return;
     static int launch = 0;
-    unsigned long long count = 0;
+    unsigned long long dropped = 0;
     FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    FUSEDATTN_CUDA_CHECK(cudaMemcpy(&count, buffer_.count, sizeof(count), cudaMemcpyDeviceToHost));
-    const size_t kept = count < kCapacity ? static_cast<size_t>(count) : kCapacity;
-    if (kept < count) std::fprintf(stderr, "fusedattn trace: %llu stamps, %zu kept\n", count, kept);
-    std::vector<TraceRecord> records(kept);
+    FUSEDATTN_CUDA_CHECK(cudaMemcpy(&dropped, buffer_.dropped, sizeof(dropped), cudaMemcpyDeviceToHost));
+    if (dropped > 0) std::fprintf(stderr, "fusedattn trace: %llu stamps dropped (a role's share was full)\n", dropped);
+    std::vector<TraceRecord> records(kCapacity);
     FUSEDATTN_CUDA_CHECK(
-        cudaMemcpy(records.data(), buffer_.records, sizeof(TraceRecord) * kept, cudaMemcpyDeviceToHost));
+        cudaMemcpy(records.data(), buffer_.records, sizeof(TraceRecord) * kCapacity, cudaMemcpyDeviceToHost));
     std::FILE* f = std::fopen(path_, "a");
     if (f == nullptr) {
       std::fprintf(stderr, "fusedattn trace: cannot open %s\n", path_);
       return;
     }
     for (const TraceRecord& r : records)
-      std::fprintf(f, "%d,%u,%d,%u,%d,%d,%llu\n", launch, r.sm, r.role == kProducerRole ? -1 : int{r.role},
-                   unsigned{r.event}, r.tile, r.blocks, static_cast<unsigned long long>(r.clock));
+      if (r.clock != 0)
+        std::fprintf(f, "%d,%u,%d,%u,%d,%d,%llu\n", launch, r.sm, r.role == kProducerRole ? -1 : int{r.role},
+                     unsigned{r.event}, r.tile, r.blocks, static_cast<unsigned long long>(r.clock));
     std::fclose(f);
     ++launch;
   }
