@@ -409,6 +409,7 @@ TEST(Sm90Fwd, OStagedInKVStages) {
       {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
+      {{"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);
@@ -651,6 +652,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_Q_PREFETCH", "1"}, {"FUSEDATTN_SM90_PERSISTENT", "0"}},
       {{"FUSEDATTN_SM90_NARROW_FIRST", "0"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
+      {{"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);

@@ -40,8 +40,8 @@ constexpr int kMaxSplitWaves = 2;
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
 // A/B measurements; FUSEDATTN_SM90_O_IN_KV=0|1 keeps d256's O staged in its one Q buffer (which
 // the next tile's Q then waits for) or stages it in the last KV stage (default: up to
-// kOInKVMaxKeys keys); FUSEDATTN_SM90_DEFER_O_READ=1 gives that stage back behind the next tile's
-// first Q K^T (Features::defer_o_read). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
+// kOInKVMaxKeys keys); FUSEDATTN_SM90_DEFER_O_READ=0 waits in the epilogue for the store to leave
+// that stage instead of behind the next tile's first Q K^T (Features::defer_o_read). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
 // FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities where it writes them over S
@@ -62,7 +62,9 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", pingpong_default);
   f.early_k_release = flag("FUSEDATTN_SM90_EARLY_K", true);
   f.narrow_first = flag("FUSEDATTN_SM90_NARROW_FIRST", true);
-  f.defer_o_read = flag("FUSEDATTN_SM90_DEFER_O_READ", false);
+  // H200, one process, medians of 3-4 runs: d256 full 1k-8k +0.4-2.7% (docs/hopper.md, sessions
+  // 24-25); the trace puts the epilogue ~900 cycles shorter.
+  f.defer_o_read = flag("FUSEDATTN_SM90_DEFER_O_READ", true);
   f.overlap = flag("FUSEDATTN_SM90_OVERLAP", true);
   // The dynamic schedule is a persistent grid's: asking for it implies one unless PERSISTENT=0.
   f.dynamic = flag("FUSEDATTN_SM90_DYNAMIC", dynamic_default);

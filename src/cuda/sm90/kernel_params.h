@@ -40,7 +40,7 @@ struct Features {
   bool o_in_kv = true;
   // With o_in_kv: the wait for O's TMA store to leave the stage (and the producer's go-ahead to
   // refill it) behind the next tile's first Q K^T issue rather than in the epilogue.
-  bool defer_o_read = false;
+  bool defer_o_read = true;
   float rescale_slack = kDefaultRescaleSlack;  // see OnlineSoftmax::update
   // Unmasked steps try the softmax without the row max first (OnlineSoftmax::update_unless_moved
   // into the second P buffer, update_in_place_unless_moved over S: Consumer::kSumCheckInPlace;
