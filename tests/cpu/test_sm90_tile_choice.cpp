@@ -53,9 +53,13 @@ TEST(Sm90TileChoice, FullAndCausalKeepTheirTiles) {
   EXPECT_TRUE(same(chosen(windowed(1024, -1, 0, 64), 64), kD64Pair));
   EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 64), 64), kD64Tall));
   EXPECT_TRUE(same(chosen(windowed(8192, -1, 0, 64), 64), kD64Tall));
+  // d256: 64-key blocks up to 4096 keys per row, full masks included (session 25).
   EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 256), 256), kD256Block64));
-  EXPECT_TRUE(same(chosen(windowed(4096, -1, 0, 256), 256), tile_shape(256)));
-  EXPECT_TRUE(same(chosen(windowed(1024, -1, -1, 256), 256), tile_shape(256)));
+  EXPECT_TRUE(same(chosen(windowed(4096, -1, 0, 256), 256), kD256Block64));
+  EXPECT_TRUE(same(chosen(windowed(4097, -1, 0, 256), 256), tile_shape(256)));
+  EXPECT_TRUE(same(chosen(windowed(1024, -1, -1, 256), 256), kD256Block64));
+  EXPECT_TRUE(same(chosen(windowed(4096, -1, -1, 256), 256), kD256Block64));
+  EXPECT_TRUE(same(chosen(windowed(8192, -1, -1, 256), 256), tile_shape(256)));
   EXPECT_TRUE(same(chosen(windowed(1024, -1, 0, 128), 128), tile_shape(128)));
   // Few queries over many keys: the 128-row tile (long tiles), as before.
   FwdParams few = windowed(8192, -1, 0, 64);
@@ -64,7 +68,7 @@ TEST(Sm90TileChoice, FullAndCausalKeepTheirTiles) {
 }
 
 // Sliding windows make every tile short at any length (session 21): d64 takes the pair tile up
-// to 1024 keys per row, d256 64-key blocks below 4096.
+// to 1024 keys per row, d256 64-key blocks up to 4096.
 TEST(Sm90TileChoice, ShortWindowsTakeTheShortTileShapes) {
   for (const int64_t seqlen : {4096, 16384}) {
     EXPECT_TRUE(same(chosen(windowed(seqlen, 512, 0, 64), 64), kD64Pair)) << seqlen;
@@ -73,12 +77,29 @@ TEST(Sm90TileChoice, ShortWindowsTakeTheShortTileShapes) {
     EXPECT_TRUE(same(chosen(windowed(seqlen, 2048, 0, 64), 64), kD64Tall)) << seqlen;
     EXPECT_TRUE(same(chosen(windowed(seqlen, 512, -1, 64), 64), kD64Tall)) << seqlen;
     EXPECT_TRUE(same(chosen(windowed(seqlen, 2048, 0, 256), 256), kD256Block64)) << seqlen;
-    EXPECT_TRUE(same(chosen(windowed(seqlen, 4095, 0, 256), 256), tile_shape(256))) << seqlen;
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 4095, 0, 256), 256), kD256Block64)) << seqlen;  // 4096 keys
+    // 4097 keys per row, or all 4096 of the shorter sequence.
+    EXPECT_TRUE(same(chosen(windowed(seqlen, 4096, 0, 256), 256), seqlen > 4096 ? tile_shape(256) : kD256Block64))
+        << seqlen;
   }
   // Few queries over a long cache with a short window: short tiles too.
   FwdParams few = windowed(32768, 512, 0, 64);
   few.seqlen_q = 16;
   EXPECT_TRUE(same(chosen(few, 64), kD64Pair));
+}
+
+// Full masks of equal tiles at d128/d256 up to 4096 keys take the static schedule (session 25);
+// d64, masks, longer keys and variable-length batches the dynamic one.
+TEST(Sm90TileChoice, StaticScheduleForShortFullMasks) {
+  EXPECT_TRUE(prefers_static_schedule(windowed(512, -1, -1, 128), MaskKind::kFull, 128));
+  EXPECT_TRUE(prefers_static_schedule(windowed(4096, -1, -1, 256), MaskKind::kFull, 256));
+  EXPECT_FALSE(prefers_static_schedule(windowed(4097, -1, -1, 256), MaskKind::kFull, 256));
+  EXPECT_FALSE(prefers_static_schedule(windowed(2048, -1, -1, 64), MaskKind::kFull, 64));
+  EXPECT_FALSE(prefers_static_schedule(windowed(2048, -1, 0, 128), MaskKind::kWindow, 128));
+  FwdParams varlen = windowed(2048, -1, -1, 128);
+  const int32_t offsets[2] = {0, 2048};
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
+  EXPECT_FALSE(prefers_static_schedule(varlen, MaskKind::kFull, 128));
 }
 
 }  // namespace

@@ -170,7 +170,7 @@ TEST(Sm90Fwd, SlidingWindows) {
 
 // Sliding windows over long sequences take the short tiles' shapes by default (fwd_split.h,
 // keys_per_row): d64's pair tile up to 1024 keys per row at any query length (a wider window
-// keeps the 192-row tile), d256's 64-key blocks below 4096. Each case asserts the shape its launch
+// keeps the 192-row tile), d256's 64-key blocks up to 4096. Each case asserts the shape its launch
 // plans, then matches the reference (which walks only the window).
 TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
   SKIP_UNLESS_HOPPER();
@@ -473,8 +473,8 @@ TEST(Sm90Fwd, TileShapes) {
   }
 }
 
-// d256's two KV block widths (FUSEDATTN_SM90_D256_TILE): 80 keys (full masks, long key ranges)
-// and 64 (masked launches below 4096 keys), each forced on every kind of mask: a causal diagonal
+// d256's two KV block widths (FUSEDATTN_SM90_D256_TILE): 80 keys (rows that see more than 4096
+// keys) and 64 (up to 4096), each forced on every kind of mask: a causal diagonal
 // split across blocks (80) or whole (64, where the first slice skips its diagonal's second
 // block), Sq != Sk both ways, a window cutting blocks at both ends, a single key, a head dim
 // below the instance's, the overlap and O-in-KV switches, and a large problem's sampled rows.

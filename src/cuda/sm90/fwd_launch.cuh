@@ -30,8 +30,8 @@ constexpr int kMaxSplitWaves = 2;
 // Defaults from the measurements in docs/hopper.md (H200): every optimisation on. The
 // intra-warpgroup overlap needs the early K release (with K and V freed together, 2 stages leave
 // the next K's load exposed and the overlap loses 13-21% at d128/d256); a persistent grid with
-// the dynamic (atomic counter) schedule beats one CTA per tile on causal masks by up to 15% and
-// matches or beats the static round robin on full ones.
+// the dynamic (atomic counter) schedule beats one CTA per tile on causal masks by up to 15%; on
+// full masks the static round robin wins up to 4096 keys at d128/d256 (prefers_static_schedule).
 // FUSEDATTN_SM90_STAGES=n, FUSEDATTN_SM90_PINGPONG=0|1, FUSEDATTN_SM90_OVERLAP=0|1,
 // FUSEDATTN_SM90_PERSISTENT=0|1, FUSEDATTN_SM90_DYNAMIC=0|1 (0: static persistent for full
 // masks, one CTA per tile for causal ones), FUSEDATTN_SM90_EARLY_K=0|1, FUSEDATTN_SM90_NARROW_FIRST=0|1 and
@@ -119,8 +119,9 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // Two CTAs per SM (kD64Pair) interleave their warpgroups' GEMMs without turns: H200, d64
   // causal 512 / 1k, TFLOP/s with / without the turns, two runs in one process: 277-279 /
   // 287-289, 342-345 / 346-350 (docs/hopper.md, session 20).
-  kp.features = features_from_env(Cfg::kStages, Cfg::kVStages, Cfg::kQBuffers, kMask == MaskKind::kFull, true,
-                                  p.seqlen_k <= kOInKVMaxKeys, Cfg::kCtasPerSm == 1);
+  kp.features = features_from_env(Cfg::kStages, Cfg::kVStages, Cfg::kQBuffers, kMask == MaskKind::kFull,
+                                  !prefers_static_schedule(p, kMask, kHeadDim), p.seqlen_k <= kOInKVMaxKeys,
+                                  Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
   // A variable-length batch's tiles add their sequence's first row (map_rows).
@@ -186,7 +187,7 @@ void run_fwd(const FwdParams& p) {
     }
   }
   if constexpr (kHeadDim == 256) {
-    if (uses_d256_block64(kMask, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
+    if (uses_d256_block64(keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

@@ -86,23 +86,36 @@ inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
   return row_keys <= kD64PairMaxKeys ? D64Tile::kPair : D64Tile::kTable;
 }
 
-// d256: 64-key blocks (kD256Block64) for masked launches whose rows see fewer than 4096 keys, 80
-// otherwise.
+// d256: 64-key blocks (kD256Block64) for launches whose rows see at most 4096 keys, 80 otherwise.
 // H200 fp16 TFLOP/s, 64 / 80, one process, both column orders: causal 512 337-341 / 322-324,
-// 1k 472-479 / 461-462, 2k 564-569 / 554-558; causal 4k-16k within 1%; full 512 504-506 /
-// 494-501, 1k 597-599 / 590-597, 2k 654-663 / 644-669, 16k 670-700 / 703-722 (docs/hopper.md,
-// session 20). Full masks keep 80 (at most +1% up to 1k, -3 to -5% at 16k), as do long key
-// ranges under a mask (a short query block sees them all, like a full mask). What counts is the
-// keys a row sees: sliding windows of 128-2048 keys over 4k and 16k queries, 64 / 80: +2 to +12%
-// (docs/hopper.md, session 21).
+// 1k 472-479 / 461-462, 2k 564-569 / 554-558; causal 4k-16k within 1%; full 16k 670-700 /
+// 703-722 (docs/hopper.md, session 20). Full masks up to 4096 keys, with the static schedule they
+// now run under (fwd_launch.cuh), medians of 4, fp16 / bf16: 512 +2.8 / +2.6%, 1k +1.4 / -0.2%,
+// 2k +0.8 / +0.4%, 4k +1.2-3.1 / +0.4-1.5% (session 25). Long key ranges under a mask keep 80 (a
+// short query block sees them all, like a full mask). What counts is the keys a row sees: sliding
+// windows of 128-2048 keys over 4k and 16k queries, 64 / 80: +2 to +12% (docs/hopper.md,
+// session 21).
 // FUSEDATTN_SM90_D256_TILE=64|80 forces one.
-constexpr int64_t kD256Block64MaxKeys = 4096;  // exclusive
+constexpr int64_t kD256Block64MaxKeys = 4096;  // inclusive
 
-inline bool uses_d256_block64(MaskKind mask, int64_t row_keys) {
+inline bool uses_d256_block64(int64_t row_keys) {
   const char* v = std::getenv("FUSEDATTN_SM90_D256_TILE");
   const std::string forced = v ? v : "";
   if (forced == "64" || forced == "80") return forced == "64";
-  return mask != MaskKind::kFull && row_keys < kD256Block64MaxKeys;
+  return row_keys <= kD256Block64MaxKeys;
+}
+
+// Full masks at d128/d256 up to this many keys take the static round robin (equal tiles, no
+// atomic fetch in the producer's path at each boundary) instead of the dynamic schedule: H200,
+// one process, medians of 4, fp16 / bf16, static against dynamic: d256 full 512 +3.9 / +3.5%, 1k
+// +1.5 / +2.8%, 2k +3.2 / +3.4%, 4k -0.2-3.6 / +1.6-2.0%; d128 512 +2.1 / +0.9%, 1k +1.3 /
+// +0.9%, 2k +2.3 / +3.2%, 4k 0 / +1%; at 8k -0.5 to +2.3% in one call and -8% in another
+// (docs/hopper.md, session 25). d64 keeps the dynamic one (512 -3.4 / -3.6%, 1k -2 to -3%), as do
+// variable-length batches, whose tiles differ in length.
+constexpr int64_t kStaticScheduleMaxKeys = 4096;
+inline bool prefers_static_schedule(const FwdParams& p, MaskKind mask, int instance_head_dim) {
+  return mask == MaskKind::kFull && instance_head_dim >= 128 && p.cu_seqlens_q == nullptr &&
+         p.seqlen_k <= kStaticScheduleMaxKeys;
 }
 
 // GQA packing: a tile's rows are the query rows of all `group` query heads that share one KV
@@ -131,7 +144,7 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
       case D64Tile::kTable: break;
     }
   }
-  if (instance_head_dim == 256 && uses_d256_block64(mask, row_keys)) return kD256Block64;
+  if (instance_head_dim == 256 && uses_d256_block64(row_keys)) return kD256Block64;
   return tile_shape(instance_head_dim);
 }
 
