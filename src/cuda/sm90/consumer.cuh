@@ -584,6 +584,7 @@ struct Consumer {
     uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
     int n = blocks.hi - 1;
+    stamp(TraceEvent::kLoopEntered);
     first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.

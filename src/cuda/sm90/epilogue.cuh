@@ -46,6 +46,11 @@ struct Epilogue {
   Storage& smem;
   int warpgroup, warp, lane;
 
+  // A trace stamp by lane 0 of warp 0 (trace.cuh; nothing unless compiled in).
+  __device__ __forceinline__ void stamp(TraceEvent event) const {
+    if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, -1, 0);
+  }
+
   // stmatrix.x4 (ptx/stmatrix.cuh) stores two neighbouring 8-column chunks of the warp's 16 rows
   // as four 8x8 matrices, in the order of a thread's accumulator quads (ptx/wgmma.cuh): chunk
   // pair i is o[8i .. 8i + 7] = {rows 0-7, chunk 2i}, {rows 8-15, chunk 2i}, {rows 0-7, chunk
@@ -102,9 +107,11 @@ struct Epilogue {
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, int o_stage, float (&o)[kOAcc],
                                         OnlineSoftmax& softmax, PendingStore& pending) const {
     meet(o_stage);
+    stamp(TraceEvent::kEpilogueMet);
     float inv_sum[2], lse[2];
     softmax.finalize(inv_sum, lse);
     rescale_rows(o, inv_sum);
+    stamp(TraceEvent::kORescaled);
     if constexpr (kSplits) {
       if (t.part != kWholeTile) {
         const SplitCombine<Element, Cfg> parts{params, smem, warpgroup};
@@ -151,6 +158,7 @@ struct Epilogue {
           pack2<Element>(o[8 * i + 4], o[8 * i + 5]), pack2<Element>(o[8 * i + 6], o[8 * i + 7])};
       ptx::stmatrix_x4(row_address + (slab * to.slab_elems + position * kChunkElems) * sizeof(Element), regs);
     }
+    stamp(TraceEvent::kOWritten);
     const int slice_row = t.first_row + warpgroup * kWarpgroupRows;
     if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > params.packing.rows(int64_t{t.len_q})) {
       // Generic stores to generic reads: the barrier alone orders them.
@@ -162,8 +170,8 @@ struct Epilogue {
       // Ordinary stores -> TMA (async proxy) reads: fence in every writing thread, then meet.
       ptx::fence_proxy_async_shared();
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
+      stamp(TraceEvent::kOStaged);
       if (warp == 0 && lane == 0) {
-        FUSEDATTN_SM90_STAMP(params, TraceEvent::kOStaged, warpgroup, -1, 0);
         const int row = t.q_start + params.packing.position(slice_row);
 #pragma unroll
         for (int s = 0; s < Cfg::kSlabs; ++s)

@@ -17,7 +17,11 @@ enum class TraceEvent : uint16_t {
   kQIssued = 6,        // producer: the next tile's Q load is issued
   kLastLoadIssued = 7,  // producer: the tile's last K/V load is issued
   kQReady = 8,          // consumer: the next tile's Q has landed (before its announcement is read)
-  kOStaged = 9          // consumer: the epilogue's O is in shared memory (its TMA store not yet issued)
+  kOStaged = 9,         // consumer: the epilogue's O is in shared memory (its TMA store not yet issued)
+  kEpilogueMet = 10,    // consumer: the epilogue's meeting of the warpgroups is passed (O staged in K/V)
+  kORescaled = 11,      // consumer: O divided by the row sums (before the staging barrier)
+  kOWritten = 12,       // consumer: this thread's stmatrix stores issued (before the fence and barrier)
+  kLoopEntered = 13     // consumer: the tile's setup done (O zeroed), its first block's wait begins
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
