@@ -99,6 +99,10 @@ def parts_of(tiles):
             out["epilogue done -> next tile's Q landed"].append(nxt[landed] - t[EPILOGUE_DONE])
         if nxt is not None and LAST_PV_DONE in t and FIRST_S_READY in nxt:
             out["boundary (last P V done -> next S ready)"].append(nxt[FIRST_S_READY] - t[LAST_PV_DONE])
+        if nxt is not None and LAST_PV_DONE in t and LAST_PV_DONE in nxt and nxt["blocks"] == t["blocks"]:
+            # A tile's whole period, and its blocks, for the loop's share of it (main()).
+            out["tile period (last P V to last P V)"].append(nxt[LAST_PV_DONE] - t[LAST_PV_DONE])
+            out["blocks per tile"].append(nxt["blocks"])
     return out
 
 
@@ -167,10 +171,17 @@ def main():
         parts = by_role[role]
         step = statistics.median(parts["KV step in the loop"]) if parts.get("KV step in the loop") else None
         print("producer" if role == PRODUCER else f"consumer warpgroup {role}")
+        blocks = parts.pop("blocks per tile", None)
         for name, values in parts.items():
             med = statistics.median(values)
             in_steps = f"  ({med / step:.2f} steps)" if step and name != "KV step in the loop" else ""
             print(f"  {name:<44} median {med:9.0f} cycles over {len(values):6d}{in_steps}")
+        if step and blocks and parts.get("tile period (last P V to last P V)"):
+            # What a tile costs beyond its blocks at the loop's pace: the boundary, plus any
+            # block the loop runs slower than its median (a masked or partial one).
+            period, count = statistics.median(parts["tile period (last P V to last P V)"]), statistics.median(blocks)
+            print(f"  {'period beyond its blocks at the loop step':<44} median {period - count * step:9.0f} cycles"
+                  f" ({count:.0f} blocks of {step:.0f}; the loop's share {count * step / period:.1%})")
     if not by_role:
         sys.exit("no tiles in the launch")
     print("the boundary, cycles after warpgroup 0's last P V done (median, p10-p90)")
