@@ -38,14 +38,16 @@ heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
 [ "$mode" = sm90 ] && heads="64;128;256"
 
+# Configure options both builds share (the trace build's are these plus its own).
+config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
+        -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
 # The steps that run the main build's binaries (trace has a build of its own).
 uses_build() { has tests || has sanitize || has cli || has pytest || has peers; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
-  step configure 120 configure.log cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF -DFUSEDATTN_HEAD_DIMS="$heads" \
-    -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON
+  step configure 120 configure.log cmake -S "$root" -B "$build" "${config[@]}" \
+    -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF
   step build 480 build.log cmake --build "$build" -j "$(nproc)" || { tail -40 "$out/build.log"; }
   # ptxas lines with a non-zero spill or stack frame, per kernel instance (every spill is a defect to track)
   grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$out/build.log" | grep -E "Compiling entry|spill|stack" > "$out/spills.txt"
@@ -130,10 +132,8 @@ if has trace; then
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
   tbuild=$root/build-trace
   TRACE_POINTS=${TRACE_POINTS:-256:2048,256:16384,128:2048}
-  step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF -DFUSEDATTN_HEAD_DIMS="$heads" \
-    -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF \
-    -DFUSEDATTN_SM90_TRACE=ON
+  step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" "${config[@]}" \
+    -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
   for point in ${TRACE_POINTS//,/ }; do
     d=${point%%:*} s=${point##*:}

@@ -409,7 +409,6 @@ TEST(Sm90Fwd, OStagedInKVStages) {
       {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
-      {{"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);

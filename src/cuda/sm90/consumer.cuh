@@ -569,10 +569,10 @@ struct Consumer {
     convert_p(s, p);
   }
 
-  // A tile-boundary stamp by lane 0 of warp 0 (trace.cuh; nothing unless compiled in); tile and
+  // A tile-boundary stamp of this warpgroup (trace.cuh; nothing unless compiled in); tile and
   // blocks where the caller knows them.
   __device__ __forceinline__ void stamp(TraceEvent event, int tile = -1, int blocks = 0) const {
-    if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, tile, blocks);
+    FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks);
   }
 
   // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the

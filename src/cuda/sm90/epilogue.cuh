@@ -46,9 +46,9 @@ struct Epilogue {
   Storage& smem;
   int warpgroup, warp, lane;
 
-  // A trace stamp by lane 0 of warp 0 (trace.cuh; nothing unless compiled in).
+  // A trace stamp of this warpgroup (trace.cuh; nothing unless compiled in).
   __device__ __forceinline__ void stamp(TraceEvent event) const {
-    if (warp == 0 && lane == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, -1, 0);
+    FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, -1, 0);
   }
 
   // stmatrix.x4 (ptx/stmatrix.cuh) stores two neighbouring 8-column chunks of the warp's 16 rows

@@ -47,9 +47,16 @@ __device__ __forceinline__ void trace_stamp(const TraceBuffer& buffer, TraceEven
 #define FUSEDATTN_SM90_STAMP(params, event, role, tile, blocks) \
   ::fusedattn::cuda::sm90::trace_stamp((params).trace, event, role, tile, blocks)
 #define FUSEDATTN_SM90_TRACE_RESET() ::fusedattn::cuda::sm90::trace_reset()
+// A consumer warpgroup's stamp: lane 0 of its warp 0 takes it (the one thread per role that the
+// counters above rely on).
+#define FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks) \
+  do {                                                                                   \
+    if ((warp) == 0 && (lane) == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, tile, blocks); \
+  } while (0)
 #else
 #define FUSEDATTN_SM90_STAMP(params, event, role, tile, blocks) ((void)0)
 #define FUSEDATTN_SM90_TRACE_RESET() ((void)0)
+#define FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks) ((void)0)
 #endif
 
 }  // namespace fusedattn::cuda::sm90
