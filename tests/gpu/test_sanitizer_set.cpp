@@ -65,5 +65,17 @@ TEST(GpuSanitizer, MaskedTilesRescoredSteps) {
                                {with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16}});
 }
 
+// More tiles than an H100/H200 has SMs, so CTAs run tiles back to back on the two-Q-buffer tiles
+// (d128, d64's 128-row tile), whose next Q loads while a tile runs: full (static schedule), causal
+// (dynamic) and windowed tiles.
+TEST(GpuSanitizer, TilesBackToBack) {
+  FUSEDATTN_REQUIRE_GPU();
+  const ScopedEnv d64_tile("FUSEDATTN_SM90_D64_TILE", "128");
+  for (int d : {64, 128})
+    for (const Problem& p : {dense(1, 40, 8, 530, 130, d), with_mask(dense(1, 40, 8, 530, 300, d), true, -1, -1),
+                             with_mask(dense(1, 40, 40, 530, 300, d), false, 150, 10)})
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+}
+
 }  // namespace
 }  // namespace fusedattn::testing
