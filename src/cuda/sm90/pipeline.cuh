@@ -132,19 +132,22 @@ struct PendingStore {
 
   template <class Storage>
   __device__ __forceinline__ void release(Storage& smem, int buffer) {
-    if (!held) return;
-    ptx::tma_store_wait_read();
-    ptx::mbarrier_arrive(&smem.q_empty[buffer], kWarpsPerWarpgroup);  // for the warpgroup's warps
-    held = false;
+    release_to(&smem.q_empty[buffer], kWarpsPerWarpgroup);  // for the warpgroup's warps
   }
 
   // The same for an O staged in K/V stage `stage` (KernelConfig::kStagesOInKV): the producer
   // refills it once the warpgroup's store has read it.
   template <class Storage>
   __device__ __forceinline__ void release_staged_o(Storage& smem, int stage, int warpgroup) {
+    release_to(&smem.o_read[stage][warpgroup], 1);
+  }
+
+ private:
+  // Once the held store has read its staging, `arrivals` on the barrier that gives it back.
+  __device__ __forceinline__ void release_to(uint64_t* barrier, uint32_t arrivals) {
     if (!held) return;
     ptx::tma_store_wait_read();
-    ptx::mbarrier_arrive(&smem.o_read[stage][warpgroup]);
+    ptx::mbarrier_arrive(barrier, arrivals);
     held = false;
   }
 };
