@@ -160,7 +160,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
       cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
 #ifdef FUSEDATTN_SM90_TRACE
   const TraceSink trace(stream);
-  kp.trace = trace.buffer();
+  kp.trace = trace.buffer(grid);
 #endif
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(kp);
   FUSEDATTN_CHECK_LAUNCH();

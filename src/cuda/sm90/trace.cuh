@@ -35,10 +35,9 @@ __device__ __forceinline__ void trace_stamp(const TraceBuffer& buffer, TraceEven
   uint32_t sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
   const int slot_role = trace_role_slot(role);
-  const uint32_t per_role = buffer.capacity / (gridDim.x * kTraceRoles);
   const uint32_t n = trace_counts()[slot_role]++;
-  if (n < per_role)
-    buffer.records[(blockIdx.x * kTraceRoles + slot_role) * per_role + n] = {
+  if (n < buffer.per_role)
+    buffer.records[(blockIdx.x * kTraceRoles + slot_role) * buffer.per_role + n] = {
         clock, sm, static_cast<uint16_t>(event), static_cast<uint16_t>(role), tile, blocks};
   else
     atomicAdd(buffer.dropped, 1ull);  // no return value wanted: a fire-and-forget reduction

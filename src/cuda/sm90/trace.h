@@ -41,12 +41,14 @@ struct TraceRecord {
 static_assert(sizeof(TraceRecord) == 24);
 
 // Where a launch's stamps go: null records (no FUSEDATTN_SM90_TRACE_FILE) take none. Each (CTA,
-// role) owns capacity / (CTAs * kTraceRoles) records from (cta * kTraceRoles + slot) times that;
-// the host zeroes them first, so a record with clock 0 was not taken.
+// role) owns per_role records from (cta * kTraceRoles + slot) * per_role; the host zeroes them
+// first, so a record with clock 0 was not taken.
 struct TraceBuffer {
   TraceRecord* records = nullptr;
   unsigned long long* dropped = nullptr;  // stamps past their role's stretch
-  uint32_t capacity = 0;
+  // The buffer's records / (CTAs * kTraceRoles), worked out on the host for the launch's grid, so a
+  // stamp costs no division on the path it measures.
+  uint32_t per_role = 0;
 };
 
 }  // namespace fusedattn::cuda::sm90

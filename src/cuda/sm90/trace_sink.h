@@ -31,7 +31,6 @@ class TraceSink {
     FUSEDATTN_CUDA_CHECK(cudaMalloc(&buffer_.dropped, sizeof(unsigned long long)));
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(buffer_.records, 0, sizeof(TraceRecord) * kCapacity, stream_));
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(buffer_.dropped, 0, sizeof(unsigned long long), stream_));
-    buffer_.capacity = kCapacity;
   }
   TraceSink(const TraceSink&) = delete;
   TraceSink& operator=(const TraceSink&) = delete;
@@ -40,7 +39,12 @@ class TraceSink {
     cudaFree(buffer_.dropped);
   }
 
-  const TraceBuffer& buffer() const { return buffer_; }
+  // The buffer for a launch of `ctas` CTAs: each (CTA, role) gets an equal stretch.
+  TraceBuffer buffer(int64_t ctas) const {
+    TraceBuffer b = buffer_;
+    b.per_role = static_cast<uint32_t>(kCapacity / (ctas * kTraceRoles));
+    return b;
+  }
 
   // After the launch: its stamps (the records taken, clock != 0) appended to the file, and a note
   // on stderr if some were dropped.
