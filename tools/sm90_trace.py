@@ -58,19 +58,13 @@ def read(path, launch):
 
 
 def consumer_tiles(stamps):
-    """A warpgroup's stamps cut into tiles: a list of {event: clock} with 'blocks'. Q_READY comes
-    before its tile's TILE_START (the announcement is read after the Q wait): it goes with that tile."""
+    """A warpgroup's stamps cut into tiles: a list of {event: clock} with 'blocks'. A tile starts at
+    its TILE_START (the announcement is read, then the tile set up while its Q may still load:
+    Q_READY follows)."""
     tiles = []
-    q_ready = None
     for clock, event, tile, blocks in stamps:
-        if event == Q_READY:
-            q_ready = clock
-            continue
         if event == TILE_START:
             tiles.append({"blocks": blocks, "tile": tile})
-            if q_ready is not None:
-                tiles[-1][Q_READY] = q_ready
-                q_ready = None
         if tiles and event not in tiles[-1]:
             tiles[-1][event] = clock
     return tiles
@@ -91,8 +85,8 @@ def parts_of(tiles):
             out["epilogue (last P V done -> stored)"].append(t[EPILOGUE_DONE] - t[LAST_PV_DONE])
         if have(LAST_PV_DONE, O_STAGED):
             out["  of it: last P V done -> O staged"].append(t[O_STAGED] - t[LAST_PV_DONE])
-        if have(Q_READY, TILE_START):
-            out["Q landed -> announcement read"].append(t[TILE_START] - t[Q_READY])
+        if have(TILE_START, Q_READY):
+            out["announcement read -> Q landed"].append(t[Q_READY] - t[TILE_START])
         nxt = tiles[i + 1] if i + 1 < len(tiles) else None
         landed = Q_READY if nxt is not None and Q_READY in nxt else TILE_START
         if nxt is not None and EPILOGUE_DONE in t and landed in nxt:

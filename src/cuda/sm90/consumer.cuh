@@ -67,7 +67,22 @@ struct Consumer {
   int lane;
   int warp;  // within the warpgroup
 
-  int q_stage = 0;  // the Q buffer of the current tile
+  int q_stage = 0;        // the Q buffer of the current tile
+  uint32_t q_parity = 0;  // the phase of its q_full barrier that brings the tile's Q
+
+  // The tile is announced apart from its Q (tile_announcement.cuh): begin_tile takes its Q buffer
+  // from ring, and wait_q waits for its Q right before the first GEMM, so the set-up between
+  // the two runs while Q is still loading. Every path through a tile waits, also one that never
+  // reads Q: the epilogue may stage O in the buffer the load writes.
+  __device__ __forceinline__ void begin_tile(const TileRing& ring) {
+    const int depth = q_ring_depth<Cfg>(params.features);
+    q_stage = ring.q_buffer(depth);
+    q_parity = ring.q_phase(depth);
+  }
+  __device__ __forceinline__ void wait_q() const {
+    ptx::mbarrier_wait(&smem.q_full[q_stage], q_parity);
+    stamp(TraceEvent::kQReady);
+  }
 
   float o[kOAcc];
   OnlineSoftmax softmax;
@@ -414,9 +429,10 @@ struct Consumer {
   // busy warpgroup would not have waited for by the same turn, so the ring cannot stall on it,
   // and it gives each stage back once that stage has arrived (an arrival on "empty" before the
   // "full" wait would count towards the stage's previous use).
-  __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, int q_buffer, KVRing& kv,
+  __device__ __forceinline__ void pass_through_tile(const AnnouncedTile& t, const TileRing& ring, KVRing& kv,
                                                     const WarpgroupTurns& turns, PendingStore& pending) {
-    q_stage = q_buffer;
+    begin_tile(ring);
+    wait_q();
     const KVPipeline<Storage> pipe{smem};
     const int count = t.blocks.count();
     release_pending(pending, kv);
@@ -464,12 +480,12 @@ struct Consumer {
     }
   }
 
-  // Runs the whole KV loop of tile t (its Q in buffer q_buffer); leaves the unnormalised O in `o`
+  // Runs the whole KV loop of tile t (its Q in ring's buffer); leaves the unnormalised O in `o`
   // and the row statistics in `softmax`. kv is the consumer's position in the K/V ring, carried
   // across tiles; `pending` (the previous tile's O staging) is released behind the first GEMM.
-  __device__ __forceinline__ void mma_tile(const AnnouncedTile& t, int q_buffer, KVRing& kv,
+  __device__ __forceinline__ void mma_tile(const AnnouncedTile& t, const TileRing& ring, KVRing& kv,
                                            const WarpgroupTurns& turns, PendingStore& pending) {
-    q_stage = q_buffer;
+    begin_tile(ring);
     const KVPipeline<Storage> pipe{smem};
     const KVBlockRange blocks = t.blocks;
     publish_slice(t.slice);
@@ -477,6 +493,7 @@ struct Consumer {
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();
     if (blocks.count() == 0) {
+      wait_q();
       release_pending(pending, kv);
       return;
     }
@@ -491,7 +508,7 @@ struct Consumer {
       const KVBlockRange mine = t.visible;
       const int count = blocks.count(), top = blocks.hi - mine.hi, mine_count = mine.count();
       if (mine_count == 0) {  // its rows see no key of the tile: out 0, lse -inf
-        pass_through_tile(t, q_buffer, kv, turns, pending);
+        pass_through_tile(t, ring, kv, turns, pending);
         return;
       }
       // A deferred staging goes back before the slice waits for blocks it skips: the producer
@@ -511,6 +528,7 @@ struct Consumer {
       mine = t.visible.count() > 0 ? t.visible : KVBlockRange{blocks.hi, blocks.hi};
       skip_blocks_alone(blocks.hi - mine.hi, kv, turns, pipe, pending);
     }
+    wait_q();
     float s[kSAcc];
     uint32_t p[kPRegs];
     RowCorrection correction;
@@ -548,6 +566,7 @@ struct Consumer {
                                               RowCorrection& correction, const KVRing& kv,
                                               const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                               PendingStore& pending) {
+    wait_q();
 #ifdef FUSEDATTN_SM90_TRACE
     pipe.consumer_wait_k(kv);  // the trace build's own wait, for the stamp (qk_alone's then passes at once)
     stamp(TraceEvent::kFirstKReady);

@@ -1,8 +1,9 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
 // registers); warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many
 // registers), each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
-// and announces each one in shared memory with its Q (q_full, tile_announcement.cuh); consecutive tiles take
-// the Q buffers in turn (a ring like the K/V stages, of depth features.q_buffers).
+// and announces each one in shared memory ahead of its Q (tile_full, tile_announcement.cuh);
+// consecutive tiles take the announcement slots and the Q buffers in turn (TileRing; rings like
+// the K/V stages, the Q ring of depth features.q_buffers).
 #pragma once
 
 #include "cuda/ptx/mbarrier.cuh"
@@ -25,6 +26,10 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   for (int b = 0; b < Cfg::kQBuffers; ++b) {
     ptx::mbarrier_init(&smem.q_full[b], kProducerArrivals);
     ptx::mbarrier_init(&smem.q_empty[b], Cfg::kConsumerWarps);
+  }
+  for (int slot = 0; slot < kAnnouncementSlots; ++slot) {
+    ptx::mbarrier_init(&smem.tile_full[slot], kProducerArrivals);  // the announcement's plain arrive
+    ptx::mbarrier_init(&smem.tile_empty[slot], Cfg::kConsumerWarps);
   }
   for (int s = 0; s < Cfg::kStages; ++s)
     for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], 1);  // the staging warpgroup's store
@@ -70,45 +75,74 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     Consumer<Element, Cfg, kMask> mainloop{params, smem, consumer, lane, warp};
     const Epilogue<Element, Cfg, kMask == MaskKind::kFull> epilogue{params, smem, consumer, warp, lane};
     KVRingState<Cfg> kv;
-    PipelineState q_ring;  // which Q buffer (and its barriers' parity) the next tile uses
+    TileRing ring;  // which Q buffer and announcement slot (and their barriers' parity) the next tile uses
     PendingStore pending;
-    // The announcement stays in its slot until the epilogue has read it again (pipeline.cuh).
-    const auto announced = [&]() {
-      return read_announcement(smem.tile[announcement_slot<Cfg>(q_ring)], lane, consumer);
+    // The announcement in tile r's slot (announced), once the producer has published it
+    // (published); each warp gives the slot back once it has read it for the last time (release).
+    const auto announced = [&](const TileRing& r) {
+      return read_announcement(smem.tile[r.announcement_slot()], lane, consumer);
+    };
+    const auto published = [&](const TileRing& r) {
+      ptx::mbarrier_wait(&smem.tile_full[r.announcement_slot()], r.announcement_phase());
+      return announced(r);
+    };
+    const auto release = [&](const TileRing& r) {
+      if (lane == 0) ptx::mbarrier_arrive(&smem.tile_empty[r.announcement_slot()]);
+    };
+    const auto read_once = [&](const TileRing& r) {
+      const AnnouncedTile a = published(r);
+      release(r);
+      return a;
     };
     // Where a tile with KV blocks stages O: its last block's stage (kStagesOInKV), else -1.
     const auto o_stage = [&](const AnnouncedTile& t) {
       return mainloop.o_in_kv() && t.blocks.count() > 0 ? kv.k().previous_stage(params.features.num_stages) : -1;
     };
-    for (;; q_ring.advance(q_ring_depth<Cfg>(params.features))) {
-      const int q_stage = q_ring.stage();
-      ptx::mbarrier_wait(&smem.q_full[q_stage], q_ring.phase());
-      mainloop.stamp(TraceEvent::kQReady);
-      const AnnouncedTile t = announced();
-      if (!t.valid()) break;
-      // Tile-boundary trace stamps (trace.cuh; nothing unless compiled in).
-      const auto stamp = [&](TraceEvent event) { mainloop.stamp(event, t.tile.index, t.blocks.count()); };
-      stamp(TraceEvent::kTileStart);
-      if (mainloop.slice_is_empty(t)) {
-        // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
-        // (the busy warpgroups issue more often) and only keeps the K/V and Q rings in step.
-        mainloop.pass_through_tile(t, q_stage, kv, turns, pending);
-        epilogue.skip(q_stage, o_stage(t));
-        continue;
+    if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
+      // Registers to spare (every tile but d64's 192-row one): a tile carries its announcement
+      // through to its epilogue, and the next tile's is read before that epilogue, so the read's
+      // latency hides under it.
+      AnnouncedTile t = read_once(ring);
+      while (t.valid()) {
+        // Tile-boundary trace stamps (trace.cuh; nothing unless compiled in).
+        const auto stamp = [&](TraceEvent event) { mainloop.stamp(event, t.tile.index, t.blocks.count()); };
+        stamp(TraceEvent::kTileStart);
+        AnnouncedTile next;
+        if (mainloop.slice_is_empty(t)) {
+          // The sequence ends before this warpgroup's rows: it passes its GEMM turns on at once
+          // (the busy warpgroups issue more often) and only keeps the K/V and Q rings in step.
+          mainloop.pass_through_tile(t, ring, kv, turns, pending);
+          next = read_once(ring.following());
+          epilogue.skip(mainloop.q_stage, o_stage(t));
+        } else {
+          mainloop.mma_tile(t, ring, kv, turns, pending);
+          stamp(TraceEvent::kLastPVDone);
+          next = read_once(ring.following());
+          epilogue.store(t.tile, mainloop.q_stage, o_stage(t), mainloop.o, mainloop.softmax, pending);
+          stamp(TraceEvent::kEpilogueDone);
+        }
+        ring.advance();
+        t = next;
       }
-      if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
-        // Registers to spare (every tile but d64's 192-row one): the tile goes to the epilogue as it is.
-        mainloop.mma_tile(t, q_stage, kv, turns, pending);
-        stamp(TraceEvent::kLastPVDone);
-        epilogue.store(t.tile, q_stage, o_stage(t), mainloop.o, mainloop.softmax, pending);
-        stamp(TraceEvent::kEpilogueDone);
-      } else {
-        mainloop.mma_tile(t, q_stage, kv, turns, pending);
+    } else {
+      for (;; ring.advance()) {
+        const AnnouncedTile t = published(ring);
+        if (!t.valid()) break;
+        const auto stamp = [&](TraceEvent event) { mainloop.stamp(event, t.tile.index, t.blocks.count()); };
+        stamp(TraceEvent::kTileStart);
+        if (mainloop.slice_is_empty(t)) {
+          release(ring);
+          mainloop.pass_through_tile(t, ring, kv, turns, pending);
+          epilogue.skip(mainloop.q_stage, o_stage(t));
+          continue;
+        }
+        mainloop.mma_tile(t, ring, kv, turns, pending);
         stamp(TraceEvent::kLastPVDone);
         // The epilogue reads the tile again instead of carrying it through the KV loop, where
         // its fields would take registers (the 192-row tile has 160 per thread).
-        const AnnouncedTile again = announced();
-        epilogue.store(again.tile, q_ring.stage(), o_stage(again), mainloop.o, mainloop.softmax, pending);
+        const AnnouncedTile again = announced(ring);
+        release(ring);
+        epilogue.store(again.tile, mainloop.q_stage, o_stage(again), mainloop.o, mainloop.softmax, pending);
         stamp(TraceEvent::kEpilogueDone);
       }
     }

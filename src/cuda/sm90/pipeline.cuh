@@ -66,6 +66,7 @@ class KVRingState {
 // since a run-time depth there cost 28 B more spills.
 template <class Cfg>
 __device__ __forceinline__ int q_ring_depth(const Features& f) {
+  static_assert(Cfg::kQBuffers <= 2, "TileRing takes a Q buffer from the tile count's low bit");
   return Cfg::kQBuffers > 1 ? f.q_buffers : 1;
 }
 
@@ -75,12 +76,29 @@ __device__ __forceinline__ bool stages_o_in_kv(const Features& f) {
   return Cfg::kStagesOInKV && f.o_in_kv;
 }
 
-// The announcement slot of the tile at q_ring: its Q buffer's, or with one Q buffer the ring's
-// phase (SharedStorage::kAnnouncementSlots).
-template <class Cfg>
-__device__ __forceinline__ int announcement_slot(const PipelineState& q_ring) {
-  return Cfg::kQBuffers > 1 ? q_ring.stage() : static_cast<int>(q_ring.phase());
-}
+// A CTA's tiles (work items) in order take the Q buffers in turn (a ring of q_ring_depth) and the
+// announcement slots in turn (a ring of kAnnouncementSlots, tile_announcement.cuh). One count
+// gives both rings' place and barrier parity: the consumers carry it through the tile loop, where
+// a word per ring would take one more of their registers.
+class TileRing {
+ public:
+  static_assert(kAnnouncementSlots == 2, "slot and parity below are the count's low two bits");
+  // The Q buffer of the current tile and the parity of its barriers' phase, in a ring of `depth`
+  // (1 or 2) buffers.
+  __device__ __forceinline__ int q_buffer(int depth) const { return depth > 1 ? static_cast<int>(count_ & 1) : 0; }
+  __device__ __forceinline__ uint32_t q_phase(int depth) const { return depth > 1 ? count_ >> 1 & 1 : count_ & 1; }
+  __device__ __forceinline__ int announcement_slot() const { return static_cast<int>(count_ & 1); }
+  __device__ __forceinline__ uint32_t announcement_phase() const { return count_ >> 1 & 1; }
+  __device__ __forceinline__ void advance() { ++count_; }
+  __device__ __forceinline__ TileRing following() const {
+    TileRing next = *this;
+    next.advance();
+    return next;
+  }
+
+ private:
+  uint32_t count_ = 0;  // tiles before the current one; 2^32 is a multiple of every period above
+};
 
 // Views the barrier arrays of SharedStorage. K and V of a stage are freed separately: K is done
 // once S = Q K^T has completed, a whole softmax before P V finishes with V, so with the early K

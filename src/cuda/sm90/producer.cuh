@@ -1,7 +1,9 @@
 // The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
-// Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's announcement for the consumers (tile_announcement.cuh) and its Q (into the next buffer of the Q ring,
-// once the O staged there has left), K and V of the first (highest) visible KV block, then K/V
-// pairs for the remaining blocks, each stage acquired from the ring before it is overwritten.
+// Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's
+// announcement for the consumers (tile_announcement.cuh; it goes out as soon as its slot is
+// free, ahead of everything else), its Q (into the next buffer of the Q ring, once the O staged
+// there has left), K and V of the first (highest) visible KV block, then K/V pairs for the
+// remaining blocks, each stage acquired from the ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
 // With two, this all runs while the consumers still work on the previous tile. After the last
 // tile it publishes kNoTile, which sends the consumers home.
@@ -60,32 +62,43 @@ struct Producer {
       ptx::tma_load_4d(dst + s * slab_elems, map, s * Cfg::kSlabCols, row, head, batch, bar);
   }
 
-  // Waits until the Q buffer at q_ring is free, publishes tile t's announcement a in it (a.index
-  // is kNoTile when t is past the end) and loads t's Q. Returns false once kNoTile is out: the
-  // CTA is done.
-  __device__ __forceinline__ bool publish_q(const WorkTile& t, const TileAnnouncement& a,
-                                            const PipelineState& q_ring) const {
-    // The buffer was the O staging of the tile q_buffers back: wait until every consumer
-    // warpgroup's TMA store has read it (first pass: fresh barriers, parity 1 passes at once).
-    // By then the consumers have also read that tile's announcement, so it can be overwritten; q_full's
-    // arrival (release) publishes it.
+  // Publishes announcement a (kNoTile past the last tile) in its slot, once the consumers have
+  // read that slot's previous tile for the last time (first pass: fresh barriers, parity 1
+  // passes at once); tile_full's arrival (release) makes it visible.
+  __device__ __forceinline__ void publish(const TileAnnouncement& a, const TileRing& ring) const {
+    const int slot = ring.announcement_slot();
+    ptx::mbarrier_wait(&smem.tile_empty[slot], ring.announcement_phase() ^ 1);
+    announce(smem.tile[slot], a);
+    ptx::mbarrier_arrive(&smem.tile_full[slot]);
+  }
+
+  // After kNoTile: the Q ring's next phase is completed without a load, once its buffer is free as
+  // for a load (the last tile's Q may still be landing in it: an arrival before that would count
+  // towards the load's phase). No consumer waits for this phase, but without it ptxas allocates
+  // the consumers' registers differently (d256: 850-950 B of spills in the epilogue).
+  __device__ __forceinline__ void close_q_ring(const TileRing& ring) const {
+    const int depth = q_ring_depth<Cfg>(params.features), buffer = ring.q_buffer(depth);
+    ptx::mbarrier_wait(&smem.q_empty[buffer], ring.q_phase(depth) ^ 1);
+    ptx::mbarrier_arrive(&smem.q_full[buffer]);
+  }
+
+  // Loads tile t's Q into its buffer (ring's) once that buffer is free.
+  __device__ __forceinline__ void load_q(const WorkTile& t, const TileAnnouncement& a, const TileRing& ring) const {
+    const int depth = q_ring_depth<Cfg>(params.features), buffer = ring.q_buffer(depth);
+    // The buffer was the O staging of the tile `depth` back (or, with O staged in K/V, that
+    // tile's Q until its last Q K^T): wait until every consumer warp has let it go (first pass:
+    // fresh barriers, parity 1 passes at once).
     FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, a.blocks.count());
-    ptx::mbarrier_wait(&smem.q_empty[q_ring.stage()], q_ring.phase() ^ 1);
-    uint64_t* q_full = &smem.q_full[q_ring.stage()];
-    announce(smem.tile[announcement_slot<Cfg>(q_ring)], a);
-    if (a.index == kNoTile) {
-      ptx::mbarrier_arrive(q_full);
-      return false;
-    }
+    ptx::mbarrier_wait(&smem.q_empty[buffer], ring.q_phase(depth) ^ 1);
+    uint64_t* q_full = &smem.q_full[buffer];
     ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
     // The Q map is grouped (kernel_params.h): a tile's first row is a whole position.
     const int row = t.q_start + params.packing.position(t.first_row);
 #pragma unroll
     for (int s = 0; s < Cfg::kSlabs; ++s)
-      ptx::tma_load_5d(smem.q[q_ring.stage()] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
+      ptx::tma_load_5d(smem.q[buffer] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
                        params.map_batch(t.batch), q_full);
     FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
-    return true;
   }
 
   __device__ __forceinline__ void run() const {
@@ -99,7 +112,7 @@ struct Producer {
     const int group = tile_heads / p.heads_kv;
     const bool o_in_kv = stages_o_in_kv<Cfg>(params.features);
     KVRingState<Cfg> kv;
-    PipelineState q_ring;
+    TileRing ring;
     StagedO staged;
     // With one Q buffer, Q waits for the previous tile's epilogue (unless o_in_kv gives it back
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
@@ -124,16 +137,22 @@ struct Producer {
     constexpr std::integral_constant<int, 1> kV{};
     for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
-      // Worked out before publish_q's wait for the Q buffer, so that wait is not followed by it.
+      // Worked out and published before any wait for a buffer: the consumers set the tile up from it
+      // while they still wait for its Q.
       const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
       const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts,
                                                  params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = blocks.hi - 1;
-      if (q_first && !publish_q(t, a, q_ring)) return;
+      publish(a, ring);
+      if (!valid) {  // kNoTile is out: the consumers go home
+        close_q_ring(ring);
+        return;
+      }
+      if (q_first) load_q(t, a, ring);
       if (blocks.count() > 0) load(kK, t, n, head_kv, kv_batch);
-      if (!q_first && !publish_q(t, a, q_ring)) return;
+      if (!q_first) load_q(t, a, ring);
       if (blocks.count() > 0) {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
@@ -146,7 +165,7 @@ struct Producer {
       FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, blocks.count());
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
       if (o_in_kv && blocks.count() > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
-      q_ring.advance(q_ring_depth<Cfg>(params.features));
+      ring.advance();
     }
   }
 };

@@ -29,10 +29,12 @@ struct SharedStorage {
   uint64_t v_full[Cfg::kVStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
   uint64_t v_empty[Cfg::kVStages];  // consumers -> producer: the stage's V consumed
-  // Announcement slots (tile_announcement.cuh): one per Q buffer, and two with one Q buffer, since
-  // with kStagesOInKV the next tile's announcement may come while the epilogue still reads this one.
-  static constexpr int kAnnouncementSlots = Cfg::kQBuffers > 1 ? Cfg::kQBuffers : 2;
-  TileAnnouncement tile[kAnnouncementSlots];  // producer -> consumers: the tile q_full announces
+  // Announcement slots (tile_announcement.cuh), used in turn (TileRing). An announcement has its
+  // own barriers rather than riding on its Q's: the consumers read it and set their tile up
+  // while the Q load is still in flight.
+  TileAnnouncement tile[kAnnouncementSlots];
+  uint64_t tile_full[kAnnouncementSlots];   // producer -> consumers: the slot holds the next tile
+  uint64_t tile_empty[kAnnouncementSlots];  // consumers -> producer: read for the last time; one arrival per consumer warp
   // kStagesOInKV: consumers -> producer, per stage, the O staged in its K (part 0, warpgroup 0)
   // or V (part 1, warpgroup 1) has been read by its TMA store; the producer waits before refilling.
   uint64_t o_read[Cfg::kStages][2];

@@ -1,9 +1,11 @@
-// What the producer announces with each tile's Q: the tile, its visible KV blocks and, per
+// What the producer announces ahead of each tile's Q: the tile, its visible KV blocks and, per
 // consumer warpgroup, the blocks its 64-row slice needs no element-wise mask on. The producer
 // thread works these out once (the schedule's divisions, key_range's 64-bit arithmetic) instead
-// of every consumer thread repeating them per tile; the consumers read a few words back.
+// of every consumer thread repeating them per tile; the consumers read a few words back. A slot
+// has its own full/empty barriers (SharedStorage::tile_full, tile_empty), so the consumers read
+// the next tile and set it up while its Q is still loading.
 //
-// Both sides use atomics on the words: q_full's mbarrier already orders them, but
+// Both sides use atomics on the words: tile_full's mbarrier already orders them, but
 // compute-sanitizer's racecheck does not follow that chain and flags plain accesses, while
 // atomics are never a data race.
 #pragma once

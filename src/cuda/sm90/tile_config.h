@@ -58,6 +58,9 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
 constexpr int kMaxConsumerWarpgroups = 3;  // named barriers are laid out for this many (named_barriers.h)
+// Tile announcements in flight (tile_announcement.cuh): the producer publishes the next tile's
+// while the consumers may still read the current one's (the 192-row tile's epilogue does).
+constexpr int kAnnouncementSlots = 2;
 constexpr int kRegisterFileSize = 65536;
 constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
 constexpr int kMaxRegistersPerThread = 256;

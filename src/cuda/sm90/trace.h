@@ -8,7 +8,7 @@ namespace fusedattn::cuda::sm90 {
 
 // The order tools/sm90_trace.py reads them in; append, never renumber.
 enum class TraceEvent : uint16_t {
-  kTileStart = 0,      // consumer: the tile's announcement is read (its Q has landed)
+  kTileStart = 0,      // consumer: the tile's announcement is read (its Q may still be loading)
   kFirstKReady = 1,    // consumer: the tile's first K has landed (its first Q K^T may issue)
   kFirstSReady = 2,    // consumer: the first block's S is in registers
   kLastPVDone = 3,     // consumer: the tile's last P V has completed (the KV loop is over)
@@ -16,7 +16,7 @@ enum class TraceEvent : uint16_t {
   kQWaitStart = 5,     // producer: waits for the Q buffer of the next tile
   kQIssued = 6,        // producer: the next tile's Q load is issued
   kLastLoadIssued = 7,  // producer: the tile's last K/V load is issued
-  kQReady = 8,          // consumer: the next tile's Q has landed (before its announcement is read)
+  kQReady = 8,          // consumer: the tile's Q has landed (waited for after the set-up, before the first GEMM)
   kOStaged = 9,         // consumer: the epilogue's O is in shared memory (its TMA store not yet issued)
   kEpilogueMet = 10,    // consumer: the epilogue's meeting of the warpgroups is passed (O staged in K/V)
   kORescaled = 11,      // consumer: O divided by the row sums (before the staging barrier)
