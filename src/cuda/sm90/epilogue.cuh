@@ -178,13 +178,13 @@ struct Epilogue {
           ptx::tma_store_5d(&params.tma_o, to.base + s * to.slab_elems, s * Cfg::kSlabCols, 0, row, t.head,
                             params.map_batch(t.batch));
         ptx::tma_store_commit();
+        // This thread holds the staging until the store has read it (PendingStore).
+        pending.held = true;
         if (Cfg::kStagesOInKV && o_stage >= 0) {
           // The producer refills the stage only for the next tile's second block: give it back
           // now, or behind the next tile's first GEMM issue (Consumer::release_pending).
-          pending.held = true;
           if (!params.features.defer_o_read) pending.release_staged_o(smem, o_stage, warpgroup);
         } else {
-          pending.held = true;
           // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
           if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
         }

@@ -8,7 +8,7 @@ namespace fusedattn::cuda::sm90 {
 
 // The order tools/sm90_trace.py reads them in; append, never renumber.
 enum class TraceEvent : uint16_t {
-  kTileStart = 0,      // consumer: the tile's announcement is read (its Q may still be loading)
+  kTileStart = 0,      // consumer: the tile starts (announcement read, maybe before the previous epilogue; Q may still be loading)
   kFirstKReady = 1,    // consumer: the tile's first K has landed (its first Q K^T may issue)
   kFirstSReady = 2,    // consumer: the first block's S is in registers
   kLastPVDone = 3,     // consumer: the tile's last P V has completed (the KV loop is over)
