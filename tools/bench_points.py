@@ -21,6 +21,10 @@ library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in o
 time (so neither side always runs first or last), and prints each column's median with its
 min-max: at the power cap one reading moves by 3-7% between runs of one process, so effects of
 about 1% need medians (docs/hopper.md, session 24). Every reading goes to --out with its `rep`.
+
+--gemm N adds a first row: torch.matmul of two N x N matrices in --dtype, timed the same way and
+as often (--repeat), the card's dense-GEMM rate at its power cap in this process, against which
+the attention points' TFLOP/s read (docs/hopper.md, session 28).
 """
 import argparse
 import contextlib
@@ -150,6 +154,25 @@ def measure(text, provider, env, dtype_name, rep, out):
     return tflops
 
 
+def measure_gemm(n, dtype_name, rep, out):
+    """TFLOP/s of torch.matmul at n x n x n (cuBLAS), recorded to out like a point."""
+    dtype = getattr(torch, dtype_name)
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    ms = peers.triton.testing.do_bench(lambda: a @ b, warmup=25, rep=100, return_mode="median")
+    tflops = 2.0 * n ** 3 / ms * 1e-9
+    del a, b
+    torch.cuda.empty_cache()
+    if out:
+        rec = {"suite": "gemm", "provider": "torch_matmul", "N": n, "dtype": dtype_name,
+               "ms": round(ms, 4), "tflops": round(tflops, 1)}
+        if rep is not None:
+            rec["rep"] = rep
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return tflops
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--points", required=True)
@@ -159,9 +182,12 @@ def main():
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
     ap.add_argument("--repeat", type=int, default=1, help="readings per point and column, the order alternating; medians shown")
+    ap.add_argument("--gemm", type=int, default=0, metavar="N", help="first, torch.matmul at N x N x N in --dtype")
     args = ap.parse_args()
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {args.repeat}")
+    if args.gemm < 0:
+        raise SystemExit(f"--gemm must be a matrix size (0: none), got {args.gemm}")
     out = open(args.out, "a") if args.out else None
     peers.OURS["mod"] = __import__(args.module)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
@@ -171,6 +197,10 @@ def main():
     what = "TFLOP/s" if args.repeat == 1 else f"median TFLOP/s of {args.repeat} (min-max)"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}")
     print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
+    if args.gemm:
+        gemm = [measure_gemm(args.gemm, args.dtype, rep if args.repeat > 1 else None, out) for rep in range(args.repeat)]
+        print("%-32s" % f"matmul {args.gemm}^3" + "%16.1f" % statistics.median(gemm)
+              + (f"   ({min(gemm):.0f}-{max(gemm):.0f})" if args.repeat > 1 else ""), flush=True)
     for text in expand_points(args.points):
         readings = [[] for _ in columns]
         for rep in range(args.repeat):

@@ -7,6 +7,7 @@
 #            trace (not in the default: the Hopper forward's tile-boundary trace build, run at
 #            TRACE_POINTS, head_dim:seqlen of the FA grid's full-mask points, default
 #            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary")
+# The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel.
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
 # most 8 files), with summary.txt and the peers' JSON lines beside it. peers.py is read from
@@ -29,7 +30,26 @@ step() {
   local t0=$SECONDS
   timeout "$limit" "$@" > "$out/$log" 2>&1
   local rc=$?
-  note "$(printf '%-30s %-8s %4ds  (%s)' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL:$rc)" $((SECONDS - t0)) "$log")"
+  record "$name" $rc $t0 "$log"
+  return $rc
+}
+# record NAME RC T0 LOG: a step's line in the summary.
+record() {
+  note "$(printf '%-30s %-8s %4ds  (%s)' "$1" "$([ "$2" = 0 ] && echo ok || echo FAIL:$2)" $((SECONDS - $3)) "$4")"
+}
+# The GPU suite in GPU_TEST_SHARDS parallel processes (gtest sharding, default 6): its float64
+# references run on the host, one core per process, so on the 16-core GPU machine the suite takes
+# ~160 s as shards instead of ~800 s as one process (H100, docs/perf.md, twenty-fifth session).
+gpu_tests_sharded() {
+  local shards=${GPU_TEST_SHARDS:-6} limit=$1 t0=$SECONDS rc=0 pids=() i
+  for ((i = 0; i < shards; ++i)); do
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$build/tests/fusedattn_gpu_tests" \
+      --gtest_brief=1 > "$out/gpu_tests_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || rc=$?; done
+  cat "$out"/gpu_tests_[0-9]*.log > "$out/gpu_tests.log"
+  record gpu-tests $rc $t0 "gpu_tests.log, $shards shards"
   return $rc
 }
 
@@ -55,7 +75,7 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
 fi
 
 if has tests; then
-  step gpu-tests 540 gpu_tests.log "$build/tests/fusedattn_gpu_tests" --gtest_brief=1
+  gpu_tests_sharded 540
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]| tests? ran" "$out/gpu_tests.log" | tail -25 | tee -a "$summary"
   step cpu-tests 200 cpu_tests.log "$build/tests/fusedattn_tests" --gtest_brief=1
   grep -E " tests? ran|PASSED|FAILED" "$out/cpu_tests.log" | tail -5 | tee -a "$summary"

@@ -21,7 +21,7 @@ def main():
             if rec.get("kind") == "ceiling":
                 ceiling = rec
                 continue
-            if rec.get("env"):  # a bench_points.py column measured with a switch set
+            if rec.get("env") or rec.get("suite") == "gemm":  # bench_points.py: a switch's column, a GEMM
                 continue
             key = (rec["mode"], rec["D"], rec["causal"], rec["Sq"])
             rows.setdefault(key, {})[rec["provider"]] = rec.get("tflops")
