@@ -39,7 +39,7 @@ record() {
 }
 # The GPU suite in GPU_TEST_SHARDS parallel processes (gtest sharding, default 6): its float64
 # references run on the host, one core per process, so on the 16-core GPU machine the suite takes
-# ~160 s as shards instead of ~800 s as one process (H100, docs/perf.md, twenty-fifth session).
+# 224 s as six shards against ~790 s as one process (H200, docs/perf.md, twenty-fifth session).
 gpu_tests_sharded() {
   local shards=${GPU_TEST_SHARDS:-6} limit=$1 t0=$SECONDS rc=0 pids=() i
   for ((i = 0; i < shards; ++i)); do
