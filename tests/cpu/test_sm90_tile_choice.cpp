@@ -44,6 +44,22 @@ TEST(Sm90TileChoice, KeysPerRowIsTheWindowWidthAtMostTheKeys) {
   EXPECT_EQ(keys_per_row(windowed(300, 1000, 0, 64)), 300);    // wider than the sequence
 }
 
+// Half the tile order's group for heads of at most four query tiles on the one-CTA d128/d256 tiles
+// (session 28): causal 512 there, not 1k, not d64's pair tile.
+TEST(Sm90TileChoice, ShortQueryHeadsTakeHalfAGroup) {
+  const auto divisor = [](int64_t seqlen, int head_dim) {
+    const FwdParams p = windowed(seqlen, -1, 0, head_dim);
+    const TileShape shape = chosen(p, head_dim);
+    return schedule_group_divisor(head_dim, shape, (seqlen + shape.block_m - 1) / shape.block_m);
+  };
+  EXPECT_EQ(divisor(512, 256), 2);
+  EXPECT_EQ(divisor(512, 128), 2);
+  EXPECT_EQ(divisor(300, 128), 2);
+  EXPECT_EQ(divisor(1024, 256), 1);
+  EXPECT_EQ(divisor(1024, 128), 1);
+  EXPECT_EQ(divisor(512, 64), 1);  // the pair tile, two CTAs per SM
+}
+
 // The FA grid's choices (sessions 8-20): a window that covers the whole sequence changes nothing.
 TEST(Sm90TileChoice, FullAndCausalKeepTheirTiles) {
   EXPECT_TRUE(same(chosen(windowed(256, -1, -1, 64), 64), tile_shape(64)));

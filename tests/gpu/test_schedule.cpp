@@ -54,6 +54,11 @@ TEST(Schedule, GroupChoice) {
   EXPECT_EQ(schedule_shift(kSmallOperands, 48), 4);  // 16 divides 48, 32 does not
   EXPECT_EQ(schedule_shift(kSmallOperands, 1), 0);
   EXPECT_EQ(schedule_shift(int64_t{1} << 40, 64), 0);  // one pair already overflows the L2
+  // A larger share halves the cap: with operands of 1 / 100 of the L2 per pair, a third of it
+  // holds 33 pairs (group 32), a sixth 16.
+  const int64_t l2_bytes = current_device_attribute(cudaDevAttrL2CacheSize);
+  EXPECT_EQ(schedule_shift(l2_bytes / 100, 64), 5);
+  EXPECT_EQ(schedule_shift(l2_bytes / 100, 64, 2 * kScheduleL2Share), 4);
   const ::fusedattn::testing::ScopedEnv capped("FUSEDATTN_SCHEDULE_GROUP", "4");
   EXPECT_EQ(schedule_shift(kSmallOperands, 64), 2);
   const ::fusedattn::testing::ScopedEnv head_major("FUSEDATTN_SCHEDULE_GROUP", "1");

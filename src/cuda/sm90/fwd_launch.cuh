@@ -108,12 +108,15 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
   // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
   // rows of head_dim elements. A variable-length batch groups the heads of each sequence (its
-  // scan goes sequence by sequence), sized for the longest.
+  // scan goes sequence by sequence), sized for the longest; short query heads take half a group
+  // (schedule_group_divisor).
   const bool varlen = p.cu_seqlens_q != nullptr;
-  kp.schedule_shift = kMask == MaskKind::kFull
-                          ? 0
-                          : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
-                                           varlen ? rows.heads : rows.heads * p.batch);
+  kp.schedule_shift =
+      kMask == MaskKind::kFull
+          ? 0
+          : schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)),
+                           varlen ? rows.heads : rows.heads * p.batch,
+                           kScheduleL2Share * schedule_group_divisor(kHeadDim, kShape, num_m_blocks));
   constexpr uint32_t kDescHigh = ptx::desc_high_word(ptx::kSwizzleAtomBytes);
   kp.desc_high = {kDescHigh, kDescHigh, kDescHigh};
   // Two CTAs per SM (kD64Pair) interleave their warpgroups' GEMMs without turns: H200, d64

@@ -39,6 +39,22 @@ inline bool tail_split_enabled() {
   return !(v && v[0] == '0');
 }
 
+// The tile order's group under masks (common/schedule.h: the pairs whose K/V fit a share of the
+// L2 go longest-first together) is halved where each (head, batch) pair has at most
+// kShortQueryTiles query tiles on the one-CTA-per-SM d128/d256 tiles: short causal heads, whose
+// launches stream Q, K, V and O through the L2 at close to the memory's rate. fp16 TFLOP/s, one
+// process per card, the full group / half (docs/hopper.md, session 28): H100 d256 causal 512
+// 298.8 / 311.3, d128 causal 512 304.3 / 317.5, 512 queries x 4096 keys d128 296.2 / 309.3;
+// H200 344.4 / 355.2, 341.7 / 345.4, 299.8 / 310.4. At 1k (8 tiles) half lost 1-5% at d256, and
+// d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one.
+constexpr int64_t kShortQueryTiles = 4;
+constexpr int kShortQueryGroupDivisor = 2;
+inline int schedule_group_divisor(int instance_head_dim, TileShape shape, int64_t query_tiles_per_pair) {
+  return shape.ctas_per_sm == 1 && instance_head_dim >= 128 && query_tiles_per_pair <= kShortQueryTiles
+             ? kShortQueryGroupDivisor
+             : 1;
+}
+
 // The most keys one query row of p sees: a window's width (both sides bounded), at most the key
 // sequence. How long a tile's KV loop runs follows from it, and with that which tile is fastest.
 inline int64_t keys_per_row(const FwdParams& p) {
