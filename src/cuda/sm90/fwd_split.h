@@ -46,7 +46,9 @@ inline bool tail_split_enabled() {
 // process per card, the full group / half (docs/hopper.md, session 28): H100 d256 causal 512
 // 298.8 / 311.3, d128 causal 512 304.3 / 317.5, 512 queries x 4096 keys d128 296.2 / 309.3;
 // H200 344.4 / 355.2, 341.7 / 345.4, 299.8 / 310.4. At 1k (8 tiles) half lost 1-5% at d256, and
-// d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one.
+// d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one. Masked
+// decode steps (one tile per pair) take half too; there the long caches keep groups of 1-2 pairs
+// anyway, and no decode point was measured with it.
 constexpr int64_t kShortQueryTiles = 4;
 constexpr int kShortQueryGroupDivisor = 2;
 inline int schedule_group_divisor(int instance_head_dim, TileShape shape, int64_t query_tiles_per_pair) {
