@@ -78,7 +78,7 @@ __device__ __forceinline__ GridItem grid_item(int shift) {
 constexpr int kScheduleL2Share = 3;
 
 // log2 of the pairs per group for operands of `bytes_per_pair` each (what the CTAs of one pair
-// read repeatedly), the group's operands filling at most 1 / l2_share of the L2.
+// read repeatedly), the group's operands filling at most 1 / l2_share (>= 1) of the L2.
 // FUSEDATTN_SCHEDULE_GROUP=n caps the group at n pairs instead (1: head-major order, as before the
 // grouping).
 inline int schedule_shift(int64_t bytes_per_pair, int pairs, int l2_share = kScheduleL2Share) {
@@ -87,7 +87,7 @@ inline int schedule_shift(int64_t bytes_per_pair, int pairs, int l2_share = kSch
     cap = std::atoi(v);
   } else {
     const int l2_bytes = current_device_attribute(cudaDevAttrL2CacheSize);
-    cap = int64_t{l2_bytes} / (l2_share > 0 ? l2_share : kScheduleL2Share) / (bytes_per_pair > 0 ? bytes_per_pair : 1);
+    cap = int64_t{l2_bytes} / l2_share / (bytes_per_pair > 0 ? bytes_per_pair : 1);
   }
   int shift = 0;
   while (pairs % (2 << shift) == 0 && (int64_t{2} << shift) <= cap) ++shift;
