@@ -2,12 +2,17 @@
 # The GPU machine's one script: build, GPU tests, compute-sanitizer on a small set, the CLI, the
 # Python tests and the peer benchmark, with a short table last.
 #   tools/gpu_check.sh [quick|sm90|full] [steps]
-#     quick: head dims 64;128;   sm90: the Hopper kernel's 64;128;256;   full: every instance (32..256)
+#     quick: head dims 64;128;   sm90: the Hopper kernel's 64;128;192;256;   full: every instance (32..256)
+#            (GPU_HEAD_DIMS="192;256" overrides the mode's list, for a shorter build)
 #     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them), and
 #            trace (not in the default: the Hopper forward's tile-boundary trace build, run at
 #            TRACE_POINTS, head_dim:seqlen of the FA grid's full-mask points, default
-#            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary")
-# The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel.
+#            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary"), and
+#            points (not in the default: tools/bench_points.py at POINTS with the providers
+#            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
+#            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each)
+# The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
+# gtest filter, default all) picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
 # most 8 files), with summary.txt and the peers' JSON lines beside it. peers.py is read from
@@ -44,7 +49,7 @@ gpu_tests_sharded() {
   local shards=${GPU_TEST_SHARDS:-6} limit=$1 t0=$SECONDS rc=0 pids=() i
   for ((i = 0; i < shards; ++i)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$build/tests/fusedattn_gpu_tests" \
-      --gtest_brief=1 > "$out/gpu_tests_$i.log" 2>&1 &
+      --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" > "$out/gpu_tests_$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
@@ -56,13 +61,14 @@ gpu_tests_sharded() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$summary"
 heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
-[ "$mode" = sm90 ] && heads="64;128;256"
+[ "$mode" = sm90 ] && heads="64;128;192;256"
+heads=${GPU_HEAD_DIMS:-$heads}
 
 # Configure options both builds share (the trace build's are these plus its own).
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
 # The steps that run the main build's binaries (trace has a build of its own).
-uses_build() { has tests || has sanitize || has cli || has pytest || has peers; }
+uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
@@ -92,11 +98,11 @@ if has sanitize; then
   split_set="$split_set:*Sm80Backward.WideHeadCausalGqa*:*Sm80Backward.WideHeadSm80Tiles*:*Sm80Backward.Head192*"
   for tool in memcheck racecheck synccheck; do
     step "sanitizer-$tool" 200 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-      "$build/tests/fusedattn_gpu_tests" --gtest_filter="*Sanitizer*:$split_set" --gtest_brief=1
+      "$build/tests/fusedattn_gpu_tests" --gtest_filter="${SANITIZE_FILTER:-*Sanitizer*:$split_set}" --gtest_brief=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests? ran" "$out/sanitizer_$tool.log" | tail -3 | tee -a "$summary"
   done
   # The small shapes above take d64's 128-row Hopper tile; the 192-row one (long queries) forced.
-  for tool in memcheck racecheck; do
+  [ -n "${SANITIZE_FILTER:-}" ] || for tool in memcheck racecheck; do
     step "sanitizer-$tool-d64-192" 150 "sanitizer_${tool}_d64_192.log" env FUSEDATTN_SM90_D64_TILE=192 \
       compute-sanitizer --tool "$tool" --error-exitcode 9 "$build/tests/fusedattn_gpu_tests" \
       --gtest_filter="*Sanitizer*:Sm90Fwd.FullyMaskedRows:Sm90Fwd.NanStaysInItsRow" --gtest_brief=1
@@ -147,6 +153,14 @@ if has peers && [ -f "$peers" ]; then
   done
 fi
 
+if has points; then
+  envs=()
+  for e in ${POINT_ENVS:-}; do envs+=(--env "$e"); done
+  step points 500 points.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_points.py" --points "$POINTS" \
+    --providers "${POINT_PROVIDERS:-sdpa_flash,sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" \
+    --repeat "${POINT_REPEAT:-1}" "${envs[@]}" --out "$dest/points.jsonl"
+fi
+
 if has trace; then
   # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
@@ -174,6 +188,7 @@ echo; echo "==== summary ===="; cat "$summary"
 for f in "$out"/peers_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
 done
+[ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
 for f in "$out"/varlen_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done

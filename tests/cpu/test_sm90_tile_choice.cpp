@@ -1,7 +1,7 @@
 // The sm90 forward's tile choice per launch (src/cuda/sm90/fwd_split.h: keys_per_row, d64_tile,
-// uses_d256_block64, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
+// uses_block64, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
 // here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
-// Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
+// Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -102,6 +102,26 @@ TEST(Sm90TileChoice, ShortWindowsTakeTheShortTileShapes) {
   FwdParams few = windowed(32768, 512, 0, 64);
   few.seqlen_q = 16;
   EXPECT_TRUE(same(chosen(few, 64), kD64Pair));
+}
+
+// d192 (session 29): its own instance with 112-key blocks (one Q buffer, O staged in K/V), and
+// 64-key blocks (two Q buffers) where rows see at most 4096 keys, by d256's rule; head dims in
+// (128, 192] run on it instead of the 256 instance.
+TEST(Sm90TileChoice, D192TakesItsOwnTiles) {
+  EXPECT_EQ(tile_shape(192).block_n, 112);
+  EXPECT_EQ(tile_shape(192).consumer_warpgroups, 2);
+  EXPECT_TRUE(same(tile_shape(136), kD192));
+  EXPECT_TRUE(same(tile_shape(200), tile_shape(256)));
+  EXPECT_EQ(kD192Block64.block_n, 64);
+  EXPECT_TRUE(same(chosen(windowed(512, -1, 0, 192), 192), kD192Block64));
+  EXPECT_TRUE(same(chosen(windowed(4096, -1, -1, 192), 192), kD192Block64));
+  EXPECT_TRUE(same(chosen(windowed(4097, -1, 0, 192), 192), kD192));
+  EXPECT_TRUE(same(chosen(windowed(16384, -1, -1, 192), 192), kD192));
+  EXPECT_TRUE(same(chosen(windowed(16384, 2048, 0, 192), 192), kD192Block64));
+  // The one-CTA tiles' rules hold for it as for d128/d256.
+  EXPECT_TRUE(prefers_static_schedule(windowed(2048, -1, -1, 192), MaskKind::kFull, 192));
+  const TileShape short_causal = chosen(windowed(512, -1, 0, 192), 192);
+  EXPECT_EQ(schedule_group_divisor(192, short_causal, 512 / short_causal.block_m), 2);
 }
 
 // Full masks of equal tiles at d128/d256 up to 4096 keys take the static schedule (session 25);

@@ -77,5 +77,18 @@ TEST(GpuSanitizer, TilesBackToBack) {
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
+// d192's two tiles (session 29), each forced: 64-key blocks with two Q buffers and 112-key blocks
+// with one, whose O is staged in the last K/V stage; ragged full, causal and windowed launches,
+// and more tiles than SMs so CTAs run tiles back to back.
+TEST(GpuSanitizer, Head192Tiles) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const char* width : {"64", "112"}) {
+    const ScopedEnv tile("FUSEDATTN_SM90_D192_TILE", width);
+    for (const Problem& p : {dense(1, 2, 1, 200, 350, 192), with_mask(dense(1, 2, 2, 190, 190, 192), true, -1, -1),
+                             with_mask(dense(1, 40, 8, 300, 260, 192), false, 100, 10), dense(1, 40, 8, 530, 130, 192)})
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kBFloat16));
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

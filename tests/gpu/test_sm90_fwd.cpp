@@ -148,8 +148,9 @@ TEST_P(Sm90Shapes, FullAndCausalMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(All, Sm90Shapes,
                          ::testing::Values(ShapeCase{DType::kFloat16, 64}, ShapeCase{DType::kFloat16, 128},
-                                           ShapeCase{DType::kFloat16, 256}, ShapeCase{DType::kBFloat16, 64},
-                                           ShapeCase{DType::kBFloat16, 128}, ShapeCase{DType::kBFloat16, 256}),
+                                           ShapeCase{DType::kFloat16, 192}, ShapeCase{DType::kFloat16, 256},
+                                           ShapeCase{DType::kBFloat16, 64}, ShapeCase{DType::kBFloat16, 128},
+                                           ShapeCase{DType::kBFloat16, 192}, ShapeCase{DType::kBFloat16, 256}),
                          [](const auto& info) {
                            return std::string(info.param.dtype == DType::kFloat16 ? "fp16" : "bf16") + "_d" +
                                   std::to_string(info.param.head_dim);
@@ -162,6 +163,7 @@ TEST(Sm90Fwd, SlidingWindows) {
                             make_problem(1, 2, 2, 128, 300, 700, false, 130, 0),
                             make_problem(1, 2, 2, 64, 700, 300, false, 0, 0),
                             make_problem(2, 2, 1, 256, 260, 260, false, -1, 3),
+                            make_problem(1, 2, 1, 192, 350, 420, false, 120, 30),
                             make_problem(1, 2, 2, 128, 200, 200, false, 5, -1)}) {
     HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
     expect_matches_reference(c);
@@ -170,7 +172,7 @@ TEST(Sm90Fwd, SlidingWindows) {
 
 // Sliding windows over long sequences take the short tiles' shapes by default (fwd_split.h,
 // keys_per_row): d64's pair tile up to 1024 keys per row at any query length (a wider window
-// keeps the 192-row tile), d256's 64-key blocks up to 4096. Each case asserts the shape its launch
+// keeps the 192-row tile), d192's and d256's 64-key blocks up to 4096. Each case asserts the shape its launch
 // plans, then matches the reference (which walks only the window).
 TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
   SKIP_UNLESS_HOPPER();
@@ -183,7 +185,8 @@ TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
     for (const Case& k : {Case{make_problem(1, 2, 1, 64, 2500, 2500, false, 300, 0), cuda::sm90::kD64Pair},
                           Case{make_problem(1, 2, 2, 64, 2100, 2300, false, 200, 100), cuda::sm90::kD64Pair},
                           Case{make_problem(1, 2, 1, 64, 2500, 2500, false, 1500, 0), cuda::sm90::kD64Tall},
-                          Case{make_problem(1, 2, 1, 256, 4300, 4300, false, 500, 0), cuda::sm90::kD256Block64}}) {
+                          Case{make_problem(1, 2, 1, 256, 4300, 4300, false, 500, 0), cuda::sm90::kD256Block64},
+                          Case{make_problem(1, 2, 1, 192, 4300, 4300, false, 500, 0), cuda::sm90::kD192Block64}}) {
       SCOPED_TRACE(k.pr.str());
       const auto planned = planned_sm90_work(k.pr, dtype);
       if (!planned) continue;
@@ -202,7 +205,7 @@ TEST(Sm90Fwd, MaskPathsOnEveryInstance) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
-    for (const int d : {64, 128, 256})
+    for (const int d : {64, 128, 192, 256})
       for (const Problem& pr : {make_problem(1, 2, 1, d, 333, 333, false, 70, 20),
                                 make_problem(1, 2, 1, d, 300, 300, false, 40, -1),
                                 make_problem(1, 2, 1, d, 300, 300, false, -1, 9),
@@ -214,11 +217,12 @@ TEST(Sm90Fwd, MaskPathsOnEveryInstance) {
 }
 
 // Head dims below the instance's: the TMA zero-fills the columns past head_dim (d40 runs on the
-// 64 instance; d136 on the 256 instance, whose last 64-column slab is entirely out of bounds).
+// 64 instance; d136 and d184 on the 192 instance, or on the 256 one where 192 is not compiled,
+// whose last 64-column slab is then entirely out of bounds).
 TEST(Sm90Fwd, PartialHeadDims) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  for (int d : {8, 40, 72, 96, 136, 200}) {
+  for (int d : {8, 40, 72, 96, 136, 184, 200}) {
     HostCase c = make_case(make_problem(1, 2, 1, d, 190, 170, d % 16 == 8), DType::kBFloat16, Layout::kBSHD, rng);
     expect_matches_reference(c);
   }
@@ -248,7 +252,8 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
 // max overflows. The unmasked step's check on the block's row sums must send all of these to the
 // full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
-// 192-row tile, asserted through the plan, and d256's 80-key blocks; the others under masks) by a
+// 192-row tile, asserted through the plan, d192's 112-key and d256's 80-key blocks; the others
+// under masks) by a
 // rebase from the probabilities, or where they overflowed (the spike) from S computed again by
 // the warp (Consumer::rescore). With slack 0 nearly every step fails the check, and with
 // REBASE=0 every failed check computes S again; the same cases with the check off. Both dtypes,
@@ -274,7 +279,7 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
     const ScopedEnvs scoped(env);
     for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (const Shape shape : {Shape{64, 200, 700}, Shape{64, kTallTileQueries, kTallTileQueries},
-                                Shape{128, 200, 700}, Shape{256, 200, 700}})
+                                Shape{128, 200, 700}, Shape{192, 200, 700}, Shape{256, 200, 700}})
         for (bool causal : {false, true})
           for (bool spike : {false, true}) {
             const int d = shape.d;
@@ -398,7 +403,7 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   }
 }
 
-// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d128), where the next tile's
+// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d128, d192's 64-key blocks), where the next tile's
 // Q loads while this one runs, under the static and the dynamic schedule and with one Q buffer in
 // use: tiles whose slices skip their first block (a window), each sequence's partial last tile
 // with a slice without rows (1450 = 11 x 128 + 42) and causal Sq > Sk (tiles that see no key:
@@ -416,7 +421,7 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
     const ScopedEnvs scoped(env);
     const std::string& label = scoped.label();
     SCOPED_TRACE(label);
-    for (int d : {64, 128}) {
+    for (int d : {64, 128, 192}) {
       if (d == 64) expect_sampled_rows_match(true, rng, label, d, 1450);
       expect_sampled_rows_match(make_problem(2, 16, 4, d, 1450, 1700, false, 300, 40), rng, label + " window");
       expect_sampled_rows_match(make_problem(2, 16, 16, d, 1450, 700, true), rng, label + " causal Sq > Sk");
@@ -424,7 +429,7 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
   }
 }
 
-// d256 (one Q buffer) gives Q back after each warpgroup's last Q K^T and stages O in the tile's
+// d256 and d192's 112-key blocks (one Q buffer) give Q back after each warpgroup's last Q K^T and stage O in the tile's
 // last KV stage (KernelConfig::kStagesOInKV), or with FUSEDATTN_SM90_O_IN_KV=0 in the Q buffer:
 // many tiles per CTA (the announcement slots, the o_read barriers and the staging barriers wrap
 // many times; 1450 rows leave each head's last tile a second slice without rows), the tail split
@@ -434,7 +439,6 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
 TEST(Sm90Fwd, OStagedInKVStages) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  constexpr int d = 256;
   constexpr int64_t kEmptySecondSlice = 1450;
   static_assert(kEmptySecondSlice % 128 > 0 && kEmptySecondSlice % 128 <= 64);
   const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
@@ -442,21 +446,23 @@ TEST(Sm90Fwd, OStagedInKVStages) {
       {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
   };
-  for (const auto& env : settings) {
-    const ScopedEnvs scoped(env);
-    const std::string& label = scoped.label();
-    SCOPED_TRACE(label);
-    for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
-    // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
-    // slice skips the diagonal's second block, ahead of its own first one.
-    expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
-                                make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
-        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-        expect_matches_reference(c);
-      }
-  }
+  const ScopedEnv d192_tile("FUSEDATTN_SM90_D192_TILE", "112");
+  for (const auto& env : settings)
+    for (const int d : {256, 192}) {
+      const ScopedEnvs scoped(env);
+      const std::string label = scoped.label() + " d" + std::to_string(d);
+      SCOPED_TRACE(label);
+      for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
+      // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
+      // slice skips the diagonal's second block, ahead of its own first one.
+      expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
+      for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+        for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
+                                  make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
+          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+    }
 }
 
 // The cases every forced tile shape runs, both dtypes: lengths that are not multiples of the
@@ -504,18 +510,16 @@ TEST(Sm90Fwd, TileShapes) {
   }
 }
 
-// d256's two KV block widths (FUSEDATTN_SM90_D256_TILE): 80 keys (rows that see more than 4096
-// keys) and 64 (up to 4096), each forced on every kind of mask: a causal diagonal
-// split across blocks (80) or whole (64, where the first slice skips its diagonal's second
-// block), Sq != Sk both ways, a window cutting blocks at both ends, a single key, a head dim
-// below the instance's, the overlap and O-in-KV switches, and a large problem's sampled rows.
-TEST(Sm90Fwd, D256BlockWidths) {
-  SKIP_UNLESS_HOPPER();
-  auto rng = fresh_rng();
-  constexpr int d = 256;
-  for (const char* width : {"64", "80"}) {
-    const ScopedEnv tile("FUSEDATTN_SM90_D256_TILE", width);
-    const std::string label = std::string("FUSEDATTN_SM90_D256_TILE=") + width;
+// The KV block widths of d256 (FUSEDATTN_SM90_D256_TILE: 80 keys for rows that see more than
+// 4096 keys, 64 up to 4096) and of d192 (FUSEDATTN_SM90_D192_TILE: 112 and 64), each forced on
+// every kind of mask: a causal diagonal split across blocks (80, 112) or whole (64, where the
+// first slice skips its diagonal's second block), Sq != Sk both ways, a window cutting blocks at
+// both ends, a single key, a head dim below the instance's, the overlap and O-in-KV switches,
+// and a large problem's sampled rows.
+void expect_block_widths_match(int d, const char* env, std::initializer_list<const char*> widths, std::mt19937_64& rng) {
+  for (const char* width : widths) {
+    const ScopedEnv tile(env, width);
+    const std::string label = std::string(env) + "=" + width;
     expect_tile_cases_match(d, label, rng);
     for (const auto& [k, v] : {std::pair{"FUSEDATTN_SM90_OVERLAP", "0"}, std::pair{"FUSEDATTN_SM90_O_IN_KV", "0"}}) {
       const ScopedEnv scoped(k, v);
@@ -525,6 +529,18 @@ TEST(Sm90Fwd, D256BlockWidths) {
     }
     expect_sampled_rows_match(true, rng, label, d);
   }
+}
+
+TEST(Sm90Fwd, D256BlockWidths) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  expect_block_widths_match(256, "FUSEDATTN_SM90_D256_TILE", {"64", "80"}, rng);
+}
+
+TEST(Sm90Fwd, D192BlockWidths) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  expect_block_widths_match(192, "FUSEDATTN_SM90_D192_TILE", {"64", "112"}, rng);
 }
 
 // Partial last tiles whose last 64-row slices lie wholly past the sequence end: the consumer
@@ -603,8 +619,8 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
 // Every optimisation switched off in turn must still give the same answers.
 // A slice's first block at half width (TileMask::kNarrowsFirstBlock) where its rows see only the
 // block's first half. Bottom-right causal: slice 0's last row (63) sees keys up to 63 + Sk - Sq,
-// so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 40
-// of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask on the narrow
+// so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 56
+// of d192's 112, 40 of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask on the narrow
 // columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
 TEST(Sm90Fwd, NarrowFirstBlocks) {
   SKIP_UNLESS_HOPPER();
@@ -613,8 +629,8 @@ TEST(Sm90Fwd, NarrowFirstBlocks) {
   for (const char* narrow : {"1", "0"}) {
     const ScopedEnv env("FUSEDATTN_SM90_NARROW_FIRST", narrow);
     SCOPED_TRACE(std::string("FUSEDATTN_SM90_NARROW_FIRST=") + narrow);
-    for (const int d : {64, 128, 256})
-      for (const int64_t offset : {-1, 0, 1, 16, 39, 40, 63, 64, 65, 127})
+    for (const int d : {64, 128, 192, 256})
+      for (const int64_t offset : {-1, 0, 1, 16, 39, 40, 55, 56, 57, 63, 64, 65, 127})
         for (const bool window : {false, true}) {
           const Problem pr = window ? make_problem(1, 2, 1, d, kQueries, kQueries + offset, false, 50, 0)
                                     : make_problem(1, 2, 1, d, kQueries, kQueries + offset, true);
@@ -688,7 +704,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);
     for (bool causal : {false, true}) {
-      for (int d : {64, 128, 256}) {
+      for (int d : {64, 128, 192, 256}) {
         HostCase c = make_case(make_problem(1, 4, 2, d, 300, 270, causal), DType::kFloat16, Layout::kBSHD, rng);
         expect_matches_reference(c);
       }

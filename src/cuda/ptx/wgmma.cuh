@@ -146,12 +146,16 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------
-// The accumulator operand lists spelled out ("%0, %1, ...") for 16, 20, 32, 40, 64 and 128 registers.
+// The accumulator operand lists spelled out ("%0, %1, ...") for 16, 20, 28, 32, 40, 56, 64, 96 and 128
+// registers.
 #define FUSEDATTN_WGMMA_ACC_16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FUSEDATTN_WGMMA_ACC_20 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
+#define FUSEDATTN_WGMMA_ACC_28 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27"
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSEDATTN_WGMMA_ACC_56 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
 #define FUSEDATTN_WGMMA_ACC_64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define FUSEDATTN_WGMMA_ACC_96 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define FUSEDATTN_WGMMA_ACC_128 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
 #define FUSEDATTN_ACC_OPS_8(d, i)                                                                    \
@@ -160,10 +164,14 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_ACC_OPS_16(d, i) FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8)
 #define FUSEDATTN_ACC_OPS_20(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), "+f"(d[i + 16]), "+f"(d[i + 17]), "+f"(d[i + 18]), "+f"(d[i + 19])
+#define FUSEDATTN_ACC_OPS_28(d, i) \
+  FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_16(d, i + 8), "+f"(d[i + 24]), "+f"(d[i + 25]), "+f"(d[i + 26]), "+f"(d[i + 27])
 #define FUSEDATTN_ACC_OPS_32(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), FUSEDATTN_ACC_OPS_8(d, i + 16), FUSEDATTN_ACC_OPS_8(d, i + 24)
 #define FUSEDATTN_ACC_OPS_40(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_8(d, i + 32)
+#define FUSEDATTN_ACC_OPS_56(d, i) FUSEDATTN_ACC_OPS_28(d, i), FUSEDATTN_ACC_OPS_28(d, i + 28)
 #define FUSEDATTN_ACC_OPS_64(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_32(d, i + 32)
+#define FUSEDATTN_ACC_OPS_96(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_32(d, i + 64)
 #define FUSEDATTN_ACC_OPS_128(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_64(d, i + 64)
 
 // wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, 0, 0; sm_90a.
@@ -193,6 +201,9 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_NEXT_64 "65"
 #define FUSEDATTN_NEXT2_64 "66"
 #define FUSEDATTN_NEXT3_64 "67"
+#define FUSEDATTN_NEXT_96 "97"
+#define FUSEDATTN_NEXT2_96 "98"
+#define FUSEDATTN_NEXT3_96 "99"
 #define FUSEDATTN_NEXT_128 "129"
 #define FUSEDATTN_NEXT2_128 "130"
 #define FUSEDATTN_NEXT3_128 "131"
@@ -200,24 +211,31 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 template <typename Element>
 constexpr bool kIsHalf = std::is_same_v<Element, __half>;
 
-// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128, 80
-// and 64 are the KV blocks of sm90/tile_config.h, 64, 40 and 32 their first halves (a causal
+// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, K-major). N = 128, 112,
+// 80 and 64 are the KV blocks of sm90/tile_config.h, 64, 56, 40 and 32 their first halves (a causal
 // diagonal block of which a slice sees only the first half, sm90/mask.cuh).
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 32 || kN == 40 || kN == 64 || kN == 80 || kN == 128, "instantiated for N = 32, 40, 64, 80, 128");
+  static_assert(kN == 32 || kN == 40 || kN == 56 || kN == 64 || kN == 80 || kN == 112 || kN == 128,
+                "instantiated for N = 32, 40, 56, 64, 80, 112, 128");
   if constexpr (kN == 32) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(32, 16, "f16", 16, 17, 18);
     else FUSEDATTN_WGMMA_SS(32, 16, "bf16", 16, 17, 18);
   } else if constexpr (kN == 40) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(40, 20, "f16", 20, 21, 22);
     else FUSEDATTN_WGMMA_SS(40, 20, "bf16", 20, 21, 22);
+  } else if constexpr (kN == 56) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(56, 28, "f16", 28, 29, 30);
+    else FUSEDATTN_WGMMA_SS(56, 28, "bf16", 28, 29, 30);
   } else if constexpr (kN == 64) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(64, 32, "f16", 32, 33, 34);
     else FUSEDATTN_WGMMA_SS(64, 32, "bf16", 32, 33, 34);
   } else if constexpr (kN == 80) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(80, 40, "f16", 40, 41, 42);
     else FUSEDATTN_WGMMA_SS(80, 40, "bf16", 40, 41, 42);
+  } else if constexpr (kN == 112) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(112, 56, "f16", 56, 57, 58);
+    else FUSEDATTN_WGMMA_SS(112, 56, "bf16", 56, 57, 58);
   } else {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS(128, 64, "f16", 64, 65, 66);
     else FUSEDATTN_WGMMA_SS(128, 64, "bf16", 64, 65, 66);
@@ -228,13 +246,16 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, ui
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
-  static_assert(kN == 64 || kN == 128 || kN == 256, "instantiated for N = 64, 128, 256");
+  static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256, "instantiated for N = 64, 128, 192, 256");
   if constexpr (kN == 64) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(64, 32, "f16", 32, 36, 37);
     else FUSEDATTN_WGMMA_RS(64, 32, "bf16", 32, 36, 37);
   } else if constexpr (kN == 128) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(128, 64, "f16", 64, 68, 69);
     else FUSEDATTN_WGMMA_RS(128, 64, "bf16", 64, 68, 69);
+  } else if constexpr (kN == 192) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(192, 96, "f16", 96, 100, 101);
+    else FUSEDATTN_WGMMA_RS(192, 96, "bf16", 96, 100, 101);
   } else {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(256, 128, "f16", 128, 132, 133);
     else FUSEDATTN_WGMMA_RS(256, 128, "bf16", 128, 132, 133);

@@ -176,8 +176,8 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
 }
 
-// Whether GQA groups are packed into tiles, and d64's and d256's tiles, are chosen per launch
-// (fwd_split.h: tiled_rows, d64_tile, uses_d256_block64).
+// Whether GQA groups are packed into tiles, and d64's, d192's and d256's tiles, are chosen per launch
+// (fwd_split.h: tiled_rows, d64_tile, uses_block64).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
@@ -189,8 +189,11 @@ void run_fwd(const FwdParams& p) {
       case D64Tile::kTable: break;
     }
   }
+  if constexpr (kHeadDim == 192) {
+    if (uses_block64(kHeadDim, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD192Block64>(p, rows, num_sms);
+  }
   if constexpr (kHeadDim == 256) {
-    if (uses_d256_block64(keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
+    if (uses_block64(kHeadDim, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

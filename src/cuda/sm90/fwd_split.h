@@ -114,13 +114,17 @@ inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
 // windows of 128-2048 keys over 4k and 16k queries, 64 / 80: +2 to +12% (docs/hopper.md,
 // session 21).
 // FUSEDATTN_SM90_D256_TILE=64|80 forces one.
-constexpr int64_t kD256Block64MaxKeys = 4096;  // inclusive
+// d192 (kD192 / kD192Block64) takes the same rule, an assumption until measured (session 29);
+// FUSEDATTN_SM90_D192_TILE=64|112 forces one.
+constexpr int64_t kBlock64MaxKeys = 4096;  // inclusive
 
-inline bool uses_d256_block64(int64_t row_keys) {
-  const char* v = std::getenv("FUSEDATTN_SM90_D256_TILE");
+// Whether the instance for instance_head_dim (192 or 256) runs 64-key blocks.
+inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
+  const bool d192 = instance_head_dim == 192;
+  const char* v = std::getenv(d192 ? "FUSEDATTN_SM90_D192_TILE" : "FUSEDATTN_SM90_D256_TILE");
   const std::string forced = v ? v : "";
-  if (forced == "64" || forced == "80") return forced == "64";
-  return row_keys <= kD256Block64MaxKeys;
+  if (forced == "64" || forced == (d192 ? "112" : "80")) return forced == "64";
+  return row_keys <= kBlock64MaxKeys;
 }
 
 // Full masks at d128/d256 up to this many keys take the static round robin (equal tiles, no
@@ -153,7 +157,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
   return {packing, packing.rows(p.seqlen_q), packing.tile_heads(p.heads_q)};
 }
 
-// The tile shape of the instance compiled for instance_head_dim (64, 128 or 256).
+// The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256).
 inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys) {
   if (instance_head_dim == 64) {
     switch (d64_tile(mask, rows.rows, row_keys)) {
@@ -162,7 +166,8 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
       case D64Tile::kTable: break;
     }
   }
-  if (instance_head_dim == 256 && uses_d256_block64(row_keys)) return kD256Block64;
+  if (instance_head_dim == 192 && uses_block64(192, row_keys)) return kD192Block64;
+  if (instance_head_dim == 256 && uses_block64(256, row_keys)) return kD256Block64;
   return tile_shape(instance_head_dim);
 }
 

@@ -27,9 +27,14 @@ constexpr int kD128VStages = 3;
 // 64 wins under short masks, kD256Block64). A 176-key block at
 // d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 K/V stage (one Q buffer) bought
 // nothing.
+// d192 (session 29): O takes 96 registers, so a 112-key block leaves S (56) + P (28) the room
+// d256's 80-key block leaves them (O 128 + S 40 + P 20); 2 stages of 2 x 42 KiB + one 48 KiB Q
+// buffer: 216 KiB. Chosen by that register and shared-memory budget, not yet by a sweep.
+constexpr TileShape kD192{128, 112, 2, 2};
 constexpr TileShape tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 128, 3, 2};
   if (head_dim <= 128) return {128, 128, 2, 2, 1, kD128VStages};
+  if (head_dim <= 192) return kD192;
   return {128, 80, 2, 2};
 }
 
@@ -49,10 +54,15 @@ constexpr TileShape kD64Tall{192, 128, 4, 3};
 // docs/hopper.md, session 20.
 constexpr TileShape kD64Pair{128, 64, 4, 2, 2};
 
-// d256 under masks with fewer than kD256Block64MaxKeys keys (fwd_split.h): 64-key blocks, so a
+// d256 under masks with at most kBlock64MaxKeys keys (fwd_split.h): 64-key blocks, so a
 // 128-row causal tile's diagonal is two whole blocks (80-key blocks cut 512 queries into 6.4) and
 // each step's softmax is shorter. 2 stages of 64 KiB + one 64 KiB Q buffer: 192 KiB.
 constexpr TileShape kD256Block64{128, 64, 2, 2};
+
+// d192 under the same rule as kD256Block64 (fwd_split.h: uses_block64): 64-key blocks where rows
+// see few keys. 2 stages of 2 x 24 KiB leave room for two 48 KiB Q buffers (the next tile's Q
+// loads under this one's epilogue, as at d128): 192 KiB.
+constexpr TileShape kD192Block64{128, 64, 2, 2};
 
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
