@@ -104,7 +104,7 @@ TEST(Sm90TileChoice, ShortWindowsTakeTheShortTileShapes) {
   EXPECT_TRUE(same(chosen(few, 64), kD64Pair));
 }
 
-// d192 (session 29): its own instance with 112-key blocks (one Q buffer, O staged in K/V), and
+// d192 (session 30): its own instance with 112-key blocks (one Q buffer, O staged in K/V), and
 // 64-key blocks (two Q buffers) where rows see at most 4096 keys, by d256's rule; head dims in
 // (128, 192] run on it instead of the 256 instance.
 TEST(Sm90TileChoice, D192TakesItsOwnTiles) {
@@ -124,7 +124,7 @@ TEST(Sm90TileChoice, D192TakesItsOwnTiles) {
   EXPECT_EQ(schedule_group_divisor(192, short_causal, 512 / short_causal.block_m), 2);
 }
 
-// d96 (session 29) runs d128's tile, and takes d128's rules.
+// d96 (session 30) runs d128's tile, and takes d128's rules.
 TEST(Sm90TileChoice, D96RunsTheD128Tile) {
   EXPECT_TRUE(same(tile_shape(96), tile_shape(128)));
   EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 96), 96), tile_shape(128)));

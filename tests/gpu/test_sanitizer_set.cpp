@@ -77,7 +77,7 @@ TEST(GpuSanitizer, TilesBackToBack) {
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
-// d192's two tiles (session 29), each forced: 64-key blocks with two Q buffers and 112-key blocks
+// d192's two tiles (session 30), each forced: 64-key blocks with two Q buffers and 112-key blocks
 // with one, whose O is staged in the last K/V stage; ragged full, causal and windowed launches,
 // and more tiles than SMs so CTAs run tiles back to back.
 TEST(GpuSanitizer, Head192Tiles) {
@@ -90,7 +90,7 @@ TEST(GpuSanitizer, Head192Tiles) {
   }
 }
 
-// d96 (session 29): d128's tile with a half-used last slab (Q K^T over six k-steps, P V of N = 96,
+// d96 (session 30): d128's tile with a half-used last slab (Q K^T over six k-steps, P V of N = 96,
 // O's second box half out of bounds); ragged full, causal and windowed launches, GQA, and more
 // tiles than SMs.
 TEST(GpuSanitizer, Head96Tiles) {

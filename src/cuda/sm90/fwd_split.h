@@ -48,7 +48,7 @@ inline bool tail_split_enabled() {
 // H200 344.4 / 355.2, 341.7 / 345.4, 299.8 / 310.4. At 1k (8 tiles) half lost 1-5% at d256, and
 // d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one. Masked
 // decode steps (one tile per pair) take half too; there the long caches keep groups of 1-2 pairs
-// anyway, and no decode point was measured with it. The d96 and d192 instances (session 29) run
+// anyway, and no decode point was measured with it. The d96 and d192 instances (session 30) run
 // the same one-CTA tiles and follow the rule unmeasured.
 constexpr int64_t kShortQueryTiles = 4;
 constexpr int kShortQueryGroupDivisor = 2;
@@ -115,7 +115,10 @@ inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
 // windows of 128-2048 keys over 4k and 16k queries, 64 / 80: +2 to +12% (docs/hopper.md,
 // session 21).
 // FUSEDATTN_SM90_D256_TILE=64|80 forces one.
-// d192 (kD192 / kD192Block64) takes the same rule, an assumption until measured (session 29);
+// d192 (kD192 / kD192Block64) takes the same rule (session 30). H200 fp16, 16 heads, medians of
+// two readings in one process, 64 / 112 keys: full 1k 594 / 572, 2k 651 / 648, 4k 666 / 673, 8k
+// 691 / 689, 16k 679 / 704; causal 1k 464 / 452, 2k 561 / 553, 4k 607 / 620, 8k 657 / 647, 16k
+// 663 / 673: 64 ahead up to 2k, 112 from 4k but for causal 8k, most within the +-3% noise.
 // FUSEDATTN_SM90_D192_TILE=64|112 forces one.
 constexpr int64_t kBlock64MaxKeys = 4096;  // inclusive
 
@@ -135,7 +138,7 @@ inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
 // +0.9%, 2k +2.3 / +3.2%, 4k 0 / +1%; at 8k -0.5 to +2.3% in one call and -8% in another
 // (docs/hopper.md, session 25). d64 keeps the dynamic one (512 -3.4 / -3.6%, 1k -2 to -3%), as do
 // variable-length batches, whose tiles differ in length. d96 (d128's tile) and d192 follow
-// d128/d256 unmeasured (session 29).
+// d128/d256 unmeasured (session 30).
 constexpr int64_t kStaticScheduleMaxKeys = 4096;
 inline bool prefers_static_schedule(const FwdParams& p, MaskKind mask, int instance_head_dim) {
   return mask == MaskKind::kFull && instance_head_dim > 64 && p.cu_seqlens_q == nullptr &&
