@@ -2,7 +2,8 @@
 # The GPU machine's one script: build, GPU tests, compute-sanitizer on a small set, the CLI, the
 # Python tests and the peer benchmark, with a short table last.
 #   tools/gpu_check.sh [quick|sm90|full] [steps]
-#     quick: head dims 64;128;   sm90: the Hopper kernel's 64;128;192;256;   full: every instance (32..256)
+#     quick: head dims 64;128;   sm90: the Hopper kernel's (CMakeLists.txt's FUSEDATTN_SM90_HEAD_DIMS);
+#     full: every instance (32..256)
 #            (GPU_HEAD_DIMS="192;256" overrides the mode's list, for a shorter build)
 #     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them), and
 #            trace (not in the default: the Hopper forward's tile-boundary trace build, run at
@@ -61,7 +62,11 @@ gpu_tests_sharded() {
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$summary"
 heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
-[ "$mode" = sm90 ] && heads="64;128;192;256"
+# The sm90 mode builds every head dim the Hopper forward has an instance for, read from
+# CMakeLists.txt's FUSEDATTN_SM90_HEAD_DIMS so a new instance is never left out of the GPU runs
+# (the twenty-seventh session's d96 instance was: its tests ran on the d128 instance).
+[ "$mode" = sm90 ] && heads=$(sed -n 's/^set(FUSEDATTN_SM90_HEAD_DIMS \(.*\))$/\1/p' "$root/CMakeLists.txt" | tr ' ' ';')
+[ -n "$heads" ] || { echo "gpu_check: no FUSEDATTN_SM90_HEAD_DIMS in CMakeLists.txt" >&2; exit 2; }
 heads=${GPU_HEAD_DIMS:-$heads}
 
 # Configure options both builds share (the trace build's are these plus its own).
