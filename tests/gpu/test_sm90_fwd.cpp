@@ -172,8 +172,8 @@ TEST(Sm90Fwd, SlidingWindows) {
 
 // Sliding windows over long sequences take the short tiles' shapes by default (fwd_split.h,
 // keys_per_row): d64's pair tile up to 1024 keys per row at any query length (a wider window
-// keeps the 192-row tile), d192's and d256's 64-key blocks up to 4096. Each case asserts the shape its launch
-// plans, then matches the reference (which walks only the window).
+// keeps the 192-row tile), d192's and d256's 64-key blocks up to 4096. Each case asserts the
+// shape its launch plans, then matches the reference (which walks only the window).
 TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -253,9 +253,8 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // max overflows. The unmasked step's check on the block's row sums must send all of these to the
 // full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
 // 192-row tile, asserted through the plan, d192's 112-key and d256's 80-key blocks; the others
-// under masks) by a
-// rebase from the probabilities, or where they overflowed (the spike) from S computed again by
-// the warp (Consumer::rescore). With slack 0 nearly every step fails the check, and with
+// under masks) by a rebase from the probabilities, or where they overflowed (the spike) from S
+// computed again by the warp (Consumer::rescore). With slack 0 nearly every step fails the check, and with
 // REBASE=0 every failed check computes S again; the same cases with the check off. Both dtypes,
 // every head dim, full and causal.
 TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
@@ -403,11 +402,11 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   }
 }
 
-// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d128, d192's 64-key blocks), where the next tile's
-// Q loads while this one runs, under the static and the dynamic schedule and with one Q buffer in
-// use: tiles whose slices skip their first block (a window), each sequence's partial last tile
-// with a slice without rows (1450 = 11 x 128 + 42) and causal Sq > Sk (tiles that see no key:
-// out 0, lse -inf).
+// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d128, d192's 64-key blocks),
+// where the next tile's Q loads while this one runs, under the static and the dynamic schedule
+// and with one Q buffer in use: tiles whose slices skip their first block (a window), each
+// sequence's partial last tile with a slice without rows (1450 = 11 x 128 + 42) and causal
+// Sq > Sk (tiles that see no key: out 0, lse -inf).
 TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -429,13 +428,14 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
   }
 }
 
-// d256 and d192's 112-key blocks (one Q buffer) give Q back after each warpgroup's last Q K^T and stage O in the tile's
-// last KV stage (KernelConfig::kStagesOInKV), or with FUSEDATTN_SM90_O_IN_KV=0 in the Q buffer:
-// many tiles per CTA (the announcement slots, the o_read barriers and the staging barriers wrap
-// many times; 1450 rows leave each head's last tile a second slice without rows), the tail split
-// of a full mask, tiles that see no key (causal Sq > Sk), windows whose slices skip blocks, and a
-// tile with a single KV block. FUSEDATTN_SM90_DEFER_O_READ=1 gives the stage back behind the
-// next tile's first Q K^T issue instead of in the epilogue (or before a slice skips a block).
+// d256 and d192's 112-key blocks (one Q buffer) give Q back after each warpgroup's last Q K^T and
+// stage O in the tile's last KV stage (KernelConfig::kStagesOInKV), or with
+// FUSEDATTN_SM90_O_IN_KV=0 in the Q buffer: many tiles per CTA (the announcement slots, the
+// o_read barriers and the staging barriers wrap many times; 1450 rows leave each head's last tile
+// a second slice without rows), the tail split of a full mask, tiles that see no key (causal
+// Sq > Sk), windows whose slices skip blocks, and a tile with a single KV block.
+// FUSEDATTN_SM90_DEFER_O_READ=1 gives the stage back behind the next tile's first Q K^T issue
+// instead of in the epilogue (or before a slice skips a block).
 TEST(Sm90Fwd, OStagedInKVStages) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
