@@ -254,9 +254,9 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
 // 192-row tile, asserted through the plan, d192's 112-key and d256's 80-key blocks; the others
 // under masks) by a rebase from the probabilities, or where they overflowed (the spike) from S
-// computed again by the warp (Consumer::rescore). With slack 0 nearly every step fails the check, and with
-// REBASE=0 every failed check computes S again; the same cases with the check off. Both dtypes,
-// every head dim, full and causal.
+// computed again by the warp (Consumer::rescore). With slack 0 nearly every step fails the
+// check, and with REBASE=0 every failed check computes S again; the same cases with the check
+// off. Both dtypes, every head dim, full and causal.
 TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -620,8 +620,8 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
 // A slice's first block at half width (TileMask::kNarrowsFirstBlock) where its rows see only the
 // block's first half. Bottom-right causal: slice 0's last row (63) sees keys up to 63 + Sk - Sq,
 // so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 56
-// of d192's 112, 40 of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask on the narrow
-// columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
+// of d192's 112, 40 of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask
+// on the narrow columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
 TEST(Sm90Fwd, NarrowFirstBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();

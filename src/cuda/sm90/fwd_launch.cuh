@@ -189,11 +189,9 @@ void run_fwd(const FwdParams& p) {
       case D64Tile::kTable: break;
     }
   }
-  if constexpr (kHeadDim == 192) {
-    if (uses_block64(kHeadDim, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD192Block64>(p, rows, num_sms);
-  }
-  if constexpr (kHeadDim == 256) {
-    if (uses_block64(kHeadDim, keys_per_row(p))) return launch_fwd<Element, kHeadDim, kMask, kD256Block64>(p, rows, num_sms);
+  if constexpr (has_block64_tile(kHeadDim)) {
+    if (uses_block64(kHeadDim, keys_per_row(p)))
+      return launch_fwd<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
   }
   launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }

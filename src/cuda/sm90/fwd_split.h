@@ -122,6 +122,12 @@ inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
 // FUSEDATTN_SM90_D192_TILE=64|112 forces one.
 constexpr int64_t kBlock64MaxKeys = 4096;  // inclusive
 
+// The instances with a 64-key tile beside their table shape, and that tile.
+constexpr bool has_block64_tile(int instance_head_dim) { return instance_head_dim == 192 || instance_head_dim == 256; }
+constexpr TileShape block64_tile(int instance_head_dim) {
+  return instance_head_dim == 192 ? kD192Block64 : kD256Block64;
+}
+
 // Whether the instance for instance_head_dim (192 or 256) runs 64-key blocks.
 inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
   const bool d192 = instance_head_dim == 192;
@@ -171,8 +177,8 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
       case D64Tile::kTable: break;
     }
   }
-  if (instance_head_dim == 192 && uses_block64(192, row_keys)) return kD192Block64;
-  if (instance_head_dim == 256 && uses_block64(256, row_keys)) return kD256Block64;
+  if (has_block64_tile(instance_head_dim) && uses_block64(instance_head_dim, row_keys))
+    return block64_tile(instance_head_dim);
   return tile_shape(instance_head_dim);
 }
 
