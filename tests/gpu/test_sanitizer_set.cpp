@@ -90,5 +90,15 @@ TEST(GpuSanitizer, Head192Tiles) {
   }
 }
 
+// d96 (session 30): d128's tile with a half-used last slab (Q K^T over six k-steps, P V of N = 96,
+// O's second box half out of bounds); ragged full, causal and windowed launches, GQA, and more
+// tiles than SMs.
+TEST(GpuSanitizer, Head96Tiles) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const Problem& p : {dense(1, 2, 1, 200, 350, 96), with_mask(dense(1, 2, 2, 190, 190, 96), true, -1, -1),
+                           with_mask(dense(1, 40, 8, 300, 260, 96), false, 100, 10), dense(1, 40, 8, 530, 130, 96)})
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

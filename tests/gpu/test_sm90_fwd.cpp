@@ -147,9 +147,10 @@ TEST_P(Sm90Shapes, FullAndCausalMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, Sm90Shapes,
-                         ::testing::Values(ShapeCase{DType::kFloat16, 64}, ShapeCase{DType::kFloat16, 128},
-                                           ShapeCase{DType::kFloat16, 192}, ShapeCase{DType::kFloat16, 256},
-                                           ShapeCase{DType::kBFloat16, 64}, ShapeCase{DType::kBFloat16, 128},
+                         ::testing::Values(ShapeCase{DType::kFloat16, 64}, ShapeCase{DType::kFloat16, 96},
+                                           ShapeCase{DType::kFloat16, 128}, ShapeCase{DType::kFloat16, 192},
+                                           ShapeCase{DType::kFloat16, 256}, ShapeCase{DType::kBFloat16, 64},
+                                           ShapeCase{DType::kBFloat16, 96}, ShapeCase{DType::kBFloat16, 128},
                                            ShapeCase{DType::kBFloat16, 192}, ShapeCase{DType::kBFloat16, 256}),
                          [](const auto& info) {
                            return std::string(info.param.dtype == DType::kFloat16 ? "fp16" : "bf16") + "_d" +
@@ -164,6 +165,7 @@ TEST(Sm90Fwd, SlidingWindows) {
                             make_problem(1, 2, 2, 64, 700, 300, false, 0, 0),
                             make_problem(2, 2, 1, 256, 260, 260, false, -1, 3),
                             make_problem(1, 2, 1, 192, 350, 420, false, 120, 30),
+                            make_problem(1, 2, 1, 96, 350, 420, false, 120, 30),
                             make_problem(1, 2, 2, 128, 200, 200, false, 5, -1)}) {
     HostCase c = make_case(pr, DType::kFloat16, Layout::kBSHD, rng);
     expect_matches_reference(c);
@@ -205,7 +207,7 @@ TEST(Sm90Fwd, MaskPathsOnEveryInstance) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
-    for (const int d : {64, 128, 192, 256})
+    for (const int d : {64, 96, 128, 192, 256})
       for (const Problem& pr : {make_problem(1, 2, 1, d, 333, 333, false, 70, 20),
                                 make_problem(1, 2, 1, d, 300, 300, false, 40, -1),
                                 make_problem(1, 2, 1, d, 300, 300, false, -1, 9),
@@ -217,8 +219,9 @@ TEST(Sm90Fwd, MaskPathsOnEveryInstance) {
 }
 
 // Head dims below the instance's: the TMA zero-fills the columns past head_dim (d40 runs on the
-// 64 instance; d136 and d184 on the 192 instance, or on the 256 one where 192 is not compiled,
-// whose last 64-column slab is then entirely out of bounds).
+// 64 instance; d72 on the 96 one, whose half slab is then partly out of bounds; d136 and d184 on
+// the 192 instance, or on the 256 one where 192 is not compiled, whose last 64-column slab is
+// then entirely out of bounds).
 TEST(Sm90Fwd, PartialHeadDims) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -278,7 +281,8 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
     const ScopedEnvs scoped(env);
     for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (const Shape shape : {Shape{64, 200, 700}, Shape{64, kTallTileQueries, kTallTileQueries},
-                                Shape{128, 200, 700}, Shape{192, 200, 700}, Shape{256, 200, 700}})
+                                Shape{96, 200, 700}, Shape{128, 200, 700}, Shape{192, 200, 700},
+                                Shape{256, 200, 700}})
         for (bool causal : {false, true})
           for (bool spike : {false, true}) {
             const int d = shape.d;
@@ -402,10 +406,10 @@ TEST(Sm90Fwd, PersistentSchedulesOfALargeProblem) {
   }
 }
 
-// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d128, d192's 64-key blocks),
-// where the next tile's Q loads while this one runs, under the static and the dynamic schedule
-// and with one Q buffer in use: tiles whose slices skip their first block (a window), each
-// sequence's partial last tile with a slice without rows (1450 = 11 x 128 + 42) and causal
+// Many tiles per CTA on the two-Q-buffer tiles (d64's 128-row tile, d96, d128, d192's 64-key
+// blocks), where the next tile's Q loads while this one runs, under the static and the dynamic
+// schedule and with one Q buffer in use: tiles whose slices skip their first block (a window),
+// each sequence's partial last tile with a slice without rows (1450 = 11 x 128 + 42) and causal
 // Sq > Sk (tiles that see no key: out 0, lse -inf).
 TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
   SKIP_UNLESS_HOPPER();
@@ -420,7 +424,7 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
     const ScopedEnvs scoped(env);
     const std::string& label = scoped.label();
     SCOPED_TRACE(label);
-    for (int d : {64, 128, 192}) {
+    for (int d : {64, 96, 128, 192}) {
       if (d == 64) expect_sampled_rows_match(true, rng, label, d, 1450);
       expect_sampled_rows_match(make_problem(2, 16, 4, d, 1450, 1700, false, 300, 40), rng, label + " window");
       expect_sampled_rows_match(make_problem(2, 16, 16, d, 1450, 700, true), rng, label + " causal Sq > Sk");
@@ -629,7 +633,7 @@ TEST(Sm90Fwd, NarrowFirstBlocks) {
   for (const char* narrow : {"1", "0"}) {
     const ScopedEnv env("FUSEDATTN_SM90_NARROW_FIRST", narrow);
     SCOPED_TRACE(std::string("FUSEDATTN_SM90_NARROW_FIRST=") + narrow);
-    for (const int d : {64, 128, 192, 256})
+    for (const int d : {64, 96, 128, 192, 256})
       for (const int64_t offset : {-1, 0, 1, 16, 39, 40, 55, 56, 57, 63, 64, 65, 127})
         for (const bool window : {false, true}) {
           const Problem pr = window ? make_problem(1, 2, 1, d, kQueries, kQueries + offset, false, 50, 0)
@@ -704,7 +708,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);
     for (bool causal : {false, true}) {
-      for (int d : {64, 128, 192, 256}) {
+      for (int d : {64, 96, 128, 192, 256}) {
         HostCase c = make_case(make_problem(1, 4, 2, d, 300, 270, causal), DType::kFloat16, Layout::kBSHD, rng);
         expect_matches_reference(c);
       }

@@ -146,13 +146,14 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 }
 
 // ---- the MMAs --------------------------------------------------------------------------------
-// The accumulator operand lists spelled out ("%0, %1, ...") for 16, 20, 28, 32, 40, 56, 64, 96 and 128
-// registers.
+// The accumulator operand lists spelled out ("%0, %1, ...") for 16, 20, 28, 32, 40, 48, 56, 64, 96
+// and 128 registers.
 #define FUSEDATTN_WGMMA_ACC_16 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define FUSEDATTN_WGMMA_ACC_20 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19"
 #define FUSEDATTN_WGMMA_ACC_28 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27"
 #define FUSEDATTN_WGMMA_ACC_32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define FUSEDATTN_WGMMA_ACC_40 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39"
+#define FUSEDATTN_WGMMA_ACC_48 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define FUSEDATTN_WGMMA_ACC_56 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55"
 #define FUSEDATTN_WGMMA_ACC_64 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define FUSEDATTN_WGMMA_ACC_96 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -169,6 +170,7 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_ACC_OPS_32(d, i) \
   FUSEDATTN_ACC_OPS_8(d, i), FUSEDATTN_ACC_OPS_8(d, i + 8), FUSEDATTN_ACC_OPS_8(d, i + 16), FUSEDATTN_ACC_OPS_8(d, i + 24)
 #define FUSEDATTN_ACC_OPS_40(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_8(d, i + 32)
+#define FUSEDATTN_ACC_OPS_48(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_16(d, i + 32)
 #define FUSEDATTN_ACC_OPS_56(d, i) FUSEDATTN_ACC_OPS_28(d, i), FUSEDATTN_ACC_OPS_28(d, i + 28)
 #define FUSEDATTN_ACC_OPS_64(d, i) FUSEDATTN_ACC_OPS_32(d, i), FUSEDATTN_ACC_OPS_32(d, i + 32)
 #define FUSEDATTN_ACC_OPS_96(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_32(d, i + 64)
@@ -198,6 +200,9 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_NEXT_32 "33"
 #define FUSEDATTN_NEXT2_32 "34"
 #define FUSEDATTN_NEXT3_32 "35"
+#define FUSEDATTN_NEXT_48 "49"
+#define FUSEDATTN_NEXT2_48 "50"
+#define FUSEDATTN_NEXT3_48 "51"
 #define FUSEDATTN_NEXT_64 "65"
 #define FUSEDATTN_NEXT2_64 "66"
 #define FUSEDATTN_NEXT3_64 "67"
@@ -242,14 +247,19 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], uint64_t desc_a, ui
   }
 }
 
-// D (64 x kN fp32) = or += A (64 x 16, registers) * B (16 x kN, smem, N-major).
+// D (64 x kN fp32) = or += A (64 x 16, registers) * B (16 x kN, smem, N-major). N = the head dim;
+// N = 96 reads the first half of B's second 64-column group.
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
                                          bool accumulate) {
-  static_assert(kN == 64 || kN == 128 || kN == 192 || kN == 256, "instantiated for N = 64, 128, 192, 256");
+  static_assert(kN == 64 || kN == 96 || kN == 128 || kN == 192 || kN == 256,
+                "instantiated for N = 64, 96, 128, 192, 256");
   if constexpr (kN == 64) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(64, 32, "f16", 32, 36, 37);
     else FUSEDATTN_WGMMA_RS(64, 32, "bf16", 32, 36, 37);
+  } else if constexpr (kN == 96) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(96, 48, "f16", 48, 52, 53);
+    else FUSEDATTN_WGMMA_RS(96, 48, "bf16", 48, 52, 53);
   } else if constexpr (kN == 128) {
     if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_RS(128, 64, "f16", 64, 68, 69);
     else FUSEDATTN_WGMMA_RS(128, 64, "bf16", 64, 68, 69);

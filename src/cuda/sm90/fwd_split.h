@@ -48,12 +48,12 @@ inline bool tail_split_enabled() {
 // H200 344.4 / 355.2, 341.7 / 345.4, 299.8 / 310.4. At 1k (8 tiles) half lost 1-5% at d256, and
 // d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one. Masked
 // decode steps (one tile per pair) take half too; there the long caches keep groups of 1-2 pairs
-// anyway, and no decode point was measured with it. The d192 instance (session 30) runs the same
-// one-CTA tiles and follows the rule unmeasured.
+// anyway, and no decode point was measured with it. The d96 and d192 instances (session 30) run
+// the same one-CTA tiles and follow the rule unmeasured.
 constexpr int64_t kShortQueryTiles = 4;
 constexpr int kShortQueryGroupDivisor = 2;
 inline int schedule_group_divisor(int instance_head_dim, TileShape shape, int64_t query_tiles_per_pair) {
-  return shape.ctas_per_sm == 1 && instance_head_dim >= 128 && query_tiles_per_pair <= kShortQueryTiles
+  return shape.ctas_per_sm == 1 && instance_head_dim > 64 && query_tiles_per_pair <= kShortQueryTiles
              ? kShortQueryGroupDivisor
              : 1;
 }
@@ -143,11 +143,11 @@ inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
 // +1.5 / +2.8%, 2k +3.2 / +3.4%, 4k -0.2-3.6 / +1.6-2.0%; d128 512 +2.1 / +0.9%, 1k +1.3 /
 // +0.9%, 2k +2.3 / +3.2%, 4k 0 / +1%; at 8k -0.5 to +2.3% in one call and -8% in another
 // (docs/hopper.md, session 25). d64 keeps the dynamic one (512 -3.4 / -3.6%, 1k -2 to -3%), as do
-// variable-length batches, whose tiles differ in length. d192 follows d128/d256 unmeasured
-// (session 30).
+// variable-length batches, whose tiles differ in length. d96 (d128's tile) and d192 follow
+// d128/d256 unmeasured (session 30).
 constexpr int64_t kStaticScheduleMaxKeys = 4096;
 inline bool prefers_static_schedule(const FwdParams& p, MaskKind mask, int instance_head_dim) {
-  return mask == MaskKind::kFull && instance_head_dim >= 128 && p.cu_seqlens_q == nullptr &&
+  return mask == MaskKind::kFull && instance_head_dim > 64 && p.cu_seqlens_q == nullptr &&
          p.seqlen_k <= kStaticScheduleMaxKeys;
 }
 

@@ -12,8 +12,8 @@ namespace fusedattn::cuda::sm90 {
 
 template <typename Element, class Cfg>
 struct SharedStorage {
-  static constexpr int kQElems = Cfg::kBlockM * Cfg::kHeadDim;
-  static constexpr int kKVElems = Cfg::kBlockN * Cfg::kHeadDim;
+  static constexpr int kQElems = Cfg::kBlockM * Cfg::kTileCols;
+  static constexpr int kKVElems = Cfg::kBlockN * Cfg::kTileCols;
   // 1024-byte alignment: every tile starts a 128B-swizzle atom, so wgmma descriptors use base
   // offset 0 and the TMA's swizzle pattern matches the one wgmma assumes.
   // Q tiles, used in turn by consecutive tiles of the CTA (a ring of kQBuffers); each is also

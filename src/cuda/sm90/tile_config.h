@@ -21,7 +21,8 @@ struct TileShape {
 // (docs/hopper.md, session 22). 2 Q buffers + 2 K + 3 V stages of 32 KiB: 224 KiB.
 constexpr int kD128VStages = 3;
 
-// d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers. d256: O alone takes
+// d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers; d96 (session 30)
+// runs d128's tile (its shared-memory tiles are d128's, the last slab half used). d256: O alone takes
 // 128 registers per thread, so the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of
 // 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3; since session 20
 // 64 wins under short masks, kD256Block64). A 176-key block at
@@ -118,16 +119,20 @@ struct KernelConfig {
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // producer + consumers
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
   static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kCtasPerSm);
-  // A tile row of kHeadDim elements is stored as kHeadDim / kSlabCols "slabs" of 128 bytes each,
-  // so every slab is a plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on.
+  // A tile row of kHeadDim elements is stored as "slabs" of 128 bytes each, so every slab is a
+  // plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on. A head dim that is not a
+  // multiple of 64 (d96) fills its last slab half: the TMA box past the tensor's columns
+  // zero-fills it on load and skips it on store, and the GEMMs never read it (Q K^T stops at
+  // kHeadDim's k-steps, P V's N is kHeadDim). The shared-memory tiles hold kSlabs whole slabs.
   static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
-  static constexpr int kSlabs = kHeadDim / kSlabCols;
+  static constexpr int kSlabs = (kHeadDim + kSlabCols - 1) / kSlabCols;
+  static constexpr int kTileCols = kSlabs * kSlabCols;  // columns of a shared-memory tile row
   // Two Q buffers where they fit beside the K/V stages (d64: 128 KiB, d128: 192 KiB), so the
   // producer can load the next tile's Q while the consumers still work on (and stage O in) this
   // tile's; d256 (2 x 64 KiB Q + 160 KiB K/V) keeps one. kBarrierBytes: the barriers and tile
   // indices after the 1024-aligned buffers.
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * static_cast<int>(sizeof(Element));
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * static_cast<int>(sizeof(Element));
+  static constexpr int kQTileBytes = kBlockM * kTileCols * static_cast<int>(sizeof(Element));
+  static constexpr int kKVTileBytes = kBlockN * kTileCols * static_cast<int>(sizeof(Element));
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
       2 * kQTileBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
@@ -138,7 +143,8 @@ struct KernelConfig {
   // KV tile), which the producer refills only for the next tile's second block.
   static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
   static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
-  static_assert(kHeadDim % kSlabCols == 0, "head dim must be a multiple of 64");
+  static_assert(kHeadDim % kSlabCols == 0 || kHeadDim % kSlabCols == kSlabCols / 2,
+                "head dim must fill whole 64-column slabs or end on half of one");
   static_assert(kBlockM == kConsumerWarpgroups * kWarpgroupRows, "one 64-row slice per consumer warpgroup");
   static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "the GEMM turns need a partner; named barriers exist for kMaxConsumerWarpgroups");
