@@ -124,13 +124,15 @@ TEST(Sm90TileChoice, D192TakesItsOwnTiles) {
   EXPECT_EQ(schedule_group_divisor(192, short_causal, 512 / short_causal.block_m), 2);
 }
 
-// d96 (session 30) runs d128's tile, and takes d128's rules.
+// d96 (session 30) runs d128's tile and takes its static schedule, but keeps the full tile-order
+// group for short query heads (session 31).
 TEST(Sm90TileChoice, D96RunsTheD128Tile) {
   EXPECT_TRUE(same(tile_shape(96), tile_shape(128)));
   EXPECT_TRUE(same(chosen(windowed(2048, -1, 0, 96), 96), tile_shape(128)));
   EXPECT_TRUE(prefers_static_schedule(windowed(2048, -1, -1, 96), MaskKind::kFull, 96));
   const TileShape short_causal = chosen(windowed(512, -1, 0, 96), 96);
-  EXPECT_EQ(schedule_group_divisor(96, short_causal, 512 / short_causal.block_m), 2);
+  EXPECT_EQ(schedule_group_divisor(96, short_causal, 512 / short_causal.block_m), 1);
+  EXPECT_EQ(schedule_group_divisor(128, short_causal, 512 / short_causal.block_m), 2);
 }
 
 // Full masks of equal tiles at d128/d256 up to 4096 keys take the static schedule (session 25);

@@ -48,12 +48,16 @@ inline bool tail_split_enabled() {
 // H200 344.4 / 355.2, 341.7 / 345.4, 299.8 / 310.4. At 1k (8 tiles) half lost 1-5% at d256, and
 // d64's pair tile at 512 loses 1-6% with any smaller group, so they keep the full one. Masked
 // decode steps (one tile per pair) take half too; there the long caches keep groups of 1-2 pairs
-// anyway, and no decode point was measured with it. The d96 and d192 instances (session 30) run
-// the same one-CTA tiles and follow the rule unmeasured.
+// anyway, and no decode point was measured with it. d192 (session 31, H200 causal 512, medians of
+// three) gains as d256 does: 367.5 with half (16 pairs) against 351.4 with the full group (32).
+// d96 runs d128's one-CTA tile but reads better with the full group (64 pairs) in two processes:
+// 306.1 / 307.1 against 298.0-300.4 / 299.4 with half (why is not known), so it keeps it.
 constexpr int64_t kShortQueryTiles = 4;
 constexpr int kShortQueryGroupDivisor = 2;
+constexpr int kShortQueryGroupMinHeadDim = 128;
 inline int schedule_group_divisor(int instance_head_dim, TileShape shape, int64_t query_tiles_per_pair) {
-  return shape.ctas_per_sm == 1 && instance_head_dim > 64 && query_tiles_per_pair <= kShortQueryTiles
+  return shape.ctas_per_sm == 1 && instance_head_dim >= kShortQueryGroupMinHeadDim &&
+                 query_tiles_per_pair <= kShortQueryTiles
              ? kShortQueryGroupDivisor
              : 1;
 }
@@ -143,8 +147,9 @@ inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
 // +1.5 / +2.8%, 2k +3.2 / +3.4%, 4k -0.2-3.6 / +1.6-2.0%; d128 512 +2.1 / +0.9%, 1k +1.3 /
 // +0.9%, 2k +2.3 / +3.2%, 4k 0 / +1%; at 8k -0.5 to +2.3% in one call and -8% in another
 // (docs/hopper.md, session 25). d64 keeps the dynamic one (512 -3.4 / -3.6%, 1k -2 to -3%), as do
-// variable-length batches, whose tiles differ in length. d96 (d128's tile) and d192 follow
-// d128/d256 unmeasured (session 30).
+// variable-length batches, whose tiles differ in length. d96 (d128's tile) and d192 take it too:
+// against the dynamic one at 1k / 4k (H200, session 31, medians of three) d96 +0.8 / +1.0%, d192
+// +1.7 / -1.5%, within the noise of identical configurations.
 constexpr int64_t kStaticScheduleMaxKeys = 4096;
 inline bool prefers_static_schedule(const FwdParams& p, MaskKind mask, int instance_head_dim) {
   return mask == MaskKind::kFull && instance_head_dim > 64 && p.cu_seqlens_q == nullptr &&
