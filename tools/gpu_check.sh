@@ -13,7 +13,8 @@
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
 #            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
-# gtest filter, default all) picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
+# gtest filter, default all; a parameterised suite's names start with its prefix, so
+# "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
 # most 8 files), with summary.txt and the peers' JSON lines beside it. peers.py is read from
