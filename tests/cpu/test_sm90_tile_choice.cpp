@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 #include "cuda/sm90/fwd_split.h"
 #include "fusedattn/params.h"
+#include "gpu/scoped_env.h"
 #include "reference/problems.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -122,6 +125,35 @@ TEST(Sm90TileChoice, D192TakesItsOwnTiles) {
   EXPECT_TRUE(prefers_static_schedule(windowed(2048, -1, -1, 192), MaskKind::kFull, 192));
   const TileShape short_causal = chosen(windowed(512, -1, 0, 192), 192);
   EXPECT_EQ(schedule_group_divisor(192, short_causal, 512 / short_causal.block_m), 2);
+}
+
+// FUSEDATTN_SM90_D192_TILE / _D256_TILE force either width of their instance against the
+// keys-a-row rule; any other value (another instance's width included) leaves the rule.
+TEST(Sm90TileChoice, BlockWidthSwitchesForceTheirInstanceOnly) {
+  const FwdParams long_rows = windowed(8192, -1, -1, 192), short_rows = windowed(1024, -1, -1, 192);
+  const std::pair<int, const char*> instances[] = {{192, "FUSEDATTN_SM90_D192_TILE"}, {256, "FUSEDATTN_SM90_D256_TILE"}};
+  for (const auto& [d, name] : instances) {
+    SCOPED_TRACE(name);
+    EXPECT_FALSE(uses_block64(d, keys_per_row(long_rows)));
+    EXPECT_TRUE(uses_block64(d, keys_per_row(short_rows)));
+    {
+      const testing::ScopedEnv narrow(name, "64");
+      EXPECT_TRUE(uses_block64(d, keys_per_row(long_rows)));
+    }
+    {
+      const testing::ScopedEnv table(name, std::to_string(tile_shape(d).block_n).c_str());
+      EXPECT_FALSE(uses_block64(d, keys_per_row(short_rows)));
+    }
+    for (const char* other : {"80", "112", "128", "x"}) {
+      if (std::to_string(tile_shape(d).block_n) == other) continue;
+      const testing::ScopedEnv ignored(name, other);
+      EXPECT_TRUE(uses_block64(d, keys_per_row(short_rows)));
+      EXPECT_FALSE(uses_block64(d, keys_per_row(long_rows)));
+    }
+  }
+  // One instance's switch leaves the other's choice alone.
+  const testing::ScopedEnv d192_narrow("FUSEDATTN_SM90_D192_TILE", "64");
+  EXPECT_FALSE(uses_block64(256, keys_per_row(long_rows)));
 }
 
 // d96 (session 30) runs d128's tile and takes its static schedule, but keeps the full tile-order

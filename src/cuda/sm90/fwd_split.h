@@ -56,8 +56,8 @@ constexpr int64_t kShortQueryTiles = 4;
 constexpr int kShortQueryGroupDivisor = 2;
 constexpr int kShortQueryGroupMinHeadDim = 128;
 inline int schedule_group_divisor(int instance_head_dim, TileShape shape, int64_t query_tiles_per_pair) {
-  return shape.ctas_per_sm == 1 && instance_head_dim >= kShortQueryGroupMinHeadDim &&
-                 query_tiles_per_pair <= kShortQueryTiles
+  const bool short_heads = query_tiles_per_pair <= kShortQueryTiles;
+  return shape.ctas_per_sm == 1 && instance_head_dim >= kShortQueryGroupMinHeadDim && short_heads
              ? kShortQueryGroupDivisor
              : 1;
 }
@@ -133,11 +133,13 @@ constexpr TileShape block64_tile(int instance_head_dim) {
 }
 
 // Whether the instance for instance_head_dim (192 or 256) runs 64-key blocks.
+// FUSEDATTN_SM90_D<head dim>_TILE names either of its two widths (block64_tile's or the table's).
 inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
-  const bool d192 = instance_head_dim == 192;
-  const char* v = std::getenv(d192 ? "FUSEDATTN_SM90_D192_TILE" : "FUSEDATTN_SM90_D256_TILE");
+  const std::string name = "FUSEDATTN_SM90_D" + std::to_string(instance_head_dim) + "_TILE";
+  const char* v = std::getenv(name.c_str());
   const std::string forced = v ? v : "";
-  if (forced == "64" || forced == (d192 ? "112" : "80")) return forced == "64";
+  const std::string narrow = std::to_string(block64_tile(instance_head_dim).block_n);
+  if (forced == narrow || forced == std::to_string(tile_shape(instance_head_dim).block_n)) return forced == narrow;
   return row_keys <= kBlock64MaxKeys;
 }
 
