@@ -3,6 +3,7 @@
 // backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -77,17 +78,32 @@ TEST(GpuSanitizer, TilesBackToBack) {
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
-// d192's two tiles (session 30), each forced: 64-key blocks with two Q buffers and 112-key blocks
-// with one, whose O is staged in the last K/V stage; ragged full, causal and windowed launches,
-// and more tiles than SMs so CTAs run tiles back to back.
-TEST(GpuSanitizer, Head192Tiles) {
-  FUSEDATTN_REQUIRE_GPU();
-  for (const char* width : {"64", "112"}) {
-    const ScopedEnv tile("FUSEDATTN_SM90_D192_TILE", width);
-    for (const Problem& p : {dense(1, 2, 1, 200, 350, 192), with_mask(dense(1, 2, 2, 190, 190, 192), true, -1, -1),
-                             with_mask(dense(1, 40, 8, 300, 260, 192), false, 100, 10), dense(1, 40, 8, 530, 130, 192)})
+// Each of a head dim's KV block widths forced (env), over ragged full, causal and windowed
+// launches, and more tiles than SMs so CTAs run tiles back to back; then, on the widest (the
+// tile table's, with one Q buffer), O staged in the Q buffer (FUSEDATTN_SM90_O_IN_KV=0) instead
+// of the last K/V stage.
+void run_block_widths(int d, const char* env, std::initializer_list<const char*> widths) {
+  for (const char* width : widths) {
+    const ScopedEnv tile(env, width);
+    for (const Problem& p : {dense(1, 2, 1, 200, 350, d), with_mask(dense(1, 2, 2, 190, 190, d), true, -1, -1),
+                             with_mask(dense(1, 40, 8, 300, 260, d), false, 100, 10), dense(1, 40, 8, 530, 130, d)})
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kBFloat16));
   }
+  const ScopedEnv widest(env, *(widths.end() - 1));
+  const ScopedEnv o_in_q("FUSEDATTN_SM90_O_IN_KV", "0");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 40, 8, 530, 130, d), DType::kFloat16));
+}
+
+// d192's two tiles (session 30): 64-key blocks with two Q buffers and 112-key blocks with one.
+TEST(GpuSanitizer, Head192Tiles) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_block_widths(192, "FUSEDATTN_SM90_D192_TILE", {"64", "112"});
+}
+
+// d256's two tiles, both with one Q buffer: 64-key and 80-key blocks.
+TEST(GpuSanitizer, Head256Tiles) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_block_widths(256, "FUSEDATTN_SM90_D256_TILE", {"64", "80"});
 }
 
 // d96 (session 30): d128's tile with a half-used last slab (Q K^T over six k-steps, P V of N = 96,
