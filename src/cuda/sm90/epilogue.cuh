@@ -178,6 +178,7 @@ struct Epilogue {
           ptx::tma_store_5d(&params.tma_o, to.base + s * to.slab_elems, s * Cfg::kSlabCols, 0, row, t.head,
                             params.map_batch(t.batch));
         ptx::tma_store_commit();
+        stamp(TraceEvent::kOStoreIssued);
         // This thread holds the staging until the store has read it (PendingStore).
         pending.held = true;
         if (Cfg::kStagesOInKV && o_stage >= 0) {

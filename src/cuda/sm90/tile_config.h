@@ -24,11 +24,12 @@ constexpr int kD128VStages = 3;
 // d64/d128: 128x128 keeps S (64 fp32/thread) + O + P inside 240 registers; d96 (session 30)
 // runs d128's tile (its shared-memory tiles are d128's, the last slab half used): 0.88-0.90x the
 // d128 kernel's time at the same shape, its softmax per 128-key block unchanged (docs/hopper.md,
-// session 31). d256: O alone takes 128 registers per thread, so the KV block shrinks to 80 keys
-// (S 40 + P 20 registers; 2 stages of 80 KiB + Q 64 KiB = 224 KiB); 80 beat 64 by 1-3%
-// (docs/hopper.md, session 3; since session 20 64 wins under short masks, kD256Block64). A
-// 176-key block at d128 (full mask) lost 3-8% to 128 (it spills), and a third d128 K/V stage (one
-// Q buffer) bought nothing.
+// session 31); a 176-key block (one Q buffer, O staged in K/V) read 0.85-0.97x this tile up to
+// 4k keys and 0.98-1.02x from 8k (session 32). d256: O alone takes 128 registers per thread, so
+// the KV block shrinks to 80 keys (S 40 + P 20 registers; 2 stages of 80 KiB + Q 64 KiB = 224
+// KiB); 80 beat 64 by 1-3% (docs/hopper.md, session 3; since session 20 64 wins under short
+// masks, kD256Block64). A 176-key block at d128 (full mask) lost 3-8% to 128 (it spills), and a
+// third d128 K/V stage (one Q buffer) bought nothing.
 // d192 (session 30): O takes 96 registers, so with a 112-key block S (56) + P (28) + O take 180,
 // close to d256's 188 with 80 keys (O 128 + S 40 + P 20); 2 stages of 2 x 42 KiB + one 48 KiB Q
 // buffer: 216 KiB. Chosen by that register and shared-memory budget; against 64-key blocks see

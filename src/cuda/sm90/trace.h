@@ -21,7 +21,8 @@ enum class TraceEvent : uint16_t {
   kEpilogueMet = 10,    // consumer: the epilogue's meeting of the warpgroups is passed (O staged in K/V)
   kORescaled = 11,      // consumer: O divided by the row sums (before the staging barrier)
   kOWritten = 12,       // consumer: this thread's stmatrix stores issued (before the fence and barrier)
-  kLoopEntered = 13     // consumer: the tile's setup done (O zeroed), its first block's wait begins
+  kLoopEntered = 13,    // consumer: the tile's setup done (O zeroed), its first block's wait begins
+  kOStoreIssued = 14    // consumer: the epilogue's TMA store issued (before the LSE is written)
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
