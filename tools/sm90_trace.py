@@ -24,12 +24,15 @@ import sys
 TILE_START, FIRST_K_READY, FIRST_S_READY, LAST_PV_DONE, EPILOGUE_DONE = 0, 1, 2, 3, 4
 Q_WAIT_START, Q_ISSUED, LAST_LOAD_ISSUED = 5, 6, 7
 Q_READY, O_STAGED, EPILOGUE_MET, O_RESCALED, O_WRITTEN, LOOP_ENTERED, O_STORE_ISSUED = 8, 9, 10, 11, 12, 13, 14
+FIRST_TURN_TAKEN, FIRST_P_READY, FIRST_K_ISSUED = 15, 16, 17
 NAMES = {TILE_START: "tile start", FIRST_K_READY: "first K landed",
          FIRST_S_READY: "first S ready", LAST_PV_DONE: "last P V done", EPILOGUE_DONE: "epilogue done",
          Q_WAIT_START: "waits for the Q buffer", Q_ISSUED: "Q issued", LAST_LOAD_ISSUED: "last K/V issued",
          Q_READY: "Q landed", O_STAGED: "O staged in shared memory", EPILOGUE_MET: "epilogue: warpgroups met",
          O_RESCALED: "epilogue: O rescaled", O_WRITTEN: "epilogue: O written (stmatrix)",
-         LOOP_ENTERED: "tile set up (O zeroed)", O_STORE_ISSUED: "epilogue: O's store issued"}
+         LOOP_ENTERED: "tile set up (O zeroed)", O_STORE_ISSUED: "epilogue: O's store issued",
+         FIRST_TURN_TAKEN: "first Q K^T's turn taken", FIRST_P_READY: "first P ready",
+         FIRST_K_ISSUED: "first K issued"}
 PRODUCER = -1
 
 

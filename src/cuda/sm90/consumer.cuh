@@ -255,6 +255,7 @@ struct Consumer {
                                            const KVPipeline<Storage>& pipe, PendingStore& pending) const {
     pipe.consumer_wait_k(kv);
     turns.wait_turn();
+    stamp(TraceEvent::kFirstTurnTaken);
     ptx::wgmma_fence();
     issue_qk<kN>(s, kv.k().stage());
     ptx::wgmma_commit_group();
@@ -605,6 +606,7 @@ struct Consumer {
     int n = blocks.hi - 1;
     stamp(TraceEvent::kLoopEntered);
     first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
+    stamp(TraceEvent::kFirstPReady);
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.
       for (; n > blocks.lo; --n) {

@@ -22,7 +22,10 @@ enum class TraceEvent : uint16_t {
   kORescaled = 11,      // consumer: O divided by the row sums (before the staging barrier)
   kOWritten = 12,       // consumer: this thread's stmatrix stores issued (before the fence and barrier)
   kLoopEntered = 13,    // consumer: the tile's setup done (O zeroed), its first block's wait begins
-  kOStoreIssued = 14    // consumer: the epilogue's TMA store issued (before the LSE is written)
+  kOStoreIssued = 14,   // consumer: the epilogue's TMA store issued (before the LSE is written)
+  kFirstTurnTaken = 15,  // consumer: its GEMM turn for the tile's first Q K^T has come (K landed)
+  kFirstPReady = 16,     // consumer: the first block's softmax done, P ready for the first overlapped turn
+  kFirstKIssued = 17     // producer: the tile's first K load is issued
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup

@@ -21,8 +21,8 @@ namespace fusedattn::cuda::sm90 {
 class TraceSink {
  public:
   // Records one launch may take, shared out among its CTAs' roles (trace.h): a persistent grid of
-  // 132 CTAs gets ~4000 per role, ~800 tiles' worth; a grid of one CTA per tile, one tile's
-  // worth (about 5 stamps per role) in up to 100k CTAs.
+  // 132 CTAs gets ~4000 per role, ~280 tiles' worth (a consumer warpgroup stamps up to 14 times a
+  // tile); a grid of one CTA per tile, one tile's worth in up to ~37k CTAs.
   static constexpr uint32_t kCapacity = 1u << 21;
 
   explicit TraceSink(cudaStream_t stream) : stream_(stream), path_(std::getenv("FUSEDATTN_SM90_TRACE_FILE")) {
