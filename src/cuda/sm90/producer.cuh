@@ -151,8 +151,10 @@ struct Producer {
         return;
       }
       if (q_first) load_q(t, a, ring);
-      if (blocks.count() > 0) load(kK, t, n, head_kv, kv_batch);
-      FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
+      if (blocks.count() > 0) {
+        load(kK, t, n, head_kv, kv_batch);
+        FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
+      }
       if (!q_first) load_q(t, a, ring);
       if (blocks.count() > 0) {
         load(kV, t, n, head_kv, kv_batch);

@@ -23,7 +23,8 @@ enum class TraceEvent : uint16_t {
   kOWritten = 12,       // consumer: this thread's stmatrix stores issued (before the fence and barrier)
   kLoopEntered = 13,    // consumer: the tile's setup done (O zeroed), its first block's wait begins
   kOStoreIssued = 14,   // consumer: the epilogue's TMA store issued (before the LSE is written)
-  kFirstTurnTaken = 15,  // consumer: its GEMM turn for the tile's first Q K^T has come (K landed)
+  kFirstTurnTaken = 15,  // consumer: its GEMM turn for a Q K^T alone has come (K landed): the tile's
+                         // first block with the overlap (the default), every block without it
   kFirstPReady = 16,     // consumer: the first block's softmax done, P ready for the first overlapped turn
   kFirstKIssued = 17     // producer: the tile's first K load is issued
 };
