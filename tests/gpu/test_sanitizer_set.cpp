@@ -78,16 +78,20 @@ TEST(GpuSanitizer, TilesBackToBack) {
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
-// Each of a head dim's KV block widths forced (env), over ragged full, causal and windowed
-// launches, and more tiles than SMs so CTAs run tiles back to back; then, on the widest (the
-// tile table's, with one Q buffer), O staged in the Q buffer (FUSEDATTN_SM90_O_IN_KV=0) instead
-// of the last K/V stage.
+// A head dim's tile cases: ragged full, causal and windowed (GQA) launches, and more tiles than
+// SMs so CTAs run tiles back to back.
+std::vector<Problem> tile_problems(int d) {
+  return {dense(1, 2, 1, 200, 350, d), with_mask(dense(1, 2, 2, 190, 190, d), true, -1, -1),
+          with_mask(dense(1, 40, 8, 300, 260, d), false, 100, 10), dense(1, 40, 8, 530, 130, d)};
+}
+
+// The tile cases with each of a head dim's KV block widths forced (env); then, on the widest
+// (the tile table's, with one Q buffer), O staged in the Q buffer (FUSEDATTN_SM90_O_IN_KV=0)
+// instead of the last K/V stage.
 void run_block_widths(int d, const char* env, std::initializer_list<const char*> widths) {
   for (const char* width : widths) {
     const ScopedEnv tile(env, width);
-    for (const Problem& p : {dense(1, 2, 1, 200, 350, d), with_mask(dense(1, 2, 2, 190, 190, d), true, -1, -1),
-                             with_mask(dense(1, 40, 8, 300, 260, d), false, 100, 10), dense(1, 40, 8, 530, 130, d)})
-      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kBFloat16));
+    for (const Problem& p : tile_problems(d)) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kBFloat16));
   }
   const ScopedEnv widest(env, *(widths.end() - 1));
   const ScopedEnv o_in_q("FUSEDATTN_SM90_O_IN_KV", "0");
@@ -107,13 +111,10 @@ TEST(GpuSanitizer, Head256Tiles) {
 }
 
 // d96 (session 30): d128's tile with a half-used last slab (Q K^T over six k-steps, P V of N = 96,
-// O's second box half out of bounds); ragged full, causal and windowed launches, GQA, and more
-// tiles than SMs.
+// O's second box half out of bounds), over the tile cases.
 TEST(GpuSanitizer, Head96Tiles) {
   FUSEDATTN_REQUIRE_GPU();
-  for (const Problem& p : {dense(1, 2, 1, 200, 350, 96), with_mask(dense(1, 2, 2, 190, 190, 96), true, -1, -1),
-                           with_mask(dense(1, 40, 8, 300, 260, 96), false, 100, 10), dense(1, 40, 8, 530, 130, 96)})
-    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+  for (const Problem& p : tile_problems(96)) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
 }  // namespace
