@@ -71,8 +71,8 @@ TEST(GqaPack, VarlenPacksAndSplitsOnlyFewTiles) {
   const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, kSms);
   EXPECT_EQ(w.tiles, 4 * 8);  // one block of max_seqlen_q's 4 tiled rows per sequence and tile head
   EXPECT_EQ(w.split.whole, 0);
-  EXPECT_GT(w.split.parts, 1);
-  EXPECT_EQ(planned_fwd_work(p, MaskKind::kWindow, 128, kSms).split.parts, 1);  // masked: whole tiles
+  EXPECT_TRUE(w.split.split());
+  EXPECT_FALSE(planned_fwd_work(p, MaskKind::kWindow, 128, kSms).split.split());  // masked: whole tiles
   p.seqlen_q = 5000;            // long maximum, few rows: the rows' bound wins
   p.varlen_rows_q = 300;
   const TiledRows unpacked = tiled_rows(p, 0);
@@ -81,7 +81,7 @@ TEST(GqaPack, VarlenPacksAndSplitsOnlyFewTiles) {
   p.varlen_rows_q = 4 * 5000;   // rows of full sequences: the maximum's bound wins
   EXPECT_EQ(varlen_tile_bound(p, unpacked, 128), (5000 + 127) / 128 * 4 * 32);
   EXPECT_EQ(varlen_tile_bound(p, tiled_rows(p, 2), 128), (4 * 5000 + 127) / 128 * 4 * 8);
-  EXPECT_EQ(planned_fwd_work(p, MaskKind::kFull, 128, kSms).split.parts, 1);  // many tiles: whole
+  EXPECT_FALSE(planned_fwd_work(p, MaskKind::kFull, 128, kSms).split.split());  // many tiles: whole
 }
 
 }  // namespace

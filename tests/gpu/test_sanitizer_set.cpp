@@ -117,5 +117,16 @@ TEST(GpuSanitizer, Head96Tiles) {
   for (const Problem& p : tile_problems(96)) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
+// The tail's shares crossing tiles (cuda/common/tail_shares.h, forced): parts of unequal lengths,
+// two or three per tile, their tickets and the combine, under both schedules.
+TEST(GpuSanitizer, TailSharesCrossTiles) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const char* dynamic : {"0", "1"}) {
+    const ScopedEnvs env({{"FUSEDATTN_SM90_TAIL_SHARES", "23"}, {"FUSEDATTN_SM90_DYNAMIC", dynamic}});
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 1024, 1100, 128), DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 600, 1500, 256), DType::kBFloat16));
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

@@ -1,6 +1,8 @@
 // The Hopper forward's split last wave (src/cuda/sm90/fwd_split.h, split_combine.cuh): full-mask
 // launches with fewer tiles than SMs (one sequence, few heads) run each tile as several KV-block
-// parts whose results the last part combines. Every shape here is first asserted to split (the
+// parts whose results the last part combines; the last wave's tiles are cut into shares of their
+// KV blocks (cuda/common/tail_shares.h), one share per work item, a share crossing a tile's end
+// running as one part of each tile it touches. Every shape here is first asserted to split (the
 // plan the launch uses, asked through the same host function), so a silently disabled split
 // fails the test rather than passing on the unsplit path; then out and LSE against the float64
 // reference (2x rule, outputs poisoned before each run, fresh inputs), bit-identical repeats, and
@@ -8,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -23,10 +26,10 @@ namespace {
 
 constexpr int kRepeats = 3;
 
-// The work list the Hopper launch plans for pr; parts == 0 when this build has no Hopper
+// The work list the Hopper launch plans for pr; steps == 0 when this build has no Hopper
 // instance for it (the test then skips).
 cuda::sm90::FwdWork planned_work(const Problem& pr, DType dtype) {
-  return planned_sm90_work(pr, dtype).value_or(cuda::sm90::FwdWork{0, 0, {0, 0}});
+  return planned_sm90_work(pr, dtype).value_or(cuda::sm90::FwdWork{});
 }
 
 // Fewer tiles than SMs and enough KV blocks per tile: each must split. Head dims of every
@@ -41,13 +44,13 @@ std::vector<Problem> split_shapes() {
 // Asserts the launch will split pr; false (after GTEST_SKIP-worthy output) when no instance.
 bool expect_split(const Problem& pr, DType dtype) {
   const cuda::sm90::FwdWork w = planned_work(pr, dtype);
-  if (w.split.parts == 0) {
+  if (w.split.steps == 0) {
     std::printf("no sm90 instance in this build for %s: not run\n", pr.str().c_str());
     return false;
   }
-  EXPECT_GT(w.split.parts, 1) << pr.str() << ": " << w.tiles << " tiles of " << w.kv_blocks << " KV blocks";
+  EXPECT_TRUE(w.split.split()) << pr.str() << ": " << w.tiles << " tiles of " << w.kv_blocks << " KV blocks";
   EXPECT_LT(w.split.whole, w.tiles) << pr.str();
-  return w.split.parts > 1;
+  return w.split.split();
 }
 
 TEST(Sm90TailSplit, SplitShapesMatchReference) {
@@ -120,7 +123,7 @@ TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
   if (!expect_split(pr, DType::kFloat16)) return;
   const ScopedEnv off("FUSEDATTN_SM90_TAIL_SPLIT", "0");
   const cuda::sm90::FwdWork w = planned_work(pr, DType::kFloat16);
-  EXPECT_EQ(w.split.parts, 1);
+  EXPECT_FALSE(w.split.split());
   EXPECT_EQ(w.split.whole, w.tiles);
   for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
 }
@@ -143,6 +146,39 @@ TEST(Sm90TailSplit, SplitUnderEverySchedule) {
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kFloat16));
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 700, 1100, 64), DType::kBFloat16));
   }
+}
+
+// Shares that cross tiles (FUSEDATTN_SM90_TAIL_SHARES forces the count): a share runs the end of
+// one tile and the start of the next, tiles run as 2 to 4 parts of unequal lengths, every head
+// dim's instance, a tail after whole tiles (144 tiles on 132 SMs), under both schedules; then
+// bit-identical repeats. Each forced cut is first asserted to cross tiles.
+TEST(Sm90TailSplit, SharesCrossingTilesMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  struct Case {
+    Problem pr;
+    const char* shares;
+  };
+  const std::vector<Case> cases = {{dense(1, 2, 2, 1024, 1100, 128), "7"},  {dense(1, 2, 2, 1024, 1100, 128), "23"},
+                                   {dense(1, 2, 2, 1024, 1100, 128), "50"}, {dense(1, 2, 2, 600, 1500, 256), "9"},
+                                   {dense(1, 3, 1, 500, 1234, 64), "5"},    {dense(1, 4, 2, 700, 1500, 192), "11"},
+                                   {dense(1, 4, 2, 700, 1500, 96), "13"},   {dense(2, 9, 9, 1024, 2000, 128), "40"}};
+  for (const Case& c : cases) {
+    const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", c.shares);
+    SCOPED_TRACE(c.pr.str() + " shares " + c.shares);
+    if (!expect_split(c.pr, DType::kFloat16)) continue;
+    const cuda::TailShares s = planned_work(c.pr, DType::kFloat16).split;
+    EXPECT_EQ(s.shares, std::atoi(c.shares));
+    bool crosses = false;
+    for (int j = 0; j < s.shares; ++j) crosses |= s.share_begin(j) / s.steps != (s.share_begin(j + 1) - 1) / s.steps;
+    EXPECT_TRUE(crosses) << "a share runs parts of two tiles";
+    for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, dtype));
+    for (const char* dynamic : {"0", "1"}) {
+      const ScopedEnv schedule("FUSEDATTN_SM90_DYNAMIC", dynamic);
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, DType::kBFloat16));
+    }
+  }
+  const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", "23");
+  FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(dense(1, 2, 2, 1024, 1100, 128), DType::kFloat16, kRepeats));
 }
 
 }  // namespace

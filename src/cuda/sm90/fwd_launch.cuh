@@ -23,7 +23,7 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// The plan splits fewer than this many waves of tiles (tail_split.h: the last wave, or that plus
+// The plan splits fewer than this many waves of tiles (tail_shares.h: the last wave, or that plus
 // one): the workspace's ticket counters are laid out for that many tiles per SM.
 constexpr int kMaxSplitWaves = 2;
 
@@ -140,14 +140,13 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   SplitWorkspace workspace;
-  if (work.split.parts > 1) {
-    workspace = split_workspace(stream, kMaxSplitWaves * slots, work.split.split_items(tiles),
-                                work.split.parts, Cfg::kBlockM, kHeadDim);
+  if (work.split.split()) {
+    workspace = split_workspace(stream, kMaxSplitWaves * slots, work.split.tiles, work.split.max_parts, Cfg::kBlockM,
+                                kHeadDim);
     // No workspace can be made during a graph capture: every tile whole.
-    if (!workspace.ok()) work.split = {tiles, 1};
+    if (!workspace.ok()) work.split = {static_cast<int>(tiles), 0, work.kv_blocks, 0, 1};
   }
-  kp.split = {static_cast<int>(work.split.whole), work.split.parts, static_cast<int>(work.items()),
-              workspace.tickets, workspace.lse, workspace.o};
+  kp.split = {work.split, static_cast<int>(work.items()), workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
   if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
     // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0.

@@ -1,17 +1,18 @@
 // The Hopper forward's work list (host side, plain C++ so the GPU tests can ask for it too): the
 // tile shape a launch uses and, for full masks, how the last wave of its equal query tiles is
-// split into KV-block parts (cuda/common/tail_split.h). Work items in scheduler order are the
-// tiles [0, whole) run whole, then the other tiles' parts, the parts of one tile adjacent.
+// cut into shares of their KV blocks (cuda/common/tail_shares.h). Work items in scheduler order
+// are the tiles [0, whole) run whole, then the shares of the other tiles, in the tiles' order.
 // Masked launches keep one item per tile (their tiles differ in length; the longest-first order
 // balances them).
 #pragma once
 
 #include <cstdint>
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
 #include "cuda/common/kinds.h"
-#include "cuda/common/tail_split.h"
+#include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
 #include "cuda/sm90/tile_config.h"
 #include "fusedattn/params.h"
@@ -37,6 +38,13 @@ inline TailCost fwd_tail_cost(int head_dim) {
 inline bool tail_split_enabled() {
   const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SPLIT");
   return !(v && v[0] == '0');
+}
+
+// FUSEDATTN_SM90_TAIL_SHARES=S cuts the last wave's tiles (all of them below one wave) into S
+// shares whatever the model prefers, so the tests reach shares that cross tiles; 0 when unset.
+inline int forced_tail_shares() {
+  const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SHARES");
+  return v ? std::atoi(v) : 0;
 }
 
 // The tile order's group under masks (common/schedule.h: the pairs whose K/V fit a share of the
@@ -227,10 +235,10 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
 struct FwdWork {
   int64_t tiles = 0;   // query tiles (block_m tiled rows of one tile head and batch)
   int kv_blocks = 0;   // KV blocks of a full-mask tile: the steps the plan splits
-  TailSplit split;     // {tiles, 1}: no split
+  TailShares split;    // split.shares == 0: every tile whole
   TiledRows rows{};
   TileShape shape{};   // the tile shape the launch runs
-  int64_t items() const { return split.ctas(tiles); }
+  int64_t items() const { return split.items(); }
 };
 
 // The rows of the Q/O and K/V tensor maps per batch entry: the sequence lengths of a dense batch;
@@ -267,9 +275,12 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m)
                    : (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
-  w.split = {w.tiles, 1};
-  if (mask == MaskKind::kFull && tail_split_enabled() && (!varlen || w.tiles < slots))
-    w.split = plan_tail_split(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
+  w.split = {static_cast<int>(w.tiles), 0, w.kv_blocks, 0, 1};
+  if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && w.tiles >= slots)) return w;
+  const int64_t tail = w.tiles % slots != 0 ? w.tiles % slots : std::min(w.tiles, slots);
+  const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
+  w.split = can_cut_tail(w.tiles, tail, w.kv_blocks, forced) ? cut_tail(w.tiles, tail, w.kv_blocks, static_cast<int>(forced))
+                        : plan_tail_shares(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }
 

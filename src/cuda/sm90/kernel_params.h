@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
 #include "cuda/sm90/trace.h"
 #include "fusedattn/params.h"
@@ -66,18 +67,17 @@ struct DescriptorHighWords {
 };
 
 // The work list of a full-mask launch whose last wave is split (fwd_split.h): work items
-// [0, whole) are the tiles [0, whole) run whole; item whole + s * parts + q is part q of tile
-// whole + s, which covers the KV blocks [part_begin(L, parts, q), part_begin(L, parts, q + 1)) of
-// the tile's L. Each part writes its normalised O rows and LSE to its slot of the workspace;
-// the last part of a slice to take its ticket combines every part (split_combine.cuh).
-// parts == 1: every item is a whole tile (masked launches, FUSEDATTN_SM90_TAIL_SPLIT=0).
+// [0, plan.whole) are the tiles [0, plan.whole) run whole; item plan.whole + j is share j of the
+// tail tiles after them (cuda/common/tail_shares.h), run as the segments the scheduler decodes,
+// each a part of one tile. Each part writes its normalised O rows and LSE to its slot of the
+// workspace; the last part of a slice to take its ticket combines every part (split_combine.cuh).
+// plan.shares == 0: every item is a whole tile (masked launches, FUSEDATTN_SM90_TAIL_SPLIT=0).
 struct SplitParams {
-  int whole;
-  int parts;
-  int items;     // whole + (tiles - whole) * parts: what the scheduler hands out
+  TailShares plan;
+  int items;     // plan.items(): what the scheduler hands out
   int* tickets;  // [split tile][kMaxConsumerWarpgroups], zero at launch and left at zero
-  float* lse;    // [split tile][part][block_m]
-  float* o;      // [split tile][part][block_m x head_dim], in the accumulator's thread order
+  float* lse;    // [split tile][plan.max_parts][block_m]
+  float* o;      // [split tile][plan.max_parts][block_m x head_dim], in the accumulator's thread order
 };
 
 struct KernelParams {

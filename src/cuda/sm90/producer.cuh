@@ -118,7 +118,7 @@ struct Producer {
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
     // before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing,
+    const TileScheduler<kMask == MaskKind::kFull> scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing,
                                   params.schedule_shift, params.split, params.tile_counter);
     // K (kPart 0) or V (kPart 1) of block n into the stage at kv, once the stage's previous K or V
     // has been consumed (and an O staged there has been read by its store).
@@ -140,7 +140,7 @@ struct Producer {
       // Worked out and published before any wait for a buffer: the consumers set the tile up from it
       // while they still wait for its Q.
       const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
-      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.parts,
+      const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.plan.steps,
                                                  params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);

@@ -42,12 +42,12 @@ struct SplitCombine {
   int warpgroup;
 
   __device__ __forceinline__ float4* o_slot(const WorkTile& t, int part, uint32_t thread) const {
-    const int64_t slot = int64_t{t.slot} * params.split.parts + part;
+    const int64_t slot = int64_t{t.slot} * params.split.plan.max_parts + part;
     return reinterpret_cast<float4*>(params.split.o + slot * kSlotO) + warpgroup * kWarpgroupThreads * kFloat4s +
            thread;
   }
   __device__ __forceinline__ float2* lse_slot(const WorkTile& t, int part, uint32_t thread) const {
-    const int64_t slot = int64_t{t.slot} * params.split.parts + part;
+    const int64_t slot = int64_t{t.slot} * params.split.plan.max_parts + part;
     return reinterpret_cast<float2*>(params.split.lse + slot * kSlotLse) + warpgroup * kQuadsPerWarpgroup +
            thread / kQuad;
   }
@@ -66,7 +66,7 @@ struct SplitCombine {
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     if (thread == 0) {
       int* ticket = &params.split.tickets[t.slot * kMaxConsumerWarpgroups + warpgroup];
-      const bool last = atomicAdd(ticket, 1) == params.split.parts - 1;
+      const bool last = atomicAdd(ticket, 1) == params.split.plan.parts_of(t.slot) - 1;
       // Every part of the slice has taken its ticket: the counter starts the next launch at zero.
       if (last) atomicExch(ticket, 0);
       smem.split_last[warpgroup] = last ? 1 : 0;
@@ -81,7 +81,7 @@ struct SplitCombine {
     // Orders the other parts' writes (seen through the ticket) before the reads below; the loads
     // go to L2 (ld.global.cg), where an earlier launch's values cannot linger as in L1.
     __threadfence();
-    const int parts = params.split.parts;
+    const int parts = params.split.plan.parts_of(t.slot);
     float m[kRows] = {-INFINITY, -INFINITY};
     for (int q = 0; q < parts; ++q) {
       const float2 l = __ldcg(lse_slot(t, q, thread));

@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cuda/common/tail_split.h"
 #include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/tile_config.h"
 #include "cuda/sm90/tile_scheduler.cuh"
@@ -50,13 +49,14 @@ struct AnnouncedTile {
 };
 
 // Producer thread: the announcement of tile t (kNoTile when !valid) for a tile shape of
-// consumer_warpgroups 64-row slices; a part of a split tile (of `parts`) gets its share of the
-// tile's KV blocks. The cut blocks stay the tile's: the sequence end still cuts the last block,
-// which the last part runs. mask: the tile's (its sequence's lengths). narrow: whether slices may
+// consumer_warpgroups 64-row slices; a part of a split tile gets its steps [step_lo, step_hi) of
+// the plan's `steps` per tile, scaled onto the tile's own KV blocks (the same blocks for a dense
+// batch; a variable-length one's tiles differ, the plan models the longest). The cut blocks stay
+// the tile's: the sequence end still cuts the last block, which the tile's last part runs. mask: the tile's (its sequence's lengths). narrow: whether slices may
 // take their first block narrow (Features::narrow_first).
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
-                                                            int consumer_warpgroups, int parts, bool narrow) {
+                                                            int consumer_warpgroups, int steps, bool narrow) {
   TileAnnouncement a{};
   a.index = valid ? t.index : kNoTile;
   if (!valid) return a;
@@ -70,8 +70,9 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
   a.len_k = t.len_k;
   a.blocks = mask.kv_blocks(t.first_row);
   if (t.part != kWholeTile) {
-    const int count = a.blocks.count(), lo = a.blocks.lo;
-    a.blocks = {lo + part_begin(count, parts, t.part), lo + part_begin(count, parts, t.part + 1)};
+    const int count = a.blocks.count();  // count x step < 2^31 (TailShares: kMaxTailProduct)
+    const auto block_at = [&](int step) { return a.blocks.lo + count * step / steps; };
+    a.blocks = {block_at(t.step_lo), block_at(t.step_hi)};
   }
   // Rows outside [0, mask.rows()) are never stored: bound the interior test by the real rows (any
   // one row when the slice has none).
@@ -117,10 +118,17 @@ __device__ __forceinline__ AnnouncedTile read_announcement(TileAnnouncement& src
   const size_t my_visible = offsetof(TileAnnouncement, visible) + warpgroup * sizeof(KVBlockRange);
   const int first_row = word(offsetof(TileAnnouncement, first_row));
   const int len_q = word(offsetof(TileAnnouncement, len_q)), len_k = word(offsetof(TileAnnouncement, len_k));
-  // The producer's fields (the sequence's K/V rows, the scan position) stay 0.
-  return {{word(offsetof(TileAnnouncement, index)), first_row, word(offsetof(TileAnnouncement, head)),
-           word(offsetof(TileAnnouncement, batch)), word(offsetof(TileAnnouncement, part)),
-           word(offsetof(TileAnnouncement, slot)), word(offsetof(TileAnnouncement, q_start)), 0, len_q, len_k, 0},
+  // The producer's fields (a part's steps, the sequence's K/V rows, the scan position) stay 0.
+  const WorkTile tile{.index = word(offsetof(TileAnnouncement, index)),
+                      .first_row = first_row,
+                      .head = word(offsetof(TileAnnouncement, head)),
+                      .batch = word(offsetof(TileAnnouncement, batch)),
+                      .part = word(offsetof(TileAnnouncement, part)),
+                      .slot = word(offsetof(TileAnnouncement, slot)),
+                      .q_start = word(offsetof(TileAnnouncement, q_start)),
+                      .len_q = len_q,
+                      .len_k = len_k};
+  return {tile,
           {word(offsetof(TileAnnouncement, blocks)), word(offsetof(TileAnnouncement, blocks) + kHi)},
           {word(my_visible), word(my_visible + kHi)},
           {first_row + warpgroup * kWarpgroupRows, {word(my_uncut), word(my_uncut + kHi)}, len_q, len_k},

@@ -10,7 +10,9 @@
 //  - dynamic: gridDim.x + atomicAdd(counter, 1), so a CTA that finishes early takes the next
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
 // What the CTAs take are work items: tiles, or with a split last wave (kernel_params.h,
-// SplitParams) the parts of the last tiles, which come after every whole tile.
+// SplitParams) the shares of the last tiles, which come after every whole tile. A share runs as
+// one or more segments (parts of consecutive tiles, cuda/common/tail_shares.h): next() walks a
+// share's segments before it takes another item, so the schedule hands out shares, not segments.
 //
 // A variable-length batch numbers only the tiles that exist: sequence by sequence, and in each
 // its heads in the grouped order above (groups of heads instead of (head, batch) pairs; a head's
@@ -43,8 +45,14 @@ struct WorkTile {
   // and lengths; int32 like the TMA coordinates.
   int q_start, k_start, len_q, len_k;
   int batch_first;  // variable-length batches: the tile index of the sequence's first tile
+  // A part's steps [step_lo, step_hi) of the plan's steps per tile (TailShares::steps), which the
+  // producer maps onto the tile's KV blocks (tile_announcement.cuh); the consumers read 0.
+  int step_lo, step_hi;
 };
 
+// kSplits: the launch may cut its last tiles into shares (full masks); masked launches never do,
+// and their producer keeps the plain tile walk.
+template <bool kSplits>
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule. heads: tile heads (packing's).
@@ -55,68 +63,91 @@ class TileScheduler {
         heads_(heads),
         packing_(packing),
         total_(split.items),
-        whole_(split.whole),
-        parts_(split.parts),
+        whole_(split.items - split.plan.shares),
+        plan_(split.plan),
         counter_(counter),
         p_(p) {}
 
   __device__ WorkTile first() const {
     const int index = static_cast<int>(blockIdx.x);
-    return varlen() ? varlen_tile_at(index, 0, 0) : tile_at(index);
+    return at(index, kShareStart, 0, 0);
   }
 
   // Called once per tile by the producer thread, including once past the last one.
   __device__ WorkTile next(const WorkTile& t) const {
+    // A share goes on with its next segment, the next tile's first steps, while it has steps left.
+    const int share_end = kSplits && t.part != kWholeTile ? plan_.share_begin(t.index - whole_ + 1) : 0;
+    const int end = t.slot * plan_.steps + t.step_hi;
+    const bool goes_on = end < share_end;
+    return at(goes_on ? t.index : fetch(t.index), goes_on ? end : kShareStart, t.batch, t.batch_first);
+  }
+
+  // The CTA's next work item after `index`.
+  __device__ int fetch(int index) const {
     const int grid = static_cast<int>(gridDim.x);
-    int index = t.index + grid;
-    if (counter_ != nullptr) {
-      const int taken = atomicAdd(counter_, 1);
-      // Every CTA ends with exactly one fetch past the last tile, so a launch makes
-      // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
-      // and it leaves the counter at zero for the next launch on the stream. (A variable-length
-      // launch's total is only a bound on its fetches; a memset behind it zeroes the counter.)
-      if (taken == total_ - 1) atomicExch(counter_, 0);
-      index = grid + taken;
-    }
-    return varlen() ? varlen_tile_at(index, t.batch, t.batch_first) : tile_at(index);
+    if (counter_ == nullptr) return index + grid;
+    const int taken = atomicAdd(counter_, 1);
+    // Every CTA ends with exactly one fetch past the last item, so a launch makes
+    // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
+    // and it leaves the counter at zero for the next launch on the stream. (A variable-length
+    // launch's total is only a bound on its fetches; a memset behind it zeroes the counter.)
+    if (taken == total_ - 1) atomicExch(counter_, 0);
+    return grid + taken;
   }
 
   __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
 
-  // Work item `index`'s tile and, past the whole tiles, which part of it and its workspace slot.
+  // from: the flattened tail step a share's segment starts at, or kShareStart for its first.
+  static constexpr int kShareStart = -1;
+
+  // Work item `index`'s tile and, for a share, the segment starting at `from`: which part of
+  // which tile, with its workspace slot and steps.
   struct ItemTile {
-    int tile, part, slot;
+    int tile, part, slot, step_lo, step_hi;
   };
-  __device__ ItemTile item_tile(int index) const {
-    if (index < whole_) return {index, kWholeTile, 0};
-    const int slot = (index - whole_) / parts_;
-    return {whole_ + slot, index - whole_ - slot * parts_, slot};
+  __device__ ItemTile item_tile(int index, int from) const {
+    if (!kSplits || index < whole_ || index >= total_) return {index, kWholeTile, 0, 0, 0};
+    return share_segment(index - whole_, from);
+  }
+  // Not inlined: the divisions' registers would count against the consumers' (ptxas allocates
+  // for the whole kernel; inlined, this spilled 4 B of d96's consumers).
+  __device__ __noinline__ ItemTile share_segment(int share, int from) const {
+    const int x = from == kShareStart ? plan_.share_begin(share) : from;
+    const TailSegment s = plan_.segment_at(x, plan_.share_begin(share + 1));
+    return {whole_ + s.item, s.part, s.item, s.step_lo, s.step_hi};
   }
 
-  __device__ WorkTile tile_at(int index) const {
-    const ItemTile it = item_tile(index);
+  // A variable-length launch scans on from the previous tile's sequence b (first: its first tile).
+  __device__ WorkTile at(int index, int from, int b, int first) const {
+    return varlen() ? varlen_tile_at(index, from, b, first) : tile_at(index, from);
+  }
+
+  __device__ WorkTile tile_at(int index, int from) const {
+    const ItemTile it = item_tile(index, from);
     const ScheduledItem item = scheduled_item(order_, it.tile);
     const int m_block = order_.blocks - 1 - item.rank;
-    return {index,
-            m_block * block_m_,
-            item.pair % heads_,
-            item.pair / heads_,
-            it.part,
-            it.slot,
-            0,
-            0,
-            static_cast<int>(p_.seqlen_q),
-            static_cast<int>(p_.seqlen_k),
-            0};
+    return {.index = index,
+            .first_row = m_block * block_m_,
+            .head = item.pair % heads_,
+            .batch = item.pair / heads_,
+            .part = it.part,
+            .slot = it.slot,
+            .q_start = 0,
+            .k_start = 0,
+            .len_q = static_cast<int>(p_.seqlen_q),
+            .len_k = static_cast<int>(p_.seqlen_k),
+            .batch_first = 0,
+            .step_lo = it.step_lo,
+            .step_hi = it.step_hi};
   }
 
   // Item `index` of a variable-length launch, scanning from sequence b, whose first tile is tile
   // `first` (the item's tile >= first); past the last sequence, an item that is_valid() rejects.
-  __device__ WorkTile varlen_tile_at(int index, int b, int first) const {
-    const ItemTile it = item_tile(index);
+  __device__ WorkTile varlen_tile_at(int index, int from, int b, int first) const {
+    const ItemTile it = item_tile(index, from);
     int q_start = p_.cu_seqlens_q[b], q_end = 0, m_blocks = 0;
     for (;; ++b) {
-      if (b >= p_.batch) return {total_, 0, 0, b, kWholeTile, 0, 0, 0, 0, 0, first};
+      if (b >= p_.batch) return {.index = total_, .batch = b, .part = kWholeTile, .batch_first = first};
       q_end = p_.cu_seqlens_q[b + 1];
       m_blocks = static_cast<int>((packing_.rows(int64_t{q_end - q_start}) + block_m_ - 1) / block_m_);
       if (it.tile < first + heads_ * m_blocks) break;
@@ -126,12 +157,19 @@ class TileScheduler {
     const ScheduledItem item = scheduled_item({m_blocks, order_.shift}, it.tile - first);
     const int m_block = m_blocks - 1 - item.rank;
     const int k_start = p_.cu_seqlens_k[b];
-    return {index,      m_block * block_m_, item.pair, b,
-            it.part,    it.slot,
-            q_start,    k_start,
-            q_end - q_start,
-            p_.cu_seqlens_k[b + 1] - k_start,
-            first};
+    return {.index = index,
+            .first_row = m_block * block_m_,
+            .head = item.pair,
+            .batch = b,
+            .part = it.part,
+            .slot = it.slot,
+            .q_start = q_start,
+            .k_start = k_start,
+            .len_q = q_end - q_start,
+            .len_k = p_.cu_seqlens_k[b + 1] - k_start,
+            .batch_first = first,
+            .step_lo = it.step_lo,
+            .step_hi = it.step_hi};
   }
 
  private:
@@ -140,8 +178,8 @@ class TileScheduler {
   int heads_;
   RowPacking packing_;
   int total_;  // work items
-  int whole_;  // items before whole_ are whole tiles
-  int parts_;
+  int whole_;  // items before whole_ are whole tiles, the others shares
+  TailShares plan_;
   int* counter_;
   const FwdParams& p_;
 
