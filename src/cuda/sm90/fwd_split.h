@@ -26,7 +26,12 @@ namespace fusedattn::cuda::sm90 {
 // costs 1 + head_dim / 128 steps. With the first guess (one step at every head dim) the A/B on the
 // H200 (fp16, TFLOP/s, split on / off, two repetitions in one call) had d128 full 16k 636-641 /
 // 604-635 and d256 full 16k 708 / 664-680 but d256 full 8k 678-690 / 701-708 and d64 full 1k
-// 424-429 / 430-433: those two no longer split.
+// 424-429 / 430-433: those two no longer split. The plan now weighs balanced shares as well
+// (cuda/common/tail_shares.h), which fill the last round where no number of equal parts does.
+// H200 fp16, medians of seven, one process, shares / unsplit: d128 full 4k 662 / 651, 8k 685 /
+// 668; d256 full 4k 703 / 696, 8k 712 / 717 (the power-capped d256 gains little from a fuller
+// last round); d256 full 16k shares / unsplit / the equal parts of the earlier plan 710 / 701 /
+// 685 (docs/perf.md, thirty-first session).
 constexpr double kFwdTileSteps = 1.5;
 constexpr double kFwdPartStepsPerHeadDim = 1.0 / 128;
 
@@ -279,8 +284,9 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && w.tiles >= slots)) return w;
   const int64_t tail = w.tiles % slots != 0 ? w.tiles % slots : std::min(w.tiles, slots);
   const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
-  w.split = can_cut_tail(w.tiles, tail, w.kv_blocks, forced) ? cut_tail(w.tiles, tail, w.kv_blocks, static_cast<int>(forced))
-                        : plan_tail_shares(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
+  w.split = can_cut_tail(w.tiles, tail, w.kv_blocks, forced)
+                ? cut_tail(w.tiles, tail, w.kv_blocks, static_cast<int>(forced))
+                : plan_tail_shares(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }
 

@@ -118,8 +118,9 @@ struct Producer {
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
     // before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler<kMask == MaskKind::kFull> scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing,
-                                  params.schedule_shift, params.split, params.tile_counter);
+    const TileScheduler<kMask == MaskKind::kFull> scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads,
+                                                            params.packing, params.schedule_shift, params.split,
+                                                            params.tile_counter);
     // K (kPart 0) or V (kPart 1) of block n into the stage at kv, once the stage's previous K or V
     // has been consumed (and an O staged there has been read by its store).
     const auto load = [&](auto part, const WorkTile& t, int n, int head_kv, int kv_batch) {

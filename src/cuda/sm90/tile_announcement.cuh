@@ -52,8 +52,9 @@ struct AnnouncedTile {
 // consumer_warpgroups 64-row slices; a part of a split tile gets its steps [step_lo, step_hi) of
 // the plan's `steps` per tile, scaled onto the tile's own KV blocks (the same blocks for a dense
 // batch; a variable-length one's tiles differ, the plan models the longest). The cut blocks stay
-// the tile's: the sequence end still cuts the last block, which the tile's last part runs. mask: the tile's (its sequence's lengths). narrow: whether slices may
-// take their first block narrow (Features::narrow_first).
+// the tile's: the sequence end still cuts the last block, which the tile's last part runs. mask:
+// the tile's (its sequence's lengths). narrow: whether slices may take their first block narrow
+// (Features::narrow_first).
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
                                                             int consumer_warpgroups, int steps, bool narrow) {

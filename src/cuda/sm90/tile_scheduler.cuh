@@ -11,8 +11,9 @@
 //    tile in line; with the longest-first order this balances causal tiles of unequal length.
 // What the CTAs take are work items: tiles, or with a split last wave (kernel_params.h,
 // SplitParams) the shares of the last tiles, which come after every whole tile. A share runs as
-// one or more segments (parts of consecutive tiles, cuda/common/tail_shares.h): next() walks a
-// share's segments before it takes another item, so the schedule hands out shares, not segments.
+// one or more segments (parts of consecutive tiles, cuda/common/tail_shares.h): next() walks
+// a share's segments before it takes another item, so the schedule hands out shares, not
+// segments.
 //
 // A variable-length batch numbers only the tiles that exist: sequence by sequence, and in each
 // its heads in the grouped order above (groups of heads instead of (head, batch) pairs; a head's
@@ -110,7 +111,9 @@ class TileScheduler {
     return share_segment(index - whole_, from);
   }
   // Not inlined: the divisions' registers would count against the consumers' (ptxas allocates
-  // for the whole kernel; inlined, this spilled 4 B of d96's consumers).
+  // for the whole kernel; inlined, this spilled 4 B of d96's consumers). The call puts the
+  // scheduler on the producer thread's stack (64 B, no spill); the plan passed by value in
+  // registers instead brought d96's 4 B back.
   __device__ __noinline__ ItemTile share_segment(int share, int from) const {
     const int x = from == kShareStart ? plan_.share_begin(share) : from;
     const TailSegment s = plan_.segment_at(x, plan_.share_begin(share + 1));
