@@ -82,6 +82,16 @@ TEST(GqaPack, VarlenPacksAndSplitsOnlyFewTiles) {
   EXPECT_EQ(varlen_tile_bound(p, unpacked, 128), (5000 + 127) / 128 * 4 * 32);
   EXPECT_EQ(varlen_tile_bound(p, tiled_rows(p, 2), 128), (4 * 5000 + 127) / 128 * 4 * 8);
   EXPECT_FALSE(planned_fwd_work(p, MaskKind::kFull, 128, kSms).split.split());  // many tiles: whole
+  // Decode over millions of keys: a dense batch splits (its parts are whole steps), a variable-length
+  // one only up to kMaxVarlenSplitBlocks blocks (its parts are scaled in 32 bits).
+  FwdParams longest = shape(1, 8, 8, 1, 6'000'000);
+  EXPECT_TRUE(planned_fwd_work(longest, MaskKind::kFull, 128, kSms).split.split());
+  longest.cu_seqlens_q = longest.cu_seqlens_k = kOffsets;
+  longest.varlen_rows_q = 1;
+  longest.varlen_rows_k = 6'000'000;
+  EXPECT_FALSE(planned_fwd_work(longest, MaskKind::kFull, 128, kSms).split.split());
+  longest.seqlen_k = longest.varlen_rows_k = 4'000'000;
+  EXPECT_TRUE(planned_fwd_work(longest, MaskKind::kFull, 128, kSms).split.split());
 }
 
 }  // namespace

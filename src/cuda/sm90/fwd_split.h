@@ -266,6 +266,9 @@ inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int 
   return (by_max < by_rows ? by_max : by_rows) * rows.heads;
 }
 
+// The longest key range (in KV blocks) a variable-length launch splits: blocks x blocks < 2^31.
+constexpr int kMaxVarlenSplitBlocks = 46340;
+
 // The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
 // persistent grid: one per SM). Only full masks split: their tiles are equal (a dense batch's),
 // or (a variable-length one's) the plan models them by the longest sequence. A variable-length
@@ -282,6 +285,9 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
   w.split = {static_cast<int>(w.tiles), 0, w.kv_blocks, 0, 1};
   if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && w.tiles >= slots)) return w;
+  // A variable-length tile's parts are its steps scaled onto its own blocks in 32 bits
+  // (tile_announcement.cuh): up to kMaxVarlenSplitBlocks blocks (2.9M keys of 64-key blocks).
+  if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
   const int64_t tail = w.tiles % slots != 0 ? w.tiles % slots : std::min(w.tiles, slots);
   const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
   w.split = can_cut_tail(w.tiles, tail, w.kv_blocks, forced)

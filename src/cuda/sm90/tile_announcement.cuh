@@ -71,8 +71,10 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
   a.len_k = t.len_k;
   a.blocks = mask.kv_blocks(t.first_row);
   if (t.part != kWholeTile) {
-    const int count = a.blocks.count();  // count x step < 2^31 (TailShares: kMaxTailProduct)
-    const auto block_at = [&](int step) { return a.blocks.lo + count * step / steps; };
+    // A dense batch's tiles have count == steps; a variable-length one splits only where
+    // steps x steps fits 32 bits (fwd_work), so count x step does.
+    const int count = a.blocks.count();
+    const auto block_at = [&](int step) { return a.blocks.lo + (count == steps ? step : count * step / steps); };
     a.blocks = {block_at(t.step_lo), block_at(t.step_hi)};
   }
   // Rows outside [0, mask.rows()) are never stored: bound the interior test by the real rows (any
