@@ -19,10 +19,12 @@ void expect_segments_cover(const TailShares& s) {
   SCOPED_TRACE(::testing::Message() << s.tiles << " items of " << s.steps << " steps, " << s.shares << " shares");
   std::vector<int> next_step(static_cast<size_t>(s.tiles), 0), next_part(static_cast<size_t>(s.tiles), 0);
   int max_parts = 0;
+  double longest = 0.0;  // the plan's figure, from the walk: steps plus fixed costs per segment
   for (int j = 0; j < s.shares; ++j) {
     const int end = s.share_begin(j + 1);
     ASSERT_LT(s.share_begin(j), end) << "share " << j << " is empty";
-    for (int x = s.share_begin(j); x < end;) {
+    int segments = 0;
+    for (int x = s.share_begin(j); x < end; ++segments) {
       const TailSegment seg = s.segment_at(x, end);
       ASSERT_GE(seg.item, 0);
       ASSERT_LT(seg.item, s.tiles);
@@ -37,6 +39,8 @@ void expect_segments_cover(const TailShares& s) {
       EXPECT_GT(seg.end, x);
       x = seg.end;
     }
+    const double cost = (end - s.share_begin(j)) + segments * (kCost.item_steps + kCost.part_steps);
+    longest = cost > longest ? cost : longest;
   }
   for (int i = 0; i < s.tiles; ++i) {
     EXPECT_EQ(next_step[static_cast<size_t>(i)], s.steps) << "item " << i << " covered";
@@ -44,6 +48,8 @@ void expect_segments_cover(const TailShares& s) {
     max_parts = s.parts_of(i) > max_parts ? s.parts_of(i) : max_parts;
   }
   EXPECT_EQ(max_parts, s.max_parts);
+  EXPECT_EQ(tail_share_costs(s, kCost).max_parts, s.max_parts);
+  EXPECT_DOUBLE_EQ(tail_share_costs(s, kCost).longest, longest);
 }
 
 TEST(TailShares, SegmentsCoverEveryStepOnce) {
@@ -95,13 +101,13 @@ TEST(TailShares, NoSplitWhereItCannotPay) {
   EXPECT_FALSE(plan_tail_shares(100, 0, kSms, kCost).split());
 }
 
-// Fewer items than slots: all of them are cut, no item into more than kTailMaxSharesPerItem parts.
+// Fewer items than slots: all of them are cut, no item into more than kTailMaxParts parts.
 TEST(TailShares, FewItemsAllSplit) {
   for (const int64_t items : {1, 5, 32, 100}) {
     const TailShares s = plan_tail_shares(items, 128, kSms, kCost);
     ASSERT_TRUE(s.split()) << items;
     EXPECT_EQ(s.whole, 0);
-    EXPECT_LE(s.max_parts, kTailMaxSharesPerItem);
+    EXPECT_LE(s.max_parts, kTailMaxParts);
     EXPECT_LE(s.shares, kSms) << "one round";
     expect_segments_cover(s);
   }

@@ -1,5 +1,5 @@
 // The last-wave split plan of full-mask launches (src/cuda/common/tail_split.h): host arithmetic
-// that both the sm80 backward and the sm90 forward launchers use.
+// that the sm80 backward's launcher uses (the sm90 forward's shares: test_tail_shares.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -15,6 +15,7 @@
 // segments with it, and the tests ask it how their shapes split.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/tail_split.h"
@@ -67,24 +68,35 @@ struct TailShares {
   }
 };
 
-// Items split into more parts pay their fixed costs too often, and their combine reads every
-// part back: the same bound as tail_split.h's.
-constexpr int kTailMaxSharesPerItem = kTailMaxParts;
-
-// A cut's figures the plan weighs: the most parts of one item, the longest share in steps with
-// its fixed costs (one item cost and one part cost per segment).
+// A cut's figures the plan weighs: the most parts of one item (the shares that touch it) and the
+// longest share in steps with its fixed costs (one item cost and one part cost per segment). The
+// plan runs on the host at every launch, so equal parts (S = T x parts, parts <= L: share j is
+// part j mod parts of item j / parts, one segment) take them in closed form, other cuts in one
+// walk over the shares.
 struct TailShareCosts {
   int max_parts;
   double longest;
 };
 inline TailShareCosts tail_share_costs(const TailShares& s, TailCost cost) {
+  const double per_segment = cost.item_steps + cost.part_steps;
+  if (s.shares % s.tiles == 0) {
+    const int parts = s.shares / s.tiles;
+    return {parts, (s.steps + parts - 1) / parts + per_segment};
+  }
   TailShareCosts c{1, 0.0};
-  for (int t = 0; t < s.tiles; ++t) c.max_parts = s.parts_of(t) > c.max_parts ? s.parts_of(t) : c.max_parts;
-  for (int j = 0; j < s.shares; ++j) {
-    const int begin = s.share_begin(j), end = s.share_begin(j + 1);
-    const int segments = (end - 1) / s.steps - begin / s.steps + 1;
-    const double t = static_cast<double>(end - begin) + segments * (cost.item_steps + cost.part_steps);
-    c.longest = t > c.longest ? t : c.longest;
+  int item = 0, parts = 0;  // the item the previous share ended in, and the shares touching it so far
+  for (int j = 0, begin = 0; j < s.shares; ++j) {
+    const int end = s.share_begin(j + 1);
+    const int first = begin / s.steps, last = (end - 1) / s.steps;
+    parts = first == item ? parts + 1 : 1;
+    if (last != first) {  // the share leaves item `first` finished and starts the count of `last`
+      c.max_parts = std::max(c.max_parts, parts);
+      parts = 1;
+    }
+    item = last;
+    c.max_parts = std::max(c.max_parts, parts);
+    c.longest = std::max(c.longest, (end - begin) + (last - first + 1) * per_segment);
+    begin = end;
   }
   return c;
 }
@@ -104,19 +116,23 @@ inline TailShares cut_tail(int64_t items, int64_t tail, int steps, int shares) {
 }
 
 // Modelled makespan, in steps, of `items` items on `slots` slots run as s (whole waves first,
-// then the shares in rounds of `slots`).
-inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, const TailShares& s, TailCost cost) {
+// then the shares in rounds of `slots`, each as long as the longest share).
+inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, const TailShares& s, double longest,
+                                   TailCost cost) {
   const int64_t whole = s.split() ? s.whole : items;
   const double whole_time = static_cast<double>((whole + slots - 1) / slots) * (steps + cost.item_steps);
   if (!s.split()) return whole_time;
   const int64_t rounds = (s.shares + slots - 1) / slots;
-  return whole_time + static_cast<double>(rounds) * tail_share_costs(s, cost).longest;
+  return whole_time + static_cast<double>(rounds) * longest;
+}
+inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, const TailShares& s, TailCost cost) {
+  return tail_shares_makespan(items, steps, slots, s, s.split() ? tail_share_costs(s, cost).longest : 0.0, cost);
 }
 
 // The cut of the last items that minimises the modelled makespan: T = N mod P or that plus a
 // wave; S = T x parts (equal parts, as tail_split.h) or S = P (balanced over the slots), each
-// with shares of at least kTailMinPartSteps steps and at most kTailMaxSharesPerItem parts per
-// item. No split (shares == 0, every item whole) unless it saves kTailMinGain.
+// with shares of at least kTailMinPartSteps steps and at most kTailMaxParts parts per item. No
+// split (shares == 0, every item whole) unless it saves kTailMinGain.
 inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, TailCost cost) {
   const TailShares unsplit{static_cast<int>(items), 0, steps, 0, 1};
   if (items <= 0 || steps <= 0 || slots <= 0 || items % slots == 0) return unsplit;
@@ -124,9 +140,11 @@ inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, Tail
   double best_time = tail_shares_makespan(items, steps, slots, unsplit, cost) * (1.0 - kTailMinGain);
   const auto consider = [&](int64_t tail, int64_t shares) {
     if (!can_cut_tail(items, tail, steps, shares) || tail * steps < shares * int64_t{kTailMinPartSteps}) return;
-    const TailShares s = cut_tail(items, tail, steps, static_cast<int>(shares));
-    if (s.max_parts > kTailMaxSharesPerItem) return;
-    const double t = tail_shares_makespan(items, steps, slots, s, cost);
+    TailShares s{static_cast<int>(items - tail), static_cast<int>(tail), steps, static_cast<int>(shares), 1};
+    const TailShareCosts c = tail_share_costs(s, cost);  // one walk for both figures
+    s.max_parts = c.max_parts;
+    if (s.max_parts > kTailMaxParts) return;
+    const double t = tail_shares_makespan(items, steps, slots, s, c.longest, cost);
     if (t < best_time) {
       best_time = t;
       best = s;

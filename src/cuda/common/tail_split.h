@@ -1,5 +1,7 @@
-// Splitting the last wave of a launch of equal work items (full-mask launches: every query tile
-// of the forward, every KV block of the backward, does the same number of steps).
+// Splitting the last wave of a launch of equal work items (full-mask launches: every KV block of
+// the backward, every query tile of the forward, does the same number of steps). The sm80
+// backward plans with this; the sm90 forward cuts its last items into balanced shares
+// (tail_shares.h), of which these equal parts are one case, with the same costs and bounds.
 //
 // N items of L steps on P concurrent slots (CTAs that fit the GPU at once) take ceil(N / P)
 // rounds; when N is just above a multiple of P most slots idle through the last round. The FA grid
