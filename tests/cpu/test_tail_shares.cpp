@@ -85,7 +85,7 @@ TEST(TailShares, BalancedSharesFillTheLastRound) {
   EXPECT_EQ(s.whole % kSms, 0) << "whole items fill whole waves";
   EXPECT_EQ(s.items(), s.whole + kSms);
   EXPECT_LE(s.max_parts, 3);
-  const double unsplit = tail_shares_makespan(1024, 103, kSms, {1024, 0, 103, 0, 1}, kCost);
+  const double unsplit = tail_shares_makespan(1024, 103, kSms, TailShares::unsplit(1024, 103), kCost);
   EXPECT_FALSE(can_cut_tail(1024, 100, 1 << 20, kSms)) << "the decode's products must fit 32 bits";
   EXPECT_LE(tail_shares_makespan(1024, 103, kSms, s, kCost), unsplit * (1 - kTailMinGain));
   expect_segments_cover(s);

@@ -43,6 +43,9 @@ struct TailShares {
   int shares = 0;     // shares the tail is cut into (0: no split)
   int max_parts = 1;  // the most parts of one tail item (its workspace slots)
 
+  // Every one of `items` items of `steps` steps run whole: no tail cut.
+  FUSEDATTN_HD static constexpr TailShares unsplit(int items, int steps) { return {items, 0, steps, 0, 1}; }
+
   FUSEDATTN_HD bool split() const { return shares > 0; }
   // Work items the scheduler hands out: the whole items, then one per share.
   FUSEDATTN_HD int items() const { return whole + shares; }
@@ -134,7 +137,7 @@ inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, cons
 // with shares of at least kTailMinPartSteps steps and at most kTailMaxParts parts per item. No
 // split (shares == 0, every item whole) unless it saves kTailMinGain.
 inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, TailCost cost) {
-  const TailShares unsplit{static_cast<int>(items), 0, steps, 0, 1};
+  const TailShares unsplit = TailShares::unsplit(static_cast<int>(items), steps);
   if (items <= 0 || steps <= 0 || slots <= 0 || items % slots == 0) return unsplit;
   TailShares best = unsplit;
   double best_time = tail_shares_makespan(items, steps, slots, unsplit, cost) * (1.0 - kTailMinGain);

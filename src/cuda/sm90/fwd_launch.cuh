@@ -144,7 +144,7 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     workspace = split_workspace(stream, kMaxSplitWaves * slots, work.split.tiles, work.split.max_parts, Cfg::kBlockM,
                                 kHeadDim);
     // No workspace can be made during a graph capture: every tile whole.
-    if (!workspace.ok()) work.split = {static_cast<int>(tiles), 0, work.kv_blocks, 0, 1};
+    if (!workspace.ok()) work.split = TailShares::unsplit(static_cast<int>(tiles), work.kv_blocks);
   }
   kp.split = {work.split, static_cast<int>(work.items()), workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;

@@ -283,7 +283,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m)
                    : (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
-  w.split = {static_cast<int>(w.tiles), 0, w.kv_blocks, 0, 1};
+  w.split = TailShares::unsplit(static_cast<int>(w.tiles), w.kv_blocks);
   if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && w.tiles >= slots)) return w;
   // A variable-length tile's parts are its steps scaled onto its own blocks in 32 bits
   // (tile_announcement.cuh): up to kMaxVarlenSplitBlocks blocks (2.9M keys of 64-key blocks).
