@@ -1,5 +1,5 @@
 // The sm90 forward's tile choice per launch (src/cuda/sm90/fwd_split.h: keys_per_row, d64_tile,
-// uses_block64, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
+// uses_block64, uses_pair_cluster, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
 // here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
 // Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
 #include <gtest/gtest.h>
@@ -30,7 +30,7 @@ FwdParams windowed(int64_t seqlen, int64_t left, int64_t right, int head_dim) {
 MaskKind mask_of(const FwdParams& p) { return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull; }
 
 TileShape chosen(const FwdParams& p, int instance_head_dim) {
-  return fwd_tile_shape(instance_head_dim, mask_of(p), tiled_rows(p, 0), keys_per_row(p));
+  return fwd_tile_shape(p, instance_head_dim, mask_of(p), tiled_rows(p, 0));
 }
 
 bool same(TileShape a, TileShape b) {
@@ -179,6 +179,81 @@ TEST(Sm90TileChoice, StaticScheduleForShortFullMasks) {
   const int32_t offsets[2] = {0, 2048};
   varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
   EXPECT_FALSE(prefers_static_schedule(varlen, MaskKind::kFull, 128));
+}
+
+// A dense full-mask problem, batch 2 and 8 heads.
+FwdParams full(int64_t seqlen_q, int64_t seqlen_k, int head_dim) {
+  FwdParams p;
+  testing::set_shape(p, testing::dense(2, 8, 8, seqlen_q, seqlen_k, head_dim));
+  fold_unbounded_window(p);
+  return p;
+}
+
+int cluster_of(const FwdParams& p, int instance_head_dim) { return chosen(p, instance_head_dim).cluster_ctas; }
+
+// CTA pairs (kPairCluster) by default for full masks of dense batches at d256 from
+// kPairClusterMinKeys keys, where the query blocks pair up (an even count, or enough that an idle
+// last CTA costs little); never under masks, for variable-length batches, d64, d128 or d192. By
+// default d256 pairs only its 80-key tile (64-key blocks end at 4096 keys); forced, either.
+TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
+  EXPECT_EQ(chosen(full(1024, 8192, 256), 256).block_n, tile_shape(256).block_n);
+  EXPECT_EQ(cluster_of(full(1024, 8192, 256), 256), 2);
+  EXPECT_EQ(cluster_of(full(4096, kPairClusterMinKeys - 1, 256), 256), 1);
+  EXPECT_EQ(cluster_of(full(4096, 4096, 256), 256), 1);
+  EXPECT_EQ(cluster_of(full(3 * 128, 8192, 256), 256), 1);  // three query blocks: one CTA of two idle
+  EXPECT_EQ(cluster_of(full(kPairClusterMinOddBlocks * 128, 8192, 256), 256), 2);
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 256), 256), 1);
+  EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 1);
+  EXPECT_EQ(cluster_of(full(8192, 8192, 64), 64), 1);
+  EXPECT_EQ(cluster_of(full(8192, 8192, 192), 192), 1);
+  FwdParams varlen = full(8192, 8192, 256);
+  const int32_t offsets[2] = {0, 8192};
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
+  EXPECT_EQ(cluster_of(varlen, 256), 1);
+  const testing::ScopedEnv on("FUSEDATTN_SM90_CLUSTER", "1");
+  EXPECT_EQ(chosen(full(4096, 4096, 256), 256).block_n, kD256Block64.block_n);
+  EXPECT_EQ(cluster_of(full(4096, 4096, 256), 256), 2);
+  EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 2);
+}
+
+// FUSEDATTN_SM90_CLUSTER=0 turns the pairs off; =1 on wherever they are supported, and only there.
+TEST(Sm90TileChoice, ClusterSwitch) {
+  {
+    const testing::ScopedEnv off("FUSEDATTN_SM90_CLUSTER", "0");
+    EXPECT_EQ(cluster_of(full(4096, 4096, 128), 128), 1);
+  }
+  const testing::ScopedEnv on("FUSEDATTN_SM90_CLUSTER", "1");
+  EXPECT_EQ(cluster_of(full(300, 30, 256), 256), 2);
+  EXPECT_EQ(cluster_of(windowed(4096, -1, 0, 256), 256), 1);
+  EXPECT_EQ(cluster_of(full(4096, 4096, 64), 64), 1);
+}
+
+// A paired launch's work items are its pairs of query blocks: 3 query blocks make 2 pairs per
+// (head, batch). Their last wave is cut into shares as tiles are, planned on the clusters (one per
+// two SMs): 2 x 8 (head, batch) of 8192 queries are 512 pairs of 103 80-key steps on 66 clusters.
+TEST(Sm90TileChoice, PairedWorkIsPairsOfQueryBlocks) {
+  const testing::ScopedEnv on("FUSEDATTN_SM90_CLUSTER", "1");
+  {
+    const testing::ScopedEnv whole("FUSEDATTN_SM90_TAIL_SPLIT", "0");
+    const FwdWork w = planned_fwd_work(full(3 * 128, 4096, 128), MaskKind::kFull, 128, 132);
+    EXPECT_EQ(w.shape.cluster_ctas, 2);
+    EXPECT_EQ(w.items(), 2 * 8 * 2);
+    EXPECT_FALSE(w.split.split());
+  }
+  const FwdWork w = planned_fwd_work(full(8192, 8192, 256), MaskKind::kFull, 256, 132);
+  ASSERT_EQ(w.shape.cluster_ctas, 2);
+  ASSERT_EQ(w.kv_blocks, 103);
+  const TailShares plan = plan_tail_shares(512, 103, 66, fwd_tail_cost(256));
+  EXPECT_TRUE(w.split.split());
+  EXPECT_EQ(w.split.whole + w.split.tiles, 512);
+  EXPECT_EQ(w.split.whole, plan.whole);
+  EXPECT_EQ(w.split.shares, plan.shares);
+  EXPECT_EQ(w.split.max_parts, plan.max_parts);
+  // Run whole (no workspace during a graph capture), the same 512 pairs.
+  FwdWork undone = w;
+  undone.run_whole();
+  EXPECT_FALSE(undone.split.split());
+  EXPECT_EQ(undone.items(), 512);
 }
 
 }  // namespace

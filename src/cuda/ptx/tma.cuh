@@ -31,6 +31,16 @@ __device__ __forceinline__ void tma_load_5d(void* smem_dst, const CUtensorMap* m
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
 }
 
+// cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster
+//   [dst], [map, {c0, c1, c2, c3}], [bar], cta_mask; PTX ISA 8.0, sm_90a. The box lands at dst's
+// offset in the shared memory of every CTA of the cluster in cta_mask (bit r: rank r), and each
+// one's mbarrier at bar's offset counts its bytes.
+__device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUtensorMap* map, int32_t c0, int32_t c1,
+                                                      int32_t c2, int32_t c3, uint64_t* bar, uint16_t cta_mask) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar,
+                                    cta_mask);
+}
 // cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [map, {c0, c1, c2, c3}], [src];
 // PTX ISA 8.0, sm_90.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,

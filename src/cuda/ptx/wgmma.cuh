@@ -49,15 +49,21 @@ constexpr __host__ __device__ uint64_t desc_encode(uint32_t bytes) { return (byt
 // offset) depends on where the tile sits. So a k-step's descriptor is the tile's low word plus
 // the encoded step offset -- one 32-bit add, no carry into the high word (tiles stay below
 // 256 KiB: the address field never overflows) -- and the high word never needs a register.
-// The start address is not masked to the field: a .shared window address on sm_90 is below its
-// 228 KiB, inside the field's 18 bits already, and the mask (which ptxas cannot prove redundant)
-// would cost an instruction each time a K or V stage's word is formed, twice per KV block. The
-// fields do not overlap, so adding them is or-ing them, and ptxas fuses the shift with the add.
+// Outside a cluster the start address is not masked to the field: a CTA's .shared window address
+// on sm_90 is below its 228 KiB, inside the field's 18 bits already, and the mask (which ptxas
+// cannot prove redundant) would cost an instruction each time a K or V stage's word is formed,
+// twice per KV block. The fields do not overlap, so adding them is or-ing them, and ptxas fuses
+// the shift with the add. In a cluster launch (kInCluster) the address is masked: there the
+// window addresses of a CTA of rank 1 have bits above the field set, which unmasked spill into
+// the leading byte offset (H200: that CTA's wgmmas read wrong operands from correct tiles,
+// docs/hopper.md, session 35).
 constexpr int kDescWordBits = 32;
 constexpr uint32_t kSharedWindowBytes = 228 * 1024;
 static_assert(kSharedWindowBytes - 1 <= kDescFieldMask, "shared addresses fit the descriptor's address field");
+template <bool kInCluster = false>
 constexpr __host__ __device__ uint32_t desc_low_word(uint32_t smem_address, uint32_t leading_byte_offset) {
-  return (smem_address >> 4) + static_cast<uint32_t>(desc_encode(leading_byte_offset) << kDescLboShift);
+  const uint32_t address = kInCluster ? smem_address & kDescFieldMask : smem_address;
+  return (address >> 4) + static_cast<uint32_t>(desc_encode(leading_byte_offset) << kDescLboShift);
 }
 constexpr __host__ __device__ uint32_t desc_high_word(uint32_t stride_byte_offset) {
   return static_cast<uint32_t>(desc_encode(stride_byte_offset) << (kDescSboShift - kDescWordBits) |

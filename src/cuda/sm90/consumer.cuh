@@ -49,6 +49,7 @@ struct Consumer {
   using Storage = SharedStorage<Element, Cfg>;
   using KVRing = KVRingState<Cfg>;
   static constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kHeadDim = Cfg::kHeadDim;
+  static constexpr bool kInCluster = Cfg::kClusterCtas > 1;  // descriptors mask their addresses (ptx::desc_low_word)
   static constexpr int kSAcc = kWarpgroupRows * kBlockN / kWarpgroupThreads;    // S floats per thread
   static constexpr int kOAcc = kWarpgroupRows * kHeadDim / kWarpgroupThreads;   // O floats per thread
   static constexpr int kPRegs = kSAcc / 2;                                      // P as packed pairs
@@ -101,8 +102,10 @@ struct Consumer {
     // words from the kernel parameters ptxas keeps its words in uniform registers (0 B spills at
     // every head dim; before, the hoisted descriptors spilled at d256).
     const uint32_t q_low =
-        ptx::desc_low_word(ptx::smem_addr(q_tile()) + warpgroup * kWarpgroupRows * kRowBytes, kUnusedLbo);
-    const uint32_t k_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
+        ptx::desc_low_word<kInCluster>(ptx::smem_addr(q_tile()) + warpgroup * kWarpgroupRows * kRowBytes,
+                                       kUnusedLbo);
+    const uint32_t k_low =
+        ptx::value_here(ptx::desc_low_word<kInCluster>(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
     const uint32_t q_high = params.desc_high.q, k_high = params.desc_high.k;
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
@@ -119,7 +122,8 @@ struct Consumer {
   // slabs: for wgmma that is B N-major, 64-column groups kBlockN rows apart (LBO), 8-key groups
   // one atom apart (SBO); each k-step moves 16 keys down.
   __device__ __forceinline__ void issue_pv(const uint32_t (&p)[kPRegs], int stage) {
-    const uint32_t v_low = ptx::value_here(ptx::desc_low_word(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes));
+    const uint32_t v_low =
+        ptx::value_here(ptx::desc_low_word<kInCluster>(ptx::smem_addr(smem.v[stage]), kBlockN * kRowBytes));
     const uint32_t v_high = params.desc_high.v;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kKStep; ++kk) {

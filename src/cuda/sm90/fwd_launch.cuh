@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 
@@ -19,6 +20,7 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
 #include "cuda/sm90/trace_sink.h"
+#include "fusedattn/error.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -89,17 +91,63 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   return f;
 }
 
+// A launch of `grid` CTAs of `threads` in clusters of cluster_ctas along x (1: no cluster
+// attribute, a plain launch). Not copyable: the configuration points at its attribute.
+struct ClusterLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+  ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas) {
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    config.stream = stream;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(cluster_ctas);
+    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = cluster_ctas > 1 ? 1 : 0;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// How many clusters of cluster_ctas CTAs of `kernel` the device runs at once (cached per device).
+template <class Kernel>
+int max_active_clusters(Kernel kernel, int threads, int smem_bytes, int cluster_ctas) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];
+  int device = 0;
+  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device < kMaxDevices && known[device].load() > 0) return known[device].load();
+  const ClusterLaunch one(cluster_ctas, threads, smem_bytes, nullptr, cluster_ctas);
+  int clusters = 0;
+  FUSEDATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.config));
+  if (clusters <= 0)
+    throw Error(ErrorCode::kRuntime, "", "the Hopper forward's CTA pairs do not fit this GPU's clusters "
+                                         "(set FUSEDATTN_SM90_CLUSTER=0)");
+  if (device < kMaxDevices) known[device].store(clusters);
+  return clusters;
+}
+
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
+  constexpr bool kClustered = Cfg::kClusterCtas > 1;
   const int num_m_blocks = static_cast<int>((rows.rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  auto kernel = fwd_kernel<Element, Cfg, kMask>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+  // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
+  FUSEDATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   // Persistent or not, kCtasPerSm CTAs per SM run at a time (the shared memory and registers
-  // allow no more): those are the plan's slots.
-  const int64_t slots = int64_t{num_sms} * Cfg::kCtasPerSm;
+  // allow no more): those are the plan's slots. A cluster's CTAs run on SMs of one GPC, so where
+  // a GPC had an odd number of SMs one of them would hold no pair: a clustered launch's slots are
+  // the clusters that fit at once (the H200 fits 66, all of its 132 SMs).
+  const int64_t slots = kClustered ? max_active_clusters(kernel, Cfg::kThreads, kSmemBytes, Cfg::kClusterCtas)
+                                   : int64_t{num_sms} * Cfg::kCtasPerSm;
   FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
-  const int64_t tiles = work.tiles;
-  if (tiles == 0) return;
+  if (work.tiles == 0) return;
 
   KernelParams kp{};
   kp.p = p;
@@ -127,6 +175,11 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
                                   Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
+  // A cluster's two CTAs walk the same pairs in step: persistent, static (tile_scheduler.cuh).
+  if constexpr (kClustered) {
+    kp.features.persistent = true;
+    kp.features.dynamic = false;
+  }
   // A variable-length batch's tiles add their sequence's first row (map_rows).
   const auto [rows_q, rows_k] = map_rows(p);
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
@@ -134,17 +187,20 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   };
   const int group = 1 << rows.packing.shift;
   kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
-  kp.tma_k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kBlockN);
-  kp.tma_v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kBlockN);
+  // In a cluster each CTA loads its share of a K/V block's rows (Producer::load_cluster_share).
+  kp.tma_k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
+  kp.tma_v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
   kp.tma_o = make_grouped_tensor_map(view(p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   SplitWorkspace workspace;
   if (work.split.split()) {
-    workspace = split_workspace(stream, kMaxSplitWaves * slots, work.split.tiles, work.split.max_parts, Cfg::kBlockM,
+    // A split pair's two query blocks take a slot each (TileScheduler::tile_at).
+    workspace = split_workspace(stream, int64_t{kMaxSplitWaves} * num_sms * Cfg::kCtasPerSm,
+                                int64_t{work.split.tiles} * Cfg::kClusterCtas, work.split.max_parts, Cfg::kBlockM,
                                 kHeadDim);
-    // No workspace can be made during a graph capture: every tile whole.
-    if (!workspace.ok()) work.split = TailShares::unsplit(static_cast<int>(tiles), work.kv_blocks);
+    // No workspace can be made during a graph capture: every item whole.
+    if (!workspace.ok()) work.run_whole();
   }
   kp.split = {work.split, static_cast<int>(work.items()), workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
@@ -153,18 +209,15 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     kp.features.dynamic = false;
     kp.features.persistent = kMask == MaskKind::kFull;
   }
-  const int64_t grid = kp.features.persistent ? std::min<int64_t>(work.items(), slots) : work.items();
-
-  auto kernel = fwd_kernel<Element, Cfg, kMask>;
-  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
-  FUSEDATTN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  // A clustered launch is persistent (above), a cluster of kClusterCtas CTAs per slot.
+  const int64_t slots_used = kp.features.persistent ? std::min<int64_t>(work.items(), slots) : work.items();
+  const int64_t grid = slots_used * Cfg::kClusterCtas;
 #ifdef FUSEDATTN_SM90_TRACE
   const TraceSink trace(stream);
   kp.trace = trace.buffer(grid);
 #endif
-  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, kSmemBytes, stream>>>(kp);
+  const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
+  FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
 #ifdef FUSEDATTN_SM90_TRACE
   trace.write();
@@ -175,8 +228,18 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
 }
 
+// kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h).
+template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
+void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_sms) {
+  if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
+    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape))
+      return launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms);
+  }
+  launch_fwd<Element, kHeadDim, kMask, kShape>(p, rows, num_sms);
+}
+
 // Whether GQA groups are packed into tiles, and d64's, d192's and d256's tiles, are chosen per launch
-// (fwd_split.h: tiled_rows, d64_tile, uses_block64).
+// (fwd_split.h: tiled_rows, d64_tile, uses_block64), and the clusters (uses_pair_cluster).
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
@@ -190,9 +253,22 @@ void run_fwd(const FwdParams& p) {
   }
   if constexpr (has_block64_tile(kHeadDim)) {
     if (uses_block64(kHeadDim, keys_per_row(p)))
-      return launch_fwd<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
+      return launch_fwd_maybe_paired<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
   }
-  launch_fwd<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
+  launch_fwd_maybe_paired<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }
+
+// The clustered kernels are compiled in translation units of their own
+// (src/cuda/instances/sm90_fwd_*_pair_n*.cu), one kernel each.
+#define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                  \
+  extern template void launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(const FwdParams&, \
+                                                                                      const TiledRows&, int);
+FUSEDATTN_SM90_PAIRED(__half, 128, tile_shape(128))
+FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 128, tile_shape(128))
+FUSEDATTN_SM90_PAIRED(__half, 256, tile_shape(256))
+FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 256, tile_shape(256))
+FUSEDATTN_SM90_PAIRED(__half, 256, kD256Block64)
+FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 256, kD256Block64)
+#undef FUSEDATTN_SM90_PAIRED
 
 }  // namespace fusedattn::cuda::sm90

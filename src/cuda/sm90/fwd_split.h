@@ -188,8 +188,41 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
   return {packing, packing.rows(p.seqlen_q), packing.tile_heads(p.heads_q)};
 }
 
-// The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256).
-inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys) {
+// Pairs of CTAs in a cluster sharing each K/V block by multicast (tile_config.h, kPairCluster):
+// the d128 and d256 instances' one-CTA tiles, under full masks of dense batches (a pair's two
+// query blocks see the same keys; a variable-length batch's tiles are counted in the kernel, so
+// its pairs could straddle sequences). A (head, batch) with an odd number of query blocks leaves
+// one CTA of its last pair idle, so those pair only from kPairClusterMinOddBlocks blocks, where
+// that costs at most 1/kPairClusterMinOddBlocks of its tiles. The pairs spend fewer joules per
+// FLOP (half the K/V reads out of the L2), which under the power cap is clock, and a few cycles
+// on their coupled K/V ring. H200 fp16, FA grid, TFLOP/s unpaired / paired in one process
+// (docs/hopper.md, session 36), medians of three: d128 full 1k 601 / 576, 2k 640 / 624, 4k 645 /
+// 668, 8k 674 / 688, 16k 690 / 693; d256 full 1k 614 / 595, 2k 663 / 652, 4k 689 / 684, 8k 714 /
+// 714, 16k 711 / 727. Sustained (tools/bench_power.py), two calls: d256 full 8k 676 / 686 and 686
+// / 693 (1474 / 1506 MHz), 16k 690 / 707 (1453 / 1498 MHz), the FLOP per SM-cycle within 1%; but
+// d128 full 8k 669 / 666, and in medians of five d128 full 4k 671 / 664. So d256 pairs by default
+// from kPairClusterMinKeys keys, where it gained in every reading; d128's pairs read even and run
+// only when forced.
+// FUSEDATTN_SM90_CLUSTER=0|1 turns them off, or on wherever they are supported.
+constexpr int64_t kPairClusterMinKeys = 8192;
+constexpr int64_t kPairClusterMinOddBlocks = 15;
+constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
+constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }
+inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows,
+                              TileShape shape) {
+  if (!has_pair_cluster(instance_head_dim) || mask != MaskKind::kFull || p.cu_seqlens_q != nullptr ||
+      shape.ctas_per_sm != 1 || shape.consumer_warpgroups != 2)
+    return false;
+  const char* v = std::getenv("FUSEDATTN_SM90_CLUSTER");
+  if (v && v[0]) return v[0] != '0';
+  const int64_t m_blocks = (rows.rows + shape.block_m - 1) / shape.block_m;
+  return pairs_by_default(instance_head_dim) && p.seqlen_k >= kPairClusterMinKeys &&
+         (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
+}
+
+// The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256), before
+// the choice of a cluster (fwd_tile_shape).
+inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys) {
   if (instance_head_dim == 64) {
     switch (d64_tile(mask, rows.rows, row_keys)) {
       case D64Tile::kTall: return kD64Tall;
@@ -200,6 +233,13 @@ inline TileShape fwd_tile_shape(int instance_head_dim, MaskKind mask, const Tile
   if (has_block64_tile(instance_head_dim) && uses_block64(instance_head_dim, row_keys))
     return block64_tile(instance_head_dim);
   return tile_shape(instance_head_dim);
+}
+
+// The tile shape a launch of p runs on the instance for instance_head_dim: the unpaired one, in
+// a cluster of two where uses_pair_cluster says so.
+inline TileShape fwd_tile_shape(const FwdParams& p, int instance_head_dim, MaskKind mask, const TiledRows& rows) {
+  const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, rows, keys_per_row(p));
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) ? paired(shape) : shape;
 }
 
 // Packed where that is estimated faster on the CTAs that run at once on sm_count SMs: first by
@@ -227,7 +267,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     int64_t makespan, work;
   };
   const auto cost = [&](const TiledRows& r) {
-    const TileShape shape = fwd_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
+    const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = (r.rows + block_m - 1) / block_m * r.heads * p.batch;
     return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
@@ -240,10 +280,12 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
 struct FwdWork {
   int64_t tiles = 0;   // query tiles (block_m tiled rows of one tile head and batch)
   int kv_blocks = 0;   // KV blocks of a full-mask tile: the steps the plan splits
-  TailShares split;    // split.shares == 0: every tile whole
+  TailShares split;    // split.shares == 0: every item whole
   TiledRows rows{};
   TileShape shape{};   // the tile shape the launch runs
   int64_t items() const { return split.items(); }
+  // Every item whole: the split's whole items and its tail items, uncut.
+  void run_whole() { split = TailShares::unsplit(split.whole + split.tiles, kv_blocks); }
 };
 
 // The rows of the Q/O and K/V tensor maps per batch entry: the sequence lengths of a dense batch;
@@ -270,38 +312,47 @@ inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int 
 constexpr int kMaxVarlenSplitBlocks = 46340;
 
 // The work list of a launch of tile shape `shape` on `slots` concurrently running CTAs (the
-// persistent grid: one per SM). Only full masks split: their tiles are equal (a dense batch's),
-// or (a variable-length one's) the plan models them by the longest sequence. A variable-length
-// batch's tiles are counted only in the kernel, so its launch splits only where its bound fits
-// one wave (decode: a few tiles over long caches), and then every tile: the split items follow
-// the whole ones in the kernel's order, which the bound cannot place in the last wave.
+// persistent grid: one per SM), or clusters of them (shape.cluster_ctas > 1), whose work items
+// are pairs of query blocks (tile_scheduler.cuh) and are split as tiles are. Only full masks
+// split: their tiles are equal (a dense batch's), or (a variable-length one's) the plan models
+// them by the longest sequence. A variable-length batch's tiles are counted only in the kernel,
+// so its launch splits only where its bound fits one wave (decode: a few tiles over long
+// caches), and then every tile: the split items follow the whole ones in the kernel's order,
+// which the bound cannot place in the last wave.
 inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows, TileShape shape, int64_t slots) {
   FwdWork w;
   w.rows = rows;
   w.shape = shape;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m)
-                   : (rows.rows + shape.block_m - 1) / shape.block_m * rows.heads * p.batch;
+  const int64_t m_blocks = (rows.rows + shape.block_m - 1) / shape.block_m;
+  w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m) : m_blocks * rows.heads * p.batch;
+  // A cluster's items: its query blocks in pairs per (head, batch), the last one of an odd count alone.
+  const int64_t items = shape.cluster_ctas > 1
+                            ? (m_blocks + shape.cluster_ctas - 1) / shape.cluster_ctas * rows.heads * p.batch
+                            : w.tiles;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
-  w.split = TailShares::unsplit(static_cast<int>(w.tiles), w.kv_blocks);
-  if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && w.tiles >= slots)) return w;
+  w.split = TailShares::unsplit(static_cast<int>(items), w.kv_blocks);
+  if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && items >= slots)) return w;
   // A variable-length tile's parts are its steps scaled onto its own blocks in 32 bits
   // (tile_announcement.cuh): up to kMaxVarlenSplitBlocks blocks (2.9M keys of 64-key blocks).
   if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
-  const int64_t tail = w.tiles % slots != 0 ? w.tiles % slots : std::min(w.tiles, slots);
+  const int64_t tail = items % slots != 0 ? items % slots : std::min(items, slots);
   const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
-  w.split = can_cut_tail(w.tiles, tail, w.kv_blocks, forced)
-                ? cut_tail(w.tiles, tail, w.kv_blocks, static_cast<int>(forced))
-                : plan_tail_shares(w.tiles, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
+  w.split = can_cut_tail(items, tail, w.kv_blocks, forced)
+                ? cut_tail(items, tail, w.kv_blocks, static_cast<int>(forced))
+                : plan_tail_shares(items, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }
 
 // What a launch of p on the instance for instance_head_dim plans on a GPU of sm_count SMs (the
 // GPU tests check that the shapes they mean to split or pack do so).
+// A cluster launch plans on the clusters that run at once, which the launcher asks the occupancy
+// API for (fwd_launch.cuh, max_active_clusters); this assumes every SM holds one CTA of a pair,
+// as on the H200 (66 pairs of 132 SMs).
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
   const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
-  const TileShape shape = fwd_tile_shape(instance_head_dim, mask, rows, keys_per_row(p));
-  return fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm);
+  const TileShape shape = fwd_tile_shape(p, instance_head_dim, mask, rows);
+  return fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
 }
 
 }  // namespace fusedattn::cuda::sm90

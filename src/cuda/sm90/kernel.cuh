@@ -6,6 +6,7 @@
 // the K/V stages, the Q ring of depth features.q_buffers).
 #pragma once
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/sync.cuh"
@@ -33,13 +34,15 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   }
   for (int s = 0; s < Cfg::kStages; ++s)
     for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], 1);  // the staging warpgroup's store
+  // A K/V stage is free once every consumer warp of every CTA it is multicast to has read it.
+  constexpr uint32_t kStageReaders = Cfg::kConsumerWarps * Cfg::kClusterCtas;
   for (int s = 0; s < Cfg::kStages; ++s) {
     ptx::mbarrier_init(&smem.k_full[s], kProducerArrivals);
-    ptx::mbarrier_init(&smem.k_empty[s], Cfg::kConsumerWarps);
+    ptx::mbarrier_init(&smem.k_empty[s], kStageReaders);
   }
   for (int s = 0; s < Cfg::kVStages; ++s) {
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
-    ptx::mbarrier_init(&smem.v_empty[s], Cfg::kConsumerWarps);
+    ptx::mbarrier_init(&smem.v_empty[s], kStageReaders);
   }
   ptx::fence_barrier_init();
 }
@@ -61,6 +64,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     FUSEDATTN_SM90_TRACE_RESET();  // the trace build's stamp counters (trace.cuh), else nothing
   }
   __syncthreads();
+  // The peer's barriers are initialised before this CTA arrives on them or multicasts into it.
+  if constexpr (Cfg::kClusterCtas > 1) ptx::cluster_sync();
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kProducerRegisters>();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -127,13 +128,27 @@ struct KVPipeline {
   }
   // One arrival per consumer warp (the empty barriers count Cfg::kConsumerWarps): each warp arrives
   // after its own wgmma.wait_group, so the buffer is free only once every warp's reads completed.
+  // In a cluster each warp arrives on every CTA's barrier (the barriers count all of the cluster's
+  // consumer warps): the peers' producers multicast into this CTA's stage as well.
   template <class Ring>
   __device__ __forceinline__ void consumer_release_k(const Ring& r, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.k_empty[r.k().stage()]);
+    release(&smem.k_empty[r.k().stage()], lane);
   }
   template <class Ring>
   __device__ __forceinline__ void consumer_release_v(const Ring& r, int lane) const {
-    if (lane == 0) ptx::mbarrier_arrive(&smem.v_empty[r.v().stage()]);
+    release(&smem.v_empty[r.v().stage()], lane);
+  }
+
+ private:
+  __device__ __forceinline__ static void release(uint64_t* empty, int lane) {
+    if constexpr (Storage::kClusterCtas > 1) {
+      // Lane r arrives on the barrier of the cluster's CTA r, this CTA's own among them: every
+      // CTA's arrival in one instruction, where lane 0 alone would issue one after another.
+      static_assert(Storage::kClusterCtas <= 32, "one lane per CTA of the cluster");
+      if (lane < Storage::kClusterCtas) ptx::mbarrier_arrive_cluster(empty, static_cast<uint32_t>(lane));
+    } else if (lane == 0) {
+      ptx::mbarrier_arrive(empty);
+    }
   }
 };
 

@@ -11,6 +11,7 @@
 
 #include <type_traits>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -62,6 +63,18 @@ struct Producer {
       ptx::tma_load_4d(dst + s * slab_elems, map, s * Cfg::kSlabCols, row, head, batch, bar);
   }
 
+  // In a cluster: this CTA's rows of a K/V block starting at `row` (its rank's kClusterBlockRows
+  // of each slab), multicast into the same place in every CTA of the cluster.
+  __device__ __forceinline__ void load_cluster_share(const CUtensorMap* map, Element* dst, int row, int head, int batch,
+                                                     uint64_t* bar) const {
+    constexpr uint16_t kEveryCta = (1u << Cfg::kClusterCtas) - 1;
+    const int share = static_cast<int>(ptx::cluster_ctarank()) * Cfg::kClusterBlockRows;
+#pragma unroll
+    for (int s = 0; s < Cfg::kSlabs; ++s)
+      ptx::tma_load_4d_multicast(dst + s * kKVSlabElems + share * Cfg::kSlabCols, map, s * Cfg::kSlabCols, row + share,
+                                 head, batch, bar, kEveryCta);
+  }
+
   // Publishes announcement a (kNoTile past the last tile) in its slot, once the consumers have
   // read that slot's previous tile for the last time (first pass: fresh barriers, parity 1
   // passes at once); tile_full's arrival (release) makes it visible.
@@ -101,6 +114,19 @@ struct Producer {
     FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
   }
 
+  // In a cluster, before the CTA exits: every K/V stage acquired once more, so the peer's
+  // consumers have made their last arrivals on this CTA's empty barriers (the CTA's shared memory
+  // lives while this thread does). A cluster barrier after the roles' branches would do the same
+  // for every thread, but it made ptxas spill the consumers (172 B at d128).
+  __device__ __forceinline__ void drain(const KVPipeline<Storage>& pipe, KVRingState<Cfg> kv) const {
+    const Features& f = params.features;
+    for (int s = 0; s < f.num_stages || s < f.num_v_stages; ++s) {
+      if (s < f.num_stages) pipe.producer_acquire_k(kv);
+      if (s < f.num_v_stages) pipe.producer_acquire_v(kv);
+      kv.advance(f);
+    }
+  }
+
   __device__ __forceinline__ void run() const {
     const FwdParams& p = params.p;
     ptx::tma_prefetch_descriptor(&params.tma_q);
@@ -118,9 +144,9 @@ struct Producer {
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
     // before and goes first.
     const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
-    const TileScheduler<kMask == MaskKind::kFull> scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads,
-                                                            params.packing, params.schedule_shift, params.split,
-                                                            params.tile_counter);
+    using Scheduler = TileScheduler<kMask == MaskKind::kFull, Cfg::kClusterCtas>;
+    const Scheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing, params.schedule_shift,
+                              params.split, params.tile_counter);
     // K (kPart 0) or V (kPart 1) of block n into the stage at kv, once the stage's previous K or V
     // has been consumed (and an O staged there has been read by its store).
     const auto load = [&](auto part, const WorkTile& t, int n, int head_kv, int kv_batch) {
@@ -130,9 +156,13 @@ struct Producer {
       if constexpr (kPart == 0) pipe.producer_acquire_k(kv);
       else pipe.producer_acquire_v(kv);
       uint64_t* full = kPart == 0 ? &smem.k_full[s] : &smem.v_full[s];
+      // In a cluster the whole block still lands here: this CTA's rows and the peer's.
       ptx::mbarrier_arrive_expect_tx(full, kKVBytes);
-      load_tile(kPart == 0 ? &params.tma_k : &params.tma_v, kPart == 0 ? smem.k[s] : smem.v[s], kKVSlabElems,
-                t.k_start + n * Cfg::kBlockN, head_kv, kv_batch, full);
+      const CUtensorMap* map = kPart == 0 ? &params.tma_k : &params.tma_v;
+      Element* stage = kPart == 0 ? smem.k[s] : smem.v[s];
+      const int row = t.k_start + n * Cfg::kBlockN;
+      if constexpr (Cfg::kClusterCtas == 1) load_tile(map, stage, kKVSlabElems, row, head_kv, kv_batch, full);
+      else load_cluster_share(map, stage, row, head_kv, kv_batch, full);
     };
     constexpr std::integral_constant<int, 0> kK{};
     constexpr std::integral_constant<int, 1> kV{};
@@ -149,6 +179,7 @@ struct Producer {
       publish(a, ring);
       if (!valid) {  // kNoTile is out: the consumers go home
         close_q_ring(ring);
+        if constexpr (Cfg::kClusterCtas > 1) drain(pipe, kv);
         return;
       }
       if (q_first) load_q(t, a, ring);

@@ -12,6 +12,7 @@ namespace fusedattn::cuda::sm90 {
 
 template <typename Element, class Cfg>
 struct SharedStorage {
+  static constexpr int kClusterCtas = Cfg::kClusterCtas;  // CTAs whose consumers free each K/V stage
   static constexpr int kQElems = Cfg::kBlockM * Cfg::kTileCols;
   static constexpr int kKVElems = Cfg::kBlockN * Cfg::kTileCols;
   // 1024-byte alignment: every tile starts a 128B-swizzle atom, so wgmma descriptors use base

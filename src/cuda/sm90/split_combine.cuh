@@ -41,6 +41,12 @@ struct SplitCombine {
   Storage& smem;
   int warpgroup;
 
+  // The parts of t's tile: the plan counts them per work item, and a cluster's item is a pair of
+  // tiles with a slot each (TileScheduler::tile_at).
+  __device__ __forceinline__ int parts_of(const WorkTile& t) const {
+    return params.split.plan.parts_of(t.slot / Cfg::kClusterCtas);
+  }
+
   __device__ __forceinline__ float4* o_slot(const WorkTile& t, int part, uint32_t thread) const {
     const int64_t slot = int64_t{t.slot} * params.split.plan.max_parts + part;
     return reinterpret_cast<float4*>(params.split.o + slot * kSlotO) + warpgroup * kWarpgroupThreads * kFloat4s +
@@ -66,7 +72,7 @@ struct SplitCombine {
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     if (thread == 0) {
       int* ticket = &params.split.tickets[t.slot * kMaxConsumerWarpgroups + warpgroup];
-      const bool last = atomicAdd(ticket, 1) == params.split.plan.parts_of(t.slot) - 1;
+      const bool last = atomicAdd(ticket, 1) == parts_of(t) - 1;
       // Every part of the slice has taken its ticket: the counter starts the next launch at zero.
       if (last) atomicExch(ticket, 0);
       smem.split_last[warpgroup] = last ? 1 : 0;
@@ -81,7 +87,7 @@ struct SplitCombine {
     // Orders the other parts' writes (seen through the ticket) before the reads below; the loads
     // go to L2 (ld.global.cg), where an earlier launch's values cannot linger as in L1.
     __threadfence();
-    const int parts = params.split.plan.parts_of(t.slot);
+    const int parts = parts_of(t);
     float m[kRows] = {-INFINITY, -INFINITY};
     for (int q = 0; q < parts; ++q) {
       const float2 l = __ldcg(lse_slot(t, q, thread));

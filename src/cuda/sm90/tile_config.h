@@ -13,6 +13,7 @@ struct TileShape {
   int consumer_warpgroups;  // 64-row slices, one per consumer warpgroup (each takes GEMM turns)
   int ctas_per_sm = 1;      // CTAs resident per SM: they share its registers and shared memory
   int v_stages = 0;         // depth of the V ring where it is deeper than K's (0: `stages`)
+  int cluster_ctas = 1;     // CTAs per cluster sharing each K/V block by TMA multicast (kPairCluster)
 };
 
 // d128's V ring is a stage deeper than its K ring: a V stage is held from its load until P V has
@@ -68,6 +69,19 @@ constexpr TileShape kD256Block64{128, 64, 2, 2};
 // loads under this one's epilogue, as at d128): 192 KiB.
 constexpr TileShape kD192Block64{128, 64, 2, 2};
 
+// A cluster of two CTAs on two adjacent query tiles of one (head, batch): they need the same K/V
+// blocks, so each CTA loads half the rows of every block and multicasts them into both, which
+// halves the K/V traffic out of the L2. Under the power cap that traffic costs clock: at d256
+// full 8k each SM reads ~40 GB/s of K/V at ~18.5 J/TB, up to ~100 W of the board's 690 W, and
+// with half the K/V loads issued the kernel ran 7% faster at a 125 MHz higher clock (H200 fp16,
+// docs/hopper.md, session 35). The stage's empty barriers count both CTAs' consumer warps, so
+// neither CTA refills a stage the other still reads.
+constexpr int kPairCluster = 2;
+constexpr TileShape paired(TileShape shape) {
+  shape.cluster_ctas = kPairCluster;
+  return shape;
+}
+
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
@@ -117,6 +131,9 @@ struct KernelConfig {
   static constexpr int kVStages = kShape.v_stages > kShape.stages ? kShape.v_stages : kShape.stages;
   static constexpr int kConsumerWarpgroups = kShape.consumer_warpgroups;
   static constexpr int kCtasPerSm = kShape.ctas_per_sm;
+  static constexpr int kClusterCtas = kShape.cluster_ctas;
+  // Rows of a K/V block each CTA of the cluster loads (and multicasts).
+  static constexpr int kClusterBlockRows = kShape.block_n / kShape.cluster_ctas;
   static constexpr int kSharedBytesLimit = shared_bytes_per_cta(kCtasPerSm);
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // producer + consumers
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
@@ -143,7 +160,9 @@ struct KernelConfig {
   // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
   // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
   // KV tile), which the producer refills only for the next tile's second block.
-  static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
+  // Not in a cluster: the peer's multicast refills the stage on the peer's schedule.
+  static constexpr bool kStagesOInKV =
+      kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows && kClusterCtas == 1;
   static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
   static_assert(kHeadDim % kSlabCols == 0 || kHeadDim % kSlabCols == kSlabCols / 2,
                 "head dim must fill whole 64-column slabs or end on half of one");
@@ -153,6 +172,11 @@ struct KernelConfig {
   static_assert(kWarpgroupThreads * kProducerRegisters + kConsumerWarpgroups * kWarpgroupThreads * kConsumerRegisters <=
                 launch_registers(kThreads, kCtasPerSm) * kThreads);
   static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "wgmma k-steps are 16 wide");
+  // Each CTA's share of a K/V block starts on a 128B-swizzle atom (8 rows of 128 bytes), so the
+  // swizzle pattern of its box is the one the whole block's wgmma descriptors assume.
+  static_assert(kBlockN % (kClusterCtas * 8) == 0, "a cluster CTA's share of a K/V block must be whole swizzle atoms");
+  static_assert(kClusterCtas == 1 || (kClusterCtas == kPairCluster && kCtasPerSm == 1),
+                "clusters pair one-CTA-per-SM tiles");
 };
 
 }  // namespace fusedattn::cuda::sm90

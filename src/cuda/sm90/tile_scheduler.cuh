@@ -28,6 +28,7 @@
 #pragma once
 
 #include "cuda/common/schedule.h"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/row_packing.h"
 
@@ -41,7 +42,7 @@ struct WorkTile {
   int head;
   int batch;
   int part;  // kWholeTile, or which part of a split tile
-  int slot;  // a split tile's workspace slot (its position among the split tiles)
+  int slot;  // a split tile's workspace slot (its position among the split tiles; see kClusterCtas below)
   // The tile's sequence (seq_info()): its first rows in the packed tensors (0 for dense batches)
   // and lengths; int32 like the TMA coordinates.
   int q_start, k_start, len_q, len_k;
@@ -53,7 +54,15 @@ struct WorkTile {
 
 // kSplits: the launch may cut its last tiles into shares (full masks); masked launches never do,
 // and their producer keeps the plain tile walk.
-template <bool kSplits>
+// kClusterCtas = 2 (full masks of a dense batch, KernelConfig::kClusterCtas): the work items are
+// pairs of adjacent query blocks of one (head, batch), a pair per cluster at a time in round
+// robin, and the CTA of rank r takes the pair's block r. A split pair's shares are the pair's:
+// both CTAs run the same steps of their two blocks (the K/V blocks they share), each with a
+// workspace slot of its own, 2 x the plan's slot + r (WorkTile::slot; SplitCombine). A (head,
+// batch) with an odd number of query blocks ends on a pair whose second block lies past the
+// sequence: that CTA's warpgroups pass the tile through (Consumer::slice_is_empty) and only load
+// their share of its K/V.
+template <bool kSplits, int kClusterCtas = 1>
 class TileScheduler {
  public:
   // counter: zero at launch, or null for the static schedule. heads: tile heads (packing's).
@@ -70,7 +79,7 @@ class TileScheduler {
         p_(p) {}
 
   __device__ WorkTile first() const {
-    const int index = static_cast<int>(blockIdx.x);
+    const int index = static_cast<int>(blockIdx.x) / kClusterCtas;
     return at(index, kShareStart, 0, 0);
   }
 
@@ -78,7 +87,7 @@ class TileScheduler {
   __device__ WorkTile next(const WorkTile& t) const {
     // A share goes on with its next segment, the next tile's first steps, while it has steps left.
     const int share_end = kSplits && t.part != kWholeTile ? plan_.share_begin(t.index - whole_ + 1) : 0;
-    const int end = t.slot * plan_.steps + t.step_hi;
+    const int end = t.slot / kClusterCtas * plan_.steps + t.step_hi;  // the plan's slot: its tail item
     const bool goes_on = end < share_end;
     return at(goes_on ? t.index : fetch(t.index), goes_on ? end : kShareStart, t.batch, t.batch_first);
   }
@@ -86,6 +95,7 @@ class TileScheduler {
   // The CTA's next work item after `index`.
   __device__ int fetch(int index) const {
     const int grid = static_cast<int>(gridDim.x);
+    if constexpr (kClusterCtas > 1) return index + grid / kClusterCtas;  // static only: the pair's CTAs agree
     if (counter_ == nullptr) return index + grid;
     const int taken = atomicAdd(counter_, 1);
     // Every CTA ends with exactly one fetch past the last item, so a launch makes
@@ -122,19 +132,29 @@ class TileScheduler {
 
   // A variable-length launch scans on from the previous tile's sequence b (first: its first tile).
   __device__ WorkTile at(int index, int from, int b, int first) const {
-    return varlen() ? varlen_tile_at(index, from, b, first) : tile_at(index, from);
+    return kClusterCtas == 1 && varlen() ? varlen_tile_at(index, from, b, first) : tile_at(index, from);
   }
 
   __device__ WorkTile tile_at(int index, int from) const {
     const ItemTile it = item_tile(index, from);
-    const ScheduledItem item = scheduled_item(order_, it.tile);
-    const int m_block = order_.blocks - 1 - item.rank;
+    ScheduledItem item;
+    int m_block, slot = it.slot;
+    if constexpr (kClusterCtas > 1) {
+      const int pairs = (order_.blocks + kClusterCtas - 1) / kClusterCtas;  // per (head, batch)
+      const int rank = static_cast<int>(ptx::cluster_ctarank());
+      item.pair = it.tile / pairs;
+      m_block = (it.tile - item.pair * pairs) * kClusterCtas + rank;
+      slot = slot * kClusterCtas + rank;  // a split pair's query blocks take a workspace slot each
+    } else {
+      item = scheduled_item(order_, it.tile);
+      m_block = order_.blocks - 1 - item.rank;
+    }
     return {.index = index,
             .first_row = m_block * block_m_,
             .head = item.pair % heads_,
             .batch = item.pair / heads_,
             .part = it.part,
-            .slot = it.slot,
+            .slot = slot,
             .q_start = 0,
             .k_start = 0,
             .len_q = static_cast<int>(p_.seqlen_q),

@@ -1,0 +1,142 @@
+// The Hopper forward's CTA pairs (src/cuda/sm90/tile_config.h, kPairCluster; fwd_split.h,
+// uses_pair_cluster): two CTAs of a cluster on adjacent query blocks of one (head, batch), each
+// loading half the rows of every K/V block and multicasting them into both. Every shape is first
+// asserted to run paired (the plan the launch uses, asked through the same host function), so a
+// silently unpaired launch fails the test rather than passing on the other path; then out and LSE
+// against the float64 reference (2x rule, outputs poisoned before each run, fresh inputs), and
+// against the unpaired kernel on the same inputs, to the bit: the pair changes where K/V come
+// from, not the arithmetic. Skips on devices other than compute capability 9.0.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "fusedattn/params.h"
+#include "gpu/gpu_check.h"
+#include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
+
+namespace fusedattn::testing {
+namespace {
+
+enum class Split { kAny, kNone, kShares };
+
+// Asserts the launch runs pr in clusters of two, its last pairs cut into shares or not as `split`
+// says; false when this build has no instance for it.
+bool expect_paired(const Problem& pr, DType dtype, Split split = Split::kAny) {
+  const auto w = planned_sm90_work(pr, dtype);
+  if (!w) {
+    std::printf("no sm90 instance in this build for %s: not run\n", pr.str().c_str());
+    return false;
+  }
+  EXPECT_EQ(w->shape.cluster_ctas, 2) << pr.str();
+  if (split != Split::kAny) EXPECT_EQ(w->split.split(), split == Split::kShares) << pr.str();
+  return w->shape.cluster_ctas == 2;
+}
+
+// Both paired head dims and d256's two block widths (64 keys up to 4096, 80 beyond); an odd
+// number of query blocks (the last pair's second CTA passes its tile through); keys not a multiple
+// of the block, and fewer than half a block (the second CTA's share of every block lies past the
+// keys: zero-filled, still counted); Sq != Sk both ways; GQA packed into the tiles; more pairs than
+// clusters fit at once (the round robin's second pass). Split or not as the plan says (below for
+// forced shares).
+std::vector<Problem> paired_shapes() {
+  return {dense(2, 4, 4, 1024, 1024, 128), dense(1, 3, 3, 300, 777, 128), dense(1, 8, 2, 200, 600, 128),
+          dense(2, 2, 2, 640, 2100, 256),  dense(1, 2, 2, 512, 5000, 256), dense(1, 2, 2, 256, 30, 256),
+          dense(1, 2, 1, 900, 333, 256),   dense(2, 40, 40, 256, 128, 128)};
+}
+
+TEST(Sm90Cluster, PairedShapesMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  const ScopedEnv paired("FUSEDATTN_SM90_CLUSTER", "1");
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : paired_shapes()) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      if (!expect_paired(pr, dtype)) continue;
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+    }
+}
+
+// The tail split (cuda/common/tail_shares.h) of pairs: a share runs the same steps of both query
+// blocks of a pair, each CTA writes its own workspace slot, and the last part of each slice
+// combines. Forced share counts cut the shares across pairs (several segments each), over an odd
+// number of query blocks (the idle CTA of the last pair writes no part), keys not a multiple of
+// the block, both d256 widths and GQA. Each against the reference, then again for identical bytes.
+TEST(Sm90Cluster, SplitPairsMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  struct SplitCase {
+    Problem pr;
+    const char* shares;
+  };
+  const SplitCase cases[] = {{dense(2, 4, 4, 1024, 1024, 128), "5"},
+                             {dense(1, 3, 3, 300, 777, 128), "4"},
+                             {dense(1, 8, 2, 200, 600, 128), "3"},
+                             {dense(1, 2, 2, 512, 5000, 256), "7"},
+                             {dense(2, 2, 2, 640, 2100, 256), "9"}};
+  for (const DType dtype : kGpuDtypes)
+    for (const SplitCase& sc : cases) {
+      SCOPED_TRACE(sc.pr.str() + " " + dtype_name(dtype) + " shares " + sc.shares);
+      const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_TAIL_SHARES", sc.shares}});
+      if (!expect_paired(sc.pr, dtype, Split::kShares)) continue;
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(sc.pr, dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(sc.pr, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      const std::vector<unsigned char> out = bytes_of(c.out), lse = bytes_of(c.lse);
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      EXPECT_EQ(bytes_of(c.out), out) << "a second run's out differs";
+      EXPECT_EQ(bytes_of(c.lse), lse) << "a second run's lse differs";
+    }
+}
+
+// The same inputs through the pair and through the unpaired kernel with what the pair turns off
+// also off there (O staged in K/V) and the tail split off in both: identical bytes. Then the pair
+// again, for bit-identical repeats.
+TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
+  SKIP_UNLESS_HOPPER();
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : {dense(2, 4, 4, 1024, 1024, 128), dense(1, 3, 3, 300, 777, 128),
+                              dense(1, 2, 2, 640, 2100, 256), dense(1, 2, 2, 512, 5000, 256)}) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      std::vector<unsigned char> out, lse;
+      {
+        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"},
+                                   {"FUSEDATTN_SM90_O_IN_KV", "0"},
+                                   {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+        const auto w = planned_sm90_work(pr, dtype);
+        if (!w) continue;
+        ASSERT_EQ(w->shape.cluster_ctas, 1);
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        out = bytes_of(c.out);
+        lse = bytes_of(c.lse);
+      }
+      const ScopedEnvs paired({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+      if (!expect_paired(pr, dtype, Split::kNone)) continue;
+      for (int run = 0; run < 2; ++run) {
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        EXPECT_EQ(bytes_of(c.out), out) << "out differs from the unpaired kernel's, run " << run;
+        EXPECT_EQ(bytes_of(c.lse), lse) << "lse differs from the unpaired kernel's, run " << run;
+      }
+    }
+}
+
+// Launches in a row on one stream alternate paired and unpaired kernels of both head dims: each
+// leaves nothing behind that the next one reads (the unpaired ones' tile counter and split
+// workspace, the pairs' barriers).
+TEST(Sm90Cluster, AlternatesWithUnpairedLaunches) {
+  SKIP_UNLESS_HOPPER();
+  for (const char* cluster : {"1", "0", "1"})
+    for (const Problem& pr : {dense(1, 2, 2, 700, 1500, 256), dense(1, 4, 2, 1000, 900, 128)}) {
+      SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_CLUSTER=" + cluster);
+      const ScopedEnv env("FUSEDATTN_SM90_CLUSTER", cluster);
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kBFloat16));
+    }
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
