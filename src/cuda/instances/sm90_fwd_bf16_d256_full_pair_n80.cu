@@ -2,6 +2,6 @@
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace fusedattn::cuda::sm90 {
-template void launch_fwd<__nv_bfloat16, 256, MaskKind::kFull, paired(tile_shape(256))>(const FwdParams&, const TiledRows&,
+template bool launch_fwd<__nv_bfloat16, 256, MaskKind::kFull, paired(tile_shape(256))>(const FwdParams&, const TiledRows&,
                                                                             int);
 }  // namespace fusedattn::cuda::sm90

@@ -2,6 +2,6 @@
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace fusedattn::cuda::sm90 {
-template void launch_fwd<__half, 256, MaskKind::kFull, paired(kD256Block64)>(const FwdParams&, const TiledRows&,
+template bool launch_fwd<__half, 256, MaskKind::kFull, paired(kD256Block64)>(const FwdParams&, const TiledRows&,
                                                                             int);
 }  // namespace fusedattn::cuda::sm90

@@ -20,7 +20,6 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
 #include "cuda/sm90/trace_sink.h"
-#include "fusedattn/error.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -111,26 +110,33 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// How many clusters of cluster_ctas CTAs of `kernel` the device runs at once (cached per device).
+// How many clusters of cluster_ctas CTAs of `kernel` the device runs at once, 0 where none fits
+// (cached per device: known[d] holds the count + 1 once asked, 0 before).
 template <class Kernel>
 int max_active_clusters(Kernel kernel, int threads, int smem_bytes, int cluster_ctas) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];
   int device = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < kMaxDevices && known[device].load() > 0) return known[device].load();
+  if (device < kMaxDevices && known[device].load() > 0) return known[device].load() - 1;
   const ClusterLaunch one(cluster_ctas, threads, smem_bytes, nullptr, cluster_ctas);
   int clusters = 0;
-  FUSEDATTN_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.config));
-  if (clusters <= 0)
-    throw Error(ErrorCode::kRuntime, "", "the Hopper forward's CTA pairs do not fit this GPU's clusters "
-                                         "(set FUSEDATTN_SM90_CLUSTER=0)");
-  if (device < kMaxDevices) known[device].store(clusters);
+  // A failed query (a cluster the GPU or its partition cannot schedule) counts as none fitting;
+  // the error (not a sticky one) is cleared so that no later check reports it.
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.config) != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  clusters = std::max(clusters, 0);
+  if (device < kMaxDevices) known[device].store(clusters + 1);
   return clusters;
 }
 
+// Launches the forward of p on kShape's kernel. Returns false, having launched nothing, where
+// kShape is clustered and this GPU fits none of its clusters (launch_fwd_maybe_paired then runs
+// the unpaired kernel); true otherwise.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
+bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   constexpr bool kClustered = Cfg::kClusterCtas > 1;
@@ -146,8 +152,9 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // the clusters that fit at once (the H200 fits 66, all of its 132 SMs).
   const int64_t slots = kClustered ? max_active_clusters(kernel, Cfg::kThreads, kSmemBytes, Cfg::kClusterCtas)
                                    : int64_t{num_sms} * Cfg::kCtasPerSm;
+  if (slots == 0) return false;
   FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
-  if (work.tiles == 0) return;
+  if (work.tiles == 0) return true;
 
   KernelParams kp{};
   kp.p = p;
@@ -226,14 +233,17 @@ void launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // tell its last fetch (tile_scheduler.cuh), so the stream zeroes it behind the kernel.
   if (varlen && kp.tile_counter != nullptr)
     FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(kp.tile_counter, 0, sizeof(int), stream));
+  return true;
 }
 
-// kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h).
+// kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h) and the
+// GPU fits such clusters.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
-    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape))
-      return launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms);
+    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape) &&
+        launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms))
+      return;
   }
   launch_fwd<Element, kHeadDim, kMask, kShape>(p, rows, num_sms);
 }
@@ -246,8 +256,8 @@ void run_fwd(const FwdParams& p) {
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
     switch (d64_tile(kMask, rows.rows, keys_per_row(p))) {
-      case D64Tile::kTall: return launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
-      case D64Tile::kPair: return launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms);
+      case D64Tile::kTall: launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms); return;
+      case D64Tile::kPair: launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms); return;
       case D64Tile::kTable: break;
     }
   }
@@ -261,7 +271,7 @@ void run_fwd(const FwdParams& p) {
 // The clustered kernels are compiled in translation units of their own
 // (src/cuda/instances/sm90_fwd_*_pair_n*.cu), one kernel each.
 #define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                  \
-  extern template void launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(const FwdParams&, \
+  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(const FwdParams&, \
                                                                                       const TiledRows&, int);
 FUSEDATTN_SM90_PAIRED(__half, 128, tile_shape(128))
 FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 128, tile_shape(128))
