@@ -11,7 +11,10 @@
 #            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary"), and
 #            points (not in the default: tools/bench_points.py at POINTS with the providers
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
-#            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each)
+#            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each), and
+#            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
+#            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
+#            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
@@ -75,7 +78,7 @@ heads=${GPU_HEAD_DIMS:-$heads}
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
 # The steps that run the main build's binaries (trace has a build of its own).
-uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points; }
+uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
@@ -170,6 +173,14 @@ if has points; then
     --repeat "${POINT_REPEAT:-1}" "${envs[@]}" --out "$dest/points.jsonl"
 fi
 
+if has power; then
+  envs=()
+  for e in ${POWER_ENVS:-}; do envs+=(--env "$e"); done
+  step power 400 power.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_power.py" --points "$POWER_POINTS" \
+    --providers "${POWER_PROVIDERS:-sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" "${envs[@]}" \
+    --out "$dest/power.jsonl"
+fi
+
 if has trace; then
   # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
@@ -198,6 +209,7 @@ for f in "$out"/peers_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
 done
 [ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
+[ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
 for f in "$out"/varlen_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
