@@ -129,8 +129,9 @@ TEST(GpuSanitizer, TailSharesCrossTiles) {
 }
 
 // CTA pairs sharing K/V by multicast (tile_config.h, kPairCluster), forced: the peer's arrivals
-// on this CTA's empty barriers, a last pair with one block past the sequence, and keys fewer
-// than half a block (the second CTA's share wholly past them).
+// on this CTA's empty barriers (and at d256 on its o_read barriers: O staged in K/V), a last pair
+// with one block past the sequence, and keys fewer than half a block (the second CTA's share
+// wholly past them).
 TEST(GpuSanitizer, ClusterPairs) {
   FUSEDATTN_REQUIRE_GPU();
   const ScopedEnv paired("FUSEDATTN_SM90_CLUSTER", "1");
@@ -140,6 +141,7 @@ TEST(GpuSanitizer, ClusterPairs) {
   // Shares across pairs (each CTA's workspace slot, the tickets, the combine) and the idle CTA.
   const ScopedEnv shares("FUSEDATTN_SM90_TAIL_SHARES", "4");
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 3, 3, 300, 777, 128), DType::kFloat16));
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 3, 3, 300, 777, 256), DType::kBFloat16));
 }
 
 }  // namespace

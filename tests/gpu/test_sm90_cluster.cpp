@@ -47,15 +47,20 @@ std::vector<Problem> paired_shapes() {
           dense(1, 2, 1, 900, 333, 256),   dense(2, 40, 40, 256, 128, 128)};
 }
 
+// d256 stages O in the last K/V stage by default at these lengths (each CTA's producer then waits
+// for both CTAs' stores before it refills that stage) and in its Q buffer with
+// FUSEDATTN_SM90_O_IN_KV=0; d128 has two Q buffers and stages O there.
 TEST(Sm90Cluster, PairedShapesMatchReference) {
   SKIP_UNLESS_HOPPER();
-  const ScopedEnv paired("FUSEDATTN_SM90_CLUSTER", "1");
-  for (const DType dtype : kGpuDtypes)
-    for (const Problem& pr : paired_shapes()) {
-      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_paired(pr, dtype)) continue;
-      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
-    }
+  for (const char* o_in_kv : {"1", "0"}) {
+    const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_O_IN_KV", o_in_kv}});
+    for (const DType dtype : kGpuDtypes)
+      for (const Problem& pr : paired_shapes()) {
+        SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_O_IN_KV=" + o_in_kv);
+        if (!expect_paired(pr, dtype)) continue;
+        FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+      }
+  }
 }
 
 // The tail split (cuda/common/tail_shares.h) of pairs: a share runs the same steps of both query
@@ -85,9 +90,8 @@ TEST(Sm90Cluster, SplitPairsMatchReference) {
     }
 }
 
-// The same inputs through the pair and through the unpaired kernel with what the pair turns off
-// also off there (O staged in K/V) and the tail split off in both: identical bytes. Then the pair
-// again, for bit-identical repeats.
+// The same inputs through the pair and through the unpaired kernel, the tail split off in both:
+// identical bytes. Then the pair again, for bit-identical repeats.
 TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
   SKIP_UNLESS_HOPPER();
   for (const DType dtype : kGpuDtypes)
@@ -99,9 +103,7 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
       DeviceCase dc(c);
       std::vector<unsigned char> out, lse;
       {
-        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"},
-                                   {"FUSEDATTN_SM90_O_IN_KV", "0"},
-                                   {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
         const auto w = planned_sm90_work(pr, dtype);
         if (!w) continue;
         ASSERT_EQ(w->shape.cluster_ctas, 1);

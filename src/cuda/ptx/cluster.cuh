@@ -9,6 +9,8 @@
 #include <cuda/ptx>
 #include <cstdint>
 
+#include "cuda/ptx/mbarrier.cuh"
+
 namespace fusedattn::cuda::ptx {
 
 // mov.u32 r, %cluster_ctarank; PTX ISA 7.8, sm_90.
@@ -33,6 +35,18 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+
+// One arrival on the mbarrier at `bar`'s offset in every CTA of a cluster of kCtas (this one's
+// included), from one thread; kCtas = 1: a plain local arrival.
+template <int kCtas>
+__device__ __forceinline__ void mbarrier_arrive_every_cta(uint64_t* bar) {
+  if constexpr (kCtas == 1) {
+    mbarrier_arrive(bar);
+  } else {
+#pragma unroll
+    for (uint32_t rank = 0; rank < kCtas; ++rank) mbarrier_arrive_cluster(bar, rank);
+  }
 }
 
 }  // namespace fusedattn::cuda::ptx

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/common/element.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/smem.cuh"
@@ -92,8 +93,10 @@ struct Epilogue {
   // o_read barrier one per warpgroup; with no store reading the buffer, that goes at once.
   __device__ __forceinline__ void release_unstored(int q_stage, int o_stage) const {
     if (warp != 0 || lane != 0) return;
-    if (Cfg::kStagesOInKV && o_stage >= 0) ptx::mbarrier_arrive(&smem.o_read[o_stage][warpgroup]);
-    else ptx::mbarrier_arrive(&smem.q_empty[q_stage], kWarpsPerWarpgroup);
+    if (Cfg::kStagesOInKV && o_stage >= 0)
+      ptx::mbarrier_arrive_every_cta<Cfg::kClusterCtas>(&smem.o_read[o_stage][warpgroup]);
+    else
+      ptx::mbarrier_arrive(&smem.q_empty[q_stage], kWarpsPerWarpgroup);
   }
 
   // A warpgroup whose slice of the tile lies past the sequence end (Consumer::slice_is_empty).

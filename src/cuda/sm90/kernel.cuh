@@ -32,8 +32,9 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
     ptx::mbarrier_init(&smem.tile_full[slot], kProducerArrivals);  // the announcement's plain arrive
     ptx::mbarrier_init(&smem.tile_empty[slot], Cfg::kConsumerWarps);
   }
+  // The staging warpgroup's store, in every CTA of the cluster (Producer::StagedO).
   for (int s = 0; s < Cfg::kStages; ++s)
-    for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], 1);  // the staging warpgroup's store
+    for (int part = 0; part < 2; ++part) ptx::mbarrier_init(&smem.o_read[s][part], Cfg::kClusterCtas);
   // A K/V stage is free once every consumer warp of every CTA it is multicast to has read it.
   constexpr uint32_t kStageReaders = Cfg::kConsumerWarps * Cfg::kClusterCtas;
   for (int s = 0; s < Cfg::kStages; ++s) {

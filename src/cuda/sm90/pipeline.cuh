@@ -169,10 +169,14 @@ struct PendingStore {
   }
 
   // The same for an O staged in K/V stage `stage` (KernelConfig::kStagesOInKV): the producer
-  // refills it once the warpgroup's store has read it.
+  // refills it once the warpgroup's store has read it. In a cluster every CTA's producer refills
+  // it (multicast), so the store's reads are signed off to all of them.
   template <class Storage>
   __device__ __forceinline__ void release_staged_o(Storage& smem, int stage, int warpgroup) {
-    release_to(&smem.o_read[stage][warpgroup], 1);
+    if (!held) return;
+    ptx::tma_store_wait_read();
+    ptx::mbarrier_arrive_every_cta<Storage::kClusterCtas>(&smem.o_read[stage][warpgroup]);
+    held = false;
   }
 
  private:

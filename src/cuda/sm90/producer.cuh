@@ -114,16 +114,23 @@ struct Producer {
     FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
   }
 
-  // In a cluster, before the CTA exits: every K/V stage acquired once more, so the peer's
-  // consumers have made their last arrivals on this CTA's empty barriers (the CTA's shared memory
-  // lives while this thread does). A cluster barrier after the roles' branches would do the same
-  // for every thread, but it made ptxas spill the consumers (172 B at d128).
-  __device__ __forceinline__ void drain(const KVPipeline<Storage>& pipe, KVRingState<Cfg> kv) const {
+  // In a cluster, before the CTA exits: every K/V stage acquired once more, and every O staged
+  // in K/V waited for, so the peer's consumers have made their last arrivals on this CTA's empty
+  // and o_read barriers (the CTA's shared memory lives while this thread does). A cluster barrier
+  // after the roles' branches would do the same for every thread, but it made ptxas spill the
+  // consumers (172 B at d128).
+  __device__ __forceinline__ void drain(const KVPipeline<Storage>& pipe, KVRingState<Cfg> kv, StagedO staged) const {
     const Features& f = params.features;
     for (int s = 0; s < f.num_stages || s < f.num_v_stages; ++s) {
       if (s < f.num_stages) pipe.producer_acquire_k(kv);
       if (s < f.num_v_stages) pipe.producer_acquire_v(kv);
       kv.advance(f);
+    }
+    if constexpr (Cfg::kStagesOInKV) {
+      for (int s = 0; s < Cfg::kStages; ++s) {
+        staged.wait_read(smem, s, 0);
+        staged.wait_read(smem, s, 1);
+      }
     }
   }
 
@@ -179,7 +186,7 @@ struct Producer {
       publish(a, ring);
       if (!valid) {  // kNoTile is out: the consumers go home
         close_q_ring(ring);
-        if constexpr (Cfg::kClusterCtas > 1) drain(pipe, kv);
+        if constexpr (Cfg::kClusterCtas > 1) drain(pipe, kv, staged);
         return;
       }
       if (q_first) load_q(t, a, ring);

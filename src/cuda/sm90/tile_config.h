@@ -160,9 +160,9 @@ struct KernelConfig {
   // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
   // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
   // KV tile), which the producer refills only for the next tile's second block.
-  // Not in a cluster: the peer's multicast refills the stage on the peer's schedule.
-  static constexpr bool kStagesOInKV =
-      kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows && kClusterCtas == 1;
+  // In a cluster every CTA's producer refills the stage in all of them (multicast), so each waits
+  // until the stores of every CTA have read their O there (o_read counts them all).
+  static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
   static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
   static_assert(kHeadDim % kSlabCols == 0 || kHeadDim % kSlabCols == kSlabCols / 2,
                 "head dim must fill whole 64-column slabs or end on half of one");
