@@ -138,6 +138,8 @@ TEST(GpuSanitizer, ClusterPairs) {
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 3, 3, 300, 777, 128), DType::kFloat16));
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 256, 30, 256), DType::kBFloat16));
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 384, 5000, 256), DType::kFloat16));
+  // More pairs than clusters, two KV blocks per tile: a CTA's consecutive tiles stage O in one stage.
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 68, 68, 256, 128, 256), DType::kFloat16));
   // Shares across pairs (each CTA's workspace slot, the tickets, the combine) and the idle CTA.
   const ScopedEnv shares("FUSEDATTN_SM90_TAIL_SHARES", "4");
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 3, 3, 300, 777, 128), DType::kFloat16));

@@ -39,12 +39,13 @@ bool expect_paired(const Problem& pr, DType dtype, Split split = Split::kAny) {
 // number of query blocks (the last pair's second CTA passes its tile through); keys not a multiple
 // of the block, and fewer than half a block (the second CTA's share of every block lies past the
 // keys: zero-filled, still counted); Sq != Sk both ways; GQA packed into the tiles; more pairs than
-// clusters fit at once (the round robin's second pass). Split or not as the plan says (below for
-// forced shares).
+// clusters fit at once (the round robin's second pass), at d256 with an even number of KV blocks
+// per tile, so that consecutive tiles of a CTA stage O in the same K/V stage. Split or not as the
+// plan says (below for forced shares).
 std::vector<Problem> paired_shapes() {
   return {dense(2, 4, 4, 1024, 1024, 128), dense(1, 3, 3, 300, 777, 128), dense(1, 8, 2, 200, 600, 128),
           dense(2, 2, 2, 640, 2100, 256),  dense(1, 2, 2, 512, 5000, 256), dense(1, 2, 2, 256, 30, 256),
-          dense(1, 2, 1, 900, 333, 256),   dense(2, 40, 40, 256, 128, 128)};
+          dense(1, 2, 1, 900, 333, 256),   dense(2, 40, 40, 256, 128, 128), dense(1, 68, 68, 256, 128, 256)};
 }
 
 // d256 stages O in the last K/V stage by default at these lengths (each CTA's producer then waits
