@@ -18,6 +18,7 @@
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
+# GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call.
 # CPU_TESTS=0 leaves the CPU suite out of the tests step (~45 s; CI runs it on every change).
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
@@ -91,7 +92,7 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
 fi
 
 if has tests; then
-  gpu_tests_sharded 540
+  gpu_tests_sharded "${GPU_TEST_LIMIT:-540}"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]| tests? ran" "$out/gpu_tests.log" | tail -25 | tee -a "$summary"
   if [ "${CPU_TESTS:-1}" != 0 ]; then
     step cpu-tests 200 cpu_tests.log "$build/tests/fusedattn_tests" --gtest_brief=1

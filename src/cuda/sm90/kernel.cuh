@@ -153,6 +153,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
       }
     }
     if (consumer == 0) turns.wait_turn();
+    // The last tile's O staged in K/V has no next tile to sign it off behind (defer_o_read); in
+    // a cluster every producer's drain waits for it (Producer::drain), so it is signed off here.
+    if constexpr (Cfg::kStagesOInKV && Cfg::kClusterCtas > 1)
+      if (mainloop.o_in_kv()) mainloop.release_pending(pending, kv);
     if (warp == 0 && lane == 0) ptx::tma_store_wait_all();
   }
 }
