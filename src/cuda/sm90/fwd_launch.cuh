@@ -52,6 +52,12 @@ constexpr bool kQPrefetchDefault = true;
 // process, on / off in both column orders (docs/hopper.md, session 19): +5-10% at 512, +3-5% at
 // 1k, +2-3% at 2k, even at 4k-8k, but 1-5% slower at full 16k, in every pairing.
 constexpr int64_t kOInKVMaxKeys = 8192;
+// The same for the CTA pairs (fwd_split.h, uses_pair_cluster). H200 fp16 d256 full, medians of
+// five in one process, TFLOP/s unpaired / paired with O in K/V / paired with O in the Q buffer:
+// 2k 678 / 676 / 656, 4k 695 / 698 / 695; 8k paired with O in K/V 710 and 712 (two columns), in
+// the Q buffer 722 (docs/hopper.md, session 37). Below kPairClusterMinKeys the pairs run only
+// when forced.
+constexpr int64_t kPairOInKVMaxKeys = 4096;
 inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers,
                                   bool persistent_default, bool dynamic_default, bool o_in_kv_default,
                                   bool pingpong_default) {
@@ -178,7 +184,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // causal 512 / 1k, TFLOP/s with / without the turns, two runs in one process: 277-279 /
   // 287-289, 342-345 / 346-350 (docs/hopper.md, session 20).
   kp.features = features_from_env(Cfg::kStages, Cfg::kVStages, Cfg::kQBuffers, kMask == MaskKind::kFull,
-                                  !prefers_static_schedule(p, kMask, kHeadDim), p.seqlen_k <= kOInKVMaxKeys,
+                                  !prefers_static_schedule(p, kMask, kHeadDim),
+                                  p.seqlen_k <= (kClustered ? kPairOInKVMaxKeys : kOInKVMaxKeys),
                                   Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
@@ -209,7 +216,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     // No workspace can be made during a graph capture: every item whole.
     if (!workspace.ok()) work.run_whole();
   }
-  kp.split = {work.split, static_cast<int>(work.items()), workspace.tickets, workspace.lse, workspace.o};
+  kp.split = {work.split, workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
   if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
     // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0.

@@ -73,8 +73,7 @@ struct DescriptorHighWords {
 // workspace; the last part of a slice to take its ticket combines every part (split_combine.cuh).
 // plan.shares == 0: every item is a whole tile (masked launches, FUSEDATTN_SM90_TAIL_SPLIT=0).
 struct SplitParams {
-  TailShares plan;
-  int items;     // plan.items(): what the scheduler hands out
+  TailShares plan;  // plan.items(): what the scheduler hands out
   int* tickets;  // [split tile][kMaxConsumerWarpgroups], zero at launch and left at zero
   float* lse;    // [split tile][plan.max_parts][block_m]
   float* o;      // [split tile][plan.max_parts][block_m x head_dim], in the accumulator's thread order

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/named_barriers.h"
@@ -41,19 +42,22 @@ struct SplitCombine {
   Storage& smem;
   int warpgroup;
 
-  // The parts of t's tile: the plan counts them per work item, and a cluster's item is a pair of
-  // tiles with a slot each (TileScheduler::tile_at).
-  __device__ __forceinline__ int parts_of(const WorkTile& t) const {
-    return params.split.plan.parts_of(t.slot / Cfg::kClusterCtas);
+  __device__ __forceinline__ int parts_of(const WorkTile& t) const { return params.split.plan.parts_of(t.slot); }
+
+  // t's slot in the workspace: its tail item's, or in a cluster (whose item is a pair of query
+  // blocks, TileScheduler) one per CTA, kClusterCtas x the item + the CTA's rank.
+  __device__ __forceinline__ int workspace_slot(const WorkTile& t) const {
+    if constexpr (Cfg::kClusterCtas == 1) return t.slot;
+    else return t.slot * Cfg::kClusterCtas + static_cast<int>(ptx::cluster_ctarank());
   }
 
   __device__ __forceinline__ float4* o_slot(const WorkTile& t, int part, uint32_t thread) const {
-    const int64_t slot = int64_t{t.slot} * params.split.plan.max_parts + part;
+    const int64_t slot = int64_t{workspace_slot(t)} * params.split.plan.max_parts + part;
     return reinterpret_cast<float4*>(params.split.o + slot * kSlotO) + warpgroup * kWarpgroupThreads * kFloat4s +
            thread;
   }
   __device__ __forceinline__ float2* lse_slot(const WorkTile& t, int part, uint32_t thread) const {
-    const int64_t slot = int64_t{t.slot} * params.split.plan.max_parts + part;
+    const int64_t slot = int64_t{workspace_slot(t)} * params.split.plan.max_parts + part;
     return reinterpret_cast<float2*>(params.split.lse + slot * kSlotLse) + warpgroup * kQuadsPerWarpgroup +
            thread / kQuad;
   }
@@ -71,7 +75,7 @@ struct SplitCombine {
     const uint32_t barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     if (thread == 0) {
-      int* ticket = &params.split.tickets[t.slot * kMaxConsumerWarpgroups + warpgroup];
+      int* ticket = &params.split.tickets[workspace_slot(t) * kMaxConsumerWarpgroups + warpgroup];
       const bool last = atomicAdd(ticket, 1) == parts_of(t) - 1;
       // Every part of the slice has taken its ticket: the counter starts the next launch at zero.
       if (last) atomicExch(ticket, 0);

@@ -42,7 +42,7 @@ struct WorkTile {
   int head;
   int batch;
   int part;  // kWholeTile, or which part of a split tile
-  int slot;  // a split tile's workspace slot (its position among the split tiles; see kClusterCtas below)
+  int slot;  // a split tile's item in the plan's tail (its position among the split tiles)
   // The tile's sequence (seq_info()): its first rows in the packed tensors (0 for dense batches)
   // and lengths; int32 like the TMA coordinates.
   int q_start, k_start, len_q, len_k;
@@ -58,7 +58,7 @@ struct WorkTile {
 // pairs of adjacent query blocks of one (head, batch), a pair per cluster at a time in round
 // robin, and the CTA of rank r takes the pair's block r. A split pair's shares are the pair's:
 // both CTAs run the same steps of their two blocks (the K/V blocks they share), each with a
-// workspace slot of its own, 2 x the plan's slot + r (WorkTile::slot; SplitCombine). A (head,
+// workspace slot of its own, 2 x the pair's tail item + r (SplitCombine::workspace_slot). A (head,
 // batch) with an odd number of query blocks ends on a pair whose second block lies past the
 // sequence: that CTA's warpgroups pass the tile through (Consumer::slice_is_empty) and only load
 // their share of its K/V.
@@ -72,8 +72,6 @@ class TileScheduler {
         block_m_(block_m),
         heads_(heads),
         packing_(packing),
-        total_(split.items),
-        whole_(split.items - split.plan.shares),
         plan_(split.plan),
         counter_(counter),
         p_(p) {}
@@ -86,8 +84,8 @@ class TileScheduler {
   // Called once per tile by the producer thread, including once past the last one.
   __device__ WorkTile next(const WorkTile& t) const {
     // A share goes on with its next segment, the next tile's first steps, while it has steps left.
-    const int share_end = kSplits && t.part != kWholeTile ? plan_.share_begin(t.index - whole_ + 1) : 0;
-    const int end = t.slot / kClusterCtas * plan_.steps + t.step_hi;  // the plan's slot: its tail item
+    const int share_end = kSplits && t.part != kWholeTile ? plan_.share_begin(t.index - plan_.whole + 1) : 0;
+    const int end = t.slot * plan_.steps + t.step_hi;
     const bool goes_on = end < share_end;
     return at(goes_on ? t.index : fetch(t.index), goes_on ? end : kShareStart, t.batch, t.batch_first);
   }
@@ -102,11 +100,11 @@ class TileScheduler {
     // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
     // and it leaves the counter at zero for the next launch on the stream. (A variable-length
     // launch's total is only a bound on its fetches; a memset behind it zeroes the counter.)
-    if (taken == total_ - 1) atomicExch(counter_, 0);
+    if (taken == plan_.items() - 1) atomicExch(counter_, 0);
     return grid + taken;
   }
 
-  __device__ bool is_valid(const WorkTile& t) const { return t.index < total_; }
+  __device__ bool is_valid(const WorkTile& t) const { return t.index < plan_.items(); }
 
   // from: the flattened tail step a share's segment starts at, or kShareStart for its first.
   static constexpr int kShareStart = -1;
@@ -117,8 +115,8 @@ class TileScheduler {
     int tile, part, slot, step_lo, step_hi;
   };
   __device__ ItemTile item_tile(int index, int from) const {
-    if (!kSplits || index < whole_ || index >= total_) return {index, kWholeTile, 0, 0, 0};
-    return share_segment(index - whole_, from);
+    if (!kSplits || index < plan_.whole || index >= plan_.items()) return {index, kWholeTile, 0, 0, 0};
+    return share_segment(index - plan_.whole, from);
   }
   // Not inlined: the divisions' registers would count against the consumers' (ptxas allocates
   // for the whole kernel; inlined, this spilled 4 B of d96's consumers). The call puts the
@@ -127,7 +125,7 @@ class TileScheduler {
   __device__ __noinline__ ItemTile share_segment(int share, int from) const {
     const int x = from == kShareStart ? plan_.share_begin(share) : from;
     const TailSegment s = plan_.segment_at(x, plan_.share_begin(share + 1));
-    return {whole_ + s.item, s.part, s.item, s.step_lo, s.step_hi};
+    return {plan_.whole + s.item, s.part, s.item, s.step_lo, s.step_hi};
   }
 
   // A variable-length launch scans on from the previous tile's sequence b (first: its first tile).
@@ -138,13 +136,12 @@ class TileScheduler {
   __device__ WorkTile tile_at(int index, int from) const {
     const ItemTile it = item_tile(index, from);
     ScheduledItem item;
-    int m_block, slot = it.slot;
+    int m_block;
     if constexpr (kClusterCtas > 1) {
       const int pairs = (order_.blocks + kClusterCtas - 1) / kClusterCtas;  // per (head, batch)
       const int rank = static_cast<int>(ptx::cluster_ctarank());
       item.pair = it.tile / pairs;
       m_block = (it.tile - item.pair * pairs) * kClusterCtas + rank;
-      slot = slot * kClusterCtas + rank;  // a split pair's query blocks take a workspace slot each
     } else {
       item = scheduled_item(order_, it.tile);
       m_block = order_.blocks - 1 - item.rank;
@@ -154,7 +151,7 @@ class TileScheduler {
             .head = item.pair % heads_,
             .batch = item.pair / heads_,
             .part = it.part,
-            .slot = slot,
+            .slot = it.slot,
             .q_start = 0,
             .k_start = 0,
             .len_q = static_cast<int>(p_.seqlen_q),
@@ -170,7 +167,7 @@ class TileScheduler {
     const ItemTile it = item_tile(index, from);
     int q_start = p_.cu_seqlens_q[b], q_end = 0, m_blocks = 0;
     for (;; ++b) {
-      if (b >= p_.batch) return {.index = total_, .batch = b, .part = kWholeTile, .batch_first = first};
+      if (b >= p_.batch) return {.index = plan_.items(), .batch = b, .part = kWholeTile, .batch_first = first};
       q_end = p_.cu_seqlens_q[b + 1];
       m_blocks = static_cast<int>((packing_.rows(int64_t{q_end - q_start}) + block_m_ - 1) / block_m_);
       if (it.tile < first + heads_ * m_blocks) break;
@@ -200,8 +197,6 @@ class TileScheduler {
   int block_m_;
   int heads_;
   RowPacking packing_;
-  int total_;  // work items
-  int whole_;  // items before whole_ are whole tiles, the others shares
   TailShares plan_;
   int* counter_;
   const FwdParams& p_;
