@@ -55,8 +55,7 @@ constexpr int64_t kOInKVMaxKeys = 8192;
 // The same for the CTA pairs (fwd_split.h, uses_pair_cluster). H200 fp16 d256 full, medians of
 // five in one process, TFLOP/s unpaired / paired with O in K/V / paired with O in the Q buffer:
 // 2k 678 / 676 / 656, 4k 695 / 698 / 695; 8k paired with O in K/V 710 and 712 (two columns), in
-// the Q buffer 722 (docs/hopper.md, session 37). Below kPairClusterMinKeys the pairs run only
-// when forced.
+// the Q buffer 722 (docs/hopper.md, session 37).
 constexpr int64_t kPairOInKVMaxKeys = 4096;
 inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers,
                                   bool persistent_default, bool dynamic_default, bool o_in_kv_default,

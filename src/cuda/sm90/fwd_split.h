@@ -201,10 +201,13 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 // 714, 16k 711 / 727. Sustained (tools/bench_power.py), two calls: d256 full 8k 676 / 686 and 686
 // / 693 (1474 / 1506 MHz), 16k 690 / 707 (1453 / 1498 MHz), the FLOP per SM-cycle within 1%; but
 // d128 full 8k 669 / 666, and in medians of five d128 full 4k 671 / 664. So d256 pairs by default
-// from kPairClusterMinKeys keys, where it gained in every reading; d128's pairs read even and run
-// only when forced.
+// from kPairClusterMinKeys keys; d128's pairs read even and run only when forced. With O staged
+// in K/V (session 37, fwd_launch.cuh's kPairOInKVMaxKeys) the d256 pairs came level below 8k:
+// fp16 full 4k unpaired / paired 695 / 698, 680 / 689 and 674.5 / 677 (medians of five, three,
+// five), sustained 656.5 / 661.0; bf16 716 / 716; 2k even (678 / 676, 660 / 669, 668 / 668;
+// sustained 626 / 627). So from 4096 keys, where every fp16 reading put the pairs ahead.
 // FUSEDATTN_SM90_CLUSTER=0|1 turns them off, or on wherever they are supported.
-constexpr int64_t kPairClusterMinKeys = 8192;
+constexpr int64_t kPairClusterMinKeys = 4096;
 constexpr int64_t kPairClusterMinOddBlocks = 15;
 constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
 constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }
