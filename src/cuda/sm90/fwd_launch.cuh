@@ -145,7 +145,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   constexpr bool kClustered = Cfg::kClusterCtas > 1;
-  const int num_m_blocks = static_cast<int>((rows.rows + Cfg::kBlockM - 1) / Cfg::kBlockM);
+  const int num_m_blocks = static_cast<int>(rows.blocks(Cfg::kBlockM));
   auto kernel = fwd_kernel<Element, Cfg, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.

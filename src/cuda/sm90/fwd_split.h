@@ -180,6 +180,8 @@ struct TiledRows {
   RowPacking packing;  // shift 0: unpacked
   int64_t rows;        // tiled rows per (tile head, batch)
   int heads;           // tile heads
+  // Query blocks of block_m tiled rows per (tile head, batch), the last one possibly cut.
+  int64_t blocks(int block_m) const { return (rows + block_m - 1) / block_m; }
 };
 constexpr int64_t kMaxTiledRows = int64_t{1} << 31;  // tiled rows are int32 in the kernel
 
@@ -218,7 +220,7 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
     return false;
   const char* v = std::getenv("FUSEDATTN_SM90_CLUSTER");
   if (v && v[0]) return v[0] != '0';
-  const int64_t m_blocks = (rows.rows + shape.block_m - 1) / shape.block_m;
+  const int64_t m_blocks = rows.blocks(shape.block_m);
   return pairs_by_default(instance_head_dim) && p.seqlen_k >= kPairClusterMinKeys &&
          (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
 }
@@ -272,7 +274,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
   const auto cost = [&](const TiledRows& r) {
     const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
-    const int64_t tiles = (r.rows + block_m - 1) / block_m * r.heads * p.batch;
+    const int64_t tiles = r.blocks(shape.block_m) * r.heads * p.batch;
     return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
   };
   const Cost u = cost(unpacked), k = cost(packed);
@@ -306,7 +308,7 @@ inline MapRows map_rows(const FwdParams& p) {
 // tile_scheduler.cuh): sequence b has ceil(tiled rows_b / block_m) query blocks per tile head, at
 // most max_seqlen_q's and at most tiled rows_b / block_m + 1.
 inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int block_m) {
-  const int64_t by_max = (rows.rows + block_m - 1) / block_m * p.batch;
+  const int64_t by_max = rows.blocks(block_m) * p.batch;
   const int64_t by_rows = (rows.packing.rows(p.varlen_rows_q) + block_m - 1) / block_m + p.batch;
   return (by_max < by_rows ? by_max : by_rows) * rows.heads;
 }
@@ -327,7 +329,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   w.rows = rows;
   w.shape = shape;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t m_blocks = (rows.rows + shape.block_m - 1) / shape.block_m;
+  const int64_t m_blocks = rows.blocks(shape.block_m);
   w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m) : m_blocks * rows.heads * p.batch;
   // A cluster's items: its query blocks in pairs per (head, batch), the last one of an odd count alone.
   const int64_t items = shape.cluster_ctas > 1
