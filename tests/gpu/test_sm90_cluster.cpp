@@ -64,6 +64,28 @@ TEST(Sm90Cluster, PairedShapesMatchReference) {
   }
 }
 
+// The pairs the default dispatch picks, with no switch set: d256 full masks from
+// kPairClusterMinKeys keys, at exactly 4096 keys on the 64-key tile with O staged in K/V
+// (kPairOInKVMaxKeys), above it on the 80-key tile with O in the Q buffer.
+TEST(Sm90Cluster, DefaultPairsMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  // Empty reads as unset; the switches are cleared in case the binary runs with them set.
+  const ScopedEnvs unset({{"FUSEDATTN_SM90_CLUSTER", ""}, {"FUSEDATTN_SM90_O_IN_KV", ""}});
+  struct DefaultCase {
+    Problem pr;
+    int block_n;
+  };
+  const DefaultCase cases[] = {{dense(1, 2, 2, 256, cuda::sm90::kPairClusterMinKeys, 256), cuda::sm90::kD256Block64.block_n},
+                               {dense(1, 2, 2, 256, 8192, 256), cuda::sm90::tile_shape(256).block_n}};
+  for (const DType dtype : kGpuDtypes)
+    for (const DefaultCase& dc : cases) {
+      SCOPED_TRACE(dc.pr.str() + " " + dtype_name(dtype));
+      if (!expect_paired(dc.pr, dtype)) continue;
+      EXPECT_EQ(planned_sm90_work(dc.pr, dtype)->shape.block_n, dc.block_n);
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dc.pr, dtype));
+    }
+}
+
 // The tail split (cuda/common/tail_shares.h) of pairs: a share runs the same steps of both query
 // blocks of a pair, each CTA writes its own workspace slot, and the last part of each slice
 // combines. Forced share counts cut the shares across pairs (several segments each), over an odd
