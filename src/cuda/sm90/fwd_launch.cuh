@@ -41,7 +41,7 @@ constexpr int kMaxSplitWaves = 2;
 // buffer while the current tile runs; d64/d128 only, d256 has room for one Q) override them for
 // A/B measurements; FUSEDATTN_SM90_O_IN_KV=0|1 keeps d256's O staged in its one Q buffer (which
 // the next tile's Q then waits for) or stages it in the last KV stage (default: up to
-// kOInKVMaxKeys keys); FUSEDATTN_SM90_DEFER_O_READ=0 waits in the epilogue for the store to leave
+// kOInKVMaxKeys keys, kPairOInKVMaxKeys in CTA pairs); FUSEDATTN_SM90_DEFER_O_READ=0 waits in the epilogue for the store to leave
 // that stage instead of behind the next tile's first Q K^T (Features::defer_o_read). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
