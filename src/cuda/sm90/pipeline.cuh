@@ -165,7 +165,8 @@ struct PendingStore {
 
   template <class Storage>
   __device__ __forceinline__ void release(Storage& smem, int buffer) {
-    release_to(&smem.q_empty[buffer], kWarpsPerWarpgroup);  // for the warpgroup's warps
+    // q_empty counts one arrival per consumer warp: the warpgroup's.
+    release_with([&] { ptx::mbarrier_arrive(&smem.q_empty[buffer], kWarpsPerWarpgroup); });
   }
 
   // The same for an O staged in K/V stage `stage` (KernelConfig::kStagesOInKV): the producer
@@ -173,18 +174,16 @@ struct PendingStore {
   // it (multicast), so the store's reads are signed off to all of them.
   template <class Storage>
   __device__ __forceinline__ void release_staged_o(Storage& smem, int stage, int warpgroup) {
-    if (!held) return;
-    ptx::tma_store_wait_read();
-    ptx::mbarrier_arrive_every_cta<Storage::kClusterCtas>(&smem.o_read[stage][warpgroup]);
-    held = false;
+    release_with([&] { ptx::mbarrier_arrive_every_cta<Storage::kClusterCtas>(&smem.o_read[stage][warpgroup]); });
   }
 
  private:
-  // Once the held store has read its staging, `arrivals` on the barrier that gives it back.
-  __device__ __forceinline__ void release_to(uint64_t* barrier, uint32_t arrivals) {
+  // Once the held store has read its staging, `arrive` gives it back.
+  template <class Arrive>
+  __device__ __forceinline__ void release_with(Arrive arrive) {
     if (!held) return;
     ptx::tma_store_wait_read();
-    ptx::mbarrier_arrive(barrier, arrivals);
+    arrive();
     held = false;
   }
 };
