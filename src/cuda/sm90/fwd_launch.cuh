@@ -275,16 +275,12 @@ void run_fwd(const FwdParams& p) {
 }
 
 // The clustered kernels are compiled in translation units of their own
-// (src/cuda/instances/sm90_fwd_*_pair_n*.cu), one kernel each.
+// (src/cuda/instances/sm90_fwd_*_pair_n*.cu), one kernel each; tools/gen_instances.py writes
+// them and the list of their declarations.
 #define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                  \
   extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(const FwdParams&, \
                                                                                       const TiledRows&, int);
-FUSEDATTN_SM90_PAIRED(__half, 128, tile_shape(128))
-FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 128, tile_shape(128))
-FUSEDATTN_SM90_PAIRED(__half, 256, tile_shape(256))
-FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 256, tile_shape(256))
-FUSEDATTN_SM90_PAIRED(__half, 256, kD256Block64)
-FUSEDATTN_SM90_PAIRED(__nv_bfloat16, 256, kD256Block64)
+#include "cuda/sm90/paired_instances.inc"
 #undef FUSEDATTN_SM90_PAIRED
 
 }  // namespace fusedattn::cuda::sm90
