@@ -111,11 +111,20 @@ inline bool can_cut_tail(int64_t items, int64_t tail, int steps, int64_t shares)
          (shares + 1) * tail * steps <= kMaxTailProduct;
 }
 
-// That cut (can_cut_tail must hold).
-inline TailShares cut_tail(int64_t items, int64_t tail, int steps, int shares) {
+// That cut (can_cut_tail must hold), and its longest share under `cost`: one walk over the
+// shares gives both.
+struct CostedCut {
+  TailShares cut;
+  double longest;
+};
+inline CostedCut cut_tail_costed(int64_t items, int64_t tail, int steps, int shares, TailCost cost) {
   TailShares s{static_cast<int>(items - tail), static_cast<int>(tail), steps, shares, 1};
-  s.max_parts = tail_share_costs(s, {0.0, 0.0}).max_parts;
-  return s;
+  const TailShareCosts c = tail_share_costs(s, cost);
+  s.max_parts = c.max_parts;
+  return {s, c.longest};
+}
+inline TailShares cut_tail(int64_t items, int64_t tail, int steps, int shares) {
+  return cut_tail_costed(items, tail, steps, shares, {0.0, 0.0}).cut;
 }
 
 // Modelled makespan, in steps, of `items` items on `slots` slots run as s (whole waves first,
@@ -143,14 +152,12 @@ inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, Tail
   double best_time = tail_shares_makespan(items, steps, slots, unsplit, cost) * (1.0 - kTailMinGain);
   const auto consider = [&](int64_t tail, int64_t shares) {
     if (!can_cut_tail(items, tail, steps, shares) || tail * steps < shares * int64_t{kTailMinPartSteps}) return;
-    TailShares s{static_cast<int>(items - tail), static_cast<int>(tail), steps, static_cast<int>(shares), 1};
-    const TailShareCosts c = tail_share_costs(s, cost);  // one walk for both figures
-    s.max_parts = c.max_parts;
-    if (s.max_parts > kTailMaxParts) return;
-    const double t = tail_shares_makespan(items, steps, slots, s, c.longest, cost);
+    const CostedCut c = cut_tail_costed(items, tail, steps, static_cast<int>(shares), cost);
+    if (c.cut.max_parts > kTailMaxParts) return;
+    const double t = tail_shares_makespan(items, steps, slots, c.cut, c.longest, cost);
     if (t < best_time) {
       best_time = t;
-      best = s;
+      best = c.cut;
     }
   };
   for (int64_t tail = items % slots; tail <= items && tail <= items % slots + slots; tail += slots) {
