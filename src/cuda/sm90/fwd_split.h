@@ -332,9 +332,8 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   const int64_t m_blocks = rows.blocks(shape.block_m);
   w.tiles = varlen ? varlen_tile_bound(p, rows, shape.block_m) : m_blocks * rows.heads * p.batch;
   // A cluster's items: its query blocks in pairs per (head, batch), the last one of an odd count alone.
-  const int64_t items = shape.cluster_ctas > 1
-                            ? (m_blocks + shape.cluster_ctas - 1) / shape.cluster_ctas * rows.heads * p.batch
-                            : w.tiles;
+  const int64_t items =
+      shape.cluster_ctas > 1 ? cluster_items(m_blocks, shape.cluster_ctas) * rows.heads * p.batch : w.tiles;
   w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
   w.split = TailShares::unsplit(static_cast<int>(items), w.kv_blocks);
   if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && items >= slots)) return w;

@@ -82,6 +82,14 @@ constexpr TileShape paired(TileShape shape) {
   return shape;
 }
 
+// A cluster launch's work items per (head, batch): its query blocks in groups of cluster_ctas, the
+// last group short where the count does not divide. One rule for the host's work list
+// (fwd_split.h, fwd_work) and the kernel's scheduler (tile_scheduler.cuh, tile_at).
+template <typename Int>
+constexpr Int cluster_items(Int query_blocks, int cluster_ctas) {
+  return (query_blocks + cluster_ctas - 1) / cluster_ctas;
+}
+
 constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows

@@ -31,6 +31,7 @@
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/row_packing.h"
+#include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -138,7 +139,7 @@ class TileScheduler {
     ScheduledItem item;
     int m_block;
     if constexpr (kClusterCtas > 1) {
-      const int pairs = (order_.blocks + kClusterCtas - 1) / kClusterCtas;  // per (head, batch)
+      const int pairs = cluster_items(order_.blocks, kClusterCtas);  // per (head, batch)
       const int rank = static_cast<int>(ptx::cluster_ctarank());
       item.pair = it.tile / pairs;
       m_block = (it.tile - item.pair * pairs) * kClusterCtas + rank;
