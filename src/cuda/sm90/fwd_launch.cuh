@@ -115,10 +115,12 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// How many clusters of cluster_ctas CTAs of `kernel` the device runs at once, 0 where none fits
-// (cached per device: known[d] holds the count + 1 once asked, 0 before).
-template <class Kernel>
-int max_active_clusters(Kernel kernel, int threads, int smem_bytes, int cluster_ctas) {
+// How many clusters of cluster_ctas CTAs of kKernel the device runs at once, 0 where none fits
+// (cached per kernel and device: known[d] holds the count + 1 once asked, 0 before). The kernel
+// is a template argument so that each kernel has a cache of its own: as a function argument its
+// type, the same for every instance, would have made one cache serve all of them.
+template <auto kKernel>
+int max_active_clusters(int threads, int smem_bytes, int cluster_ctas) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];
   int device = 0;
@@ -128,7 +130,7 @@ int max_active_clusters(Kernel kernel, int threads, int smem_bytes, int cluster_
   int clusters = 0;
   // A failed query (a cluster the GPU or its partition cannot schedule) counts as none fitting;
   // the error (not a sticky one) is cleared so that no later check reports it.
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &one.config) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &one.config) != cudaSuccess) {
     (void)cudaGetLastError();
     clusters = 0;
   }
@@ -146,7 +148,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   constexpr bool kClustered = Cfg::kClusterCtas > 1;
   const int num_m_blocks = static_cast<int>(rows.blocks(Cfg::kBlockM));
-  auto kernel = fwd_kernel<Element, Cfg, kMask>;
+  constexpr auto kernel = fwd_kernel<Element, Cfg, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
   FUSEDATTN_CUDA_CHECK(
@@ -155,7 +157,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // allow no more): those are the plan's slots. A cluster's CTAs run on SMs of one GPC, so where
   // a GPC had an odd number of SMs one of them would hold no pair: a clustered launch's slots are
   // the clusters that fit at once (the H200 fits 66, all of its 132 SMs).
-  const int64_t slots = kClustered ? max_active_clusters(kernel, Cfg::kThreads, kSmemBytes, Cfg::kClusterCtas)
+  const int64_t slots = kClustered ? max_active_clusters<kernel>(Cfg::kThreads, kSmemBytes, Cfg::kClusterCtas)
                                    : int64_t{num_sms} * Cfg::kCtasPerSm;
   if (slots == 0) return false;
   FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
