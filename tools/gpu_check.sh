@@ -19,6 +19,8 @@
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set.
 # GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call.
+# PEER_REPEAT=n runs each peers.py run n times into the same JSON lines (default 1; ~55 s per FA
+# forward+backward run of one dtype); tools/perf_table.py then shows per-point medians.
 # CPU_TESTS=0 leaves the CPU suite out of the tests step (~45 s; CI runs it on every change).
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
@@ -155,9 +157,13 @@ if has peers && [ -f "$peers" ]; then
       step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
         --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"
     elif [ "$run" = "$dt" ]; then
-      step "peers-$suite-$run" 300 "peers_${suite}_$run.log" env PYTHONUNBUFFERED=1 python3 "$peers" \
-        --suite "$suite" --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn \
-        --out "$dest/peers_${suite}_$run.jsonl"
+      # peers.py appends to --out: every repeat lands in the one file.
+      for ((rep = 1; rep <= ${PEER_REPEAT:-1}; ++rep)); do
+        step "peers-$suite-$run-$rep" 300 "peers_${suite}_${run}_$rep.log" env PYTHONUNBUFFERED=1 python3 "$peers" \
+          --suite "$suite" --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn \
+          --out "$dest/peers_${suite}_$run.jsonl"
+      done
+      python3 "$root/tools/perf_table.py" "$dest/peers_${suite}_$run.jsonl" > "$out/peers_${suite}_${run}_table.md" 2>&1
     else
       step "peers-fa-fwd-$run" 200 "peers_fa_fwd_$run.log" env FUSEDATTN_DISABLE_SM90=1 PYTHONUNBUFFERED=1 \
         python3 "$root/tools/bench_points.py" --points fa-fwd --dtype "$dt" --providers sdpa_flash,ours \
@@ -206,9 +212,14 @@ fi
 tag=$(echo "$steps" | tr ',' '-')
 tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
 echo; echo "==== summary ===="; cat "$summary"
+# One run per dtype: its own table. Repeated runs: the per-point medians of perf_table.py.
 for f in "$out"/peers_*.log; do
+  [ "${PEER_REPEAT:-1}" -gt 1 ] && [[ "$f" == *_[0-9].log ]] && continue
   if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
 done
+if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
+  for f in "$out"/peers_*_table.md; do [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }; done
+fi
 [ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
 for f in "$out"/varlen_*.log; do

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Renders peers.py JSON lines (one run on one GPU) as a markdown table with ours/peer ratios.
+"""Renders peers.py JSON lines (runs on one GPU) as a markdown table with ours/peer ratios.
 
     tools/perf_table.py FILE.jsonl [--peers sdpa_flash,sdpa_cudnn]
-Rows are (mode, head dim, mask, seqlen); a ratio is ours' TFLOP/s over the peer's in the same run.
+Rows are (mode, head dim, mask, seqlen); a ratio is ours' TFLOP/s over the peer's in the same file.
+A file with several runs (gpu_check.sh's PEER_REPEAT appends them) shows each provider's median
+reading per point, and the ratio of the medians.
 """
 import argparse
 import json
+import statistics
 
 
 def main():
@@ -24,10 +27,15 @@ def main():
             if rec.get("env") or rec.get("suite") == "gemm":  # bench_points.py: a switch's column, a GEMM
                 continue
             key = (rec["mode"], rec["D"], rec["causal"], rec["Sq"])
-            rows.setdefault(key, {})[rec["provider"]] = rec.get("tflops")
+            if rec.get("tflops"):
+                rows.setdefault(key, {}).setdefault(rec["provider"], []).append(rec["tflops"])
     if ceiling:
         print(f"Device {ceiling['device']}, torch {ceiling['torch']}, cuDNN {ceiling['cudnn']}; "
               f"bf16 GEMM ceiling {ceiling['bf16_gemm_tflops']} TFLOP/s, copy {ceiling['copy_gbps']} GB/s.\n")
+    runs = max((len(r) for vals in rows.values() for r in vals.values()), default=0)
+    if runs > 1:
+        print(f"Medians of up to {runs} readings per provider and point.\n")
+    rows = {key: {p: statistics.median(r) for p, r in vals.items()} for key, vals in rows.items()}
     names = {"sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN"}
     head = ["mode", "d", "mask", "seqlen"] + [names.get(p, p) for p in peers] + ["ours"] + \
            [f"ours/{names.get(p, p)}" for p in peers]
