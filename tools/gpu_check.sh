@@ -214,7 +214,7 @@ tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.t
 echo; echo "==== summary ===="; cat "$summary"
 # One run per dtype: its own table. Repeated runs: the per-point medians of perf_table.py.
 for f in "$out"/peers_*.log; do
-  [ "${PEER_REPEAT:-1}" -gt 1 ] && [[ "$f" == *_[0-9].log ]] && continue
+  [ "${PEER_REPEAT:-1}" -gt 1 ] && [[ "$f" =~ _[0-9]+\.log$ ]] && continue
   if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
 done
 if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
