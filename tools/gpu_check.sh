@@ -36,7 +36,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-gpu
 summary=$out/summary.txt
 : > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
+# Each line also lands in $dest/summary-partial.txt at once, so a call cut short by the device's
+# time limit still returns what finished (the packed logs are written only at the end).
+note() { echo "$*" | tee -a "$summary"; cp "$summary" "$dest/summary-partial.txt"; }
 has() { [[ ",$steps," == *",$1,"* ]]; }
 # step NAME LIMIT_S LOG CMD...: runs CMD under a time limit, logs it, records result and wall time.
 step() {
@@ -210,7 +212,7 @@ if has trace; then
 fi
 
 tag=$(echo "$steps" | tr ',' '-')
-tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt"
+tar czf "$dest/logs-$tag.tgz" -C "$out" . && cp "$summary" "$dest/summary-$tag.txt" && rm -f "$dest/summary-partial.txt"
 echo; echo "==== summary ===="; cat "$summary"
 # One run per dtype: its own table. Repeated runs: the per-point medians of perf_table.py.
 for f in "$out"/peers_*.log; do
