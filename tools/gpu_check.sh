@@ -7,8 +7,8 @@
 #            (GPU_HEAD_DIMS="192;256" overrides the mode's list, for a shorter build)
 #     steps: comma list of build,tests,sanitize,cli,pytest,peers   (default: all of them), and
 #            trace (not in the default: the Hopper forward's tile-boundary trace build, run at
-#            TRACE_POINTS, head_dim:seqlen of the FA grid's full-mask points, default
-#            256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary"), and
+#            TRACE_POINTS, head_dim:seqlen[:causal] of the FA grid (full mask unless :causal),
+#            default 256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary"), and
 #            points (not in the default: tools/bench_points.py at POINTS with the providers
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
 #            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each), and
@@ -199,14 +199,16 @@ if has trace; then
     -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
   for point in ${TRACE_POINTS//,/ }; do
-    d=${point%%:*} s=${point##*:}
-    csv=$dest/trace_d${d}_s$s.csv
+    IFS=: read -r d s mask <<< "$point"
+    mask=${mask:-full}
+    [ "$mask" = full ] || [ "$mask" = causal ] || { note "trace point $point: mask must be full or causal"; continue; }
+    csv=$dest/trace_d${d}_s${s}_$mask.csv
     rm -f "$csv"
     # The FA grid's shape: 16k tokens, model dim 2048.
-    step "trace-d$d-s$s" 120 "trace_d${d}_s$s.log" env FUSEDATTN_SM90_TRACE_FILE="$csv" "$tbuild/fusedattn" \
+    step "trace-d$d-s$s-$mask" 120 "trace_d${d}_s${s}_$mask.log" env FUSEDATTN_SM90_TRACE_FILE="$csv" "$tbuild/fusedattn" \
       --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) --seqlen-q "$s" --seqlen-k "$s" --head-dim "$d" \
-      --dtype fp16 --warmup 1 --iters 2 --check-rows 0
-    note "trace d$d full $s:"
+      --dtype fp16 --warmup 1 --iters 2 --check-rows 0 $([ "$mask" = causal ] && echo --causal)
+    note "trace d$d $mask $s:"
     python3 "$root/tools/sm90_trace.py" "$csv" 2>&1 | tee -a "$summary"
   done
 fi

@@ -96,11 +96,48 @@ def parts_of(tiles):
             out["epilogue done -> next tile's Q landed"].append(nxt[landed] - t[EPILOGUE_DONE])
         if nxt is not None and LAST_PV_DONE in t and FIRST_S_READY in nxt:
             out["boundary (last P V done -> next S ready)"].append(nxt[FIRST_S_READY] - t[LAST_PV_DONE])
+        if nxt is not None and LAST_PV_DONE in t and LAST_PV_DONE in nxt:
+            # Every period with the blocks of the tile it ends, for the fit of main(): tiles of
+            # many lengths (causal masks, tail shares) give each block's and each tile's cost.
+            out["periods by blocks"].append((nxt["blocks"], nxt[LAST_PV_DONE] - t[LAST_PV_DONE]))
         if nxt is not None and LAST_PV_DONE in t and LAST_PV_DONE in nxt and nxt["blocks"] == t["blocks"]:
             # A tile's whole period, and its blocks, for the loop's share of it (main()).
             out["tile period (last P V to last P V)"].append(nxt[LAST_PV_DONE] - t[LAST_PV_DONE])
             out["blocks per tile"].append(nxt["blocks"])
     return out
+
+
+def period_fit(pairs):
+    """Least squares of a tile's period on its block count, over (blocks, cycles) pairs: (cycles per
+    block, cycles per tile beyond its blocks), or None where the tiles are of fewer than two lengths."""
+    if len({b for b, _ in pairs}) < 2:
+        return None
+    mean_b = statistics.fmean(b for b, _ in pairs)
+    mean_c = statistics.fmean(c for _, c in pairs)
+    var = sum((b - mean_b) ** 2 for b, _ in pairs)
+    slope = sum((b - mean_b) * (c - mean_c) for b, c in pairs) / var
+    return slope, mean_c - slope * mean_b
+
+
+def print_period_fit(pairs):
+    """A tile's cost as per-block and per-tile parts, fitted over its tiles of every length, and the
+    median period at a few lengths against the fit: a per-tile cost that the short tiles of a causal
+    launch pay more often than a full mask's long ones (the boundary, the masked diagonal block)."""
+    fit = period_fit(pairs)
+    if fit is None:
+        return
+    per_block, per_tile = fit
+    print(f"  {'period fit over tile lengths':<44} {per_block:9.0f} cycles per block + {per_tile:.0f} per tile"
+          f" ({per_tile / per_block:.2f} blocks; {len(pairs)} periods)")
+    by_len = collections.defaultdict(list)
+    for b, c in pairs:
+        by_len[b].append(c)
+    lengths = sorted(by_len)
+    shown = sorted({lengths[round(q * (len(lengths) - 1))] for q in (0, 0.1, 0.25, 0.5, 0.75, 1)})
+    for b in shown:
+        med = statistics.median(by_len[b])
+        print(f"    {b:4d} blocks: median {med:9.0f} cycles over {len(by_len[b]):5d}, "
+              f"{(med - per_block * b) / per_block:+.2f} blocks beyond its blocks at the fitted step")
 
 
 def producer_parts(stamps):
@@ -169,6 +206,7 @@ def main():
         step = statistics.median(parts["KV step in the loop"]) if parts.get("KV step in the loop") else None
         print("producer" if role == PRODUCER else f"consumer warpgroup {role}")
         blocks = parts.pop("blocks per tile", None)
+        periods = parts.pop("periods by blocks", None)
         for name, values in parts.items():
             med = statistics.median(values)
             in_steps = f"  ({med / step:.2f} steps)" if step and name != "KV step in the loop" else ""
@@ -179,6 +217,8 @@ def main():
             period, count = statistics.median(parts["tile period (last P V to last P V)"]), statistics.median(blocks)
             print(f"  {'period beyond its blocks at the loop step':<44} median {period - count * step:9.0f} cycles"
                   f" ({count:.0f} blocks of {step:.0f}; the loop's share {count * step / period:.1%})")
+        if periods:
+            print_period_fit(periods)
     if not by_role:
         sys.exit("no tiles in the launch")
     print("the boundary, cycles after warpgroup 0's last P V done (median, p10-p90)")
