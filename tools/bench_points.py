@@ -21,6 +21,9 @@ library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in o
 time (so neither side always runs first or last), and prints each column's median with its
 min-max: at the power cap one reading moves by 3-7% between runs of one process, so effects of
 about 1% need medians (docs/hopper.md, session 24). Every reading goes to --out with its `rep`.
+--order given keeps the columns in the given order every time, as peers.py runs its providers
+(each one right after the one before it, FA2 first): what a column reads may depend on what ran
+just before it, since the clock the power cap allows lags the load (docs/hopper.md, session 40).
 
 --gemm N adds a first row: torch.matmul of two N x N matrices in --dtype, timed the same way and
 as often (--repeat), the card's dense-GEMM rate at its power cap in this process, against which
@@ -182,6 +185,8 @@ def main():
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
     ap.add_argument("--repeat", type=int, default=1, help="readings per point and column, the order alternating; medians shown")
+    ap.add_argument("--order", choices=("alternate", "given"), default="alternate",
+                    help="column order over the repeats: reversed every second time, or always as given")
     ap.add_argument("--gemm", type=int, default=0, metavar="N", help="first, torch.matmul at N x N x N in --dtype")
     args = ap.parse_args()
     if args.repeat < 1:
@@ -204,7 +209,8 @@ def main():
     for text in expand_points(args.points):
         readings = [[] for _ in columns]
         for rep in range(args.repeat):
-            order = range(len(columns)) if rep % 2 == 0 else reversed(range(len(columns)))
+            forward = rep % 2 == 0 or args.order == "given"
+            order = range(len(columns)) if forward else reversed(range(len(columns)))
             for i in order:
                 provider, env = columns[i]
                 readings[i].append(measure(text, provider, env, args.dtype, rep if args.repeat > 1 else None, out))

@@ -11,7 +11,8 @@
 #            default 256:2048,256:16384,128:2048; docs/hopper.md, "Tracing a tile boundary"), and
 #            points (not in the default: tools/bench_points.py at POINTS with the providers
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
-#            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each), and
+#            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each, the
+#            column order reversed every second time unless POINT_ORDER=given), and
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
 #            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
 #            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS)
@@ -179,7 +180,7 @@ if has points; then
   for e in ${POINT_ENVS:-}; do envs+=(--env "$e"); done
   step points 500 points.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_points.py" --points "$POINTS" \
     --providers "${POINT_PROVIDERS:-sdpa_flash,sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" \
-    --repeat "${POINT_REPEAT:-1}" "${envs[@]}" --out "$dest/points.jsonl"
+    --repeat "${POINT_REPEAT:-1}" --order "${POINT_ORDER:-alternate}" "${envs[@]}" --out "$dest/points.jsonl"
 fi
 
 if has power; then
