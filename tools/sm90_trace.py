@@ -127,6 +127,9 @@ def print_period_fit(pairs):
     if fit is None:
         return
     per_block, per_tile = fit
+    if per_block <= 0:  # periods that do not grow with the blocks: no step to count in
+        print(f"  {'period fit over tile lengths':<44} {per_block:9.0f} cycles per block: no fit ({len(pairs)} periods)")
+        return
     print(f"  {'period fit over tile lengths':<44} {per_block:9.0f} cycles per block + {per_tile:.0f} per tile"
           f" ({per_tile / per_block:.2f} blocks; {len(pairs)} periods)")
     by_len = collections.defaultdict(list)
