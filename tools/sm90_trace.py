@@ -97,13 +97,14 @@ def parts_of(tiles):
         if nxt is not None and LAST_PV_DONE in t and FIRST_S_READY in nxt:
             out["boundary (last P V done -> next S ready)"].append(nxt[FIRST_S_READY] - t[LAST_PV_DONE])
         if nxt is not None and LAST_PV_DONE in t and LAST_PV_DONE in nxt:
+            period = nxt[LAST_PV_DONE] - t[LAST_PV_DONE]
             # Every period with the blocks of the tile it ends, for the fit of main(): tiles of
             # many lengths (causal masks, tail shares) give each block's and each tile's cost.
-            out["periods by blocks"].append((nxt["blocks"], nxt[LAST_PV_DONE] - t[LAST_PV_DONE]))
-        if nxt is not None and LAST_PV_DONE in t and LAST_PV_DONE in nxt and nxt["blocks"] == t["blocks"]:
-            # A tile's whole period, and its blocks, for the loop's share of it (main()).
-            out["tile period (last P V to last P V)"].append(nxt[LAST_PV_DONE] - t[LAST_PV_DONE])
-            out["blocks per tile"].append(nxt["blocks"])
+            out["periods by blocks"].append((nxt["blocks"], period))
+            if nxt["blocks"] == t["blocks"]:
+                # A tile's whole period, and its blocks, for the loop's share of it (main()).
+                out["tile period (last P V to last P V)"].append(period)
+                out["blocks per tile"].append(nxt["blocks"])
     return out
 
 
