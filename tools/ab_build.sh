@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# A/B of a compile-time switch on the GPU machine, in one call of about a minute: two CLI-only
+# builds of the listed head dims side by side, one with -D<SWITCH>=1 and one with -D<SWITCH>=0,
+# then the CLI's timed runs of each point, the two builds alternating, REPEAT rounds.
+#   tools/ab_build.sh SWITCH d:mask:seqlen [d:mask:seqlen ...]
+#     mask: full or causal; the FA grid's shape (16k tokens, model dim 2048), fp16 unless
+#     AB_DTYPE=bf16. AB_HEADS="64;128" (default: the head dims of the points) is the build's
+#     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds.
+# Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
+# check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
+# build-ab1/ and build-ab0/, logs to $OUT. Runtime switches (environment variables) need no
+# second build: gpu_check.sh's POINT_ENVS compares them.
+set -uo pipefail
+switch=${1:?usage: tools/ab_build.sh SWITCH d:mask:seqlen ...}
+shift
+[ $# -gt 0 ] || { echo "no points given" >&2; exit 2; }
+dest=${OUT:-$PWD/gpu_logs}
+mkdir -p "$dest"
+root=$(cd "$(dirname "$0")/.." && pwd)
+heads=${AB_HEADS:-$(for p in "$@"; do echo "${p%%:*}"; done | sort -un | paste -sd';')}
+dtype=${AB_DTYPE:-fp16}
+jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
+        -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
+        -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=OFF)
+for v in 1 0; do
+  (cmake -S "$root" -B "$root/build-ab$v" "${config[@]}" -DCMAKE_CUDA_FLAGS="-D$switch=$v" > "$dest/ab_configure$v.log" 2>&1 &&
+     cmake --build "$root/build-ab$v" -j "$jobs" --target fusedattn_cli > "$dest/ab_build$v.log" 2>&1
+   echo "build $switch=$v: rc $?") &
+done
+wait
+for v in 1 0; do
+  echo "build $switch=$v, ptxas lines with spills: $(grep -cE '[1-9][0-9]* bytes spill' "$dest/ab_build$v.log")"
+done
+for round in $(seq "${REPEAT:-3}"); do
+  for point in "$@"; do
+    IFS=: read -r d mask s <<< "$point"
+    [ "$mask" = full ] || [ "$mask" = causal ] || { echo "point $point: mask must be full or causal"; continue; }
+    for v in 1 0; do
+      result=$("$root/build-ab$v/fusedattn" --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) \
+        --seqlen-q "$s" --seqlen-k "$s" --head-dim "$d" --dtype "$dtype" --warmup 3 --iters 20 --check-rows 16 \
+        $([ "$mask" = causal ] && echo --causal) 2>&1)
+      rc=$?
+      echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc"
+    done
+  done
+done
