@@ -12,6 +12,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
+#include "cuda/common/env.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm90/fwd_split.h"
@@ -60,21 +61,17 @@ constexpr int64_t kPairOInKVMaxKeys = 4096;
 inline Features features_from_env(int compiled_stages, int compiled_v_stages, int compiled_q_buffers,
                                   bool persistent_default, bool dynamic_default, bool o_in_kv_default,
                                   bool pingpong_default) {
-  const auto flag = [](const char* name, bool fallback) {
-    const char* v = std::getenv(name);
-    return v && v[0] ? v[0] != '0' : fallback;
-  };
   Features f;
-  f.pingpong = flag("FUSEDATTN_SM90_PINGPONG", pingpong_default);
-  f.early_k_release = flag("FUSEDATTN_SM90_EARLY_K", true);
-  f.narrow_first = flag("FUSEDATTN_SM90_NARROW_FIRST", true);
+  f.pingpong = env_switch_or("FUSEDATTN_SM90_PINGPONG", pingpong_default);
+  f.early_k_release = env_switch_or("FUSEDATTN_SM90_EARLY_K", true);
+  f.narrow_first = env_switch_or("FUSEDATTN_SM90_NARROW_FIRST", true);
   // H200, one process, medians of 3-4 runs: d256 full 1k-8k +0.4-2.7% (docs/hopper.md, sessions
   // 24-25); the trace puts the epilogue ~900 cycles shorter.
-  f.defer_o_read = flag("FUSEDATTN_SM90_DEFER_O_READ", true);
-  f.overlap = flag("FUSEDATTN_SM90_OVERLAP", true);
+  f.defer_o_read = env_switch_or("FUSEDATTN_SM90_DEFER_O_READ", true);
+  f.overlap = env_switch_or("FUSEDATTN_SM90_OVERLAP", true);
   // The dynamic schedule is a persistent grid's: asking for it implies one unless PERSISTENT=0.
-  f.dynamic = flag("FUSEDATTN_SM90_DYNAMIC", dynamic_default);
-  f.persistent = flag("FUSEDATTN_SM90_PERSISTENT", f.dynamic || persistent_default);
+  f.dynamic = env_switch_or("FUSEDATTN_SM90_DYNAMIC", dynamic_default);
+  f.persistent = env_switch_or("FUSEDATTN_SM90_PERSISTENT", f.dynamic || persistent_default);
   f.num_stages = compiled_stages;
   if (const char* v = std::getenv("FUSEDATTN_SM90_STAGES")) f.num_stages = std::clamp(std::atoi(v), 1, compiled_stages);
   // The overlapped loop holds one stage while it waits for the next: it needs two.
@@ -85,13 +82,13 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   if (const char* v = std::getenv("FUSEDATTN_SM90_RESCALE_SLACK")) {
     f.rescale_slack = std::clamp(static_cast<float>(std::atof(v)), 0.f, kMaxRescaleSlack);
   }
-  f.q_buffers = flag("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
+  f.q_buffers = env_switch_or("FUSEDATTN_SM90_Q_PREFETCH", kQPrefetchDefault) ? compiled_q_buffers : 1;
   // H200, one process, both column orders: d128 full 2k-16k +6-10%, causal 2k-8k +4-6%, full
   // 512 +5% (docs/hopper.md, session 22); d64's 192-row tile full 2k-16k +9-11%, d256 full +1-2%
   // (session 23).
-  f.sum_limit = flag("FUSEDATTN_SM90_SUM_CHECK", true) ? std::exp2(f.rescale_slack) : 0.f;
-  f.rebase_limit = flag("FUSEDATTN_SM90_REBASE", true) ? kRebaseLimit : 0.f;
-  f.o_in_kv = f.overlap && flag("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
+  f.sum_limit = env_switch_or("FUSEDATTN_SM90_SUM_CHECK", true) ? std::exp2(f.rescale_slack) : 0.f;
+  f.rebase_limit = env_switch_or("FUSEDATTN_SM90_REBASE", true) ? kRebaseLimit : 0.f;
+  f.o_in_kv = f.overlap && env_switch_or("FUSEDATTN_SM90_O_IN_KV", o_in_kv_default);
   return f;
 }
 

@@ -9,8 +9,10 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
+#include "cuda/common/env.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
@@ -40,10 +42,7 @@ inline TailCost fwd_tail_cost(int head_dim) {
 }
 
 // FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile whole (A/B measurements); on by default.
-inline bool tail_split_enabled() {
-  const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SPLIT");
-  return !(v && v[0] == '0');
-}
+inline bool tail_split_enabled() { return env_switch_or("FUSEDATTN_SM90_TAIL_SPLIT", true); }
 
 // FUSEDATTN_SM90_TAIL_SHARES=S cuts the last wave's tiles (all of them below one wave) into S
 // shares whatever the model prefers, so the tests reach shares that cross tiles; 0 when unset.
@@ -218,8 +217,7 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
   if (!has_pair_cluster(instance_head_dim) || mask != MaskKind::kFull || p.cu_seqlens_q != nullptr ||
       shape.ctas_per_sm != 1 || shape.consumer_warpgroups != 2)
     return false;
-  const char* v = std::getenv("FUSEDATTN_SM90_CLUSTER");
-  if (v && v[0]) return v[0] != '0';
+  if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_CLUSTER")) return *forced;
   const int64_t m_blocks = rows.blocks(shape.block_m);
   return pairs_by_default(instance_head_dim) && p.seqlen_k >= kPairClusterMinKeys &&
          (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
@@ -266,8 +264,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
   int shift = 0;
   while ((1 << shift) < group) ++shift;
   const TiledRows packed = tiled_rows(p, shift);
-  const char* v = std::getenv("FUSEDATTN_SM90_PACK_GQA");
-  if (v && v[0]) return v[0] == '0' ? unpacked : packed;
+  if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_PACK_GQA")) return *forced ? packed : unpacked;
   struct Cost {
     int64_t makespan, work;
   };
