@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda {
@@ -28,7 +29,6 @@ struct BlockRange {
 };
 
 namespace mask_detail {
-__device__ __forceinline__ int ceil_div(int64_t a, int b) { return static_cast<int>((a + b - 1) / b); }
 __device__ __forceinline__ int clamp_to(int64_t x, int lo, int hi) {
   return static_cast<int>(x < lo ? lo : (x > hi ? hi : x));
 }
@@ -46,7 +46,7 @@ struct MaskBase {
   __device__ __forceinline__ BlockRange kv_blocks(int64_t i_first, int64_t i_last, int block_n) const {
     const int64_t lo = keys(i_first).lo, hi = keys(i_last).hi;
     if (hi < lo) return {0, 0};
-    return {static_cast<int>(lo / block_n), mask_detail::ceil_div(hi + 1, block_n)};
+    return {static_cast<int>(lo / block_n), static_cast<int>(ceil_div(hi + 1, block_n))};
   }
 
   // KV blocks [lo, hi) whose every (row, key) pair rows i_first..i_last see: the complement (within
@@ -55,7 +55,7 @@ struct MaskBase {
   // blocks from lo on start at or after every row's first key (cuts_left relies on it).
   __device__ __forceinline__ BlockRange uncut_blocks(int64_t i_first, int64_t i_last, int block_n) const {
     const int64_t lo = keys(i_last).lo, hi = keys(i_first).hi;
-    return {mask_detail::ceil_div(lo, block_n), static_cast<int>((hi + 1) / block_n)};
+    return {static_cast<int>(ceil_div(lo, block_n)), static_cast<int>((hi + 1) / block_n)};
   }
 };
 

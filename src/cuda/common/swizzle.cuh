@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
+
 namespace fusedattn::cuda {
 
 constexpr int kSwizzleChunkElems = 8;  // 16 bytes of a 16-bit element: one cp.async / ldmatrix row
@@ -21,7 +23,7 @@ constexpr int kSwizzlePitchMultiple = kSwizzleChunkElems * kSwizzleRows;  // 64 
 
 // Pitch (elements per stored row) of a tile holding `cols` logical columns.
 constexpr __host__ __device__ int swizzle_pitch(int cols) {
-  return (cols + kSwizzlePitchMultiple - 1) / kSwizzlePitchMultiple * kSwizzlePitchMultiple;
+  return round_up(cols, kSwizzlePitchMultiple);
 }
 
 // Physical chunk index of logical chunk `chunk` in row `row`.

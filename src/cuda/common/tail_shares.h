@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "cuda/common/tail_split.h"
 #include "fusedattn/params.h"
 
@@ -56,7 +57,7 @@ struct TailShares {
   // y exactly when j >= ceil(y S / (T L)).
   FUSEDATTN_HD int share_starts_in(int a, int b) const {
     const int total = total_steps();
-    return ((b + 1) * shares + total - 1) / total - ((a + 1) * shares + total - 1) / total;
+    return ceil_div((b + 1) * shares, total) - ceil_div((a + 1) * shares, total);
   }
   // The parts tail item `item` runs as: one more than the shares that begin inside it.
   FUSEDATTN_HD int parts_of(int item) const {
@@ -84,7 +85,7 @@ inline TailShareCosts tail_share_costs(const TailShares& s, TailCost cost) {
   const double per_segment = cost.item_steps + cost.part_steps;
   if (s.shares % s.tiles == 0) {
     const int parts = s.shares / s.tiles;
-    return {parts, (s.steps + parts - 1) / parts + per_segment};
+    return {parts, ceil_div(s.steps, parts) + per_segment};
   }
   TailShareCosts c{1, 0.0};
   int item = 0, parts = 0;  // the item the previous share ended in, and the shares touching it so far
@@ -132,9 +133,9 @@ inline TailShares cut_tail(int64_t items, int64_t tail, int steps, int shares) {
 inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, const TailShares& s, double longest,
                                    TailCost cost) {
   const int64_t whole = s.split() ? s.whole : items;
-  const double whole_time = static_cast<double>((whole + slots - 1) / slots) * (steps + cost.item_steps);
+  const double whole_time = static_cast<double>(ceil_div(whole, slots)) * (steps + cost.item_steps);
   if (!s.split()) return whole_time;
-  const int64_t rounds = (s.shares + slots - 1) / slots;
+  const int64_t rounds = ceil_div(s.shares, slots);
   return whole_time + static_cast<double>(rounds) * longest;
 }
 inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, const TailShares& s, TailCost cost) {

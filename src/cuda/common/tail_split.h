@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda {
@@ -48,11 +49,11 @@ FUSEDATTN_HD int part_begin(int steps, int parts, int p) {
 // `split` items cut into `parts` parts each (the slots take the whole items first).
 inline double tail_makespan(int64_t items, int steps, int64_t slots, int64_t split, int parts, TailCost cost) {
   const int64_t whole = items - split;
-  const double whole_time = static_cast<double>((whole + slots - 1) / slots) * (steps + cost.item_steps);
+  const double whole_time = static_cast<double>(ceil_div(whole, slots)) * (steps + cost.item_steps);
   if (split == 0) return whole_time;
   const int64_t part_count = split * parts;
-  const int longest_part = (steps + parts - 1) / parts;
-  return whole_time + static_cast<double>((part_count + slots - 1) / slots) *
+  const int longest_part = ceil_div(steps, parts);
+  return whole_time + static_cast<double>(ceil_div(part_count, slots)) *
                           (longest_part + cost.item_steps + cost.part_steps);
 }
 

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/int_math.h"
+
 namespace fusedattn::cuda::ptx {
 
 // ---- shared-memory matrix descriptor (PTX ISA "Matrix Descriptor Format") ----------------------
@@ -140,7 +142,7 @@ __device__ __forceinline__ void anchor_store(const uint32_t (&x)[kN], uint32_t s
 }
 template <class T, int kN>
 constexpr uint32_t anchor_bytes(const T (&)[kN]) {
-  return (kN * sizeof(T) + kAnchorStoreBytes - 1) / kAnchorStoreBytes * kAnchorStoreBytes;
+  return round_up(kN * sizeof(T), kAnchorStoreBytes);
 }
 
 template <class... Arrays>

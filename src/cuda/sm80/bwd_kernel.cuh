@@ -36,6 +36,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/ptx/cp_async.cuh"
@@ -63,7 +64,7 @@ template <MaskKind kMask, bool kSplit, int kBlockN>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
   if constexpr (kSplit) {
     const BwdSplitCta at = bwd_split_cta(static_cast<int>(blockIdx.x), ws.split_whole, ws.split_parts);
-    const int kv_blocks = static_cast<int>((p.seqlen_k + kBlockN - 1) / kBlockN);
+    const int kv_blocks = static_cast<int>(ceil_div(p.seqlen_k, kBlockN));
     const int pair = at.item / kv_blocks;
     return {at.item - pair * kv_blocks, pair % p.heads_kv, pair / p.heads_kv, at.item, at.part, at.parts};
   } else {

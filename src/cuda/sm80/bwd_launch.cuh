@@ -21,6 +21,7 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
+#include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/bwd_aux.h"
@@ -78,7 +79,7 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
     const dim3 grid(static_cast<unsigned>(plan.ctas(shape.items)));
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);
   } else {
-    const int64_t kv_blocks = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
     const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -81,7 +82,7 @@ FUSEDATTN_HD int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -
 
 FUSEDATTN_HD BlockRange unmasked_query_blocks(const FwdParams& p, bool windowed, int64_t n, int block_m, int block_n,
                                               int64_t len_q, int64_t len_k) {
-  const int64_t blocks = (len_q + block_m - 1) / block_m;
+  const int64_t blocks = ceil_div(len_q, block_m);
   const int64_t key_first = n * block_n, key_last = key_first + block_n - 1;
   if (key_last > len_k - 1) return {0, 0};
   BlockRange r{0, blocks};

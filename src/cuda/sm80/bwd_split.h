@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "cuda/common/int_math.h"
 #include "cuda/common/tail_split.h"
 #include "fusedattn/params.h"
 
@@ -75,8 +76,8 @@ struct BwdLaunchShape {
 };
 
 inline BwdLaunchShape bwd_launch_shape(const BwdParams& p, int block_m, int block_n) {
-  const int64_t kv_blocks = (p.seqlen_k + block_n - 1) / block_n;
-  const int64_t q_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  const int64_t kv_blocks = ceil_div(p.seqlen_k, block_n);
+  const int64_t q_blocks = ceil_div(p.seqlen_q, block_m);
   return {kv_blocks * p.heads_kv * p.batch, static_cast<int>(p.heads_q / p.heads_kv * q_blocks)};
 }
 

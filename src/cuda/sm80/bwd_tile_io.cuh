@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/common/element.cuh"
+#include "cuda/common/int_math.h"
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/red.cuh"
@@ -105,7 +106,7 @@ __device__ __forceinline__ void load_float_quads_async(float* smem, const float*
   const uint32_t to = ptx::smem_addr(smem + thread);
   if (kDstFloats < kThreads && thread >= kDstFloats) return;
 #pragma unroll
-  for (int i = 0; i < (kDstFloats + kThreads - 1) / kThreads; ++i) {
+  for (int i = 0; i < ceil_div(kDstFloats, kThreads); ++i) {
     const uint32_t dst = to + static_cast<uint32_t>(i * kThreads * sizeof(float));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(from + i * kThreads / 2) : "memory");
   }

@@ -27,6 +27,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common/device.h"
+#include "cuda/common/int_math.h"
 #include "cuda/sm80/bwd_split.h"
 #include "fusedattn/params.h"
 
@@ -46,38 +47,37 @@ struct BwdWorkspaceLayout {
   std::size_t total = 0;
 };
 
-inline std::size_t bwd_align_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
 
 inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   BwdWorkspaceLayout w;
   const int64_t sq = p.seqlen_q > 0 ? p.seqlen_q : 1;
-  w.rows = (sq + kBwdRowPad - 1) / kBwdRowPad * kBwdRowPad;
-  w.dq_pitch = (p.head_dim + kBwdDqPitchMultiple - 1) / kBwdDqPitchMultiple * kBwdDqPitchMultiple;
+  w.rows = round_up(sq, kBwdRowPad);
+  w.dq_pitch = round_up(p.head_dim, kBwdDqPitchMultiple);
   const auto bh = static_cast<std::size_t>(p.batch > 0 ? p.batch : 0) * static_cast<std::size_t>(p.heads_q > 0 ? p.heads_q : 0);
   const std::size_t row_floats = bh * static_cast<std::size_t>(w.rows);
   std::size_t at = 0;
   w.lse2 = at;
-  at = bwd_align_up(at + row_floats * sizeof(float), kBwdBufferAlign);
+  at = round_up(at + row_floats * sizeof(float), kBwdBufferAlign);
   w.delta = at;
-  at = bwd_align_up(at + row_floats * sizeof(float), kBwdBufferAlign);
+  at = round_up(at + row_floats * sizeof(float), kBwdBufferAlign);
   w.dq_acc = at;
-  at = bwd_align_up(at + row_floats * static_cast<std::size_t>(w.dq_pitch) * sizeof(float), kBwdBufferAlign);
+  at = round_up(at + row_floats * static_cast<std::size_t>(w.dq_pitch) * sizeof(float), kBwdBufferAlign);
   w.dq_sem = at;
   if (p.deterministic)
-    at = bwd_align_up(at + row_floats / kBwdSemRows * sizeof(int32_t), kBwdBufferAlign);
+    at = round_up(at + row_floats / kBwdSemRows * sizeof(int32_t), kBwdBufferAlign);
   if (bwd_may_split(p)) {
     // The device the call runs on (backend.cu sizes and views the workspace under its guard).
     const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device.index);
-    const int64_t max_items = (p.seqlen_k + kBwdSplitMinBlockN - 1) / kBwdSplitMinBlockN * p.heads_kv * p.batch;
+    const int64_t max_items = ceil_div(p.seqlen_k, kBwdSplitMinBlockN) * p.heads_kv * p.batch;
     const int64_t wave_items = int64_t{kBwdSplitMaxWaves} * kBwdSplitMaxCtasPerSm * sms;
     w.split_items = max_items < wave_items ? max_items : wave_items;
-    const int64_t dim = (p.head_dim + kBwdSplitDimGranule - 1) / kBwdSplitDimGranule * kBwdSplitDimGranule;
+    const int64_t dim = round_up(p.head_dim, kBwdSplitDimGranule);
     w.split_acc_floats = w.split_items * 2 * kBwdSplitMaxBlockN * dim;  // dK and dV
     // The counters first: one memset from them through the slots a launch uses zeroes both.
     w.split_count = at;
-    at = bwd_align_up(at + static_cast<std::size_t>(w.split_items) * sizeof(int32_t), kBwdBufferAlign);
+    at = round_up(at + static_cast<std::size_t>(w.split_items) * sizeof(int32_t), kBwdBufferAlign);
     w.split_acc = at;
-    at = bwd_align_up(at + static_cast<std::size_t>(w.split_acc_floats) * sizeof(float), kBwdBufferAlign);
+    at = round_up(at + static_cast<std::size_t>(w.split_acc_floats) * sizeof(float), kBwdBufferAlign);
   }
   w.total = at;
   return w;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "fusedattn/error.h"
@@ -30,7 +31,7 @@ void run_fwd(const FwdParams& p) {
   if constexpr (Cfg::kSmemBytes > kDefaultDynamicSmemBytes)
     FUSEDATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>((p.seqlen_q + Cfg::kBlockM - 1) / Cfg::kBlockM),
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.seqlen_q, Cfg::kBlockM)),
                   static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
   // A pair's K and V: 2 seqlen_k rows of head_dim elements (fwd_cta).
   const int schedule_shift =

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/common/env.h"
+#include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
@@ -180,7 +181,7 @@ struct TiledRows {
   int64_t rows;        // tiled rows per (tile head, batch)
   int heads;           // tile heads
   // Query blocks of block_m tiled rows per (tile head, batch), the last one possibly cut.
-  int64_t blocks(int block_m) const { return (rows + block_m - 1) / block_m; }
+  int64_t blocks(int block_m) const { return ceil_div(rows, block_m); }
 };
 constexpr int64_t kMaxTiledRows = int64_t{1} << 31;  // tiled rows are int32 in the kernel
 
@@ -272,7 +273,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = r.blocks(shape.block_m) * r.heads * p.batch;
-    return Cost{(tiles + slots - 1) / slots * block_m, tiles * block_m};
+    return Cost{ceil_div(tiles, slots) * block_m, tiles * block_m};
   };
   const Cost u = cost(unpacked), k = cost(packed);
   const bool faster = k.makespan < u.makespan || (k.makespan == u.makespan && k.work < u.work);
@@ -306,7 +307,7 @@ inline MapRows map_rows(const FwdParams& p) {
 // most max_seqlen_q's and at most tiled rows_b / block_m + 1.
 inline int64_t varlen_tile_bound(const FwdParams& p, const TiledRows& rows, int block_m) {
   const int64_t by_max = rows.blocks(block_m) * p.batch;
-  const int64_t by_rows = (rows.packing.rows(p.varlen_rows_q) + block_m - 1) / block_m + p.batch;
+  const int64_t by_rows = ceil_div(rows.packing.rows(p.varlen_rows_q), block_m) + p.batch;
   return (by_max < by_rows ? by_max : by_rows) * rows.heads;
 }
 
@@ -331,7 +332,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   // A cluster's items: its query blocks in pairs per (head, batch), the last one of an odd count alone.
   const int64_t items =
       shape.cluster_ctas > 1 ? cluster_items(m_blocks, shape.cluster_ctas) * rows.heads * p.batch : w.tiles;
-  w.kv_blocks = static_cast<int>((p.seqlen_k + shape.block_n - 1) / shape.block_n);
+  w.kv_blocks = static_cast<int>(ceil_div(p.seqlen_k, shape.block_n));
   w.split = TailShares::unsplit(static_cast<int>(items), w.kv_blocks);
   if (mask != MaskKind::kFull || !tail_split_enabled() || (varlen && items >= slots)) return w;
   // A variable-length tile's parts are its steps scaled onto its own blocks in 32 bits

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "fusedattn/params.h"
 
@@ -61,7 +62,7 @@ struct TileMask {
   // with the row, so their union is [lo(row_first), hi(row_last)].
   __device__ __forceinline__ KVBlockRange kv_blocks_of_rows(int64_t row_first, int64_t row_last) const {
     if constexpr (kMask == MaskKind::kFull) {
-      return {0, (len_k + kBlockN - 1) / kBlockN};
+      return {0, ceil_div(len_k, kBlockN)};
     } else {
       const int64_t lo = key_range(p, position(row_first), len_q, len_k).lo;
       const int64_t hi = key_range(p, position(row_last), len_q, len_k).hi;
@@ -107,7 +108,7 @@ struct TileMask {
   // those blocks are contiguous. Empty (lo >= hi) when every block is cut.
   __device__ __forceinline__ KVBlockRange uncut_blocks(int64_t row_first, int64_t row_last) const {
     const int key_lo = bounds_of_row(row_last).lo, key_hi = bounds_of_row(row_first).hi;  // key_hi >= -1
-    return {(key_lo + kBlockN - 1) / kBlockN, (key_hi + 1) / kBlockN};
+    return {ceil_div(key_lo, kBlockN), (key_hi + 1) / kBlockN};
   }
   __device__ __forceinline__ static bool cuts(const KVBlockRange& uncut, int n_block) {
     return n_block < uncut.lo || n_block >= uncut.hi;

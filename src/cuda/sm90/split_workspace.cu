@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/int_math.h"
 #include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -15,7 +16,7 @@ namespace {
 // The O and LSE slots start at this alignment (float4-friendly, and a cache line).
 constexpr int64_t kSlotAlignBytes = 128;
 
-int64_t align_up(int64_t bytes) { return (bytes + kSlotAlignBytes - 1) / kSlotAlignBytes * kSlotAlignBytes; }
+int64_t align_up(int64_t bytes) { return round_up(bytes, int64_t{kSlotAlignBytes}); }
 
 struct Buffer {
   char* base = nullptr;

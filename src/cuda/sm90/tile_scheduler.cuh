@@ -27,6 +27,7 @@
 // counter is zeroed on the stream behind each such launch instead of by the last fetch.
 #pragma once
 
+#include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -170,7 +171,7 @@ class TileScheduler {
     for (;; ++b) {
       if (b >= p_.batch) return {.index = plan_.items(), .batch = b, .part = kWholeTile, .batch_first = first};
       q_end = p_.cu_seqlens_q[b + 1];
-      m_blocks = static_cast<int>((packing_.rows(int64_t{q_end - q_start}) + block_m_ - 1) / block_m_);
+      m_blocks = static_cast<int>(ceil_div(packing_.rows(int64_t{q_end - q_start}), block_m_));
       if (it.tile < first + heads_ * m_blocks) break;
       first += heads_ * m_blocks;
       q_start = q_end;
