@@ -47,7 +47,6 @@ struct BwdWorkspaceLayout {
   std::size_t total = 0;
 };
 
-
 inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   BwdWorkspaceLayout w;
   const int64_t sq = p.seqlen_q > 0 ? p.seqlen_q : 1;
