@@ -13,8 +13,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 
+#include "cuda/common/env.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/tail_split.h"
 #include "fusedattn/params.h"
@@ -65,10 +65,7 @@ inline bool bwd_may_split(const BwdParams& p) {
 }
 
 // FUSEDATTN_BWD_TAIL_SPLIT=0 launches every item whole (an A/B switch).
-inline bool bwd_tail_split_enabled() {
-  const char* env = std::getenv("FUSEDATTN_BWD_TAIL_SPLIT");
-  return !(env && env[0] == '0');
-}
+inline bool bwd_tail_split_enabled() { return env_switch_or("FUSEDATTN_BWD_TAIL_SPLIT", true); }
 
 struct BwdLaunchShape {
   int64_t items;  // CTAs of the unsplit launch: KV blocks x KV heads x batch

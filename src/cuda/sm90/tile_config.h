@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/common/int_math.h"
+
 namespace fusedattn::cuda::sm90 {
 
 struct TileShape {
@@ -87,7 +89,7 @@ constexpr TileShape paired(TileShape shape) {
 // (fwd_split.h, fwd_work) and the kernel's scheduler (tile_scheduler.cuh, tile_at).
 template <typename Int>
 constexpr Int cluster_items(Int query_blocks, int cluster_ctas) {
-  return (query_blocks + cluster_ctas - 1) / cluster_ctas;
+  return ceil_div(query_blocks, cluster_ctas);
 }
 
 constexpr int kWarpgroupThreads = 128;
@@ -152,7 +154,7 @@ struct KernelConfig {
   // zero-fills it on load and skips it on store, and the GEMMs never read it (Q K^T stops at
   // kHeadDim's k-steps, P V's N is kHeadDim). The shared-memory tiles hold kSlabs whole slabs.
   static constexpr int kSlabCols = kSwizzleBytes / static_cast<int>(sizeof(Element));
-  static constexpr int kSlabs = (kHeadDim + kSlabCols - 1) / kSlabCols;
+  static constexpr int kSlabs = ceil_div(kHeadDim, kSlabCols);
   static constexpr int kTileCols = kSlabs * kSlabCols;  // columns of a shared-memory tile row
   // Two Q buffers where they fit beside the K/V stages (d64: 128 KiB, d128: 192 KiB), so the
   // producer can load the next tile's Q while the consumers still work on (and stage O in) this
