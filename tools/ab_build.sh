@@ -17,6 +17,8 @@ shift
 dest=${OUT:-$PWD/gpu_logs}
 mkdir -p "$dest"
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=fa_point.sh
+source "$root/tools/fa_point.sh"
 heads=${AB_HEADS:-$(for p in "$@"; do echo "${p%%:*}"; done | sort -un | paste -sd';')}
 dtype=${AB_DTYPE:-fp16}
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
@@ -35,11 +37,11 @@ done
 for round in $(seq "${REPEAT:-3}"); do
   for point in "$@"; do
     IFS=: read -r d mask s <<< "$point"
-    [ "$mask" = full ] || [ "$mask" = causal ] || { echo "point $point: mask must be full or causal"; continue; }
+    shape=$(fa_point_args "$d" "$s" "$mask") || { echo "point $point: mask must be full or causal"; continue; }
     for v in 1 0; do
-      result=$("$root/build-ab$v/fusedattn" --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) \
-        --seqlen-q "$s" --seqlen-k "$s" --head-dim "$d" --dtype "$dtype" --warmup 3 --iters 20 --check-rows 16 \
-        $([ "$mask" = causal ] && echo --causal) 2>&1)
+      # shellcheck disable=SC2086  # $shape is a list of CLI arguments
+      result=$("$root/build-ab$v/fusedattn" --backend cuda $shape --dtype "$dtype" --warmup 3 --iters 20 \
+        --check-rows 16 2>&1)
       rc=$?
       echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc"
     done

@@ -37,6 +37,8 @@ dest=${OUT:-$PWD/gpu_logs}
 out=$(mktemp -d)
 mkdir -p "$dest"
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=fa_point.sh
+source "$root/tools/fa_point.sh"
 build=$root/build-gpu
 summary=$out/summary.txt
 : > "$summary"
@@ -207,13 +209,12 @@ if has trace; then
   for point in ${TRACE_POINTS//,/ }; do
     IFS=: read -r d s mask <<< "$point"
     mask=${mask:-full}
-    [ "$mask" = full ] || [ "$mask" = causal ] || { note "trace point $point: mask must be full or causal"; continue; }
+    shape=$(fa_point_args "$d" "$s" "$mask") || { note "trace point $point: mask must be full or causal"; continue; }
     csv=$dest/trace_d${d}_s${s}_$mask.csv
     rm -f "$csv"
-    # The FA grid's shape: 16k tokens, model dim 2048.
+    # shellcheck disable=SC2086  # $shape is a list of CLI arguments
     step "trace-d$d-s$s-$mask" 120 "trace_d${d}_s${s}_$mask.log" env FUSEDATTN_SM90_TRACE_FILE="$csv" "$tbuild/fusedattn" \
-      --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) --seqlen-q "$s" --seqlen-k "$s" --head-dim "$d" \
-      --dtype fp16 --warmup 1 --iters 2 --check-rows 0 $([ "$mask" = causal ] && echo --causal)
+      --backend cuda $shape --dtype fp16 --warmup 1 --iters 2 --check-rows 0
     note "trace d$d $mask $s:"
     python3 "$root/tools/sm90_trace.py" "$csv" 2>&1 | tee -a "$summary"
   done

@@ -12,6 +12,8 @@ set -uo pipefail
 dest=${OUT:-$PWD/gpu_logs}
 mkdir -p "$dest"
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=fa_point.sh
+source "$root/tools/fa_point.sh"
 cli=$root/build-gpu/fusedattn
 [ -x "$cli" ] || { echo "no $cli: run tools/gpu_check.sh sm90 build first" >&2; exit 2; }
 metrics=lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sector_hit_rate.pct,dram__bytes_read.sum
@@ -21,13 +23,12 @@ metrics=$metrics,sm__icc_requests.sum,sm__icc_requests_lookup_miss.sum,smsp__ins
 metrics=$metrics,"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 for point in "$@"; do
   IFS=: read -r name d mask s setting <<< "$point"
-  [ "$mask" = full ] || [ "$mask" = causal ] || { echo "point $point: mask must be full or causal"; continue; }
+  shape=$(fa_point_args "$d" "$s" "$mask") || { echo "point $point: mask must be full or causal"; continue; }
   echo "== $name: d$d fp16 $mask $s ${setting:-}"
   source_sections=()
   [ "${NCU_SOURCE:-0}" = 1 ] && source_sections=(--section SourceCounters -o "$dest/$name")
   env ${setting:-} ncu --clock-control none -s 1 -c 1 -k regex:fwd_kernel --metrics "$metrics" "${source_sections[@]}" \
-    "$cli" --backend cuda --batch $((16384 / s)) --heads $((2048 / d)) --seqlen-q "$s" --seqlen-k "$s" \
-    --head-dim "$d" --dtype fp16 --warmup 1 --iters 1 --check-rows 0 $([ "$mask" = causal ] && echo --causal) \
+    "$cli" --backend cuda $shape --dtype fp16 --warmup 1 --iters 1 --check-rows 0 \
     > "$dest/$name.ncu.log" 2>&1 || { tail -5 "$dest/$name.ncu.log"; continue; }
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
     # With -o the metrics went to the report only: its details page prints them as a live run does.
