@@ -393,7 +393,7 @@ struct Consumer {
   __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
                                           RowCorrection& correction, int n_next, KVRing& kv,
                                           const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
-    if (cuts(n_next))
+    if (!Mask::kCutsOnlyFirstBlock && cuts(n_next))
       overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
     else
       overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);
