@@ -57,13 +57,14 @@ TEST(GpuSanitizer, TallTileRescoredSteps) {
   run_with_failing_sum_checks({{dense(1, 2, 1, 520, 400, 64), DType::kBFloat16}});
 }
 
-// Tiles with two P buffers under a causal mask (d128's and d64's 128-row tiles), whose unmasked
-// steps check the sums over S there too (Consumer::kSumCheckInPlace). d64's masked launches take
-// the 128-row tile only past 2048 keys a row (fwd_split.h).
+// Masked tiles whose unmasked steps check the sums over S (Consumer::kSumCheckInPlace): d128's and
+// d64's 128-row tiles with one P buffer, d256's 64-key tile (up to kBlock64MaxKeys keys a row)
+// with two. d64's masked launches take the 128-row tile only past 2048 keys a row (fwd_split.h).
 TEST(GpuSanitizer, MaskedTilesRescoredSteps) {
   FUSEDATTN_REQUIRE_GPU();
   run_with_failing_sum_checks({{with_mask(dense(1, 2, 1, 300, 2200, 64), true, -1, -1), DType::kFloat16},
-                               {with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16}});
+                               {with_mask(dense(1, 2, 1, 300, 420, 128), true, -1, -1), DType::kFloat16},
+                               {with_mask(dense(1, 2, 1, 300, 420, 256), true, -1, -1), DType::kFloat16}});
 }
 
 // More tiles than an H100/H200 has SMs, so CTAs run tiles back to back on the two-Q-buffer tiles

@@ -44,6 +44,14 @@ struct WarpgroupTurns {
   }
 };
 
+// Whether masked tiles of 128-key blocks drop the second P buffer (Consumer::kDoubleP). A
+// compile-time ablation switch: -DFUSEDATTN_SM90_MASKED_ONE_P=0 builds them with two, as before
+// session 41.
+#ifndef FUSEDATTN_SM90_MASKED_ONE_P
+#define FUSEDATTN_SM90_MASKED_ONE_P 1
+#endif
+inline constexpr bool kMaskedOneP = FUSEDATTN_SM90_MASKED_ONE_P != 0;
+
 template <typename Element, class Cfg, MaskKind kMask>
 struct Consumer {
   using Storage = SharedStorage<Element, Cfg>;
@@ -168,13 +176,22 @@ struct Consumer {
   static constexpr int kMaskHeadroomRegisters = 48;
   // A second P buffer: the next block's P is converted while P V still reads this one, so
   // nothing but the wait sits between P V's end and the next GEMM issue; only where the masked
-  // step keeps its headroom beside it (d64 128-row tile, d128). See docs/hopper.md, session 7.
+  // step keeps its headroom beside it (d64 128-row tile, d96, d128, the 64-key d192/d256 tiles).
+  // See docs/hopper.md, session 7. The loop is then unrolled by two, so under a mask, where each
+  // step has a masked and an unmasked copy, four step copies: the d128 causal kernel missed the
+  // instruction cache 5x as often per instruction as the full one, at the jumps over the rarely
+  // taken paths inside its unmasked step (ncu, session 41). Masked tiles of 128-key blocks keep
+  // one buffer (SASS 8792 -> 6704 instructions; on the H200 d96 causal 2k +2%, d128 4k +1%, d64
+  // and d128 2k within noise, sessions 41-42); the 64-key tiles, whose steps are half as long,
+  // ran 0.5-1% slower with one and keep two.
+  static constexpr int kMaskedOnePMinKeys = 128;
   static constexpr bool kDoubleP =
-      Cfg::kConsumerRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters;
+      Cfg::kConsumerRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters &&
+      !(kMask != MaskKind::kFull && kBlockN >= kMaskedOnePMinKeys && kMaskedOneP);
   static constexpr int kPBuffers = kDoubleP ? 2 : 1;
   static constexpr int kAccumulatorRegisters = kSinglePAccumulators + (kPBuffers - 1) * kPRegs;
   // Whether a cut block's mask may run while P V is in flight, i.e. beside S, P and O: with 240
-  // registers per thread (d128: 192 of accumulators with its two P buffers, d256: 188) it fits;
+  // registers per thread (d128: 160 of accumulators with one P buffer, d256: 188) it fits;
   // with 160 (the 192-row d64 tile: 128 of accumulators) its row bounds and compares spilled, so
   // there the cut blocks wait for P V first.
   static constexpr bool kMaskBesidePV = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
@@ -188,7 +205,7 @@ struct Consumer {
   static constexpr bool kSumCheckInPlace = !kDoubleP || kMask != MaskKind::kFull;
   static_assert(kSumCheckInPlace || kMaskBesidePV, "the check into the second P buffer runs beside P V");
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
-  // its second P buffer: 48; d256: 52), the tile and the mask's per-tile facts stay in registers:
+  // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay in registers:
   // 0 B spills, and the epilogue saves re-reading the announcement (d128 full +1-1.5% on the
   // H200, docs/hopper.md session 19). Otherwise (the 192-row tile: 32 left) the facts (the slice's
   // first row, which blocks are cut) wait in shared memory, one copy per warp written by its lane
@@ -393,7 +410,7 @@ struct Consumer {
   __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
                                           RowCorrection& correction, int n_next, KVRing& kv,
                                           const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
-    if (cuts(n_next))
+    if (!Mask::kCutsOnlyFirstBlock && cuts(n_next))
       overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
     else
       overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);

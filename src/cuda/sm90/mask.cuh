@@ -14,6 +14,11 @@
 #include "cuda/common/kinds.h"
 #include "fusedattn/params.h"
 
+// Compile-time ablation of TileMask::kCutsOnlyFirstBlock: 0 keeps the full mask's masked loop step.
+#ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED
+#define FUSEDATTN_SM90_FULL_LOOP_UNMASKED 1
+#endif
+
 namespace fusedattn::cuda::sm90 {
 
 struct KVBlockRange {
@@ -49,6 +54,17 @@ struct TileMask {
   // (0, kBlockN / 2], which the common lengths never are.
   static constexpr int kNarrowKeys = kBlockN / 2;
   static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0;
+
+  // Whether only the first block a slice takes can be cut. Under a full mask only the sequence end
+  // cuts, and only the tile's highest block, which every loop takes first (a split tile's last
+  // part, tile_announcement.cuh, holds it as its own highest): the overlapped loop after it then
+  // needs no masked step, whose copies would only sit between the hot ones in the instruction
+  // cache (docs/hopper.md, session 41). Only tiles of 128-key blocks: d128 full 2k-4k gained
+  // 1-4% on the H200, while d256's 80-key tile lost 0.2-3% (session 42); d192 (112 keys) was not
+  // measured and keeps the masked copies.
+  static constexpr int kUnmaskedLoopMinKeys = 128;
+  static constexpr bool kCutsOnlyFirstBlock =
+      kMask == MaskKind::kFull && kBlockN >= kUnmaskedLoopMinKeys && FUSEDATTN_SM90_FULL_LOOP_UNMASKED != 0;
 
   const FwdParams& p;
   RowPacking packing;  // KernelParams::packing
