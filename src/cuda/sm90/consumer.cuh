@@ -181,9 +181,9 @@ struct Consumer {
   // step has a masked and an unmasked copy, four step copies: the d128 causal kernel missed the
   // instruction cache 5x as often per instruction as the full one, at the jumps over the rarely
   // taken paths inside its unmasked step (ncu, session 41). Masked tiles of 128-key blocks keep
-  // one buffer (SASS 8792 -> 6704 instructions; on the H200 d96 causal 2k +2%, d128 4k +1%, d64
-  // and d128 2k within noise, sessions 41-42); the 64-key tiles, whose steps are half as long,
-  // ran 0.5-1% slower with one and keep two.
+  // one buffer (SASS 8792 -> 6704 instructions; on the H200 d96 causal 2k +2%, d128 2k/4k +1%,
+  // d64 level, sessions 41-42); the 64-key tiles, whose steps are half as long, ran 0.5-1% slower
+  // with one and keep two.
   static constexpr int kMaskedOnePMinKeys = 128;
   static constexpr bool kDoubleP =
       Cfg::kConsumerRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters &&

@@ -59,9 +59,9 @@ struct TileMask {
   // cuts, and only the tile's highest block, which every loop takes first (a split tile's last
   // part, tile_announcement.cuh, holds it as its own highest): the overlapped loop after it then
   // needs no masked step, whose copies would only sit between the hot ones in the instruction
-  // cache (docs/hopper.md, session 41). Only tiles of 128-key blocks: d128 full 2k-4k gained
-  // 1-4% on the H200, while d256's 80-key tile lost 0.2-3% (session 42); d192 (112 keys) was not
-  // measured and keeps the masked copies.
+  // cache (docs/hopper.md, session 41). Only tiles of 128-key blocks: d64, d96 and d128 full
+  // 2k-4k gained 1-4% on the H200, while d256's 80-key tile lost ~1% (session 42); d192 (112 keys)
+  // was not measured and keeps the masked copies.
   static constexpr int kUnmaskedLoopMinKeys = 128;
   static constexpr bool kCutsOnlyFirstBlock =
       kMask == MaskKind::kFull && kBlockN >= kUnmaskedLoopMinKeys && FUSEDATTN_SM90_FULL_LOOP_UNMASKED != 0;
