@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # A/B of a compile-time switch on the GPU machine, in one call of about a minute: two CLI-only
-# builds of the listed head dims side by side, one with -D<SWITCH>=1 and one with -D<SWITCH>=0,
-# then the CLI's timed runs of each point, the two builds alternating, REPEAT rounds.
+# builds of the listed head dims side by side, one with -D<SWITCH>=1 and one with -D<SWITCH>=0
+# (AB_VALUES="A B" sets the two values, e.g. "64 128" for a threshold), then the CLI's timed runs
+# of each point, the two builds alternating, REPEAT rounds.
 #   tools/ab_build.sh SWITCH d:mask:seqlen [d:mask:seqlen ...]
 #     mask: full or causal; the FA grid's shape (16k tokens, model dim 2048), fp16 unless
 #     AB_DTYPE=bf16. AB_HEADS="64;128" (default: the head dims of the points) is the build's
 #     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds.
 # Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
-# build-ab1/ and build-ab0/, logs to $OUT. Runtime switches (environment variables) need no
+# build-ab<value>/, logs to $OUT. Runtime switches (environment variables) need no
 # second build: gpu_check.sh's POINT_ENVS compares them.
 set -uo pipefail
 switch=${1:?usage: tools/ab_build.sh SWITCH d:mask:seqlen ...}
@@ -22,23 +23,25 @@ source "$root/tools/fa_point.sh"
 heads=${AB_HEADS:-$(for p in "$@"; do echo "${p%%:*}"; done | sort -un | paste -sd';')}
 dtype=${AB_DTYPE:-fp16}
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
+read -r -a values <<< "${AB_VALUES:-1 0}"
+[ ${#values[@]} -eq 2 ] || { echo "AB_VALUES needs two values, got '${AB_VALUES:-}'" >&2; exit 2; }
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
         -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=OFF)
-for v in 1 0; do
+for v in "${values[@]}"; do
   (cmake -S "$root" -B "$root/build-ab$v" "${config[@]}" -DCMAKE_CUDA_FLAGS="-D$switch=$v" > "$dest/ab_configure$v.log" 2>&1 &&
      cmake --build "$root/build-ab$v" -j "$jobs" --target fusedattn_cli > "$dest/ab_build$v.log" 2>&1
    echo "build $switch=$v: rc $?") &
 done
 wait
-for v in 1 0; do
+for v in "${values[@]}"; do
   echo "build $switch=$v, ptxas lines with spills: $(grep -cE '[1-9][0-9]* bytes spill' "$dest/ab_build$v.log")"
 done
 for round in $(seq "${REPEAT:-3}"); do
   for point in "$@"; do
     IFS=: read -r d mask s <<< "$point"
     shape=$(fa_point_args "$d" "$s" "$mask") || { echo "point $point: mask must be full or causal"; continue; }
-    for v in 1 0; do
+    for v in "${values[@]}"; do
       # shellcheck disable=SC2086  # $shape is a list of CLI arguments
       result=$("$root/build-ab$v/fusedattn" --backend cuda $shape --dtype "$dtype" --warmup 3 --iters 20 \
         --check-rows 16 2>&1)

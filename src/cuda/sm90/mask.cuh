@@ -14,9 +14,14 @@
 #include "cuda/common/kinds.h"
 #include "fusedattn/params.h"
 
-// Compile-time ablation of TileMask::kCutsOnlyFirstBlock: 0 keeps the full mask's masked loop step.
+// Compile-time ablation of TileMask::kCutsOnlyFirstBlock: 0 keeps the full mask's masked loop step
+// everywhere; _MIN_KEYS is the narrowest KV block that drops it (for an A/B of the tile widths not
+// yet measured: tools/ab_build.sh with AB_VALUES).
 #ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED
 #define FUSEDATTN_SM90_FULL_LOOP_UNMASKED 1
+#endif
+#ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS
+#define FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS 128
 #endif
 
 namespace fusedattn::cuda::sm90 {
@@ -60,9 +65,9 @@ struct TileMask {
   // part, tile_announcement.cuh, holds it as its own highest): the overlapped loop after it then
   // needs no masked step, whose copies would only sit between the hot ones in the instruction
   // cache (docs/hopper.md, session 41). Only tiles of 128-key blocks: d64, d96 and d128 full
-  // 2k-4k gained 1-4% on the H200, while d256's 80-key tile lost ~1% (session 42); d192 (112 keys)
-  // was not measured and keeps the masked copies.
-  static constexpr int kUnmaskedLoopMinKeys = 128;
+  // 2k-4k gained 1-4% on the H200, while d256's 64-key tiles (2k, and the pairs at 4k) lost ~1%
+  // (session 42); the 80-key d256 and 112-key d192 tiles were not measured and keep the copies.
+  static constexpr int kUnmaskedLoopMinKeys = FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS;
   static constexpr bool kCutsOnlyFirstBlock =
       kMask == MaskKind::kFull && kBlockN >= kUnmaskedLoopMinKeys && FUSEDATTN_SM90_FULL_LOOP_UNMASKED != 0;
 
