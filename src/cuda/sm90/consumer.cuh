@@ -1,5 +1,6 @@
 // A consumer warpgroup's mainloop for one tile: its 64 query rows against every visible KV block,
-// highest block first (so a causal tile starts with its masked diagonal block). Per block:
+// highest block first (so a causal tile starts with its masked diagonal block), or lowest first
+// (TileMask::kAscending). Per block:
 // S = Q K^T (wgmma, both operands in shared memory), mask on boundary blocks, online softmax,
 // O += P V (wgmma, P from registers). With `overlap` the Q K^T of the next block is issued
 // together with the P V of the current one, so the softmax of block n-1 runs while the tensor
@@ -542,7 +543,7 @@ struct Consumer {
       pass_turns(top + mine_count + 1, count + 1, kv, turns, pipe);
       return;
     }
-    // Without the overlap: Q K^T, softmax and P V of each block alone, highest block first.
+    // Without the overlap: Q K^T, softmax and P V of each block alone, in the tile's block order.
     KVBlockRange mine = blocks;
     if constexpr (kSkipsAlone) {
       // Blocks none of this slice's rows sees (above or below t.visible) pass their two turns at
@@ -554,7 +555,7 @@ struct Consumer {
     float s[kSAcc];
     uint32_t p[kPRegs];
     RowCorrection correction;
-    for (int n = mine.hi - 1; n >= mine.lo; --n) {
+    for (int n = Mask::first_block(mine); Mask::block_in_loop(mine, n); n = Mask::next_block(n)) {
       qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, correction);
       apply_correction(o, correction);
@@ -580,7 +581,8 @@ struct Consumer {
     }
   }
 
-  // The first (highest) block of a loop, alone: S, mask, softmax, P into p. A narrow one
+  // The first block of a loop (the highest, or the lowest: TileMask::kAscending), alone: S,
+  // mask, softmax, P into p. A narrow one
   // (TileMask::kNarrowsFirstBlock) at half the width: half the Q K^T, mask and exponentials on
   // the path from the tile's first K to its first overlapped turn, where no GEMM of this
   // warpgroup hides them.
@@ -616,32 +618,35 @@ struct Consumer {
     FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks);
   }
 
-  // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the
-  // first block is narrow for this slice.
+  // The overlapped loop over `blocks` (count + 1 GEMM turns) in the tile's block order
+  // (TileMask::block_at_step); narrow: the first block is narrow for this slice.
   __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, KVRing& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
     float s[kSAcc];
     uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
-    int n = blocks.hi - 1;
+    int n = Mask::first_block(blocks);
     stamp(TraceEvent::kLoopEntered);
     first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     stamp(TraceEvent::kFirstPReady);
+    // Each kv_step takes the block after n, while there is one.
+    const auto more = [&] { return Mask::block_in_loop(blocks, Mask::next_block(n)); };
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.
-      for (; n > blocks.lo; --n) {
-        kv_step(s, p[0], p[1], correction, n - 1, kv, turns, pipe);
-        if (--n == blocks.lo) {
+      for (; more(); n = Mask::next_block(n)) {
+        kv_step(s, p[0], p[1], correction, Mask::next_block(n), kv, turns, pipe);
+        n = Mask::next_block(n);
+        if (Mask::is_last_block(blocks, n)) {
           last_qk_done();
           apply_correction(o, correction);
           pv_alone(p[1], kv, turns, pipe);
           return;
         }
-        kv_step(s, p[1], p[0], correction, n - 1, kv, turns, pipe);
+        kv_step(s, p[1], p[0], correction, Mask::next_block(n), kv, turns, pipe);
       }
     } else {
-      for (; n > blocks.lo; --n) kv_step(s, p[0], p[0], correction, n - 1, kv, turns, pipe);
+      for (; more(); n = Mask::next_block(n)) kv_step(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
     }
     last_qk_done();
     apply_correction(o, correction);

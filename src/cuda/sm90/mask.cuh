@@ -23,6 +23,11 @@
 #ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS
 #define FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS 128
 #endif
+// Experiment: masked tiles whose slices take every block (TileMask::kAscending) run their KV
+// blocks lowest first; 0 keeps the highest first.
+#ifndef FUSEDATTN_SM90_ASCENDING_MASKED
+#define FUSEDATTN_SM90_ASCENDING_MASKED 1
+#endif
 
 namespace fusedattn::cuda::sm90 {
 
@@ -51,6 +56,31 @@ struct TileMask {
   // ranges for them.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockN < kBlockM;
 
+  // The order of a tile's KV blocks: highest first, except on masked tiles whose slices take
+  // every block (not kSlicesSkipBlocks, whose turn passing counts from the top), which take them
+  // lowest first. Two reasons to expect the lowest first to pay under a causal mask
+  // (docs/hopper.md, session 41/42):
+  // - the concurrent tiles of one head then read the same K/V block at about the same time, as
+  //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
+  //   throughout, and the causal launch put twice the full mask's L2 load per unit of time;
+  // - a row's reference max comes from a whole block, not from the cut diagonal, whose top rows
+  //   see few keys, so the next block's sum check does not fail in most warps.
+  // The cut diagonal then comes last, inside the overlapped loop, at full width (no narrow block).
+  static constexpr bool kAscending =
+      kMask != MaskKind::kFull && !kSlicesSkipBlocks && FUSEDATTN_SM90_ASCENDING_MASKED != 0;
+  // A loop over `blocks` in that order: first_block, then next_block while block_in_loop;
+  // is_last_block(n): n is the last.
+  __device__ __forceinline__ static int first_block(const KVBlockRange& blocks) {
+    return kAscending ? blocks.lo : blocks.hi - 1;
+  }
+  __device__ __forceinline__ static int next_block(int n) { return kAscending ? n + 1 : n - 1; }
+  __device__ __forceinline__ static bool block_in_loop(const KVBlockRange& blocks, int n) {
+    return kAscending ? n < blocks.hi : n >= blocks.lo;
+  }
+  __device__ __forceinline__ static bool is_last_block(const KVBlockRange& blocks, int n) {
+    return n == (kAscending ? blocks.hi - 1 : blocks.lo);
+  }
+
   // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
   // second half: the causal diagonal block of the first slice of a 128 x 128 tile, whose last row
   // sees the block's first 64 keys. The consumer then computes S, the mask and the softmax on
@@ -58,7 +88,7 @@ struct TileMask {
   // Masked launches only: a full mask's last block is narrow only where len_k % kBlockN is in
   // (0, kBlockN / 2], which the common lengths never are.
   static constexpr int kNarrowKeys = kBlockN / 2;
-  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0;
+  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0 && !kAscending;
 
   // Whether only the first block a slice takes can be cut. Under a full mask only the sequence end
   // cuts, and only the tile's highest block, which every loop takes first (a split tile's last
