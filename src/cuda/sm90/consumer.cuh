@@ -619,7 +619,7 @@ struct Consumer {
   }
 
   // The overlapped loop over `blocks` (count + 1 GEMM turns) in the tile's block order
-  // (TileMask::block_at_step); narrow: the first block is narrow for this slice.
+  // (TileMask::first_block, next_block); narrow: the first block is narrow for this slice.
   __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, KVRing& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
@@ -646,7 +646,8 @@ struct Consumer {
         kv_step(s, p[1], p[0], correction, Mask::next_block(n), kv, turns, pipe);
       }
     } else {
-      for (; more(); n = Mask::next_block(n)) kv_step(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
+      for (; more(); n = Mask::next_block(n))
+        kv_step(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
     }
     last_qk_done();
     apply_correction(o, correction);

@@ -182,8 +182,8 @@ struct Producer {
       const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.plan.steps,
                                                  params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
-      const int count = blocks.count();
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
+      int n = mask.first_block(blocks);
       publish(a, ring);
       if (!valid) {  // kNoTile is out: the consumers go home
         close_q_ring(ring);
@@ -191,13 +191,12 @@ struct Producer {
         return;
       }
       if (q_first) load_q(t, a, ring);
-      int n = mask.first_block(blocks);
-      if (count > 0) {
+      if (blocks.count() > 0) {
         load(kK, t, n, head_kv, kv_batch);
-        FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, count);
+        FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
       }
       if (!q_first) load_q(t, a, ring);
-      if (count > 0) {
+      if (blocks.count() > 0) {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
       }
@@ -206,9 +205,9 @@ struct Producer {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
       }
-      FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, count);
+      FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, blocks.count());
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
-      if (o_in_kv && count > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
+      if (o_in_kv && blocks.count() > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
       ring.advance();
     }
   }
