@@ -9,7 +9,8 @@
 #     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds.
 # Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
-# build-ab<value>/, logs to $OUT. Runtime switches (environment variables) need no
+# build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the ratio of the
+# two builds' TFLOP/s in each round and its median. Runtime switches (environment variables) need no
 # second build: gpu_check.sh's POINT_ENVS compares them.
 set -uo pipefail
 switch=${1:?usage: tools/ab_build.sh SWITCH d:mask:seqlen ...}
@@ -24,6 +25,8 @@ heads=${AB_HEADS:-$(for p in "$@"; do echo "${p%%:*}"; done | sort -un | paste -
 dtype=${AB_DTYPE:-fp16}
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 read -r -a values <<< "${AB_VALUES:-1 0}"
+runs=$dest/ab_runs_$switch.txt
+: > "$runs"
 [ ${#values[@]} -eq 2 ] || { echo "AB_VALUES needs two values, got '${AB_VALUES:-}'" >&2; exit 2; }
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
@@ -46,7 +49,26 @@ for round in $(seq "${REPEAT:-3}"); do
       result=$("$root/build-ab$v/fusedattn" --backend cuda $shape --dtype "$dtype" --warmup 3 --iters 20 \
         --check-rows 16 2>&1)
       rc=$?
-      echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc"
+      echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc" | tee -a "$runs"
     done
   done
 done
+# Per point: the first value's TFLOP/s over the second's in each round, and their median.
+python3 - "$runs" "$switch=${values[0]}" "$switch=${values[1]}" <<'PY'
+import statistics, sys
+path, first, second = sys.argv[1:]
+tflops, points = {}, []
+for line in open(path):
+    rnd, d, mask, s, build, tf = line.split()[:6]
+    point = f"{d} {mask} {s}"
+    if point not in points:
+        points.append(point)
+    if tf.startswith("tflops="):
+        tflops[rnd, point, build] = float(tf.split("=")[1])
+print(f"ratios {first} / {second}, per round, then the median:")
+for point in points:
+    ratios = [tflops[r, p, first] / tflops[r, p, second] for (r, p, b) in tflops
+              if p == point and b == first and (r, p, second) in tflops]
+    median = f"{statistics.median(ratios):.3f}" if ratios else "-"
+    print(point, " ".join(f"{x:.3f}" for x in ratios), " median", median)
+PY
