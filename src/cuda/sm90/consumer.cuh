@@ -529,18 +529,18 @@ struct Consumer {
       // Blocks of the tile that none of this slice's rows sees (above or below t.visible) are
       // skipped: their turns pass at once, their stages go back unread.
       const KVBlockRange mine = t.visible;
-      const int count = blocks.count(), top = blocks.hi - mine.hi, mine_count = mine.count();
+      const int count = blocks.count(), before = Mask::blocks_before(blocks, mine), mine_count = mine.count();
       if (mine_count == 0) {  // its rows see no key of the tile: out 0, lse -inf
         pass_through_tile(t, ring, kv, turns, pending);
         return;
       }
       // A deferred staging goes back before the slice waits for blocks it skips: the producer
       // may refill that stage for one of them (FUSEDATTN_SM90_DEFER_O_READ).
-      if (top > 0) release_pending(pending, kv);
-      pass_turns(0, top, kv, turns, pipe);
-      if (top > 0) skip_block(kv, pipe);
+      if (before > 0) release_pending(pending, kv);
+      pass_turns(0, before, kv, turns, pipe);
+      if (before > 0) skip_block(kv, pipe);
       overlapped_blocks(mine, t.narrow_first, kv, turns, pipe, pending);
-      pass_turns(top + mine_count + 1, count + 1, kv, turns, pipe);
+      pass_turns(before + mine_count + 1, count + 1, kv, turns, pipe);
       return;
     }
     // Without the overlap: Q K^T, softmax and P V of each block alone, in the tile's block order.
@@ -549,7 +549,7 @@ struct Consumer {
       // Blocks none of this slice's rows sees (above or below t.visible) pass their two turns at
       // once and go back unread.
       mine = t.visible.count() > 0 ? t.visible : KVBlockRange{blocks.hi, blocks.hi};
-      skip_blocks_alone(blocks.hi - mine.hi, kv, turns, pipe, pending);
+      skip_blocks_alone(Mask::blocks_before(blocks, mine), kv, turns, pipe, pending);
     }
     wait_q();
     float s[kSAcc];
@@ -562,7 +562,8 @@ struct Consumer {
       convert_p(s, p);
       pv_alone(p, kv, turns, pipe);
     }
-    if constexpr (kSkipsAlone) skip_blocks_alone(mine.lo - blocks.lo, kv, turns, pipe, pending);
+    if constexpr (kSkipsAlone)
+      skip_blocks_alone(blocks.count() - Mask::blocks_before(blocks, mine) - mine.count(), kv, turns, pipe, pending);
   }
 
   // `count` blocks of the loop without the overlap given back unread, each once it has landed (as

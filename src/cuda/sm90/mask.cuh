@@ -23,8 +23,8 @@
 #ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS
 #define FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS 128
 #endif
-// Experiment: masked tiles whose slices take every block (TileMask::kAscending) run their KV
-// blocks lowest first; 0 keeps the highest first.
+// Experiment: which masked tiles run their KV blocks lowest first (TileMask::kAscending): 0 none,
+// 1 those whose slices take every block, 2 every masked tile of 128 rows.
 #ifndef FUSEDATTN_SM90_ASCENDING_MASKED
 #define FUSEDATTN_SM90_ASCENDING_MASKED 1
 #endif
@@ -57,8 +57,9 @@ struct TileMask {
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockN < kBlockM;
 
   // The order of a tile's KV blocks: highest first, except on masked tiles whose slices take
-  // every block (not kSlicesSkipBlocks, whose turn passing counts from the top), which take them
-  // lowest first. Two reasons to expect the lowest first to pay under a causal mask
+  // every block (not kSlicesSkipBlocks; with FUSEDATTN_SM90_ASCENDING_MASKED=2 on every masked
+  // tile of 128 rows: the 192-row d64 tile spilled 4 B), which take them lowest first. Two reasons
+  // to expect the lowest first to pay under a causal mask
   // (docs/hopper.md, session 41/42):
   // - the concurrent tiles of one head then read the same K/V block at about the same time, as
   //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
@@ -66,8 +67,10 @@ struct TileMask {
   // - a row's reference max comes from a whole block, not from the cut diagonal, whose top rows
   //   see few keys, so the next block's sum check does not fail in most warps.
   // The cut diagonal then comes last, inside the overlapped loop, at full width (no narrow block).
+  static constexpr int kAscendingMaxRows = 128;
   static constexpr bool kAscending =
-      kMask != MaskKind::kFull && !kSlicesSkipBlocks && FUSEDATTN_SM90_ASCENDING_MASKED != 0;
+      kMask != MaskKind::kFull && kBlockM <= kAscendingMaxRows &&
+      (FUSEDATTN_SM90_ASCENDING_MASKED >= 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kSlicesSkipBlocks));
   // A loop over `blocks` in that order: first_block, then next_block while block_in_loop;
   // is_last_block(n): n is the last.
   __device__ __forceinline__ static int first_block(const KVBlockRange& blocks) {
@@ -79,6 +82,11 @@ struct TileMask {
   }
   __device__ __forceinline__ static bool is_last_block(const KVBlockRange& blocks, int n) {
     return n == (kAscending ? blocks.hi - 1 : blocks.lo);
+  }
+  // How many of the tile's blocks the loop takes before those of `mine` (a slice's, within them):
+  // the blocks a slice that sees only `mine` skips first (kSlicesSkipBlocks).
+  __device__ __forceinline__ static int blocks_before(const KVBlockRange& blocks, const KVBlockRange& mine) {
+    return kAscending ? mine.lo - blocks.lo : blocks.hi - mine.hi;
   }
 
   // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
