@@ -25,6 +25,8 @@
 # GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call.
 # PEER_REPEAT=n runs each peers.py run n times into the same JSON lines (default 1; ~55 s per FA
 # forward+backward run of one dtype); tools/perf_table.py then shows per-point medians.
+# GPU_CUDA_FLAGS adds nvcc flags to the main build, e.g. a compile-time experiment switch
+# (-DFUSEDATTN_SM90_ASCENDING_MASKED=2) for its tests; unset, the build has none.
 # CPU_TESTS=0 leaves the CPU suite out of the tests step (~45 s; CI runs it on every change).
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
@@ -94,7 +96,8 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
   step configure 120 configure.log cmake -S "$root" -B "$build" "${config[@]}" \
-    -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF
+    -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF \
+    -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}"
   step build 480 build.log cmake --build "$build" -j "$(nproc)" || { tail -40 "$out/build.log"; }
   # ptxas lines with a non-zero spill or stack frame, per kernel instance (every spill is a defect to track)
   grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$out/build.log" | grep -E "Compiling entry|spill|stack" > "$out/spills.txt"
