@@ -68,12 +68,26 @@ gpu_tests_sharded() {
   local shards=${GPU_TEST_SHARDS:-6} limit=$1 t0=$SECONDS rc=0 pids=() i
   for ((i = 0; i < shards; ++i)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$build/tests/fusedattn_gpu_tests" \
-      --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" > "$out/gpu_tests_$i.log" 2>&1 &
+      --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" --gtest_output="xml:$out/gpu_tests_$i.xml" \
+      > "$out/gpu_tests_$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
   cat "$out"/gpu_tests_[0-9]*.log > "$out/gpu_tests.log"
   record gpu-tests $rc $t0 "gpu_tests.log, $shards shards"
+  # The slowest tests (gtest's XML reports), to balance the shards by.
+  note "slowest: $(python3 - "$out" <<'PY'
+import glob, sys, xml.etree.ElementTree as ET
+cases = []
+for path in glob.glob(sys.argv[1] + "/gpu_tests_*.xml"):
+    try:
+        cases += [(float(c.get("time", 0)), c.get("classname") + "." + c.get("name"))
+                  for c in ET.parse(path).iter("testcase")]
+    except ET.ParseError:
+        pass  # a shard cut off by its time limit writes no report
+print(", ".join(f"{name} {t:.0f} s" for t, name in sorted(cases, reverse=True)[:6]))
+PY
+)"
   return $rc
 }
 
