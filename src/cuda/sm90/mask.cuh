@@ -58,9 +58,8 @@ struct TileMask {
 
   // The order of a tile's KV blocks: highest first, except on masked tiles whose slices take
   // every block (not kSlicesSkipBlocks; with FUSEDATTN_SM90_ASCENDING_MASKED=2 on every masked
-  // tile of 128 rows: the 192-row d64 tile spilled 4 B), which take them lowest first. Two reasons
-  // to expect the lowest first to pay under a causal mask
-  // (docs/hopper.md, session 41/42):
+  // tile of 128 rows: the 192-row d64 tile spilled 4 B), which take them lowest first. Two
+  // reasons to expect that to pay under a causal mask (docs/hopper.md, sessions 41-42):
   // - the concurrent tiles of one head then read the same K/V block at about the same time, as
   //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
   //   throughout, and the causal launch put twice the full mask's L2 load per unit of time;
