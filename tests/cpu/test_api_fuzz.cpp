@@ -155,13 +155,7 @@ void fill(Fuzzer& f, Call& c) {
   o.backend = f.pick({Backend::kAuto, Backend::kAuto, Backend::kCPU, Backend::kCUDA});
   o.num_threads = f.pick({0, 1, 2, -1, 1000});
   if (f.chance(30)) {
-    BackwardArgs b;
-    b.q = a.q;
-    b.k = a.k;
-    b.v = a.v;
-    b.out = a.out;
-    b.lse = a.lse;
-    b.options = o;
+    BackwardArgs b = backward_args_of(a);
     const bool varlen = !o.cu_seqlens_q.empty();
     const auto like = [&](const TensorView& t, int percent) {
       std::vector<int64_t> shape(t.shape, t.shape + std::clamp(t.rank, 0, kMaxRank));
