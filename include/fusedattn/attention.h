@@ -36,9 +36,10 @@ struct Options {
   int64_t max_seqlen_q = 0;
   int64_t max_seqlen_k = 0;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
-  // contents, or -1. Set (both), forward() and backward() skip their own check of the offsets,
-  // which reads them on the host: a device-to-host copy, i.e. a sync of the stream, per call.
-  // Offsets that changed since their check are the caller's error.
+  // contents, or -1. Set (both), forward() and backward() on CUDA tensors skip their own check of
+  // the offsets, which reads them on the host: a device-to-host copy, i.e. a sync of the stream,
+  // per call. Offsets that changed since their check are the caller's error there. Host offsets
+  // are always checked, and then must end at these values.
   int64_t checked_rows_q = -1;
   int64_t checked_rows_k = -1;
   Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides

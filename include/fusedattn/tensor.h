@@ -1,7 +1,8 @@
 // Torch-free tensor views: a data pointer, a dtype, a shape and strides in elements.
 // Only the last dimension must be contiguous, so both the (batch, seqlen, heads, dim) layout of
 // flash_attn and the (batch, heads, seqlen, dim) layout of the Triton tutorial are views of the
-// same memory with permuted strides; nothing is ever copied to change layout.
+// same memory with permuted strides; nothing is ever copied to change layout. Strides are >= 0;
+// a tensor the call reads may repeat elements (stride 0, an expanded view), one it writes may not.
 #pragma once
 
 #include <cstddef>

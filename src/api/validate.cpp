@@ -20,20 +20,41 @@ std::string shape_str(const TensorView& t) {
   return s + "]";
 }
 
-// Every tensor argument: present, the expected rank, non-negative sizes, contiguous last dim.
+// Every tensor argument: the expected rank, non-negative sizes, present unless empty, contiguous
+// last dim, no negative stride (no framework makes one, and the TMA descriptors cannot encode it).
+// The rank goes first: the other checks index the shape by it.
 void check_tensor(const TensorView& t, const char* name, int rank, const char* layout) {
-  if (t.data == nullptr && t.numel() != 0)
-    fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
   if (t.rank != rank)
     fail(ErrorCode::kShapeMismatch, name,
          "expected rank " + std::to_string(rank) + " " + layout + ", got rank " + std::to_string(t.rank));
-  for (int d = 0; d < t.rank; ++d)
+  bool has_elements = true;
+  for (int d = 0; d < t.rank; ++d) {
     if (t.shape[d] < 0)
       fail(ErrorCode::kInvalidArgument, name, "negative size " + std::to_string(t.shape[d]) +
                                                   " in dimension " + std::to_string(d));
+    has_elements = has_elements && t.shape[d] > 0;
+  }
+  if (t.data == nullptr && has_elements) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
   if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     fail(ErrorCode::kLayout, name,
          "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
+  for (int d = 0; d + 1 < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] < 0)
+      fail(ErrorCode::kLayout, name, "negative stride " + std::to_string(t.stride[d]) + " in dimension " +
+                                         std::to_string(d) + "; strides must be >= 0");
+}
+
+// A tensor the call writes: a dimension of stride 0 (an expanded view) would have its elements
+// written to one address by several threads, a race and a silent wrong answer. A tensor without
+// elements (any size 0, e.g. head_dim 0, whose contiguous strides are 0) writes nothing.
+void check_written(const TensorView& t, const char* name) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] == 0) return;
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] == 0)
+      fail(ErrorCode::kLayout, name, "stride 0 in dimension " + std::to_string(d) +
+                                         " (size " + std::to_string(t.shape[d]) +
+                                         "): a written tensor's elements must not share memory");
 }
 
 void check_same_shape(const TensorView& a, const char* an, const TensorView& b, const char* bn) {
@@ -110,7 +131,7 @@ void check_cu_tensor(const TensorView& cu, const char* name, const Device& devic
 // Everything shared by forward and backward, from the forward-side tensors.
 // Returns false for a valid no-op.
 bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* out,
-                 const TensorView& lse, const Options& opt, bool lse_required, FwdParams& p, Backend& backend) {
+                 const TensorView& lse, const Options& opt, bool backward, FwdParams& p, Backend& backend) {
   const bool varlen = !opt.cu_seqlens_q.empty() || !opt.cu_seqlens_k.empty();
   if (varlen && (opt.cu_seqlens_q.empty() || opt.cu_seqlens_k.empty()))
     fail(ErrorCode::kInvalidArgument, opt.cu_seqlens_q.empty() ? "cu_seqlens_q" : "cu_seqlens_k",
@@ -189,7 +210,7 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
            "shape " + shape_str(lse) + " must be " +
                (varlen ? "[" + std::to_string(hq) + ", " + std::to_string(q.shape[0]) + "]"
                        : "[" + std::to_string(batch) + ", " + std::to_string(hq) + ", " + std::to_string(sq) + "]"));
-  } else if (lse_required) {
+  } else if (backward) {
     fail(ErrorCode::kInvalidArgument, "lse", "is required by backward (the forward's softmax_lse)");
   }
 
@@ -248,9 +269,20 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     check_cuda_alignment(v, "v");
     if (out) check_cuda_alignment(*out, "out");
   }
+  // The forward writes out and lse, the backward reads them. (A no-op call, returned above,
+  // writes nothing.)
+  if (!backward) {
+    if (out) check_written(*out, "out");
+    if (!lse.empty()) check_written(lse, "lse");
+  }
   if (varlen) {
-    if (opt.checked_rows_q >= 0 && opt.checked_rows_k >= 0) {
-      // Checked by the caller (check_cu_seqlens): only what needs no read of the offsets.
+    // A caller's check (check_cu_seqlens) saves the device-to-host copy of the offsets per call.
+    // Host offsets cost nothing to read, so they are checked anyway (against max_seqlen: a
+    // sequence longer than it would run past the kernels' bounds), and the rows the caller gave
+    // must be theirs.
+    const bool caller_checked = opt.checked_rows_q >= 0 && opt.checked_rows_k >= 0;
+    if (caller_checked && backend == Backend::kCUDA) {
+      // Checked by the caller: only what needs no read of the offsets.
       const auto within = [](int64_t rows, const char* name, int64_t packed_rows, const char* tensor) {
         if (rows > packed_rows)
           fail(ErrorCode::kShapeMismatch, name,
@@ -265,6 +297,16 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
                                          backend, device, opt.stream);
       p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k",
                                          backend, device, opt.stream);
+      if (caller_checked) {
+        const auto same = [](int64_t given, const char* name, int64_t rows, const char* offsets) {
+          if (given != rows)
+            fail(ErrorCode::kInvalidArgument, name,
+                 "is " + std::to_string(given) + " but " + offsets + " ends at " + std::to_string(rows) +
+                     " (the offsets changed since their check?)");
+        };
+        same(opt.checked_rows_q, "checked_rows_q", p.varlen_rows_q, "cu_seqlens_q");
+        same(opt.checked_rows_k, "checked_rows_k", p.varlen_rows_k, "cu_seqlens_k");
+      }
     }
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
@@ -301,13 +343,13 @@ int64_t check_offsets(const TensorView& cu, bool keys, int64_t max_seqlen, int64
 }
 
 bool make_fwd_params(const ForwardArgs& a, FwdParams& p, Backend& backend) {
-  return fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*lse_required=*/false, p, backend);
+  return fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*backward=*/false, p, backend);
 }
 
 bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
   p = BwdParams{};
   FwdParams& base = p;
-  const bool work = fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*lse_required=*/true, base, backend);
+  const bool work = fill_common(a.q, a.k, a.v, &a.out, a.lse, a.options, /*backward=*/true, base, backend);
   const bool varlen = !a.options.cu_seqlens_q.empty();
   const int rank = varlen ? 3 : 4;
   const char* layout = varlen ? "[total_tokens, heads, head_dim]" : "[batch, seqlen, heads, head_dim]";
@@ -316,13 +358,18 @@ bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
     const char* name;
     const TensorView& like;
     const char* like_name;
+    bool written;
   };
-  const Grad grads[] = {{a.dout, "dout", a.q, "q"}, {a.dq, "dq", a.q, "q"}, {a.dk, "dk", a.k, "k"}, {a.dv, "dv", a.v, "v"}};
+  const Grad grads[] = {{a.dout, "dout", a.q, "q", false},
+                        {a.dq, "dq", a.q, "q", true},
+                        {a.dk, "dk", a.k, "k", true},
+                        {a.dv, "dv", a.v, "v", true}};
   for (const Grad& g : grads) {
     check_tensor(g.t, g.name, rank, layout);
     check_same_shape(g.t, g.name, g.like, g.like_name);
     check_dtype(g.t, g.name, a.q.dtype, "q");
     check_device(g.t, g.name, a.q.device);
+    if (work && g.written) check_written(g.t, g.name);
   }
   p.dout = a.dout.data;
   p.dq = a.dq.data;

@@ -66,17 +66,11 @@ TEST(CpuStrides, PackedQkvAndPaddedOutputs) {
     dout.fill(dout_values);
     HostTensor dqkv(dtype, {B, S, 3 * H, D});
     dqkv.poison();
-    BackwardArgs g;
-    g.q = a.q;
-    g.k = a.k;
-    g.v = a.v;
-    g.out = a.out;
-    g.lse = a.lse;
+    BackwardArgs g = backward_args_of(a);
     g.dout = dout.view();
     g.dq = strided_view(dqkv, 0, {B, S, H, D}, {batch, row, D, 1});
     g.dk = strided_view(dqkv, H * D, {B, S, H, D}, {batch, row, D, 1});
     g.dv = strided_view(dqkv, 2 * H * D, {B, S, H, D}, {batch, row, D, 1});
-    g.options = a.options;
     backward(g);
     ref.dout = dout_values;
     plain.dout = dout_values;

@@ -75,6 +75,56 @@ TEST(Validation, LastDimensionNotContiguous) {
   expect_fwd_error(v.fwd, ErrorCode::kLayout, "q", "stride 1");
 }
 
+TEST(Validation, NegativeStride) {
+  Valid v = valid_dense();
+  v.fwd.k.stride[1] = -v.fwd.k.stride[1];
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "k", "negative stride");
+}
+
+// A rank the view does not have is reported as such, before any size or pointer is read.
+TEST(Validation, RankAboveTheViewsDimensionsBeforeTheNullCheck) {
+  Valid v = valid_dense();
+  v.fwd.q.rank = 9;
+  v.fwd.q.data = nullptr;
+  expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "q", "rank 9");
+}
+
+// Sizes whose product overflows int64 do not reach a multiplication.
+TEST(Validation, NullDataWithHugeSizes) {
+  Valid v = valid_dense();
+  v.fwd.out.data = nullptr;
+  v.fwd.out.shape[0] = v.fwd.out.shape[1] = int64_t{1} << 40;
+  expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "out", "null");
+}
+
+// Written tensors must not map two elements to one address: a stride-0 (expanded) dimension
+// would have several threads write it. Read tensors may be expanded.
+TEST(Validation, WrittenTensorsWithStrideZero) {
+  Valid v = valid_dense();
+  v.fwd.out.stride[1] = 0;
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "out", "stride 0");
+  v = valid_dense();
+  v.fwd.lse.stride[1] = 0;
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "lse", "stride 0");
+  for (const char* name : {"dq", "dk", "dv"}) {
+    Valid b = valid_dense();
+    TensorView& t = std::string(name) == "dq" ? b.bwd.dq : std::string(name) == "dk" ? b.bwd.dk : b.bwd.dv;
+    t.stride[2] = 0;
+    expect_bwd_error(b.bwd, ErrorCode::kLayout, name, "stride 0");
+  }
+}
+
+TEST(Validation, ReadTensorsMayBeExpanded) {
+  Valid v = valid_dense();
+  // Every query row of a head reads the same Q row; the reference sees the same view.
+  v.fwd.q.stride[1] = 0;
+  EXPECT_NO_THROW(forward(v.fwd));
+  Valid b = valid_dense();
+  b.bwd.out.stride[1] = 0;
+  b.bwd.dout.stride[1] = 0;
+  EXPECT_NO_THROW(backward(b.bwd));
+}
+
 TEST(Validation, ValueShapeMustEqualKey) {
   Valid v = valid_dense();
   v.fwd.v.shape[1] -= 1;
@@ -342,12 +392,17 @@ TEST(Validation, OffsetsCheckedOnceByTheCaller) {
   forward(checked);
   EXPECT_EQ(v.c.out.to_double(), out);
   EXPECT_EQ(v.c.lse.to_double(), lse);
-  // Trusted means not read: offsets that would fail their check pass, ...
-  v.c.cu_q.fill({1, 3, 3, 7});
-  EXPECT_NO_THROW(forward(checked));
-  // ... but checked rows past the packed tensors do not.
+  // Host offsets are read even so (it costs no copy): checked rows that are not theirs fail, ...
   checked.options.checked_rows_k = 9;
-  expect_fwd_error(checked, ErrorCode::kShapeMismatch, "checked_rows_k", "past the packed k's 8 rows");
+  expect_fwd_error(checked, ErrorCode::kInvalidArgument, "checked_rows_k", "ends at 8");
+  // ... and so do offsets that changed since their check. (On CUDA tensors, where the check
+  // costs a copy and a sync, checked rows are trusted and only held to the packed rows; the
+  // Python binding's varlen calls pass them.)
+  checked.options.checked_rows_k = 8;
+  v.c.cu_q.fill({1, 3, 3, 7});
+  expect_fwd_error(checked, ErrorCode::kInvalidArgument, "cu_seqlens_q", "start at 0");
+  v.c.cu_q.fill({0, 3, 4, 8});
+  expect_fwd_error(checked, ErrorCode::kShapeMismatch, "cu_seqlens_q", "exceeds");
 }
 
 // ---- backward gradients ---------------------------------------------------------------------------

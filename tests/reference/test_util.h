@@ -147,19 +147,25 @@ inline ForwardArgs forward_args(HostCase& c) {
   return a;
 }
 
+// The backward of a forward call: its inputs, out, lse and options; the gradients left empty.
+inline BackwardArgs backward_args_of(const ForwardArgs& f) {
+  BackwardArgs a;
+  a.q = f.q;
+  a.k = f.k;
+  a.v = f.v;
+  a.out = f.out;
+  a.lse = f.lse;
+  a.options = f.options;
+  return a;
+}
+
 // Backward args; out and lse are whatever c.out / c.lse hold (run the forward first).
 inline BackwardArgs backward_args(HostCase& c) {
-  BackwardArgs a;
+  BackwardArgs a = backward_args_of(forward_args(c));
   a.dout = c.dout.view();
-  a.q = c.q.view();
-  a.k = c.k.view();
-  a.v = c.v.view();
-  a.out = c.out.view();
-  a.lse = c.lse.view();
   a.dq = c.dq.view();
   a.dk = c.dk.view();
   a.dv = c.dv.view();
-  a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view()) : options_for(c.problem);
   return a;
 }
 

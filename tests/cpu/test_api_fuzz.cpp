@@ -1,0 +1,204 @@
+// Random calls of forward() and backward() on host tensors, most of them invalid in one or more
+// ways (sizes, strides, dtypes, windows, scales, offsets, backends): each must either run or throw
+// fusedattn::Error; any other exception fails the test, and a read or write outside a view's
+// buffer is what an ASan build of this suite catches (docs/api.md's rules are what it probes).
+// Every view is backed by a buffer that holds all of its elements, so a call that passes
+// validation may run; a view no buffer could back (a huge size) gets no data, so validation must
+// turn it down.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "fusedattn/attention.h"
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr int kCalls = 2000;
+constexpr int64_t kHugeSize = int64_t{1} << 40;
+constexpr int64_t kMaxBackedElements = int64_t{1} << 22;
+constexpr int kPercent = 100;
+constexpr int kMinRunShare = 50;  // at least 1 in 50 calls must pass validation and run
+
+class Fuzzer {
+ public:
+  explicit Fuzzer(std::mt19937_64& rng) : rng_(rng) {}
+
+  template <typename T>
+  T pick(std::initializer_list<T> values) {
+    return *(values.begin() + rng_() % values.size());
+  }
+  bool chance(int percent) { return static_cast<int>(rng_() % kPercent) < percent; }
+
+  // A view of `shape` in its contiguous layout (BHSD-style swapped middle strides at times), one
+  // stride or size perhaps broken, on a buffer of random bytes that holds every element.
+  TensorView view(DType dtype, std::vector<int64_t> shape, bool break_one) {
+    TensorView t;
+    t.dtype = dtype;
+    t.rank = static_cast<int>(shape.size());
+    int64_t stride = 1;
+    for (int d = t.rank - 1; d >= 0; --d) {
+      t.shape[d] = shape[d];
+      t.stride[d] = stride;
+      stride *= std::max<int64_t>(shape[d], 1);
+    }
+    if (t.rank == kMaxRank && chance(30)) std::swap(t.stride[1], t.stride[2]);
+    if (break_one) {
+      const int d = static_cast<int>(rng_() % t.rank);
+      t.stride[d] = pick<int64_t>({0, -1, 2, 3, 7, 1024});
+      if (chance(10)) t.shape[d] = pick<int64_t>({-1, 0, kHugeSize});
+      if (chance(5)) t.rank = pick({-1, 0, 1, 5, 9});
+    }
+    int64_t last = 0;  // the largest element offset, where every size > 1 has a stride >= 0
+    bool backed = true;
+    for (int d = 0; d < std::min(t.rank, kMaxRank); ++d) {
+      if (t.shape[d] <= 1) continue;
+      if (t.stride[d] < 0 || t.shape[d] > kMaxBackedElements) backed = false;
+      else last += (t.shape[d] - 1) * t.stride[d];
+    }
+    backed = backed && last < kMaxBackedElements;
+    const std::size_t words = backed ? ceil_words(static_cast<std::size_t>(last + 1) * dtype_size(dtype)) : 1;
+    auto& buffer = buffers_.emplace_back(words);
+    for (uint64_t& w : buffer) w = rng_();  // any bits: NaN and inf included
+    // Unbacked views, and a few others, have no data: validation must say so (or find the view
+    // empty) before anything is read.
+    t.data = backed && !chance(3) ? buffer.data() : nullptr;
+    return t;
+  }
+
+  // The buffers of the previous call go.
+  void next_call() { buffers_.clear(); }
+
+  TensorView offsets(std::vector<int32_t>& values) {
+    TensorView t;
+    t.data = values.data();
+    t.dtype = chance(95) ? DType::kInt32 : DType::kFloat32;
+    t.rank = 1;
+    t.shape[0] = static_cast<int64_t>(values.size());
+    t.stride[0] = 1;
+    return t;
+  }
+
+ private:
+  static std::size_t ceil_words(std::size_t bytes) { return (bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t); }
+
+  std::mt19937_64& rng_;
+  std::vector<std::vector<uint64_t>> buffers_;
+};
+
+// One call's arguments: a dense or variable-length problem, each part perhaps broken.
+struct Call {
+  ForwardArgs fwd;
+  std::optional<BackwardArgs> bwd;
+  std::vector<int32_t> cu_q, cu_k;
+};
+
+void fill(Fuzzer& f, Call& c) {
+  const DType dtype = f.pick({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat32,
+                              DType::kFloat8E4M3, DType::kInt32});
+  const int64_t batch = f.pick<int64_t>({0, 1, 2, 3}), hq = f.pick<int64_t>({0, 1, 2, 4, 6});
+  const int64_t hkv = f.pick<int64_t>({0, 1, 2, 3}), d = f.pick<int64_t>({0, 1, 7, 8, 16, 64, 257});
+  const int64_t sq = f.pick<int64_t>({0, 1, 2, 5, 17, 64, 130}), sk = f.pick<int64_t>({0, 1, 3, 16, 70, 129});
+  const bool broken = f.chance(30);
+  const auto maybe = [&](int percent) { return broken && f.chance(percent); };
+  ForwardArgs& a = c.fwd;
+  Options& o = a.options;
+  int64_t rows_q = sq, rows_k = sk;
+  if (f.chance(25)) {  // variable-length
+    c.cu_q = {0};
+    c.cu_k = {0};
+    for (int64_t b = 0; b < batch; ++b) {
+      c.cu_q.push_back(c.cu_q.back() + f.pick({0, 1, 5, 40}));
+      c.cu_k.push_back(c.cu_k.back() + f.pick({0, 2, 33}));
+    }
+    int64_t max_q = 0, max_k = 0;
+    for (std::size_t b = 1; b < c.cu_q.size(); ++b) max_q = std::max<int64_t>(max_q, c.cu_q[b] - c.cu_q[b - 1]);
+    for (std::size_t b = 1; b < c.cu_k.size(); ++b) max_k = std::max<int64_t>(max_k, c.cu_k[b] - c.cu_k[b - 1]);
+    rows_q = c.cu_q.back() + (maybe(30) ? f.pick<int64_t>({-1, 3}) : 0);
+    rows_k = c.cu_k.back() + (maybe(30) ? f.pick<int64_t>({-1, 5}) : 0);
+    if (maybe(40)) c.cu_q[f.pick<std::size_t>({0, c.cu_q.size() - 1})] += f.pick({-3, 1, 1000, -1000000});
+    if (maybe(20)) c.cu_k[c.cu_k.size() / 2] += f.pick({-3, 1, 1000});
+    o.cu_seqlens_q = f.offsets(c.cu_q);
+    o.cu_seqlens_k = f.offsets(c.cu_k);
+    if (maybe(10)) o.cu_seqlens_k.shape[0] -= 1;
+    o.max_seqlen_q = max_q + (maybe(30) ? f.pick<int64_t>({-1, 5, -1000}) : 0);
+    o.max_seqlen_k = max_k + (maybe(20) ? f.pick<int64_t>({-1, 7}) : 0);
+    if (f.chance(20)) {
+      o.checked_rows_q = maybe(50) ? f.pick<int64_t>({0, 5, 1000}) : c.cu_q.back();
+      o.checked_rows_k = maybe(50) ? f.pick<int64_t>({0, 5, 1000}) : c.cu_k.back();
+    }
+    a.q = f.view(dtype, {rows_q, hq, d}, maybe(40));
+    a.k = f.view(dtype, {rows_k, hkv, d}, maybe(40));
+    a.v = f.view(dtype, {rows_k, hkv, d}, maybe(40));
+    a.out = f.view(dtype, {rows_q, hq, d}, maybe(40));
+    if (f.chance(70)) a.lse = f.view(DType::kFloat32, {hq, rows_q}, maybe(30));
+  } else {
+    a.q = f.view(dtype, {batch, sq, hq, d}, maybe(40));
+    a.k = f.view(maybe(10) ? DType::kFloat16 : dtype, {maybe(5) ? batch + 1 : batch, sk, hkv, maybe(5) ? d + 8 : d},
+                 maybe(40));
+    a.v = f.view(dtype, {batch, sk, hkv, d}, maybe(40));
+    a.out = f.view(dtype, {batch, sq, hq, d}, maybe(40));
+    if (f.chance(70)) a.lse = f.view(DType::kFloat32, {batch, hq, maybe(10) ? sq + 1 : sq}, maybe(30));
+  }
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  o.causal = f.chance(40);
+  o.window_left = f.pick<int64_t>({-1, -1, -2, 0, 1, 3, 64, 1000, kMax, kMin});
+  o.window_right = f.pick<int64_t>({-1, -1, 0, 0, 2, 100, kMax, -7});
+  if (f.chance(30)) o.softmax_scale = f.pick({0.f, 1.f, -1.f, 1e6f, std::numeric_limits<float>::quiet_NaN(),
+                                              std::numeric_limits<float>::infinity()});
+  o.backend = f.pick({Backend::kAuto, Backend::kAuto, Backend::kCPU, Backend::kCUDA});
+  o.num_threads = f.pick({0, 1, 2, -1, 1000});
+  if (f.chance(30)) {
+    BackwardArgs b = backward_args_of(a);
+    const bool varlen = !o.cu_seqlens_q.empty();
+    const auto like = [&](const TensorView& t, int percent) {
+      std::vector<int64_t> shape(t.shape, t.shape + std::clamp(t.rank, 0, kMaxRank));
+      return f.view(t.dtype, shape.empty() ? std::vector<int64_t>{varlen ? 0 : 1} : shape, maybe(percent));
+    };
+    b.dout = like(a.q, 20);
+    b.dq = like(a.q, 30);
+    b.dk = like(a.k, 30);
+    b.dv = like(a.v, 30);
+    b.deterministic = f.chance(50);
+    c.bwd = b;
+  }
+}
+
+// Whether the call ran; a fusedattn::Error is a refusal, anything else a failure.
+template <typename Fn>
+bool runs_or_throws_error(Fn&& call) {
+  try {
+    call();
+    return true;
+  } catch (const Error&) {
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-fusedattn exception: " << e.what();
+  }
+  return false;
+}
+
+TEST(ApiFuzz, EveryCallRunsOrThrowsAnError) {
+  std::mt19937_64 rng = fresh_rng();
+  Fuzzer f(rng);
+  int forwards_run = 0, backwards_run = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    f.next_call();
+    Call c;
+    fill(f, c);
+    SCOPED_TRACE("call " + std::to_string(i));
+    forwards_run += runs_or_throws_error([&] { forward(c.fwd); });
+    if (c.bwd) backwards_run += runs_or_throws_error([&] { backward(*c.bwd); });
+  }
+  // The valid share keeps the kernels in the probe, not only the checks (about 9% and 2% run).
+  EXPECT_GT(forwards_run, kCalls / kMinRunShare);
+  EXPECT_GT(backwards_run, kCalls / kMinRunShare / 10) << forwards_run;
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
