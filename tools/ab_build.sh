@@ -9,9 +9,9 @@
 #     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds.
 # Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
-# build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the ratio of the
-# two builds' TFLOP/s in each round and its median. Runtime switches (environment variables) need no
-# second build: gpu_check.sh's POINT_ENVS compares them.
+# build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the
+# ratio of the two builds' TFLOP/s in each round and its median. Runtime switches (environment
+# variables) need no second build: gpu_check.sh's POINT_ENVS compares them.
 set -uo pipefail
 switch=${1:?usage: tools/ab_build.sh SWITCH d:mask:seqlen ...}
 shift
@@ -25,9 +25,9 @@ heads=${AB_HEADS:-$(for p in "$@"; do echo "${p%%:*}"; done | sort -un | paste -
 dtype=${AB_DTYPE:-fp16}
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 read -r -a values <<< "${AB_VALUES:-1 0}"
+[ ${#values[@]} -eq 2 ] || { echo "AB_VALUES needs two values, got '${AB_VALUES:-}'" >&2; exit 2; }
 runs=$dest/ab_runs_$switch.txt
 : > "$runs"
-[ ${#values[@]} -eq 2 ] || { echo "AB_VALUES needs two values, got '${AB_VALUES:-}'" >&2; exit 2; }
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
         -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=OFF)
@@ -57,18 +57,18 @@ done
 python3 - "$runs" "$switch=${values[0]}" "$switch=${values[1]}" <<'PY'
 import statistics, sys
 path, first, second = sys.argv[1:]
-tflops, points = {}, []
+tflops, points, rounds = {}, [], []
 for line in open(path):
     rnd, d, mask, s, build, tf = line.split()[:6]
     point = f"{d} {mask} {s}"
-    if point not in points:
-        points.append(point)
+    points += [point] if point not in points else []
+    rounds += [rnd] if rnd not in rounds else []
     if tf.startswith("tflops="):
         tflops[rnd, point, build] = float(tf.split("=")[1])
 print(f"ratios {first} / {second}, per round, then the median:")
 for point in points:
-    ratios = [tflops[r, p, first] / tflops[r, p, second] for (r, p, b) in tflops
-              if p == point and b == first and (r, p, second) in tflops]
+    ratios = [tflops[r, point, first] / tflops[r, point, second] for r in rounds
+              if (r, point, first) in tflops and (r, point, second) in tflops]
     median = f"{statistics.median(ratios):.3f}" if ratios else "-"
     print(point, " ".join(f"{x:.3f}" for x in ratios), " median", median)
 PY

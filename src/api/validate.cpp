@@ -20,6 +20,14 @@ std::string shape_str(const TensorView& t) {
   return s + "]";
 }
 
+// Whether a view of non-negative sizes holds any element: no size is 0. (numel() != 0 says the
+// same, but its product can overflow before validation has bounded the sizes.)
+bool has_elements(const TensorView& t) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] == 0) return false;
+  return true;
+}
+
 // Every tensor argument: the expected rank, non-negative sizes, present unless empty, contiguous
 // last dim, no negative stride (no framework makes one, and the TMA descriptors cannot encode it).
 // The rank goes first: the other checks index the shape by it.
@@ -27,14 +35,11 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
   if (t.rank != rank)
     fail(ErrorCode::kShapeMismatch, name,
          "expected rank " + std::to_string(rank) + " " + layout + ", got rank " + std::to_string(t.rank));
-  bool has_elements = true;
-  for (int d = 0; d < t.rank; ++d) {
+  for (int d = 0; d < t.rank; ++d)
     if (t.shape[d] < 0)
       fail(ErrorCode::kInvalidArgument, name, "negative size " + std::to_string(t.shape[d]) +
                                                   " in dimension " + std::to_string(d));
-    has_elements = has_elements && t.shape[d] > 0;
-  }
-  if (t.data == nullptr && has_elements) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (t.data == nullptr && has_elements(t)) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
   if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     fail(ErrorCode::kLayout, name,
          "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
@@ -48,8 +53,7 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
 // written to one address by several threads, a race and a silent wrong answer. A tensor without
 // elements (any size 0, e.g. head_dim 0, whose contiguous strides are 0) writes nothing.
 void check_written(const TensorView& t, const char* name) {
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[d] == 0) return;
+  if (!has_elements(t)) return;
   for (int d = 0; d < t.rank; ++d)
     if (t.shape[d] > 1 && t.stride[d] == 0)
       fail(ErrorCode::kLayout, name, "stride 0 in dimension " + std::to_string(d) +

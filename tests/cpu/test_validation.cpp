@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "cpu/cpu_check.h"
 
@@ -106,10 +107,11 @@ TEST(Validation, WrittenTensorsWithStrideZero) {
   v = valid_dense();
   v.fwd.lse.stride[1] = 0;
   expect_fwd_error(v.fwd, ErrorCode::kLayout, "lse", "stride 0");
-  for (const char* name : {"dq", "dk", "dv"}) {
+  const std::pair<TensorView BackwardArgs::*, const char*> gradients[] = {
+      {&BackwardArgs::dq, "dq"}, {&BackwardArgs::dk, "dk"}, {&BackwardArgs::dv, "dv"}};
+  for (const auto& [gradient, name] : gradients) {
     Valid b = valid_dense();
-    TensorView& t = std::string(name) == "dq" ? b.bwd.dq : std::string(name) == "dk" ? b.bwd.dk : b.bwd.dv;
-    t.stride[2] = 0;
+    (b.bwd.*gradient).stride[2] = 0;
     expect_bwd_error(b.bwd, ErrorCode::kLayout, name, "stride 0");
   }
 }

@@ -206,12 +206,12 @@ struct Consumer {
   static constexpr bool kSumCheckInPlace = !kDoubleP || kMask != MaskKind::kFull;
   static_assert(kSumCheckInPlace || kMaskBesidePV, "the check into the second P buffer runs beside P V");
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
-  // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay in registers:
-  // 0 B spills, and the epilogue saves re-reading the announcement (d128 full +1-1.5% on the
-  // H200, docs/hopper.md session 19). Otherwise (the 192-row tile: 32 left) the facts (the slice's
-  // first row, which blocks are cut) wait in shared memory, one copy per warp written by its lane
-  // 0 and read back in the blocks that need them, and the epilogue looks the tile up again:
-  // carried at 160 registers, they spilled.
+  // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay
+  // in registers: 0 B spills, and the epilogue saves re-reading the announcement (d128 full
+  // +1-1.5% on the H200, docs/hopper.md session 19). Otherwise (the 192-row tile: 32 left) the
+  // facts (the slice's first row, which blocks are cut) wait in shared memory, one copy per warp
+  // written by its lane 0 and read back in the blocks that need them, and the epilogue looks the
+  // tile up again: carried at 160 registers, they spilled.
   static constexpr int kCarryHeadroomRegisters = 48;
   static constexpr bool kCarryTileState = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kCarryHeadroomRegisters;
   MaskedSlice carried_slice;  // kCarryTileState only
