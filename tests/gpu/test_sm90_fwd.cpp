@@ -173,15 +173,17 @@ TEST(Sm90Fwd, SlidingWindows) {
 }
 
 // Windows whose left edge leaves a tile's last rows without a key in its lowest block: where a
-// tile's blocks go lowest first (TileMask::kAscending) those rows have seen nothing when the next
-// block runs, and with left edges of 255 and 383 that block is uncut, so its sum check meets their
-// -inf reference (the overflow must take the rescore and update() path). 127: the next block is
-// the cut diagonal instead; 256 and 300: every row has a key by then.
+// tile's blocks go lowest first (TileMask::kAscending: d192's and d256's masked tiles, d64's pair
+// tile) those rows have seen nothing when the next block runs, and where that block is uncut its
+// sum check meets their -inf reference (the overflow must take the rescore and update() path).
+// The edges fall just below, at and past block boundaries of the 64-, 80-, 112- and 128-key
+// blocks, so over the 1024 rows' tiles the next block is sometimes the cut one, sometimes uncut.
+// The head dims whose tiles go highest first check the same windows on that order.
 TEST(Sm90Fwd, WindowRowsWithoutKeysBeforeAnUncutBlock) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   constexpr int64_t kQueries = 1024;
-  for (const int d : {64, 96, 128})
+  for (const int d : {64, 96, 128, 192, 256})
     for (const int64_t left : {127, 255, 256, 300, 383})
       for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
         const Problem pr = make_problem(1, 2, 1, d, kQueries, kQueries, false, left, 0);
@@ -273,7 +275,7 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // less than the rescale slack in some, by tens of log2 units in others, and in the spike case by
 // ~190 log2 units at one key alone, where every probability against the stale max overflows.
 // Both directions: towards the first keys (taken last where a tile's blocks go highest first) and
-// towards the later ones (masked d64 128-row, d96 and d128 tiles take the lowest first,
+// towards the later ones (masked d192 and d256 tiles and d64's pair tile take the lowest first,
 // TileMask::kAscending); the late spike sits at key kLateSpikeKey, which most rows see inside an
 // uncut block. The unmasked step's check on the block's row sums must send all of these to the
 // full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
@@ -289,7 +291,7 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   // d64 takes its 192-row tile from 2048 queries, under a causal mask only past 1024 keys.
   constexpr int64_t kTallTileQueries = 2100;
   constexpr double kQRamp = 16.0, kKRamp = 48.0, kSpike = 1500.0;
-  constexpr int64_t kLateSpikeKey = 383;  // the last key of the third 128-key block
+  constexpr int64_t kLateSpikeKey = 383;  // the last of 3 128-key blocks; inside d256's fifth block
   struct Shape {
     int d;
     int64_t sq, sk;
@@ -654,8 +656,8 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
 // so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 56
 // of d192's 112, 40 of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask
 // on the narrow columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
-// Tiles that take their blocks lowest first (d64's 128-row tile, d96, d128: TileMask::kAscending)
-// have no narrow block: there the same cases check the cut diagonal taken last.
+// Tiles that take their blocks lowest first (d192, d256: TileMask::kAscending) have no narrow
+// block: there the same cases check the cut diagonal taken last.
 TEST(Sm90Fwd, NarrowFirstBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();

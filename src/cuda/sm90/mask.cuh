@@ -23,10 +23,11 @@
 #ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS
 #define FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS 128
 #endif
-// Experiment: which masked tiles run their KV blocks lowest first (TileMask::kAscending): 0 none,
-// 1 those whose slices take every block, 2 every masked tile of 128 rows.
+// Compile-time ablation: which masked tiles run their KV blocks lowest first (TileMask::kAscending):
+// 0 none, 1 those whose slices take every block, 2 every masked tile of 128 rows, 3 (default)
+// those whose slices skip blocks.
 #ifndef FUSEDATTN_SM90_ASCENDING_MASKED
-#define FUSEDATTN_SM90_ASCENDING_MASKED 1
+#define FUSEDATTN_SM90_ASCENDING_MASKED 3
 #endif
 
 namespace fusedattn::cuda::sm90 {
@@ -56,20 +57,24 @@ struct TileMask {
   // ranges for them.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockN < kBlockM;
 
-  // The order of a tile's KV blocks: highest first, except on masked tiles whose slices take
-  // every block (not kSlicesSkipBlocks; with FUSEDATTN_SM90_ASCENDING_MASKED=2 on every masked
-  // tile of 128 rows: the 192-row d64 tile spilled 4 B), which take them lowest first. Two
-  // reasons to expect that to pay under a causal mask (docs/hopper.md, sessions 41-42):
+  // The order of a tile's KV blocks. Masked tiles of 128 rows or fewer whose slices skip blocks
+  // (kSlicesSkipBlocks: d256's and d192's 64/80/112-key tiles, d64's pair tile) take them lowest
+  // first; the others highest first. Two reasons to expect lowest first to pay under a causal
+  // mask (docs/hopper.md, sessions 41-43):
   // - the concurrent tiles of one head then read the same K/V block at about the same time, as
   //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
   //   throughout, and the causal launch put twice the full mask's L2 load per unit of time;
   // - a row's reference max comes from a whole block, not from the cut diagonal, whose top rows
   //   see few keys, so the next block's sum check does not fail in most warps.
   // The cut diagonal then comes last, inside the overlapped loop, at full width (no narrow block).
+  // On the H200 (session 43, fp16 causal) lowest first gained 1.7% / 3.5% / 0.4% at d256 2k / 4k /
+  // 8k, and lost 2.1% / 0.5% at d128 2k / 4k (1.5% at 2k with the narrow block off in both), so
+  // the 128-key tiles keep highest first. The 192-row d64 tile spilled 4 B with it.
   static constexpr int kAscendingMaxRows = 128;
   static constexpr bool kAscending =
       kMask != MaskKind::kFull && kBlockM <= kAscendingMaxRows &&
-      (FUSEDATTN_SM90_ASCENDING_MASKED >= 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kSlicesSkipBlocks));
+      (FUSEDATTN_SM90_ASCENDING_MASKED == 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kSlicesSkipBlocks) ||
+       (FUSEDATTN_SM90_ASCENDING_MASKED == 3 && kSlicesSkipBlocks));
   // A loop over `blocks` in that order: first_block, then next_block while block_in_loop;
   // is_last_block(n): n is the last.
   __device__ __forceinline__ static int first_block(const KVBlockRange& blocks) {
