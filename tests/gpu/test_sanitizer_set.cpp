@@ -20,10 +20,13 @@ void run_small_set() {
   // Square causal: on the Hopper kernel the first slice of each tile takes its diagonal block at
   // half width (TileMask::kNarrowsFirstBlock), and the last tile's second slice is empty.
   const Problem square_causal = with_mask(dense(1, 2, 1, 192, 192, 128), true, -1, -1);
+  // The Hopper d256 tile takes its blocks lowest first (TileMask::kAscending): its slices start at
+  // different blocks (TileMask::blocks_before) and the cut diagonal comes last.
+  const Problem square_causal_d256 = with_mask(dense(1, 2, 1, 192, 192, 256), true, -1, -1);
   // Keys over six blocks: the Hopper d128 kernel's K and V rings (2 and 3 stages) wrap at
   // different blocks, and a 130-row tile's second slice holds two rows.
   const Problem long_keys = with_mask(dense(1, 2, 1, 130, 700, 128), false, -1, -1);
-  for (const Problem& p : {ragged, window, packed_causal, square_causal, long_keys}) {
+  for (const Problem& p : {ragged, window, packed_causal, square_causal, square_causal_d256, long_keys}) {
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
     FUSEDATTN_RUN_OR_SKIP(check_backward_gpu(p, DType::kBFloat16));
   }

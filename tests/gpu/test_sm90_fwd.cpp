@@ -172,6 +172,27 @@ TEST(Sm90Fwd, SlidingWindows) {
   }
 }
 
+// Windows whose left edge leaves a tile's last rows without a key in its lowest block: where a
+// tile's blocks go lowest first (TileMask::kAscending: d192's and d256's masked tiles, d64's pair
+// tile) those rows have seen nothing when the next block runs, and where that block is uncut its
+// sum check meets their -inf reference (the overflow must take the rescore and update() path).
+// The edges fall just below, at and past block boundaries of the 64-, 80-, 112- and 128-key
+// blocks, so over the 1024 rows' tiles the next block is sometimes the cut one, sometimes uncut.
+// The head dims whose tiles go highest first check the same windows on that order.
+TEST(Sm90Fwd, WindowRowsWithoutKeysBeforeAnUncutBlock) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  constexpr int64_t kQueries = 1024;
+  for (const int d : {64, 96, 128, 192, 256})
+    for (const int64_t left : {127, 255, 256, 300, 383})
+      for (const DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+        const Problem pr = make_problem(1, 2, 1, d, kQueries, kQueries, false, left, 0);
+        SCOPED_TRACE(pr.str());
+        HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+        expect_matches_reference(c);
+      }
+}
+
 // Sliding windows over long sequences take the short tiles' shapes by default (fwd_split.h,
 // keys_per_row): d64's pair tile up to 1024 keys per row at any query length (a wider window
 // keeps the 192-row tile), d192's and d256's 64-key blocks up to 4096. Each case asserts the
@@ -250,10 +271,13 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
   expect_matches_reference(c, 1e-2);
 }
 
-// Scores that rise towards the first keys, which the kernel visits last, so a row's max moves in
-// most KV blocks: by less than the rescale slack in some, by tens of log2 units in others, and in
-// the spike case by ~190 log2 units at key 0 alone, where every probability against the stale
-// max overflows. The unmasked step's check on the block's row sums must send all of these to the
+// Scores that rise along the kernel's block order, so a row's max moves in most KV blocks: by
+// less than the rescale slack in some, by tens of log2 units in others, and in the spike case by
+// ~190 log2 units at one key alone, where every probability against the stale max overflows.
+// Both directions: towards the first keys (taken last where a tile's blocks go highest first) and
+// towards the later ones (masked d192 and d256 tiles and d64's pair tile take the lowest first,
+// TileMask::kAscending); the late spike sits at key kLateSpikeKey, which most rows see inside an
+// uncut block. The unmasked step's check on the block's row sums must send all of these to the
 // full update: from S kept aside on two-P-buffer tiles of full masks; over S (one P buffer: d64's
 // 192-row tile, asserted through the plan, d192's 112-key and d256's 80-key blocks; the others
 // under masks) by a rebase from the probabilities, or where they overflowed (the spike) from S
@@ -267,6 +291,7 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
   // d64 takes its 192-row tile from 2048 queries, under a causal mask only past 1024 keys.
   constexpr int64_t kTallTileQueries = 2100;
   constexpr double kQRamp = 16.0, kKRamp = 48.0, kSpike = 1500.0;
+  constexpr int64_t kLateSpikeKey = 383;  // the last of 3 128-key blocks; inside d256's fifth block
   struct Shape {
     int d;
     int64_t sq, sk;
@@ -284,27 +309,32 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
                                 Shape{96, 200, 700}, Shape{128, 200, 700}, Shape{192, 200, 700},
                                 Shape{256, 200, 700}})
         for (bool causal : {false, true})
-          for (bool spike : {false, true}) {
-            const int d = shape.d;
-            const int64_t sk = shape.sk;
-            const Problem pr = make_problem(1, kHeads, kHeads, d, shape.sq, sk, causal);
-            SCOPED_TRACE(pr.str() + (spike ? " spike " : " ramp ") + scoped.label());
-            if (shape.sq == kTallTileQueries) {
-              const auto planned = planned_sm90_work(pr, dtype);
-              if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+          for (bool spike : {false, true})
+            for (bool rising_late : {false, true}) {
+              // The 192-row tile takes its blocks highest first; its long references cost the most.
+              if (rising_late && shape.sq == kTallTileQueries) continue;
+              const int d = shape.d;
+              const int64_t sk = shape.sk;
+              const Problem pr = make_problem(1, kHeads, kHeads, d, shape.sq, sk, causal);
+              SCOPED_TRACE(pr.str() + (spike ? " spike " : " ramp ") + (rising_late ? "late " : "early ") +
+                           scoped.label());
+              if (shape.sq == kTallTileQueries) {
+                const auto planned = planned_sm90_work(pr, dtype);
+                if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+              }
+              HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+              for (int64_t i = 0; i < shape.sq; ++i)
+                for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
+              const int64_t spike_key = rising_late ? kLateSpikeKey : 0;
+              for (int64_t j = 0; j < sk; ++j) {
+                const double ramp = static_cast<double>(rising_late ? j + 1 : sk - j) / sk;
+                const double k0 = spike ? (j == spike_key ? kSpike : 0.0) : kKRamp * ramp * ramp;
+                for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
+              }
+              refill_inputs(c);
+              // Logits up to ~2e4 / sqrt(d): absolute errors scale with them (as LargeLogitsDoNotOverflow).
+              expect_matches_reference(c, 1e-2);
             }
-            HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-            for (int64_t i = 0; i < shape.sq; ++i)
-              for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
-            for (int64_t j = 0; j < sk; ++j) {
-              const double ramp = static_cast<double>(sk - j) / sk;
-              const double k0 = spike ? (j == 0 ? kSpike : 0.0) : kKRamp * ramp * ramp;
-              for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
-            }
-            refill_inputs(c);
-            // Logits up to ~2e4 / sqrt(d): absolute errors scale with them (as LargeLogitsDoNotOverflow).
-            expect_matches_reference(c, 1e-2);
-          }
   }
 }
 
@@ -626,6 +656,8 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
 // so the offsets put its highest key just below, at and just above the half (64 of 128 keys; 56
 // of d192's 112, 40 of d256's 80), and Sk < Sq; windows with a left edge take the two-bound mask
 // on the narrow columns. The 192-row d64 tile has slices at both parities of the 128-key blocks.
+// Tiles that take their blocks lowest first (d192, d256: TileMask::kAscending) have no narrow
+// block: there the same cases check the cut diagonal taken last.
 TEST(Sm90Fwd, NarrowFirstBlocks) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();

@@ -1,5 +1,6 @@
 // A consumer warpgroup's mainloop for one tile: its 64 query rows against every visible KV block,
-// highest block first (so a causal tile starts with its masked diagonal block). Per block:
+// highest block first (so a causal tile starts with its masked diagonal block), or lowest first
+// (TileMask::kAscending). Per block:
 // S = Q K^T (wgmma, both operands in shared memory), mask on boundary blocks, online softmax,
 // O += P V (wgmma, P from registers). With `overlap` the Q K^T of the next block is issued
 // together with the P V of the current one, so the softmax of block n-1 runs while the tensor
@@ -528,40 +529,41 @@ struct Consumer {
       // Blocks of the tile that none of this slice's rows sees (above or below t.visible) are
       // skipped: their turns pass at once, their stages go back unread.
       const KVBlockRange mine = t.visible;
-      const int count = blocks.count(), top = blocks.hi - mine.hi, mine_count = mine.count();
+      const int count = blocks.count(), before = Mask::blocks_before(blocks, mine), mine_count = mine.count();
       if (mine_count == 0) {  // its rows see no key of the tile: out 0, lse -inf
         pass_through_tile(t, ring, kv, turns, pending);
         return;
       }
       // A deferred staging goes back before the slice waits for blocks it skips: the producer
       // may refill that stage for one of them (FUSEDATTN_SM90_DEFER_O_READ).
-      if (top > 0) release_pending(pending, kv);
-      pass_turns(0, top, kv, turns, pipe);
-      if (top > 0) skip_block(kv, pipe);
+      if (before > 0) release_pending(pending, kv);
+      pass_turns(0, before, kv, turns, pipe);
+      if (before > 0) skip_block(kv, pipe);
       overlapped_blocks(mine, t.narrow_first, kv, turns, pipe, pending);
-      pass_turns(top + mine_count + 1, count + 1, kv, turns, pipe);
+      pass_turns(before + mine_count + 1, count + 1, kv, turns, pipe);
       return;
     }
-    // Without the overlap: Q K^T, softmax and P V of each block alone, highest block first.
+    // Without the overlap: Q K^T, softmax and P V of each block alone, in the tile's block order.
     KVBlockRange mine = blocks;
     if constexpr (kSkipsAlone) {
       // Blocks none of this slice's rows sees (above or below t.visible) pass their two turns at
       // once and go back unread.
       mine = t.visible.count() > 0 ? t.visible : KVBlockRange{blocks.hi, blocks.hi};
-      skip_blocks_alone(blocks.hi - mine.hi, kv, turns, pipe, pending);
+      skip_blocks_alone(Mask::blocks_before(blocks, mine), kv, turns, pipe, pending);
     }
     wait_q();
     float s[kSAcc];
     uint32_t p[kPRegs];
     RowCorrection correction;
-    for (int n = mine.hi - 1; n >= mine.lo; --n) {
+    for (int n = Mask::first_block(mine); Mask::block_in_loop(mine, n); n = Mask::next_block(n)) {
       qk_alone(s, kv, turns, pipe, pending);
       softmax_step(s, n, correction);
       apply_correction(o, correction);
       convert_p(s, p);
       pv_alone(p, kv, turns, pipe);
     }
-    if constexpr (kSkipsAlone) skip_blocks_alone(mine.lo - blocks.lo, kv, turns, pipe, pending);
+    if constexpr (kSkipsAlone)
+      skip_blocks_alone(blocks.count() - Mask::blocks_before(blocks, mine) - mine.count(), kv, turns, pipe, pending);
   }
 
   // `count` blocks of the loop without the overlap given back unread, each once it has landed (as
@@ -580,7 +582,8 @@ struct Consumer {
     }
   }
 
-  // The first (highest) block of a loop, alone: S, mask, softmax, P into p. A narrow one
+  // The first block of a loop (the highest, or the lowest: TileMask::kAscending), alone: S,
+  // mask, softmax, P into p. A narrow one
   // (TileMask::kNarrowsFirstBlock) at half the width: half the Q K^T, mask and exponentials on
   // the path from the tile's first K to its first overlapped turn, where no GEMM of this
   // warpgroup hides them.
@@ -616,32 +619,36 @@ struct Consumer {
     FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks);
   }
 
-  // The overlapped loop over `blocks` (count + 1 GEMM turns), highest block first; narrow: the
-  // first block is narrow for this slice.
+  // The overlapped loop over `blocks` (count + 1 GEMM turns) in the tile's block order
+  // (TileMask::first_block, next_block); narrow: the first block is narrow for this slice.
   __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, KVRing& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
     float s[kSAcc];
     uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
-    int n = blocks.hi - 1;
+    int n = Mask::first_block(blocks);
     stamp(TraceEvent::kLoopEntered);
     first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     stamp(TraceEvent::kFirstPReady);
+    // Each kv_step takes the block after n, while there is one.
+    const auto more = [&] { return Mask::block_in_loop(blocks, Mask::next_block(n)); };
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.
-      for (; n > blocks.lo; --n) {
-        kv_step(s, p[0], p[1], correction, n - 1, kv, turns, pipe);
-        if (--n == blocks.lo) {
+      for (; more(); n = Mask::next_block(n)) {
+        kv_step(s, p[0], p[1], correction, Mask::next_block(n), kv, turns, pipe);
+        n = Mask::next_block(n);
+        if (Mask::is_last_block(blocks, n)) {
           last_qk_done();
           apply_correction(o, correction);
           pv_alone(p[1], kv, turns, pipe);
           return;
         }
-        kv_step(s, p[1], p[0], correction, n - 1, kv, turns, pipe);
+        kv_step(s, p[1], p[0], correction, Mask::next_block(n), kv, turns, pipe);
       }
     } else {
-      for (; n > blocks.lo; --n) kv_step(s, p[0], p[0], correction, n - 1, kv, turns, pipe);
+      for (; more(); n = Mask::next_block(n))
+        kv_step(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
     }
     last_qk_done();
     apply_correction(o, correction);

@@ -23,6 +23,12 @@
 #ifndef FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS
 #define FUSEDATTN_SM90_FULL_LOOP_UNMASKED_MIN_KEYS 128
 #endif
+// Compile-time ablation: which masked tiles run their KV blocks lowest first (TileMask::kAscending):
+// 0 none, 1 those whose slices take every block, 2 every masked tile of 128 rows, 3 (default)
+// those whose slices skip blocks.
+#ifndef FUSEDATTN_SM90_ASCENDING_MASKED
+#define FUSEDATTN_SM90_ASCENDING_MASKED 3
+#endif
 
 namespace fusedattn::cuda::sm90 {
 
@@ -51,6 +57,42 @@ struct TileMask {
   // ranges for them.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kBlockN < kBlockM;
 
+  // The order of a tile's KV blocks. Masked tiles of 128 rows or fewer whose slices skip blocks
+  // (kSlicesSkipBlocks: d256's and d192's 64/80/112-key tiles, d64's pair tile) take them lowest
+  // first; the others highest first. Two reasons to expect lowest first to pay under a causal
+  // mask (docs/hopper.md, sessions 41-43):
+  // - the concurrent tiles of one head then read the same K/V block at about the same time, as
+  //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
+  //   throughout, and the causal launch put twice the full mask's L2 load per unit of time;
+  // - a row's reference max comes from a whole block, not from the cut diagonal, whose top rows
+  //   see few keys, so the next block's sum check does not fail in most warps.
+  // The cut diagonal then comes last, inside the overlapped loop, at full width (no narrow block).
+  // On the H200 (session 43, fp16 causal) lowest first gained 1.7% / 3.5% / 0.4% at d256 2k / 4k /
+  // 8k, and lost 2.1% / 0.5% at d128 2k / 4k (1.5% at 2k with the narrow block off in both), so
+  // the 128-key tiles keep highest first. The 192-row d64 tile spilled 4 B with it.
+  static constexpr int kAscendingMaxRows = 128;
+  static constexpr bool kAscending =
+      kMask != MaskKind::kFull && kBlockM <= kAscendingMaxRows &&
+      (FUSEDATTN_SM90_ASCENDING_MASKED == 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kSlicesSkipBlocks) ||
+       (FUSEDATTN_SM90_ASCENDING_MASKED == 3 && kSlicesSkipBlocks));
+  // A loop over `blocks` in that order: first_block, then next_block while block_in_loop;
+  // is_last_block(n): n is the last.
+  __device__ __forceinline__ static int first_block(const KVBlockRange& blocks) {
+    return kAscending ? blocks.lo : blocks.hi - 1;
+  }
+  __device__ __forceinline__ static int next_block(int n) { return kAscending ? n + 1 : n - 1; }
+  __device__ __forceinline__ static bool block_in_loop(const KVBlockRange& blocks, int n) {
+    return kAscending ? n < blocks.hi : n >= blocks.lo;
+  }
+  __device__ __forceinline__ static bool is_last_block(const KVBlockRange& blocks, int n) {
+    return n == (kAscending ? blocks.hi - 1 : blocks.lo);
+  }
+  // How many of the tile's blocks the loop takes before those of `mine` (a slice's, within them):
+  // the blocks a slice that sees only `mine` skips first (kSlicesSkipBlocks).
+  __device__ __forceinline__ static int blocks_before(const KVBlockRange& blocks, const KVBlockRange& mine) {
+    return kAscending ? mine.lo - blocks.lo : blocks.hi - mine.hi;
+  }
+
   // A slice's first (highest) block is narrow when none of its rows sees a key of the block's
   // second half: the causal diagonal block of the first slice of a 128 x 128 tile, whose last row
   // sees the block's first 64 keys. The consumer then computes S, the mask and the softmax on
@@ -58,7 +100,7 @@ struct TileMask {
   // Masked launches only: a full mask's last block is narrow only where len_k % kBlockN is in
   // (0, kBlockN / 2], which the common lengths never are.
   static constexpr int kNarrowKeys = kBlockN / 2;
-  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0;
+  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0 && !kAscending;
 
   // Whether only the first block a slice takes can be cut. Under a full mask only the sequence end
   // cuts, and only the tile's highest block, which every loop takes first (a split tile's last

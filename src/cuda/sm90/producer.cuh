@@ -2,8 +2,9 @@
 // Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's
 // announcement for the consumers (tile_announcement.cuh; it goes out as soon as its slot is
 // free, ahead of everything else), its Q (into the next buffer of the Q ring, once the O staged
-// there has left), K and V of the first (highest) visible KV block, then K/V pairs for the
-// remaining blocks, each stage acquired from the ring before it is overwritten.
+// there has left), K and V of the first visible KV block (the highest, or the lowest:
+// TileMask::kAscending), then K/V pairs for the remaining blocks, each stage acquired from the
+// ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
 // With two, this all runs while the consumers still work on the previous tile. After the last
 // tile it publishes kNoTile, which sends the consumers home.
@@ -182,7 +183,7 @@ struct Producer {
                                                  params.features.narrow_first);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
-      int n = blocks.hi - 1;
+      int n = mask.first_block(blocks);
       publish(a, ring);
       if (!valid) {  // kNoTile is out: the consumers go home
         close_q_ring(ring);
@@ -199,7 +200,7 @@ struct Producer {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
       }
-      for (--n; n >= blocks.lo; --n) {
+      for (n = mask.next_block(n); mask.block_in_loop(blocks, n); n = mask.next_block(n)) {
         load(kK, t, n, head_kv, kv_batch);
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);
