@@ -3,6 +3,7 @@
 // set would silently move every later test in the binary onto another kernel.
 #pragma once
 
+#include <cctype>
 #include <cstdlib>
 #include <deque>
 #include <string>
@@ -23,11 +24,32 @@ class ScopedEnv {
   const char* name_;
 };
 
+// Switches as NAME, VALUE pairs.
+using EnvSettings = std::vector<std::pair<const char*, const char*>>;
+
+// A gtest name for settings (a parameterised test's instance): each NAME and VALUE without the
+// FUSEDATTN_ prefix and without characters other than letters and digits, "defaults" for none.
+inline std::string settings_test_name(const EnvSettings& settings) {
+  std::string name;
+  const auto append = [&name](const std::string& part) {
+    for (const char ch : part)
+      if (std::isalnum(static_cast<unsigned char>(ch))) name += ch;
+  };
+  for (const auto& [key, value] : settings) {
+    const std::string k = key;
+    const std::string prefix = "FUSEDATTN_";
+    if (!name.empty()) name += '_';
+    append(k.rfind(prefix, 0) == 0 ? k.substr(prefix.size()) : k);
+    append(value);
+  }
+  return name.empty() ? "defaults" : name;
+}
+
 // Several switches set for one scope (a deque holds them: ScopedEnv does not move); label() is
 // "NAME=VALUE ..." for a test's trace.
 class ScopedEnvs {
  public:
-  explicit ScopedEnvs(const std::vector<std::pair<const char*, const char*>>& settings) {
+  explicit ScopedEnvs(const EnvSettings& settings) {
     for (const auto& [name, value] : settings) {
       envs_.emplace_back(name, value);
       label_ += std::string(name) + "=" + value + " ";

@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "fusedattn/params.h"
@@ -50,19 +52,27 @@ std::vector<Problem> paired_shapes() {
 
 // d256 stages O in the last K/V stage by default at these lengths (each CTA's producer then waits
 // for both CTAs' stores before it refills that stage) and in its Q buffer with
-// FUSEDATTN_SM90_O_IN_KV=0; d128 has two Q buffers and stages O there.
-TEST(Sm90Cluster, PairedShapesMatchReference) {
+// FUSEDATTN_SM90_O_IN_KV=0; d128 has two Q buffers and stages O there. One test per setting and
+// dtype, so that the GPU suite's shards share them out.
+class Sm90PairedShapes : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
+
+TEST_P(Sm90PairedShapes, PairedShapesMatchReference) {
   SKIP_UNLESS_HOPPER();
-  for (const char* o_in_kv : {"1", "0"}) {
-    const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_O_IN_KV", o_in_kv}});
-    for (const DType dtype : kGpuDtypes)
-      for (const Problem& pr : paired_shapes()) {
-        SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_O_IN_KV=" + o_in_kv);
-        if (!expect_paired(pr, dtype)) continue;
-        FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
-      }
+  const auto& [o_in_kv, dtype] = GetParam();
+  const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_O_IN_KV", o_in_kv}});
+  for (const Problem& pr : paired_shapes()) {
+    SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_O_IN_KV=" + o_in_kv);
+    if (!expect_paired(pr, dtype)) continue;
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(OInKV, Sm90PairedShapes,
+                         ::testing::Combine(::testing::Values("1", "0"), ::testing::ValuesIn(kGpuDtypes)),
+                         [](const ::testing::TestParamInfo<std::tuple<const char*, DType>>& info) {
+                           return std::string("OInKV") + std::get<0>(info.param) + "_" +
+                                  dtype_name(std::get<1>(info.param));
+                         });
 
 // The pairs the default dispatch picks, with no switch set: d256 full masks from
 // kPairClusterMinKeys keys, at exactly 4096 keys on the 64-key tile with O staged in K/V

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/dispatch.h"
@@ -283,9 +284,19 @@ TEST(Sm90Fwd, LargeLogitsDoNotOverflow) {
 // under masks) by a rebase from the probabilities, or where they overflowed (the spike) from S
 // computed again by the warp (Consumer::rescore). With slack 0 nearly every step fails the
 // check, and with REBASE=0 every failed check computes S again; the same cases with the check
-// off. Both dtypes, every head dim, full and causal.
-TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
+// off. Both dtypes, every head dim, full and causal; one test per setting and dtype, so that the
+// GPU suite's shards share them out.
+const std::vector<EnvSettings> kRisingScoreSettings = {
+    {{"FUSEDATTN_SM90_SUM_CHECK", "1"}},
+    {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
+    {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}, {"FUSEDATTN_SM90_REBASE", "0"}},
+    {{"FUSEDATTN_SM90_SUM_CHECK", "0"}},
+};
+class Sm90RisingScores : public ::testing::TestWithParam<std::tuple<EnvSettings, DType>> {};
+
+TEST_P(Sm90RisingScores, RowMaximumRisingAcrossKeyBlocks) {
   SKIP_UNLESS_HOPPER();
+  const auto& [settings, dtype] = GetParam();
   auto rng = fresh_rng();
   constexpr int64_t kHeads = 2;
   // d64 takes its 192-row tile from 2048 queries, under a causal mask only past 1024 keys.
@@ -296,47 +307,46 @@ TEST(Sm90Fwd, RowMaximumRisingAcrossKeyBlocks) {
     int d;
     int64_t sq, sk;
   };
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
-      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}},
-      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}},
-      {{"FUSEDATTN_SM90_SUM_CHECK", "1"}, {"FUSEDATTN_SM90_RESCALE_SLACK", "0"}, {"FUSEDATTN_SM90_REBASE", "0"}},
-      {{"FUSEDATTN_SM90_SUM_CHECK", "0"}},
-  };
-  for (const auto& env : settings) {
-    const ScopedEnvs scoped(env);
-    for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (const Shape shape : {Shape{64, 200, 700}, Shape{64, kTallTileQueries, kTallTileQueries},
-                                Shape{96, 200, 700}, Shape{128, 200, 700}, Shape{192, 200, 700},
-                                Shape{256, 200, 700}})
-        for (bool causal : {false, true})
-          for (bool spike : {false, true})
-            for (bool rising_late : {false, true}) {
-              // The 192-row tile takes its blocks highest first; its long references cost the most.
-              if (rising_late && shape.sq == kTallTileQueries) continue;
-              const int d = shape.d;
-              const int64_t sk = shape.sk;
-              const Problem pr = make_problem(1, kHeads, kHeads, d, shape.sq, sk, causal);
-              SCOPED_TRACE(pr.str() + (spike ? " spike " : " ramp ") + (rising_late ? "late " : "early ") +
-                           scoped.label());
-              if (shape.sq == kTallTileQueries) {
-                const auto planned = planned_sm90_work(pr, dtype);
-                if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
-              }
-              HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-              for (int64_t i = 0; i < shape.sq; ++i)
-                for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
-              const int64_t spike_key = rising_late ? kLateSpikeKey : 0;
-              for (int64_t j = 0; j < sk; ++j) {
-                const double ramp = static_cast<double>(rising_late ? j + 1 : sk - j) / sk;
-                const double k0 = spike ? (j == spike_key ? kSpike : 0.0) : kKRamp * ramp * ramp;
-                for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
-              }
-              refill_inputs(c);
-              // Logits up to ~2e4 / sqrt(d): absolute errors scale with them (as LargeLogitsDoNotOverflow).
-              expect_matches_reference(c, 1e-2);
-            }
-  }
+  const ScopedEnvs scoped(settings);
+  for (const Shape shape : {Shape{64, 200, 700}, Shape{64, kTallTileQueries, kTallTileQueries}, Shape{96, 200, 700},
+                            Shape{128, 200, 700}, Shape{192, 200, 700}, Shape{256, 200, 700}})
+    for (bool causal : {false, true})
+      for (bool spike : {false, true})
+        for (bool rising_late : {false, true}) {
+          // The 192-row tile takes its blocks highest first; its long references cost the most.
+          if (rising_late && shape.sq == kTallTileQueries) continue;
+          const int d = shape.d;
+          const int64_t sk = shape.sk;
+          const Problem pr = make_problem(1, kHeads, kHeads, d, shape.sq, sk, causal);
+          SCOPED_TRACE(pr.str() + (spike ? " spike " : " ramp ") + (rising_late ? "late " : "early ") +
+                       scoped.label());
+          if (shape.sq == kTallTileQueries) {
+            const auto planned = planned_sm90_work(pr, dtype);
+            if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+          }
+          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+          for (int64_t i = 0; i < shape.sq; ++i)
+            for (int64_t h = 0; h < kHeads; ++h) c.values.q[(i * kHeads + h) * d] = round_to(dtype, kQRamp);
+          const int64_t spike_key = rising_late ? kLateSpikeKey : 0;
+          for (int64_t j = 0; j < sk; ++j) {
+            const double ramp = static_cast<double>(rising_late ? j + 1 : sk - j) / sk;
+            const double k0 = spike ? (j == spike_key ? kSpike : 0.0) : kKRamp * ramp * ramp;
+            for (int64_t h = 0; h < kHeads; ++h) c.values.k[(j * kHeads + h) * d] = round_to(dtype, k0);
+          }
+          refill_inputs(c);
+          // Logits up to ~2e4 / sqrt(d): absolute errors scale with them (as LargeLogitsDoNotOverflow).
+          expect_matches_reference(c, 1e-2);
+        }
 }
+
+// A test name for settings and a dtype ("SM90SUMCHECK1_fp16").
+std::string settings_dtype_name(const ::testing::TestParamInfo<std::tuple<EnvSettings, DType>>& info) {
+  return settings_test_name(std::get<0>(info.param)) + "_" + dtype_name(std::get<1>(info.param));
+}
+INSTANTIATE_TEST_SUITE_P(Settings, Sm90RisingScores,
+                         ::testing::Combine(::testing::ValuesIn(kRisingScoreSettings),
+                                            ::testing::Values(DType::kFloat16, DType::kBFloat16)),
+                         settings_dtype_name);
 
 // Rows whose window is empty: out exactly 0 and lse -inf, never NaN.
 TEST(Sm90Fwd, FullyMaskedRows) {
@@ -445,7 +455,7 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   const ScopedEnv d64_tile("FUSEDATTN_SM90_D64_TILE", "128");
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+  const std::vector<EnvSettings> settings = {
       {{"FUSEDATTN_SM90_DYNAMIC", "0"}},
       {{"FUSEDATTN_SM90_DYNAMIC", "1"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
@@ -469,35 +479,42 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
 // a second slice without rows), the tail split of a full mask, tiles that see no key (causal
 // Sq > Sk), windows whose slices skip blocks, and a tile with a single KV block.
 // FUSEDATTN_SM90_DEFER_O_READ=1 gives the stage back behind the next tile's first Q K^T issue
-// instead of in the epilogue (or before a slice skips a block).
-TEST(Sm90Fwd, OStagedInKVStages) {
+// instead of in the epilogue (or before a slice skips a block). One test per setting and head dim.
+const std::vector<EnvSettings> kOStagingSettings = {
+    {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
+    {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
+    {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
+};
+class Sm90OStaging : public ::testing::TestWithParam<std::tuple<EnvSettings, int>> {};
+
+TEST_P(Sm90OStaging, OStagedInKVStages) {
   SKIP_UNLESS_HOPPER();
+  const auto& [settings, d] = GetParam();
   auto rng = fresh_rng();
   constexpr int64_t kEmptySecondSlice = 1450;
   static_assert(kEmptySecondSlice % 128 > 0 && kEmptySecondSlice % 128 <= 64);
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
-      {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
-      {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
-      {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
-  };
   const ScopedEnv d192_tile("FUSEDATTN_SM90_D192_TILE", "112");
-  for (const auto& env : settings)
-    for (const int d : {256, 192}) {
-      const ScopedEnvs scoped(env);
-      const std::string label = scoped.label() + " d" + std::to_string(d);
-      SCOPED_TRACE(label);
-      for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
-      // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
-      // slice skips the diagonal's second block, ahead of its own first one.
-      expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
-      for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-        for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
-                                  make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
-          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-          expect_matches_reference(c);
-        }
+  const ScopedEnvs scoped(settings);
+  const std::string label = scoped.label() + " d" + std::to_string(d);
+  SCOPED_TRACE(label);
+  for (bool causal : {false, true}) expect_sampled_rows_match(causal, rng, label, d, kEmptySecondSlice);
+  // Without GQA (whose packed rows give both slices the same blocks) a causal tile's first
+  // slice skips the diagonal's second block, ahead of its own first one.
+  expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
+                              make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      expect_matches_reference(c);
     }
 }
+
+INSTANTIATE_TEST_SUITE_P(Settings, Sm90OStaging,
+                         ::testing::Combine(::testing::ValuesIn(kOStagingSettings), ::testing::Values(256, 192)),
+                         [](const ::testing::TestParamInfo<std::tuple<EnvSettings, int>>& info) {
+                           return settings_test_name(std::get<0>(info.param)) + "_d" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // The cases every forced tile shape runs, both dtypes: lengths that are not multiples of the
 // tile (the partial tile is the first one), full and causal masks, Sq != Sk both ways, a window
@@ -612,7 +629,7 @@ TEST(Sm90Fwd, EmptySlicesOfPartialTiles) {
           HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
           expect_matches_reference(c);
         }
-    const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+    const std::vector<EnvSettings> settings = {
         {{"FUSEDATTN_SM90_OVERLAP", "0"}},
         {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}},
         {{"FUSEDATTN_SM90_PINGPONG", "0"}},
@@ -690,7 +707,7 @@ TEST(Sm90Fwd, NarrowFirstBlocks) {
 TEST(Sm90Fwd, DeeperVRing) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+  const std::vector<EnvSettings> settings = {
       {},
       {{"FUSEDATTN_SM90_V_STAGES", "2"}},
       {{"FUSEDATTN_SM90_OVERLAP", "0"}, {"FUSEDATTN_SM90_STAGES", "1"}},
@@ -713,7 +730,7 @@ TEST(Sm90Fwd, DeeperVRing) {
 TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+  const std::vector<EnvSettings> settings = {
       {{"FUSEDATTN_SM90_OVERLAP", "0"}},
       {{"FUSEDATTN_SM90_OVERLAP", "1"}},
       {{"FUSEDATTN_SM90_PINGPONG", "0"}},

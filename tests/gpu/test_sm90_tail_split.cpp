@@ -134,7 +134,7 @@ TEST(Sm90TailSplit, SplitUnderEverySchedule) {
   SKIP_UNLESS_HOPPER();
   const Problem pr = dense(1, 2, 2, 1024, 1100, 128);
   if (!expect_split(pr, DType::kFloat16)) return;
-  const std::vector<std::vector<std::pair<const char*, const char*>>> settings = {
+  const std::vector<EnvSettings> settings = {
       {{"FUSEDATTN_SM90_DYNAMIC", "0"}},
       {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
       {{"FUSEDATTN_SM90_Q_PREFETCH", "0"}},
@@ -151,32 +151,45 @@ TEST(Sm90TailSplit, SplitUnderEverySchedule) {
 // Shares that cross tiles (FUSEDATTN_SM90_TAIL_SHARES forces the count): a share runs the end of
 // one tile and the start of the next, tiles run as 2 to 4 parts of unequal lengths, every head
 // dim's instance, a tail after whole tiles (144 tiles on 132 SMs), under both schedules; then
-// bit-identical repeats. Each forced cut is first asserted to cross tiles.
-TEST(Sm90TailSplit, SharesCrossingTilesMatchReference) {
+// bit-identical repeats. Each forced cut is first asserted to cross tiles. One test per case, so
+// that the GPU suite's shards share them out.
+struct CrossingCase {
+  Problem pr;
+  const char* shares;
+};
+const std::vector<CrossingCase> kCrossingCases = {
+    {dense(1, 2, 2, 1024, 1100, 128), "7"}, {dense(1, 2, 2, 1024, 1100, 128), "23"},
+    {dense(1, 2, 2, 1024, 1100, 128), "50"}, {dense(1, 2, 2, 600, 1500, 256), "9"},
+    {dense(1, 3, 1, 500, 1234, 64), "5"},    {dense(1, 4, 2, 700, 1500, 192), "11"},
+    {dense(1, 4, 2, 700, 1500, 96), "13"},   {dense(2, 9, 9, 1024, 2000, 128), "40"}};
+class Sm90CrossingShares : public ::testing::TestWithParam<CrossingCase> {};
+
+TEST_P(Sm90CrossingShares, SharesCrossingTilesMatchReference) {
   SKIP_UNLESS_HOPPER();
-  struct Case {
-    Problem pr;
-    const char* shares;
-  };
-  const std::vector<Case> cases = {{dense(1, 2, 2, 1024, 1100, 128), "7"},  {dense(1, 2, 2, 1024, 1100, 128), "23"},
-                                   {dense(1, 2, 2, 1024, 1100, 128), "50"}, {dense(1, 2, 2, 600, 1500, 256), "9"},
-                                   {dense(1, 3, 1, 500, 1234, 64), "5"},    {dense(1, 4, 2, 700, 1500, 192), "11"},
-                                   {dense(1, 4, 2, 700, 1500, 96), "13"},   {dense(2, 9, 9, 1024, 2000, 128), "40"}};
-  for (const Case& c : cases) {
-    const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", c.shares);
-    SCOPED_TRACE(c.pr.str() + " shares " + c.shares);
-    if (!expect_split(c.pr, DType::kFloat16)) continue;
-    const cuda::TailShares s = planned_work(c.pr, DType::kFloat16).split;
-    EXPECT_EQ(s.shares, std::atoi(c.shares));
-    bool crosses = false;
-    for (int j = 0; j < s.shares; ++j) crosses |= s.share_begin(j) / s.steps != (s.share_begin(j + 1) - 1) / s.steps;
-    EXPECT_TRUE(crosses) << "a share runs parts of two tiles";
-    for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, dtype));
-    for (const char* dynamic : {"0", "1"}) {
-      const ScopedEnv schedule("FUSEDATTN_SM90_DYNAMIC", dynamic);
-      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, DType::kBFloat16));
-    }
+  const CrossingCase& c = GetParam();
+  const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", c.shares);
+  SCOPED_TRACE(c.pr.str() + " shares " + c.shares);
+  if (!expect_split(c.pr, DType::kFloat16)) return;
+  const cuda::TailShares s = planned_work(c.pr, DType::kFloat16).split;
+  EXPECT_EQ(s.shares, std::atoi(c.shares));
+  bool crosses = false;
+  for (int j = 0; j < s.shares; ++j) crosses |= s.share_begin(j) / s.steps != (s.share_begin(j + 1) - 1) / s.steps;
+  EXPECT_TRUE(crosses) << "a share runs parts of two tiles";
+  for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, dtype));
+  for (const char* dynamic : {"0", "1"}) {
+    const ScopedEnv schedule("FUSEDATTN_SM90_DYNAMIC", dynamic);
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c.pr, DType::kBFloat16));
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90CrossingShares, ::testing::ValuesIn(kCrossingCases),
+                         [](const ::testing::TestParamInfo<CrossingCase>& info) {
+                           return "d" + std::to_string(info.param.pr.head_dim) + "_B" +
+                                  std::to_string(info.param.pr.batch) + "_shares" + info.param.shares;
+                         });
+
+TEST(Sm90TailSplit, SharesCrossingTilesRepeatBitIdentical) {
+  SKIP_UNLESS_HOPPER();
   const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", "23");
   FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(dense(1, 2, 2, 1024, 1100, 128), DType::kFloat16, kRepeats));
 }
