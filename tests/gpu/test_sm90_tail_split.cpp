@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -162,6 +163,8 @@ const std::vector<CrossingCase> kCrossingCases = {
     {dense(1, 2, 2, 1024, 1100, 128), "50"}, {dense(1, 2, 2, 600, 1500, 256), "9"},
     {dense(1, 3, 1, 500, 1234, 64), "5"},    {dense(1, 4, 2, 700, 1500, 192), "11"},
     {dense(1, 4, 2, 700, 1500, 96), "13"},   {dense(2, 9, 9, 1024, 2000, 128), "40"}};
+// gtest prints a parameter in test listings and failures.
+void PrintTo(const CrossingCase& c, std::ostream* os) { *os << c.pr.str() << " shares " << c.shares; }
 class Sm90CrossingShares : public ::testing::TestWithParam<CrossingCase> {};
 
 TEST_P(Sm90CrossingShares, SharesCrossingTilesMatchReference) {
