@@ -33,8 +33,8 @@ struct FwdParams {
   int heads_q = 0;
   int heads_kv = 0;  // heads_q % heads_kv == 0
   int head_dim = 0;
-  int64_t seqlen_q = 0;  // dense: the length; varlen: max_seqlen_q
-  int64_t seqlen_k = 0;
+  int64_t seqlen_q = 0;  // dense: the length; varlen: max_seqlen_q, at most varlen_rows_q
+  int64_t seqlen_k = 0;  // likewise, at most varlen_rows_k
   const int32_t* cu_seqlens_q = nullptr;  // varlen only, on the tensors' device
   const int32_t* cu_seqlens_k = nullptr;
   // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);

@@ -1,5 +1,6 @@
 #include "api/validate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -314,6 +315,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     }
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
+    // No sequence is longer than the rows its offsets span, so a max_seqlen above them (flash_attn
+    // takes any bound, e.g. a model's context length) comes down to them: the kernels' grids and
+    // the CPU backend's task list are sized by the maxima (a max_seqlen_q of 2^40 ran for hours).
+    p.seqlen_q = std::min(p.seqlen_q, p.varlen_rows_q);
+    p.seqlen_k = std::min(p.seqlen_k, p.varlen_rows_k);
+    fold_unbounded_window(p);
   }
   return true;
 }
