@@ -1,0 +1,139 @@
+"""Random calls through the flash_attn-style API. Tensors as users hand them over (views of packed
+buffers, transposes, padded rows, strided sequences, storage offsets, expanded heads) must give
+the reference's answer, forward and backward. Calls with broken arguments (ranks, sizes, dtypes,
+layouts, scales, windows, offsets, max_seqlen up to 2^63 - 1) must run or raise a Python exception:
+a crash ends the test process, and a hang its CI job (max_seqlen_q = 10**12 ran for hours until
+validation lowered it to the offsets' rows)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import fusedattn
+from conftest import DEVICES, DTYPES, assert_2x_rule, attention_math, default_scale, randn
+
+# Exceptions a broken call may raise: the library's errors arrive as ValueError (bad arguments) or
+# NotImplementedError (unimplemented features); torch's own checks (e.g. unbind on a tensor of the
+# wrong rank) as RuntimeError, IndexError or TypeError.
+ACCEPTED_ERRORS = (ValueError, NotImplementedError, RuntimeError, IndexError, TypeError)
+VIEW_KINDS = ("contiguous", "bhsd", "padded", "packed", "strided", "offset", "expanded")
+
+
+def view_of(rng: random.Random, kind: str, shape, dtype, device, readonly: bool) -> torch.Tensor:
+    """A (batch, seqlen, heads, dim) tensor of fresh random values, laid out as `kind` says."""
+    b, s, h, d = shape
+    if kind == "bhsd":  # the Triton tutorial's layout, transposed
+        return randn(b, h, s, d, dtype=dtype, device=device).transpose(1, 2)
+    if kind == "padded":  # rows padded past the head dim
+        return randn(b, s, h, d + rng.choice((8, 64)), dtype=dtype, device=device)[..., :d]
+    if kind == "packed":  # one of q/k/v in a (batch, seqlen, 3, heads, dim) buffer
+        return randn(b, s, 3, h, d, dtype=dtype, device=device)[:, :, rng.randrange(3)]
+    if kind == "strided":  # every second position
+        return randn(b, 2 * s, h, d, dtype=dtype, device=device)[:, ::2]
+    if kind == "offset":  # a storage offset that is not a multiple of anything
+        return randn(b * s * h * d + 3, dtype=dtype, device=device)[3:].view(b, s, h, d)
+    if kind == "expanded" and readonly:  # one head's values read by every head (stride 0)
+        return randn(b, s, 1, d, dtype=dtype, device=device).expand(b, s, h, d)
+    return randn(b, s, h, d, dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_odd_views_match_the_reference(device):
+    rng = random.Random(torch.initial_seed())
+    head_dims = (8, 40, 64) if device == "cpu" else (64, 128)
+    for trial in range(24):
+        dtype = rng.choice(DTYPES[device])
+        batch, sq, sk = rng.randint(1, 2), rng.randint(1, 70), rng.randint(1, 70)
+        hkv = rng.choice((1, 2))
+        hq = hkv * rng.choice((1, 2, 3))
+        d = rng.choice(head_dims)
+        causal = rng.random() < 0.4
+        window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
+        kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
+        q = view_of(rng, kinds[0], (batch, sq, hq, d), dtype, device, readonly=True).requires_grad_()
+        k = view_of(rng, kinds[1], (batch, sk, hkv, d), dtype, device, readonly=True).requires_grad_()
+        v = view_of(rng, kinds[2], (batch, sk, hkv, d), dtype, device, readonly=True).requires_grad_()
+        dout = view_of(rng, kinds[3], (batch, sq, hq, d), dtype, device, readonly=True)
+        label = f"trial {trial}: {dtype} B{batch} Sq{sq} Sk{sk} H{hq}/{hkv} D{d} causal={causal} " \
+                f"window={window} views={kinds}"
+        out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        left, right = window[0], (0 if causal else window[1])
+        args = (q.detach(), k.detach(), v.detach(), dout, default_scale(d), left, right)
+        reference = attention_math(*args, dtype=torch.float64)
+        plain = attention_math(*args, dtype=dtype)
+        for name, ours, ref, pl in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), reference, plain):
+            assert_2x_rule(f"{label}: {name}", ours.detach(), ref, pl)
+
+
+def broken_tensor(rng: random.Random, device) -> torch.Tensor:
+    """A tensor of random rank (0-5), sizes (0-9, sometimes a head dim), dtype and layout."""
+    rank = rng.choice((0, 1, 2, 3, 3, 4, 4, 4, 5))
+    shape = [rng.choice((0, 1, 2, 3, 8, 9, 64, 300)) if i == rank - 1 else rng.randint(0, 9) for i in range(rank)]
+    dtype = rng.choice((torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int32, torch.int64))
+    t = torch.randn(*shape).to(dtype=dtype, device=device) if rank else torch.tensor(1.0, device=device)
+    if rank >= 2 and rng.random() < 0.3:
+        t = t.transpose(-1, -2)  # last dimension not contiguous (unless it has one element)
+    if rank >= 1 and rng.random() < 0.2:
+        t = t[..., ::2]
+    return t
+
+
+def offsets(rng: random.Random, device) -> torch.Tensor:
+    """cu_seqlens of random length, content, dtype and layout: often wrong."""
+    n = rng.randint(0, 4)
+    values = sorted(rng.randint(0, 12) for _ in range(n))
+    if values and rng.random() < 0.5:
+        values[0] = 0
+    if rng.random() < 0.2:
+        rng.shuffle(values)
+    dtype = torch.int32 if rng.random() < 0.8 else rng.choice((torch.int64, torch.float32))
+    cu = torch.tensor(values, dtype=dtype, device=device)
+    return cu[::2] if rng.random() < 0.1 else cu
+
+
+def max_seqlen(rng: random.Random) -> int:
+    return rng.choice((-1, 0, 1, 5, 12, 100, 2 ** 40, 2 ** 63 - 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_broken_calls_raise_or_run(device):
+    rng = random.Random(torch.initial_seed())
+    calls, ran = 300, 0
+    dtype = DTYPES[device][0]
+    for trial in range(calls):
+        # A valid base call most of the time, with one or more of its arguments broken.
+        b, s, h, d = rng.randint(1, 2), rng.randint(1, 12), rng.choice((1, 2)), rng.choice((8, 64))
+        q, k, v = (randn(b, s, h, d, dtype=dtype, device=device) for _ in range(3))
+        kwargs = dict(causal=rng.random() < 0.3, window_size=(rng.randint(-3, 20), rng.randint(-3, 20)),
+                      softmax_scale=rng.choice((None, None, 0.5, -1.0, 0.0, float("inf"), float("nan"))))
+        entry = rng.choice(("dense", "dense", "varlen", "qkvpacked", "kvpacked"))
+        broken = [rng.random() < 0.25 for _ in range(3)]
+        q, k, v = (broken_tensor(rng, device) if bad else t for bad, t in zip(broken, (q, k, v)))
+        backward = rng.random() < 0.3
+        try:
+            for t in (q, k, v):
+                if t.is_floating_point():
+                    t.requires_grad_(backward)
+            if entry == "dense":
+                out = fusedattn.flash_attn_func(q, k, v, **kwargs)
+            elif entry == "qkvpacked":
+                out = fusedattn.flash_attn_qkvpacked_func(torch.stack((q, k, v), dim=2), **kwargs)
+            elif entry == "kvpacked":
+                out = fusedattn.flash_attn_kvpacked_func(q, torch.stack((k, v), dim=2), **kwargs)
+            else:
+                flat = [t.reshape(-1, *t.shape[2:]) if t.dim() == 4 else t for t in (q, k, v)]
+                cu_q = offsets(rng, device) if rng.random() < 0.5 else torch.tensor([0, flat[0].shape[0]],
+                                                                                      dtype=torch.int32, device=device)
+                cu_k = offsets(rng, device) if rng.random() < 0.5 else torch.tensor([0, flat[1].shape[0]],
+                                                                                      dtype=torch.int32, device=device)
+                out = fusedattn.flash_attn_varlen_func(*flat, cu_q, cu_k, max_seqlen(rng), max_seqlen(rng), **kwargs)
+            if backward and out.requires_grad:
+                out.sum().backward()
+            ran += 1
+        except ACCEPTED_ERRORS:
+            pass
+    # Enough of the calls are valid that the run path is exercised too.
+    assert ran * 30 >= calls, f"only {ran} of {calls} calls ran"
