@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <limits>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -159,6 +161,16 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   c.peers_naive = a.peers_naive;
   if (c.peers_naive && c.backward)
     throw UsageError("--peers-naive times the forward pass only; drop --backward or --peers-naive");
+  // Element counts and offsets are int64 products: a tensor past kMaxElements (far beyond any
+  // memory) is a command-line error here rather than an overflowed size further on.
+  const double q_elements = static_cast<double>(c.batch) * static_cast<double>(c.seqlen_q) * c.heads_q * c.head_dim;
+  const double k_elements = static_cast<double>(c.batch) * static_cast<double>(c.seqlen_k) * c.heads_kv * c.head_dim;
+  if (std::max(q_elements, k_elements) > kMaxElements) {
+    char count[32];
+    std::snprintf(count, sizeof count, "%.3g", std::max(q_elements, k_elements));
+    throw UsageError(std::string("--batch, --heads, --seqlen-q/k and --head-dim give a tensor of ") + count +
+                     " elements; at most 2^62");
+  }
   return c;
 }
 

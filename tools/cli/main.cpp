@@ -2,6 +2,7 @@
 // row (time, TFLOP/s, sampled float64 check). `fusedattn --help` lists the flags.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <string>
 #include <thread>
 
@@ -34,6 +35,15 @@ void print_row(const RunConfig& c, const RunResult& r) {
   std::printf("\n");
 }
 
+// GiB of the workload's tensors: q, k, v and out, with --backward also dout, dq, dk and dv (on
+// the device for CUDA runs, plus the host copies the check reads).
+double workload_gib(const RunConfig& c) {
+  const double q_side = static_cast<double>(c.batch) * c.seqlen_q * c.heads_q * c.head_dim;
+  const double kv_side = static_cast<double>(c.batch) * c.seqlen_k * c.heads_kv * c.head_dim;
+  const double tensors = (2 * q_side + 2 * kv_side) * (c.backward ? 2 : 1);
+  return tensors * static_cast<double>(dtype_size(c.dtype)) / (1u << 30);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,6 +68,9 @@ int main(int argc, char** argv) {
     return result.check.passed() ? kOk : kCheckFailed;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory: the workload's tensors (%s) take %.1f GiB; lower --batch, "
+                 "--heads or the lengths\n", config.shape_str().c_str(), workload_gib(config));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   }
