@@ -38,7 +38,9 @@ BackendBuffer::BackendBuffer(std::size_t bytes, bool on_device) : bytes_(bytes),
     return;
   }
 #if FUSEDATTN_WITH_CUDA
-  check(cudaMalloc(&data_, bytes), "cudaMalloc");
+  // The size in the message: a workload too large for the GPU fails here.
+  const std::string what = "cudaMalloc of " + std::to_string(bytes >> 20) + " MiB";
+  check(cudaMalloc(&data_, bytes), what.c_str());
 #else
   no_cuda();
 #endif
