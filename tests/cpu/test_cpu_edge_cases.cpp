@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <string>
 
 #include "cpu/cpu_check.h"
 
@@ -57,39 +56,11 @@ TEST(CpuZeroSizes, VarlenWithNoKeysMasksEveryRow) { expect_all_rows_masked(packe
 // above them, as far as int64 goes, the call must still run at once and give the exact result:
 // the task list was sized by max_seqlen_q, so 2^40 ran for hours and 2^62 never returned.
 TEST(CpuVarlen, MaxSeqlenFarAboveTheSequences) {
-  const Problem p = with_mask(packed(3, 1, kHeadDim, {5, 0, 9}, {7, 3, 9}), true, -1, -1);
-  for (const int64_t bound : {int64_t{1} << 40, std::numeric_limits<int64_t>::max()})
-    for (DType dtype : kCpuDtypes) {
-      SCOPED_TRACE(p.str() + " " + dtype_name(dtype) + " max_seqlen " + std::to_string(bound));
-      std::mt19937_64 rng = fresh_rng();
-      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
-      ForwardArgs f = forward_args(c);
-      f.options.max_seqlen_q = bound;
-      f.options.max_seqlen_k = bound;
-      c.out.poison();
-      c.lse.poison();
-      forward(f);
-      Tensors ref = c.values, plain = c.values;
-      reference_forward(p, ref);
-      reference_backward(p, ref);
-      if (dtype != DType::kFloat32) {
-        plain_forward(p, dtype, plain);
-        plain_backward(p, dtype, plain);
-      }
-      const std::string name = case_name(c);
-      const double low = atol_for(dtype);
-      expect_matches("out", dtype, c.out.to_double(), ref.out, plain.out, kFp32OutAtol, kFp32OutRtol, low, name);
-      expect_matches("lse", dtype, c.lse.to_double(), ref.lse, plain.lse, kFp32LseAtol, kFp32LseRtol, kLseAtol, name);
-      BackwardArgs b = backward_args(c);
-      b.options = f.options;
-      c.dq.poison();
-      c.dk.poison();
-      c.dv.poison();
-      backward(b);
-      expect_matches("dq", dtype, c.dq.to_double(), ref.dq, plain.dq, kFp32GradAtol, kFp32GradRtol, low, name);
-      expect_matches("dk", dtype, c.dk.to_double(), ref.dk, plain.dk, kFp32GradAtol, kFp32GradRtol, low, name);
-      expect_matches("dv", dtype, c.dv.to_double(), ref.dv, plain.dv, kFp32GradAtol, kFp32GradRtol, low, name);
-    }
+  Problem p = with_mask(packed(3, 1, kHeadDim, {5, 0, 9}, {7, 3, 9}), true, -1, -1);
+  for (const int64_t bound : {int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    p.max_seqlen_bound = bound;
+    for (DType dtype : kCpuDtypes) check_backward(p, dtype);
+  }
 }
 
 // ---- fully masked rows -------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 
 #include "gpu/gpu_check.h"
@@ -61,6 +62,18 @@ TEST(GpuForward, VarlenWithEmptySequences) {
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(p));
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, true, -1, -1)));
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, false, 20, 4)));
+}
+
+// max_seqlen far above the sequences (a model's context length, or any bound up to INT64_MAX):
+// validation lowers it to the offsets' rows, so the grids stay sized by the batch, and the
+// answer is exact, forward and backward.
+TEST(GpuForward, VarlenMaxSeqlenFarAboveTheSequences) {
+  FUSEDATTN_REQUIRE_GPU();
+  Problem p = with_mask(packed(3, 2, 64, {5, 0, 130}, {7, 3, 200}), true, -1, -1);
+  for (const int64_t bound : {int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    p.max_seqlen_bound = bound;
+    FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(p));
+  }
 }
 
 TEST(GpuForward, LayoutBHSD) {

@@ -198,6 +198,7 @@ std::string Problem::str() const {
   if (causal) s << " causal";
   if (window_left >= 0 || window_right >= 0) s << " window(" << window_left << "," << window_right << ")";
   if (softmax_scale != 0.f) s << " scale " << softmax_scale;
+  if (max_seqlen_bound > 0) s << " max_seqlen " << max_seqlen_bound;
   return s.str();
 }
 

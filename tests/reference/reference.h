@@ -21,6 +21,9 @@ struct Problem {
   float softmax_scale = 0.f;  // 0 = default 1/sqrt(head_dim)
   // Varlen: per-sequence lengths (batch entries each); empty for dense problems.
   std::vector<int64_t> lens_q, lens_k;
+  // Varlen: the max_seqlen_q/k the call passes when above the longest sequence (0: the longest),
+  // a bound such as a model's context length.
+  int64_t max_seqlen_bound = 0;
 
   bool varlen() const { return !lens_q.empty(); }
   int64_t total_q() const;  // rows of the packed q (dense: batch * seqlen_q)

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -130,8 +131,8 @@ inline Options options_for(const Problem& p, TensorView cu_q = {}, TensorView cu
   if (p.varlen()) {
     o.cu_seqlens_q = cu_q;
     o.cu_seqlens_k = cu_k;
-    o.max_seqlen_q = p.max_seqlen_q();
-    o.max_seqlen_k = p.max_seqlen_k();
+    o.max_seqlen_q = std::max(p.max_seqlen_q(), p.max_seqlen_bound);
+    o.max_seqlen_k = std::max(p.max_seqlen_k(), p.max_seqlen_bound);
   }
   return o;
 }
