@@ -112,5 +112,17 @@ def assert_2x_rule(name: str, ours: torch.Tensor, reference: torch.Tensor, plain
     assert err <= bound, f"{name}: error {err:.3e} > 2 x plain {plain_err:.3e} + atol (bound {bound:.3e})"
 
 
+def assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=""):
+    """out and lse of a call on q, k, v (flash_attn's causal and window_size) and their gradients
+    for dout, taken through autograd, against the float64 reference by the 2x rule."""
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    left, right = window[0], (0 if causal else window[1])
+    args = (q.detach(), k.detach(), v.detach(), dout, default_scale(q.shape[-1]), left, right)
+    reference = attention_math(*args, dtype=torch.float64)
+    plain = attention_math(*args, dtype=q.dtype)
+    for name, ours, ref, pl in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), reference, plain):
+        assert_2x_rule(label + name, ours.detach(), ref, pl)
+
+
 def randn(*shape, dtype, device, scale=1.0):
     return (torch.randn(*shape, dtype=torch.float32) * scale).to(dtype=dtype, device=device)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fusedattn
-from conftest import DEVICES, DTYPES, assert_2x_rule, attention_math, default_scale, randn
+from conftest import DEVICES, DTYPES, assert_2x_rule, assert_matches_reference, attention_math, default_scale, randn
 
 # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, window_size)
 DENSE_CASES = [
@@ -36,14 +36,7 @@ def check_dense(device, dtype, case, call):
     v = randn(batch, sk, hkv, d, dtype=dtype, device=device).requires_grad_()
     dout = randn(batch, sq, hq, d, dtype=dtype, device=device)
     out, lse = call(q, k, v, causal, window)
-    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-
-    left, right = window[0], (0 if causal else window[1])
-    args = (q.detach(), k.detach(), v.detach(), dout, default_scale(d), left, right)
-    reference = attention_math(*args, dtype=torch.float64)
-    plain = attention_math(*args, dtype=dtype)
-    for name, ours, ref, pl in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), reference, plain):
-        assert_2x_rule(name, ours.detach(), ref, pl)
+    assert_matches_reference(q, k, v, dout, out, lse, causal, window)
 
 
 @pytest.mark.parametrize("device", DEVICES)

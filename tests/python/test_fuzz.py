@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fusedattn
-from conftest import DEVICES, DTYPES, assert_2x_rule, attention_math, default_scale, randn
+from conftest import DEVICES, DTYPES, assert_matches_reference, randn
 
 # Exceptions a broken call may raise: the library's errors arrive as ValueError (bad arguments) or
 # NotImplementedError (unimplemented features); torch's own checks (e.g. unbind on a tensor of the
@@ -59,13 +59,7 @@ def test_odd_views_match_the_reference(device):
         label = f"trial {trial}: {dtype} B{batch} Sq{sq} Sk{sk} H{hq}/{hkv} D{d} causal={causal} " \
                 f"window={window} views={kinds}"
         out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-        left, right = window[0], (0 if causal else window[1])
-        args = (q.detach(), k.detach(), v.detach(), dout, default_scale(d), left, right)
-        reference = attention_math(*args, dtype=torch.float64)
-        plain = attention_math(*args, dtype=dtype)
-        for name, ours, ref, pl in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), reference, plain):
-            assert_2x_rule(f"{label}: {name}", ours.detach(), ref, pl)
+        assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=f"{label}: ")
 
 
 def broken_tensor(rng: random.Random, device) -> torch.Tensor:
