@@ -169,7 +169,7 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
     char count[32];
     std::snprintf(count, sizeof count, "%.3g", std::max(q_elements, k_elements));
     throw UsageError(std::string("--batch, --heads, --seqlen-q/k and --head-dim give a tensor of ") + count +
-                     " elements; at most 2^62");
+                     " elements; at most 2^60");
   }
   return c;
 }

@@ -23,8 +23,9 @@ class UsageError : public std::runtime_error {
 
 constexpr uint64_t kDefaultSeed = 20240601;
 constexpr int64_t kDefaultCheckRows = 64;
-// The most elements a workload tensor may hold (2^62): its sizes and offsets stay int64 products.
-constexpr double kMaxElements = 4611686018427387904.0;
+// The most elements a workload tensor may hold (2^60): its offsets and its size in bytes (4-byte
+// elements at most) stay int64 products.
+constexpr double kMaxElements = 1152921504606846976.0;
 
 // What was given; anything unset takes the chosen backend's default in resolve().
 struct CliArgs {
