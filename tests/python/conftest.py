@@ -124,5 +124,21 @@ def assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=""):
         assert_2x_rule(label + name, ours.detach(), ref, pl)
 
 
+def assert_varlen_matches_reference(q, k, v, dout, cu_q, cu_k, out, lse, causal, window, label=""):
+    """A varlen call's out, lse and gradients for dout (autograd) against the float64 reference run
+    on each sequence alone, by the 2x rule."""
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    left, right = window[0], (0 if causal else window[1])
+    scale = default_scale(q.shape[-1])
+    cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+    for b in range(len(cu_q) - 1):
+        rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        args = (q.detach()[rq][None], k.detach()[rk][None], v.detach()[rk][None], dout[rq][None], scale, left, right)
+        reference, plain = attention_math(*args), attention_math(*args, dtype=q.dtype)
+        ours = (out[rq], lse[:, rq], dq[rq], dk[rk], dv[rk])
+        for name, o, r, p in zip(("out", "lse", "dq", "dk", "dv"), ours, reference, plain):
+            assert_2x_rule(f"{label}{name}[seq {b}]", o.detach(), r[0], p[0])
+
+
 def randn(*shape, dtype, device, scale=1.0):
     return (torch.randn(*shape, dtype=torch.float32) * scale).to(dtype=dtype, device=device)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fusedattn
-from conftest import DEVICES, DTYPES, assert_matches_reference, randn
+from conftest import DEVICES, DTYPES, assert_matches_reference, assert_varlen_matches_reference, randn
 
 # Exceptions a broken call may raise: the library's errors arrive as ValueError (bad arguments) or
 # NotImplementedError (unimplemented features); torch's own checks (e.g. unbind on a tensor of the
@@ -60,6 +60,38 @@ def test_odd_views_match_the_reference(device):
                 f"window={window} views={kinds}"
         out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
         assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=f"{label}: ")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_varlen_views_and_bounds_match_the_reference(device):
+    """Packed sequences (some empty) in the same views, with max_seqlen at the longest sequence, a
+    little above it, or far above (a model's context length, up to 2^40)."""
+    rng = random.Random(torch.initial_seed())
+    head_dims = (8, 64) if device == "cpu" else (64, 128)
+    for trial in range(16):
+        dtype = rng.choice(DTYPES[device])
+        hkv = rng.choice((1, 2))
+        hq = hkv * rng.choice((1, 2))
+        d = rng.choice(head_dims)
+        lens_q = [rng.choice((1, 7, 33, 70))] + [rng.choice((0, 1, 7, 33, 70)) for _ in range(rng.randint(0, 3))]
+        lens_k = [n if rng.random() < 0.5 else rng.choice((0, 1, 9, 40, 64)) for n in lens_q]
+        causal = rng.random() < 0.4
+        window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
+        kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
+        total_q, total_k = sum(lens_q), sum(lens_k)
+        q = view_of(rng, kinds[0], (1, total_q, hq, d), dtype, device, readonly=True)[0].requires_grad_()
+        k = view_of(rng, kinds[1], (1, total_k, hkv, d), dtype, device, readonly=True)[0].requires_grad_()
+        v = view_of(rng, kinds[2], (1, total_k, hkv, d), dtype, device, readonly=True)[0].requires_grad_()
+        dout = view_of(rng, kinds[3], (1, total_q, hq, d), dtype, device, readonly=True)[0]
+        cu_q, cu_k = (torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+                      for lens in (lens_q, lens_k))
+        bound = rng.choice((0, 5, 2 ** 40))
+        max_q, max_k = max(lens_q) + bound, max(lens_k) + bound
+        label = f"trial {trial}: {dtype} q{lens_q} k{lens_k} H{hq}/{hkv} D{d} causal={causal} window={window} " \
+                f"max_seqlen +{bound} views={kinds}: "
+        out, lse, _ = fusedattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                                       window_size=window, return_attn_probs=True)
+        assert_varlen_matches_reference(q, k, v, dout, cu_q, cu_k, out, lse, causal, window, label)
 
 
 def broken_tensor(rng: random.Random, device) -> torch.Tensor:
