@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Renders peers.py JSON lines (runs on one GPU) as a markdown table with ours/peer ratios.
 
-    tools/perf_table.py FILE.jsonl [--peers sdpa_flash,sdpa_cudnn]
+    tools/perf_table.py FILE.jsonl [--peers sdpa_flash,sdpa_cudnn] [--goal-peer sdpa_cudnn]
 Rows are (mode, head dim, mask, seqlen); a ratio is ours' TFLOP/s over the peer's in the same file.
 A file with several runs (gpu_check.sh's PEER_REPEAT appends them) shows each provider's median
-reading per point, and the ratio of the medians.
+reading per point, and the ratio of the medians. Last, the forward points against issue 5's goal
+(ours / cuDNN of the medians at least 1.10 from 2048 keys, 1.0 below), the missed ones with their
+ratio to four places and every reading.
 """
 import argparse
 import json
@@ -15,6 +17,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
     ap.add_argument("--peers", default="sdpa_flash,sdpa_cudnn")
+    ap.add_argument("--goal-peer", default="sdpa_cudnn", help="the peer of the goal lines (empty: none)")
+    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
+    ap.add_argument("--goal-from", type=int, default=2048)
+    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
     args = ap.parse_args()
     peers = args.peers.split(",")
     rows, ceiling = {}, None
@@ -35,6 +41,7 @@ def main():
     runs = max((len(r) for vals in rows.values() for r in vals.values()), default=0)
     if runs > 1:
         print(f"Medians of up to {runs} readings per provider and point.\n")
+    readings = rows
     rows = {key: {p: statistics.median(r) for p, r in vals.items()} for key, vals in rows.items()}
     names = {"sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN"}
     head = ["mode", "d", "mask", "seqlen"] + [names.get(p, p) for p in peers] + ["ours"] + \
@@ -48,6 +55,23 @@ def main():
         cells.append(f"{ours:.0f}" if ours else "-")
         cells += [f"{ours / vals[p]:.2f}" if ours and vals.get(p) else "-" for p in peers]
         print("| " + " | ".join(cells) + " |")
+    if args.goal_peer:
+        print_goal(args, rows, readings, names.get(args.goal_peer, args.goal_peer))
+
+
+def print_goal(args, rows, readings, peer_name):
+    """The forward points measured against both, and those below the goal."""
+    points = [(key, vals["ours"] / vals[args.goal_peer]) for key, vals in sorted(rows.items())
+              if key[0] == "fwd" and vals.get("ours") and vals.get(args.goal_peer)]
+    missed = [(key, ratio) for key, ratio in points
+              if ratio < (args.goal if key[3] >= args.goal_from else args.goal_below)]
+    print(f"\nGoal, forward ours/{peer_name}: {args.goal:.2f} from {args.goal_from} keys, {args.goal_below:.2f} below; "
+          f"{len(points) - len(missed)} of {len(points)} points meet it.")
+    for (mode, d, causal, s), ratio in missed:
+        raw = readings[(mode, d, causal, s)]
+        listed = lambda p: "/".join(f"{x:.0f}" for x in raw[p])
+        print(f"- below: {mode} d{d} {'causal' if causal else 'full'} {s}: {ratio:.4f} "
+              f"({peer_name} {listed(args.goal_peer)}, ours {listed('ours')})")
 
 
 if __name__ == "__main__":
