@@ -21,8 +21,9 @@ ACCEPTED_ERRORS = (ValueError, NotImplementedError, RuntimeError, IndexError, Ty
 VIEW_KINDS = ("contiguous", "bhsd", "padded", "packed", "strided", "offset", "expanded")
 
 
-def view_of(rng: random.Random, kind: str, shape, dtype, device, readonly: bool) -> torch.Tensor:
-    """A (batch, seqlen, heads, dim) tensor of fresh random values, laid out as `kind` says."""
+def view_of(rng: random.Random, kind: str, shape, dtype, device) -> torch.Tensor:
+    """A (batch, seqlen, heads, dim) tensor of fresh random values, laid out as `kind` says. All are
+    read by the calls (the library allocates what it writes), so they may be expanded."""
     b, s, h, d = shape
     if kind == "bhsd":  # the Triton tutorial's layout, transposed
         return randn(b, h, s, d, dtype=dtype, device=device).transpose(1, 2)
@@ -34,7 +35,7 @@ def view_of(rng: random.Random, kind: str, shape, dtype, device, readonly: bool)
         return randn(b, 2 * s, h, d, dtype=dtype, device=device)[:, ::2]
     if kind == "offset":  # a storage offset that is not a multiple of anything
         return randn(b * s * h * d + 3, dtype=dtype, device=device)[3:].view(b, s, h, d)
-    if kind == "expanded" and readonly:  # one head's values read by every head (stride 0)
+    if kind == "expanded":  # one head's values read by every head (stride 0)
         return randn(b, s, 1, d, dtype=dtype, device=device).expand(b, s, h, d)
     return randn(b, s, h, d, dtype=dtype, device=device)
 
@@ -52,10 +53,10 @@ def test_odd_views_match_the_reference(device):
         causal = rng.random() < 0.4
         window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
         kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
-        q = view_of(rng, kinds[0], (batch, sq, hq, d), dtype, device, readonly=True).requires_grad_()
-        k = view_of(rng, kinds[1], (batch, sk, hkv, d), dtype, device, readonly=True).requires_grad_()
-        v = view_of(rng, kinds[2], (batch, sk, hkv, d), dtype, device, readonly=True).requires_grad_()
-        dout = view_of(rng, kinds[3], (batch, sq, hq, d), dtype, device, readonly=True)
+        q = view_of(rng, kinds[0], (batch, sq, hq, d), dtype, device).requires_grad_()
+        k = view_of(rng, kinds[1], (batch, sk, hkv, d), dtype, device).requires_grad_()
+        v = view_of(rng, kinds[2], (batch, sk, hkv, d), dtype, device).requires_grad_()
+        dout = view_of(rng, kinds[3], (batch, sq, hq, d), dtype, device)
         label = f"trial {trial}: {dtype} B{batch} Sq{sq} Sk{sk} H{hq}/{hkv} D{d} causal={causal} " \
                 f"window={window} views={kinds}"
         out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
@@ -79,10 +80,10 @@ def test_varlen_views_and_bounds_match_the_reference(device):
         window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
         kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
         total_q, total_k = sum(lens_q), sum(lens_k)
-        q = view_of(rng, kinds[0], (1, total_q, hq, d), dtype, device, readonly=True)[0].requires_grad_()
-        k = view_of(rng, kinds[1], (1, total_k, hkv, d), dtype, device, readonly=True)[0].requires_grad_()
-        v = view_of(rng, kinds[2], (1, total_k, hkv, d), dtype, device, readonly=True)[0].requires_grad_()
-        dout = view_of(rng, kinds[3], (1, total_q, hq, d), dtype, device, readonly=True)[0]
+        q = view_of(rng, kinds[0], (1, total_q, hq, d), dtype, device)[0].requires_grad_()
+        k = view_of(rng, kinds[1], (1, total_k, hkv, d), dtype, device)[0].requires_grad_()
+        v = view_of(rng, kinds[2], (1, total_k, hkv, d), dtype, device)[0].requires_grad_()
+        dout = view_of(rng, kinds[3], (1, total_q, hq, d), dtype, device)[0]
         cu_q, cu_k = (torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
                       for lens in (lens_q, lens_k))
         bound = rng.choice((0, 5, 2 ** 40))
