@@ -116,6 +116,125 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   return_attn_probs)
 
 
+def _cache_lengths(cache_seqlens, batch: int, new: int, capacity: int, device) -> list[int]:
+    """The cache's per-sequence lengths before the new tokens, checked on the host (a copy that
+    waits for the stream): each in [0, capacity - new]."""
+    if isinstance(cache_seqlens, int):
+        lengths = [cache_seqlens] * batch
+    elif isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != batch or cache_seqlens.is_floating_point():
+            raise ValueError(f"fusedattn: cache_seqlens: must be an int or an integer tensor of {batch} lengths "
+                             f"(one per sequence), got {cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}")
+        if cache_seqlens.device != device:
+            raise ValueError(f"fusedattn: cache_seqlens: must be on q's device ({device}), got {cache_seqlens.device}")
+        lengths = [int(n) for n in cache_seqlens.tolist()]
+    else:
+        raise ValueError(f"fusedattn: cache_seqlens: must be an int or a tensor, got {type(cache_seqlens).__name__}")
+    for b, n in enumerate(lengths):
+        if n < 0 or n + new > capacity:
+            raise ValueError(f"fusedattn: cache_seqlens: sequence {b} holds {n} tokens; with the {new} new ones it "
+                             f"must fit the cache's {capacity} positions")
+    return lengths
+
+
+def _rows_of(cache: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
+    """cache (batch, positions, heads, dim) as one (rows, heads, dim) view over its storage, and the
+    rows between two sequences' first positions (its batch stride over its position stride)."""
+    batch, positions = cache.shape[0], cache.shape[1]
+    step = cache.stride(1)
+    if step <= 0 or cache.stride(0) % step != 0 or (batch > 1 and cache.stride(0) // step < positions):
+        raise ValueError(f"fusedattn: {name}: its batch stride ({cache.stride(0)}) must be a multiple of its "
+                         f"position stride ({step}), at least {positions} of them")
+    pitch = cache.stride(0) // step if batch > 1 else positions
+    rows = (batch - 1) * pitch + positions
+    view = cache.as_strided((rows, cache.shape[2], cache.shape[3]), (step, cache.stride(2), cache.stride(3)),
+                            cache.storage_offset())
+    return view, pitch
+
+
+@torch.no_grad()
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """Attention of q (batch, seqlen_q, nheads, headdim) over a KV cache (batch, seqlen_cache,
+    nheads_k, headdim), for decoding; forward only, as in flash_attn.
+
+    cache_seqlens (an int, or one int32 length per sequence) says how many positions of each
+    sequence's cache hold keys; None means all of them. With k and v (batch, seqlen_new, nheads_k,
+    headdim) the new keys and values are first written into the caches in place after those
+    positions, and attention runs over cache_seqlens + seqlen_new keys. causal and window_size are
+    aligned to the bottom-right corner (the last query sees the last key). Returns out, or
+    (out, softmax_lse [batch, nheads, seqlen_q]) with return_softmax_lse.
+
+    The sequences run as one variable-length call over views of the caches (nothing is copied);
+    their lengths are read on the host, which waits for the stream. Not implemented, and rejected
+    naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
+    (block_table), softcap, ALiBi, and num_splits other than 0 (automatic) or 1.
+    """
+    _reject_unsupported(0.0, softcap, alibi_slopes, block_table)
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"fusedattn: {name}: not implemented in flash_attn_with_kvcache; pass None")
+    if num_splits not in (0, 1):
+        raise NotImplementedError(f"fusedattn: num_splits={num_splits}: the KV length is not split across blocks "
+                                  "(Flash-Decoding) yet; pass 0 or 1")
+    if (k is None) != (v is None):
+        raise ValueError("fusedattn: k, v: pass both new keys and new values, or neither")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) + ((("k", k), ("v", v)) if k is not None else ()):
+        if t.dim() != 4:
+            raise ValueError(f"fusedattn: {name}: expected rank 4 (batch, seqlen, heads, headdim), got shape "
+                             f"{tuple(t.shape)}")
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    if k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"fusedattn: v_cache: shape {tuple(v_cache.shape)} and k_cache {tuple(k_cache.shape)} must "
+                         f"match in (batch, seqlen_cache, heads) with batch {batch} (q's)")
+    left, right = _window(window_size, causal)
+    if cache_seqlens is None and k is None:  # the whole cache holds keys: a plain call
+        out, lse = ops.fwd(q, k_cache, v_cache, softmax_scale, causal, left, right, False)
+        return (out, lse) if return_softmax_lse else out
+    if cache_seqlens is None:
+        raise ValueError("fusedattn: cache_seqlens: needed with k and v, to say where the new tokens go")
+    new = 0 if k is None else k.shape[1]
+    if k is not None and (k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape):
+        raise ValueError(f"fusedattn: k, v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be (batch {batch}, "
+                         f"seqlen_new, {k_cache.shape[2]}, {k_cache.shape[3]}), alike")
+    if k is not None and (k.dtype != k_cache.dtype or v.dtype != v_cache.dtype):
+        raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
+                         f"({k_cache.dtype}, {v_cache.dtype})")
+    lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
+    if batch == 0:
+        out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
+        return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
+    if new > 0:
+        starts = torch.tensor(lengths, device=q.device)
+        positions = starts[:, None] + torch.arange(new, device=q.device)
+        rows = torch.arange(batch, device=q.device)[:, None]
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+    k_rows, k_pitch = _rows_of(k_cache, "k_cache")
+    v_rows, v_pitch = _rows_of(v_cache, "v_cache")
+    if v_pitch != k_pitch:
+        raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
+    # Sequence b's keys are rows b * pitch .. + lengths[b] + new of the views; the rows between two
+    # sequences form a sequence of their own with no queries, which no kernel visits.
+    cu_k, cu_q = [0], [0]
+    for b, n in enumerate(lengths):
+        cu_k.append(b * k_pitch + n + new)
+        cu_q.append((b + 1) * seqlen_q)
+        if b + 1 < batch:
+            cu_k.append((b + 1) * k_pitch)
+            cu_q.append((b + 1) * seqlen_q)
+    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in (cu_q, cu_k))
+    out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
+                              k_pitch, softmax_scale, causal, left, right, False)
+    out = out.view(batch, seqlen_q, *out.shape[1:])
+    if not return_softmax_lse:
+        return out
+    return out, lse.view(lse.shape[0], batch, seqlen_q).permute(1, 0, 2).contiguous()
+
+
 def attention(q, k, v, causal=False, sm_scale=None):
     """The Triton fused-attention tutorial's entry point, on (batch, nheads, seqlen, headdim) tensors.
 

@@ -1,0 +1,105 @@
+"""flash_attn_with_kvcache: decoding over a KV cache, with and without new tokens appended in
+place, against the float64 reference over each sequence's visible keys; and its rejections."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fusedattn
+from conftest import DEVICES, DTYPES, assert_2x_rule, attention_math, default_scale, randn
+
+
+def caches(batch, capacity, heads_kv, d, dtype, device, layout="bshd"):
+    """k and v caches of fresh values; "bhsd" stores them head-major (a transposed view)."""
+    if layout == "bhsd":
+        return tuple(randn(batch, heads_kv, capacity, d, dtype=dtype, device=device).transpose(1, 2)
+                     for _ in range(2))
+    return tuple(randn(batch, capacity, heads_kv, d, dtype=dtype, device=device) for _ in range(2))
+
+
+def check_against_reference(q, k_cache, v_cache, visible, out, lse, causal, window):
+    """out/lse of sequence b against the reference over its first visible[b] cache positions."""
+    left, right = window[0], (0 if causal else window[1])
+    for b, n in enumerate(visible):
+        args = (q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], None, default_scale(q.shape[-1]), left, right)
+        reference, plain = attention_math(*args), attention_math(*args, dtype=q.dtype)
+        assert_2x_rule(f"out[seq {b}]", out[b:b + 1], reference[0], plain[0])
+        assert_2x_rule(f"lse[seq {b}]", lse[b:b + 1], reference[1], plain[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_new_tokens_are_appended_in_place_and_attended(device, causal, layout):
+    dtype = DTYPES[device][-1]
+    batch, capacity, hq, hkv, d, new = 3, 80, 4, 2, 64, 3
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device, layout)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    lengths = [5, 0, 70]
+    q = randn(batch, new, hq, d, dtype=dtype, device=device)
+    k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
+                                                 causal=causal, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (batch, hq, new)
+    for b, n in enumerate(lengths):  # the new rows written after each sequence's keys, nothing else
+        expected_k, expected_v = before_k[b].clone(), before_v[b].clone()
+        expected_k[n:n + new], expected_v[n:n + new] = k[b], v[b]
+        assert torch.equal(k_cache[b], expected_k) and torch.equal(v_cache[b], expected_v), f"cache of seq {b}"
+    check_against_reference(q, k_cache, v_cache, [n + new for n in lengths], out, lse, causal, (-1, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lengths_without_new_tokens(device):
+    """One decode query per sequence over caches filled to different lengths, GQA, a window; an int
+    cache_seqlens for all sequences."""
+    dtype = DTYPES[device][0]
+    batch, capacity, hq, hkv, d = 4, 130, 8, 2, 64
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    q = randn(batch, 1, hq, d, dtype=dtype, device=device)
+    lengths = [1, 130, 64, 17]
+    for window in ((-1, -1), (20, 0)):
+        out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor(
+            lengths, dtype=torch.int32, device=device), window_size=window, return_softmax_lse=True)
+        check_against_reference(q, k_cache, v_cache, lengths, out, lse, False, window)
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=64, causal=True,
+                                                 return_softmax_lse=True)
+    check_against_reference(q, k_cache, v_cache, [64] * batch, out, lse, True, (-1, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_whole_cache_and_empty_sequences(device):
+    dtype = DTYPES[device][0]
+    batch, capacity, h, d = 2, 33, 2, 64
+    k_cache, v_cache = caches(batch, capacity, h, d, dtype, device)
+    q = randn(batch, 4, h, d, dtype=dtype, device=device)
+    out = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True)
+    torch.testing.assert_close(out, fusedattn.flash_attn_func(q, k_cache, v_cache, causal=True), rtol=0, atol=0)
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=0, return_softmax_lse=True)
+    assert torch.all(out == 0) and torch.all(lse == -math.inf)
+
+
+def test_rejections_name_the_argument():
+    q = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
+    k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    lengths = torch.tensor([3, 4], dtype=torch.int32)
+    unimplemented = [dict(rotary_cos=k), dict(rotary_sin=k), dict(cache_batch_idx=lengths),
+                     dict(cache_leftpad=lengths), dict(block_table=lengths), dict(softcap=1.0),
+                     dict(alibi_slopes=torch.ones(2)), dict(num_splits=4)]
+    for kwargs in unimplemented:
+        with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, **kwargs)
+    with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 16"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, k, cache_seqlens=torch.tensor([3, 16]))
+    with pytest.raises(ValueError, match="cache_seqlens: needed"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, k)
+    with pytest.raises(ValueError, match="k, v: pass both"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, cache_seqlens=lengths)
+    with pytest.raises(ValueError, match="cache_seqlens: must be an int or an integer tensor of 2"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="k_cache: its batch stride"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache.as_strided((2, 16, 2, 64), (64, 128, 64, 1)), v_cache,
+                                          cache_seqlens=lengths)
