@@ -207,16 +207,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if batch == 0:
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
         return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
+    # Every check before the caches are written: a call that raises leaves them as they were.
+    k_rows, k_pitch = _rows_of(k_cache, "k_cache")
+    v_rows, v_pitch = _rows_of(v_cache, "v_cache")
+    if v_pitch != k_pitch:
+        raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
     if new > 0:
         starts = torch.tensor(lengths, device=q.device)
         positions = starts[:, None] + torch.arange(new, device=q.device)
         rows = torch.arange(batch, device=q.device)[:, None]
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v
-    k_rows, k_pitch = _rows_of(k_cache, "k_cache")
-    v_rows, v_pitch = _rows_of(v_cache, "v_cache")
-    if v_pitch != k_pitch:
-        raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
     # Sequence b's keys are rows b * pitch .. + lengths[b] + new of the views; the rows between two
     # sequences form a sequence of their own with no queries, which no kernel visits.
     cu_k, cu_q = [0], [0]
@@ -229,7 +230,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in (cu_q, cu_k))
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
                               k_pitch, softmax_scale, causal, left, right, False)
-    out = out.view(batch, seqlen_q, *out.shape[1:])
+    out = out.reshape(batch, seqlen_q, *out.shape[1:])
     if not return_softmax_lse:
         return out
     return out, lse.view(lse.shape[0], batch, seqlen_q).permute(1, 0, 2).contiguous()

@@ -100,6 +100,8 @@ def test_rejections_name_the_argument():
         fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, cache_seqlens=lengths)
     with pytest.raises(ValueError, match="cache_seqlens: must be an int or an integer tensor of 2"):
         fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 2, 3]))
+    crossed = k_cache.as_strided((2, 16, 2, 64), (64, 128, 64, 1))  # batch stride below a position's
+    before = k_cache.clone()
     with pytest.raises(ValueError, match="k_cache: its batch stride"):
-        fusedattn.flash_attn_with_kvcache(q, k_cache.as_strided((2, 16, 2, 64), (64, 128, 64, 1)), v_cache,
-                                          cache_seqlens=lengths)
+        fusedattn.flash_attn_with_kvcache(q, crossed, v_cache, k, k, cache_seqlens=lengths)
+    assert torch.equal(k_cache, before), "a rejected call wrote the cache"
