@@ -170,16 +170,16 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     The sequences run as one variable-length call over views of the caches (nothing is copied);
     their lengths are read on the host, which waits for the stream. Not implemented, and rejected
     naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
-    (block_table), softcap, ALiBi, and num_splits other than 0 (automatic) or 1.
+    (block_table), softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
     _reject_unsupported(0.0, softcap, alibi_slopes, block_table)
     for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                         ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise NotImplementedError(f"fusedattn: {name}: not implemented in flash_attn_with_kvcache; pass None")
-    if num_splits not in (0, 1):
-        raise NotImplementedError(f"fusedattn: num_splits={num_splits}: the KV length is not split across blocks "
-                                  "(Flash-Decoding) yet; pass 0 or 1")
+    if num_splits != 0:
+        raise NotImplementedError(f"fusedattn: num_splits={num_splits}: the kernels choose how to split the KV "
+                                  "length themselves; pass 0")
     if (k is None) != (v is None):
         raise ValueError("fusedattn: k, v: pass both new keys and new values, or neither")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)) + ((("k", k), ("v", v)) if k is not None else ()):

@@ -88,7 +88,7 @@ def test_rejections_name_the_argument():
     lengths = torch.tensor([3, 4], dtype=torch.int32)
     unimplemented = [dict(rotary_cos=k), dict(rotary_sin=k), dict(cache_batch_idx=lengths),
                      dict(cache_leftpad=lengths), dict(block_table=lengths), dict(softcap=1.0),
-                     dict(alibi_slopes=torch.ones(2)), dict(num_splits=4)]
+                     dict(alibi_slopes=torch.ones(2)), dict(num_splits=1), dict(num_splits=4)]
     for kwargs in unimplemented:
         with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
             fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, **kwargs)
