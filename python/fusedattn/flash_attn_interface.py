@@ -167,8 +167,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     aligned to the bottom-right corner (the last query sees the last key). Returns out, or
     (out, softmax_lse [batch, nheads, seqlen_q]) with return_softmax_lse.
 
-    The sequences run as one variable-length call over views of the caches (nothing is copied);
-    their lengths are read on the host, which waits for the stream. Not implemented, and rejected
+    Caches filled to one length run as a plain call on views of them, others as one
+    variable-length call over views of the caches (nothing is copied); their lengths are read on
+    the host, which waits for the stream. Not implemented, and rejected
     naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
     (block_table), softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
@@ -208,16 +209,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
         return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
     # Every check before the caches are written: a call that raises leaves them as they were.
-    k_rows, k_pitch = _rows_of(k_cache, "k_cache")
-    v_rows, v_pitch = _rows_of(v_cache, "v_cache")
-    if v_pitch != k_pitch:
-        raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
+    uniform = all(n == lengths[0] for n in lengths)
+    if not uniform:
+        k_rows, k_pitch = _rows_of(k_cache, "k_cache")
+        v_rows, v_pitch = _rows_of(v_cache, "v_cache")
+        if v_pitch != k_pitch:
+            raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
     if new > 0:
         starts = torch.tensor(lengths, device=q.device)
         positions = starts[:, None] + torch.arange(new, device=q.device)
         rows = torch.arange(batch, device=q.device)[:, None]
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v
+    if uniform:  # every sequence sees the same positions: a plain call on views of the caches
+        visible = lengths[0] + new
+        out, lse = ops.fwd(q, k_cache[:, :visible], v_cache[:, :visible], softmax_scale, causal, left, right, False)
+        return (out, lse) if return_softmax_lse else out
     # Sequence b's keys are rows b * pitch .. + lengths[b] + new of the views; the rows between two
     # sequences form a sequence of their own with no queries, which no kernel visits.
     cu_k, cu_q = [0], [0]

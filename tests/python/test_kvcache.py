@@ -32,12 +32,13 @@ def check_against_reference(q, k_cache, v_cache, visible, out, lse, causal, wind
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_new_tokens_are_appended_in_place_and_attended(device, causal, layout):
+@pytest.mark.parametrize("lengths", [[5, 0, 70], [9, 9, 9]], ids=["ragged", "uniform"])
+def test_new_tokens_are_appended_in_place_and_attended(device, causal, layout, lengths):
+    """Ragged lengths run as a variable-length call over the caches, uniform ones as a plain call."""
     dtype = DTYPES[device][-1]
     batch, capacity, hq, hkv, d, new = 3, 80, 4, 2, 64, 3
     k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device, layout)
     before_k, before_v = k_cache.clone(), v_cache.clone()
-    lengths = [5, 0, 70]
     q = randn(batch, new, hq, d, dtype=dtype, device=device)
     k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
     cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
