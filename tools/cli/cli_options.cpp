@@ -163,11 +163,10 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
     throw UsageError("--peers-naive times the forward pass only; drop --backward or --peers-naive");
   // Element counts and offsets are int64 products: a tensor past kMaxElements (far beyond any
   // memory) is a command-line error here rather than an overflowed size further on.
-  const double q_elements = static_cast<double>(c.batch) * static_cast<double>(c.seqlen_q) * c.heads_q * c.head_dim;
-  const double k_elements = static_cast<double>(c.batch) * static_cast<double>(c.seqlen_k) * c.heads_kv * c.head_dim;
-  if (std::max(q_elements, k_elements) > kMaxElements) {
+  const double largest = std::max(c.q_elements(), c.kv_elements());
+  if (largest > kMaxElements) {
     char count[32];
-    std::snprintf(count, sizeof count, "%.3g", std::max(q_elements, k_elements));
+    std::snprintf(count, sizeof count, "%.3g", largest);
     throw UsageError(std::string("--batch, --heads, --seqlen-q/k and --head-dim give a tensor of ") + count +
                      " elements; at most 2^60");
   }
@@ -175,6 +174,14 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
 }
 
 double RunConfig::softmax_scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+double RunConfig::q_elements() const {
+  return static_cast<double>(batch) * static_cast<double>(seqlen_q) * heads_q * head_dim;
+}
+
+double RunConfig::kv_elements() const {
+  return static_cast<double>(batch) * static_cast<double>(seqlen_k) * heads_kv * head_dim;
+}
 
 std::string RunConfig::shape_str() const {
   return "B" + std::to_string(batch) + " H" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " Sq" +

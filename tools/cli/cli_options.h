@@ -62,6 +62,10 @@ struct RunConfig {
 
   bool on_device() const { return backend == Backend::kCUDA; }
   double softmax_scale() const;
+  // Elements of q (and out, dout, dq) and of k (and v, dk, dv), in double: the products may
+  // pass int64 before resolve() bounds them.
+  double q_elements() const;
+  double kv_elements() const;
   // "B1 H8/8 Sq1024 Sk1024 D64"
   std::string shape_str() const;
   // "none", "causal", "window(128,0)", "causal+window(128,0)"

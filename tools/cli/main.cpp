@@ -38,9 +38,7 @@ void print_row(const RunConfig& c, const RunResult& r) {
 // GiB of the workload's tensors: q, k, v and out, with --backward also dout, dq, dk and dv (on
 // the device for CUDA runs, plus the host copies the check reads).
 double workload_gib(const RunConfig& c) {
-  const double q_side = static_cast<double>(c.batch) * c.seqlen_q * c.heads_q * c.head_dim;
-  const double kv_side = static_cast<double>(c.batch) * c.seqlen_k * c.heads_kv * c.head_dim;
-  const double tensors = (2 * q_side + 2 * kv_side) * (c.backward ? 2 : 1);
+  const double tensors = (2 * c.q_elements() + 2 * c.kv_elements()) * (c.backward ? 2 : 1);
   return tensors * static_cast<double>(dtype_size(c.dtype)) / (1u << 30);
 }
 
