@@ -192,11 +192,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"fusedattn: v_cache: shape {tuple(v_cache.shape)} and k_cache {tuple(k_cache.shape)} must "
                          f"match in (batch, seqlen_cache, heads) with batch {batch} (q's)")
     left, right = _window(window_size, causal)
-    if cache_seqlens is None and k is None:  # the whole cache holds keys: a plain call
-        out, lse = ops.fwd(q, k_cache, v_cache, softmax_scale, causal, left, right, False)
-        return (out, lse) if return_softmax_lse else out
     if cache_seqlens is None:
-        raise ValueError("fusedattn: cache_seqlens: needed with k and v, to say where the new tokens go")
+        if k is not None:
+            raise ValueError("fusedattn: cache_seqlens: needed with k and v, to say where the new tokens go")
+        cache_seqlens = k_cache.shape[1]  # every position holds a key
     new = 0 if k is None else k.shape[1]
     if k is not None and (k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape):
         raise ValueError(f"fusedattn: k, v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be (batch {batch}, "

@@ -40,6 +40,13 @@ def view_of(rng: random.Random, kind: str, shape, dtype, device) -> torch.Tensor
     return randn(b, s, h, d, dtype=dtype, device=device)
 
 
+def random_mask(rng: random.Random):
+    """causal (40% of draws) and window_size (30% bounded on one side or both), independently."""
+    causal = rng.random() < 0.4
+    window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
+    return causal, window
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_odd_views_match_the_reference(device):
     rng = random.Random(torch.initial_seed())
@@ -50,8 +57,7 @@ def test_odd_views_match_the_reference(device):
         hkv = rng.choice((1, 2))
         hq = hkv * rng.choice((1, 2, 3))
         d = rng.choice(head_dims)
-        causal = rng.random() < 0.4
-        window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
+        causal, window = random_mask(rng)
         kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
         q = view_of(rng, kinds[0], (batch, sq, hq, d), dtype, device).requires_grad_()
         k = view_of(rng, kinds[1], (batch, sk, hkv, d), dtype, device).requires_grad_()
@@ -76,8 +82,7 @@ def test_varlen_views_and_bounds_match_the_reference(device):
         d = rng.choice(head_dims)
         lens_q = [rng.choice((1, 7, 33, 70))] + [rng.choice((0, 1, 7, 33, 70)) for _ in range(rng.randint(0, 3))]
         lens_k = [n if rng.random() < 0.5 else rng.choice((0, 1, 9, 40, 64)) for n in lens_q]
-        causal = rng.random() < 0.4
-        window = (rng.choice((-1, 0, 5, 30)), rng.choice((-1, 0, 7))) if rng.random() < 0.3 else (-1, -1)
+        causal, window = random_mask(rng)
         kinds = [rng.choice(VIEW_KINDS) for _ in range(4)]
         total_q, total_k = sum(lens_q), sum(lens_k)
         q = view_of(rng, kinds[0], (1, total_q, hq, d), dtype, device)[0].requires_grad_()
