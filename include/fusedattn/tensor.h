@@ -34,6 +34,11 @@ struct Device {
 
 constexpr int kMaxRank = 4;
 
+// The CUDA backend loads 16-byte vectors: a tensor it reads or writes needs a data pointer, and a
+// stride for every dimension longer than one but the last (whose stride is 1), in multiples of
+// this many bytes.
+constexpr int kCudaAlignBytes = 16;
+
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kFloat32;

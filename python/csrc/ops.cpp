@@ -49,10 +49,13 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Te
   // Same strides as q (a BHSD-laid-out q gives a BHSD-laid-out out): no layout change, no copy.
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = empty_lse(q, varlen);
+  // Views the CUDA kernels cannot read in place are read through copies, alive until return (the
+  // caching allocator orders their reuse after the kernels on this stream).
+  const at::Tensor q_read = readable_by_kernels(q), k_read = readable_by_kernels(k), v_read = readable_by_kernels(v);
   ForwardArgs args;
-  args.q = to_view(q, "q");
-  args.k = to_view(k, "k");
-  args.v = to_view(v, "v");
+  args.q = to_view(q_read, "q");
+  args.k = to_view(k_read, "k");
+  args.v = to_view(v_read, "v");
   args.out = to_view(out, "out");
   args.lse = to_view(lse, "softmax_lse");
   args.options = options;
@@ -65,12 +68,14 @@ Grads run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   at::Tensor dq = at::empty_like(q);
   at::Tensor dk = at::empty_like(k);
   at::Tensor dv = at::empty_like(v);
+  const at::Tensor dout_read = readable_by_kernels(dout), q_read = readable_by_kernels(q),
+                   k_read = readable_by_kernels(k), v_read = readable_by_kernels(v), out_read = readable_by_kernels(out);
   BackwardArgs args;
-  args.dout = to_view(dout, "dout");
-  args.q = to_view(q, "q");
-  args.k = to_view(k, "k");
-  args.v = to_view(v, "v");
-  args.out = to_view(out, "out");
+  args.dout = to_view(dout_read, "dout");
+  args.q = to_view(q_read, "q");
+  args.k = to_view(k_read, "k");
+  args.v = to_view(v_read, "v");
+  args.out = to_view(out_read, "out");
   args.lse = to_view(lse, "softmax_lse");
   args.dq = to_view(dq, "dq");
   args.dk = to_view(dk, "dk");

@@ -1,5 +1,6 @@
 // The bridge between torch and fusedattn's torch-free API: tensors become TensorViews without a
-// copy (the API accepts any strides whose last dimension is contiguous), the caller's current
+// copy (the API accepts any strides whose last dimension is contiguous; CUDA views the kernels
+// cannot load from are copied first, readable_by_kernels), the caller's current
 // stream is found through torch's device-generic guard interface (so this file needs no CUDA
 // headers and builds against a CPU-only torch too), and fusedattn::Error becomes the Python
 // exception that matches its code.
@@ -15,6 +16,12 @@ namespace fusedattn::torch_binding {
 
 // A view of `t`'s memory; `name` is the argument name used in error messages.
 TensorView to_view(const at::Tensor& t, const char* name);
+
+// `t` itself, or a contiguous copy when `t` is a CUDA view whose data pointer or strides the
+// kernels' 16-byte loads cannot follow (a slice at an odd element offset, a packed buffer with an
+// odd row length). Views that are wrong rather than misaligned (last dimension not contiguous)
+// are passed through for validation to name.
+at::Tensor readable_by_kernels(const at::Tensor& t);
 
 // Raises ValueError naming `name` unless `t` has `rank` dimensions. The binding needs this before
 // validation only because it sizes the outputs it allocates from the inputs' shapes.

@@ -6,7 +6,8 @@ Layouts: q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, h
 multiple of nheads_k (MQA/GQA); varlen: (total_tokens, nheads, headdim) with int32 cu_seqlens of
 batch + 1 offsets. CPU tensors run the CPU backend (float16, bfloat16, float32), CUDA tensors the
 CUDA kernels (float16, bfloat16). Any strides are accepted as long as the last dimension is
-contiguous; nothing is copied.
+contiguous; nothing is copied except CUDA views at addresses or strides the kernels' 16-byte loads
+cannot follow, which are read through contiguous copies.
 
 Features of flash_attn that fusedattn does not implement (dropout, softcap, ALiBi, paged KV) raise
 NotImplementedError naming the argument instead of being silently ignored.

@@ -19,8 +19,6 @@ bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backe
 int64_t check_offsets(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows, void* stream);
 
 constexpr int kMaxHeadDim = 256;
-// Alignment the CUDA kernels' 16-byte vector loads need, for pointers and for strides.
-constexpr int kCudaAlignBytes = 16;
 // The portable CUDA kernels put heads and batch on the grid's y and z dimensions, whose hardware
 // limit is 65535.
 constexpr int64_t kCudaMaxGridYZ = 65535;

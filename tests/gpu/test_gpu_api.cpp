@@ -69,7 +69,7 @@ TEST(GpuForward, VarlenWithEmptySequences) {
 // answer is exact, forward and backward.
 TEST(GpuForward, VarlenMaxSeqlenFarAboveTheSequences) {
   FUSEDATTN_REQUIRE_GPU();
-  Problem p = with_mask(packed(3, 2, 64, {5, 0, 130}, {7, 3, 200}), true, -1, -1);
+  Problem p = with_mask(packed(4, 2, 64, {5, 0, 130}, {7, 3, 200}), true, -1, -1);
   for (const int64_t bound : {int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
     p.max_seqlen_bound = bound;
     FUSEDATTN_RUN_OR_SKIP(backward_all_dtypes(p));

@@ -27,8 +27,8 @@ def view_of(rng: random.Random, kind: str, shape, dtype, device) -> torch.Tensor
     b, s, h, d = shape
     if kind == "bhsd":  # the Triton tutorial's layout, transposed
         return randn(b, h, s, d, dtype=dtype, device=device).transpose(1, 2)
-    if kind == "padded":  # rows padded past the head dim
-        return randn(b, s, h, d + rng.choice((8, 64)), dtype=dtype, device=device)[..., :d]
+    if kind == "padded":  # rows padded past the head dim, by an odd count too
+        return randn(b, s, h, d + rng.choice((3, 8, 64)), dtype=dtype, device=device)[..., :d]
     if kind == "packed":  # one of q/k/v in a (batch, seqlen, 3, heads, dim) buffer
         return randn(b, s, 3, h, d, dtype=dtype, device=device)[:, :, rng.randrange(3)]
     if kind == "strided":  # every second position
@@ -67,6 +67,26 @@ def test_odd_views_match_the_reference(device):
                 f"window={window} views={kinds}"
         out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
         assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=f"{label}: ")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_misaligned_cuda_views_are_read_through_copies():
+    """The CUDA kernels load 16-byte vectors. A view at an odd storage offset or with an odd row
+    length is read through a contiguous copy, forward and backward, and left unchanged."""
+    rng = random.Random(torch.initial_seed())
+    b, s, h, d = 2, 45, 2, 64
+    for dtype in DTYPES["cuda"]:
+        for causal in (False, True):
+            q = view_of(rng, "offset", (b, s, h, d), dtype, "cuda").requires_grad_()
+            k = randn(b, s, h, d + 3, dtype=dtype, device="cuda")[..., :d].requires_grad_()
+            v = view_of(rng, "offset", (b, s, h, d), dtype, "cuda").requires_grad_()
+            dout = view_of(rng, "offset", (b, s, h, d), dtype, "cuda")
+            assert q.data_ptr() % 16 and k.stride(2) % 8
+            before = [t.detach().clone() for t in (q, k, v, dout)]
+            out, lse, _ = fusedattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+            assert_matches_reference(q, k, v, dout, out, lse, causal, (-1, -1), label=f"{dtype} causal={causal}: ")
+            for name, t, old in zip(("q", "k", "v", "dout"), (q, k, v, dout), before):
+                assert torch.equal(t.detach(), old), f"{name} changed"
 
 
 @pytest.mark.parametrize("device", DEVICES)
