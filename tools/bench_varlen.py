@@ -20,7 +20,11 @@ A peer that torch refuses for a case prints '-'. Every provider's output is chec
 --decode B,B,... instead times serving steps: B sequences of --queries new tokens each (1: decode,
 a few: speculative drafts) against KV caches of uniform random lengths in --cache-lens LO-HI, GQA
 32 query heads on 8 KV heads at d128 (causal, bottom-right aligned). Columns: milliseconds of ours
-(GQA packing as planned), ours_unpacked (FUSEDATTN_SM90_PACK_GQA=0) and fa2_varlen.
+(GQA packing as planned), ours_unpacked (FUSEDATTN_SM90_PACK_GQA=0), fa2_varlen, and the same
+step on padded caches [B, --cache-lens HI, 8, 128] as a server keeps them: ours_kvcache
+(fusedattn.flash_attn_with_kvcache with a tensor of cache_seqlens, which it reads on the host, and
+no new tokens) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
+flash_attn's kvcache call runs it).
 """
 import argparse
 import contextlib
@@ -156,6 +160,9 @@ def report(row, names, against, out):
             f.write(json.dumps(row) + "\n")
 
 
+DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "fa2_kvcache"]
+
+
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
     rng = random.Random(batch)
     lens_k = [rng.randint(cache_lo, cache_hi) for _ in range(batch)]
@@ -177,10 +184,29 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False,
                                                        scale=1.0 / math.sqrt(d))[0]
 
+    # The same keys in padded caches of cache_hi positions per sequence (the rest poisoned).
+    k_cache, v_cache = (torch.full((batch, cache_hi, heads_kv, d), float("nan"), dtype=dtype, device="cuda")
+                        for _ in range(2))
+    for b in range(batch):
+        k_cache[b, :lens_k[b]] = k[cu_k[b]:cu_k[b + 1]]
+        v_cache[b, :lens_k[b]] = v[cu_k[b]:cu_k[b + 1]]
+    cache_seqlens = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    q_dense = q.view(batch, queries, heads_q, d)
+    cu_cache = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * cache_hi
+
+    def ours_kvcache():
+        return fusedattn.flash_attn_with_kvcache(q_dense, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                 causal=True).reshape(q.shape)
+
+    def fa2_kvcache():
+        return torch.ops.aten._flash_attention_forward(
+            q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q, cu_cache, max_q, cache_hi,
+            0.0, True, False, scale=1.0 / math.sqrt(d), seqused_k=cache_seqlens)[0]
+
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
-    for name, fn in (("ours", ours), ("ours_unpacked", ours_unpacked), ("fa2_varlen", fa2_varlen)):
+    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, fa2_kvcache)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)
@@ -193,14 +219,18 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
 
 def main_decode(args, dtype):
     lo, hi = (int(x) for x in args.cache_lens.split("-"))
-    names = ["ours", "ours_unpacked", "fa2_varlen"]
+    names = DECODE_NAMES
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  milliseconds, GQA 32/8 d128, caches {lo}-{hi}")
-    print(f"{'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names) + "  unpacked/ours fa2/ours")
+    print(f"{'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names)
+          + "  unpacked/ours fa2/ours fa2_kvcache/ours_kvcache")
     for batch in (int(x) for x in args.decode.split(",")):
         row = run_decode(batch, args.queries, lo, hi, dtype)
         cells = " ".join(f"{row[n + '_ms'] if row[n + '_ms'] is not None else '-':>14}" for n in names)
         speed = lambda n: f"{row[n + '_ms'] / row['ours_ms']:.2f}" if row["ours_ms"] and row.get(n + "_ms") else "-"  # noqa: E731
-        print(f"{batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7}", flush=True)
+        kv_speed = f"{row['fa2_kvcache_ms'] / row['ours_kvcache_ms']:.2f}" \
+            if row.get("ours_kvcache_ms") and row.get("fa2_kvcache_ms") else "-"
+        print(f"{batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7} "
+              f"{kv_speed:>20}", flush=True)
         report(row, names, "ours_unpacked", args.out)
 
 

@@ -167,7 +167,8 @@ fi
 peers=$root/.devbuild/carry/peers.py
 # peer runs: "dtype" (the whole grid, every provider), "dtype-sm80" (the portable forward alone
 # against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated)
-# "decode" (peers.py's decode suite, fp16, every provider) or "varlen" (tools/bench_varlen.py,
+# "decode" (peers.py's decode suite, fp16, every provider), "decode-varlen" (tools/bench_varlen.py
+# --decode at DECODE_BATCHES: ragged caches, packed and through flash_attn_with_kvcache) or "varlen" (tools/bench_varlen.py,
 # packed batches against FA2's and cuDNN's varlen kernels, fp16 and bf16);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
@@ -180,6 +181,9 @@ if has peers && [ -f "$peers" ]; then
         step "varlen-$vdt" 250 "varlen_$vdt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
           --dtype "$vdt" --out "$dest/varlen_$vdt.jsonl"
       done
+    elif [ "$run" = decode-varlen ]; then
+      step decode-varlen 200 decode_varlen.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
+        --decode "${DECODE_BATCHES:-1,4,8,16,32,64}" --out "$dest/decode_varlen.jsonl"
     elif [ "$run" = decode ]; then
       step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
         --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"
@@ -250,6 +254,6 @@ if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
 fi
 [ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
-for f in "$out"/varlen_*.log; do
+for f in "$out"/varlen_*.log "$out"/decode_varlen.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
