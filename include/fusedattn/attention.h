@@ -35,6 +35,11 @@ struct Options {
   TensorView cu_seqlens_k;
   int64_t max_seqlen_q = 0;
   int64_t max_seqlen_k = 0;
+  // Variable-length forward only, optional: int32 [B] on the tensors' device. Sequence b then
+  // attends to the first seqused_k[b] of its cu_seqlens_k rows (flash_attn's seqused_k: KV caches
+  // whose sequences fill part of their rows), its masks aligned to that length. It is never read
+  // on the host, so it costs no sync: the kernels clamp each entry to [0, the sequence's rows].
+  TensorView seqused_k;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
   // contents, or -1. Set (both), forward() and backward() on CUDA tensors skip their own check of
   // the offsets, which reads them on the host: a device-to-host copy, i.e. a sync of the stream,

@@ -37,6 +37,7 @@ struct FwdParams {
   int64_t seqlen_k = 0;  // likewise, at most varlen_rows_k
   const int32_t* cu_seqlens_q = nullptr;  // varlen only, on the tensors' device
   const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;  // varlen forward only, optional: keys in use per sequence
   // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);
   // rows past these (a packed tensor may be longer) are never read.
   int64_t varlen_rows_q = 0;
@@ -77,11 +78,19 @@ struct SeqInfo {
   int64_t len_q, len_k;
 };
 
-// cu_seqlens must be readable where this runs (host memory for the CPU backend).
+// The keys sequence b of a variable-length batch attends to: its cu_seqlens_k rows, or the first
+// seqused_k[b] of them, clamped to [0, rows] (the entry is never checked on the host).
+FUSEDATTN_HD int64_t used_keys(const FwdParams& p, int b, int64_t rows) {
+  if (p.seqused_k == nullptr) return rows;
+  const int64_t used = p.seqused_k[b];
+  return used < 0 ? 0 : (used < rows ? used : rows);
+}
+
+// cu_seqlens (and seqused_k) must be readable where this runs (host memory for the CPU backend).
 FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.seqlen_k};
   const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, p.cu_seqlens_k[b + 1] - k0};
+  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, used_keys(p, b, p.cu_seqlens_k[b + 1] - k0)};
 }
 
 // The keys query row i (0-based within its sequence) may see: [lo, hi], empty when lo > hi.

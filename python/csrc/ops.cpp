@@ -121,13 +121,15 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               int64_t max_seqlen_q, int64_t max_seqlen_k,
                                               std::optional<double> softmax_scale, bool causal,
                                               int64_t window_left, int64_t window_right,
-                                              bool /*deterministic: read by autograd only*/) {
+                                              bool /*deterministic: read by autograd only*/,
+                                              const std::optional<at::Tensor>& seqused_k) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
     expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
     set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
+    if (seqused_k) options.seqused_k = to_view(*seqused_k, "seqused_k");
     return run_forward(q, k, v, options, /*varlen=*/true);
   });
 }
@@ -161,7 +163,7 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+      "bool deterministic=False, Tensor? seqused_k=None) -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

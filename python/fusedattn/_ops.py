@@ -48,7 +48,7 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, determi
 
 @torch.library.register_fake("fusedattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                     window_left, window_right, deterministic=False):
+                     window_left, window_right, deterministic=False, seqused_k=None):
     return torch.empty_like(q), _varlen_lse(q)
 
 
@@ -90,8 +90,9 @@ def _fwd_backward(ctx, dout, _dlse):
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, deterministic) = inputs
+     window_right, deterministic, seqused_k) = inputs
     out, softmax_lse = output
+    ctx.forward_only = seqused_k is not None
     ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
     ctx.seqlen_args = (max_seqlen_q, max_seqlen_k)
     ctx.mask_args = (softmax_scale, causal, window_left, window_right, deterministic)
@@ -99,10 +100,12 @@ def _varlen_fwd_setup_context(ctx, inputs, output):
 
 
 def _varlen_fwd_backward(ctx, dout, _dlse):
+    if ctx.forward_only:
+        raise NotImplementedError("fusedattn: seqused_k: the backward pass does not support it (as in flash_attn)")
     q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = ops.varlen_bwd(_last_dim_contiguous(dout), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                 *ctx.seqlen_args, *ctx.mask_args)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fusedattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)

@@ -153,6 +153,32 @@ def _rows_of(cache: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
     return view, pitch
 
 
+# The kvcache call's offsets, by (rows per sequence, rows of the last, batch, device): the same
+# tensors every decode step, so the binding checks each once (it remembers checked offsets by
+# tensor and version) instead of reading new ones on the host at every call.
+_OFFSETS: dict = {}
+_MAX_CACHED_OFFSETS = 64
+_INT32_MAX = 2**31 - 1
+
+
+def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
+    """int32 offsets 0, pitch, ..., (batch - 1) * pitch, (batch - 1) * pitch + last on device."""
+    key = (pitch, last, batch, device)
+    offsets = _OFFSETS.get(key)
+    if offsets is None:
+        end = (batch - 1) * pitch + last
+        if end > _INT32_MAX:
+            raise ValueError(f"fusedattn: k_cache: its {end} rows exceed the int32 offsets of variable-length calls")
+        if len(_OFFSETS) >= _MAX_CACHED_OFFSETS:
+            _OFFSETS.clear()
+        # Outside inference mode, so that the tensor has the version counter the binding's check
+        # remembers (inference tensors are checked at every call).
+        with torch.inference_mode(False):
+            offsets = torch.tensor([b * pitch for b in range(batch)] + [end], dtype=torch.int32, device=device)
+        _OFFSETS[key] = offsets
+    return offsets
+
+
 @torch.no_grad()
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
@@ -169,8 +195,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     (out, softmax_lse [batch, nheads, seqlen_q]) with return_softmax_lse.
 
     Caches filled to one length run as a plain call on views of them, others as one
-    variable-length call over views of the caches (nothing is copied); their lengths are read on
-    the host, which waits for the stream. Not implemented, and rejected
+    variable-length call over the caches' rows with a key count per sequence (seqused_k); nothing
+    is copied. A tensor cache_seqlens is read on the host to check it, which waits for the
+    stream. Not implemented, and rejected
     naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
     (block_table), softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
@@ -225,18 +252,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         visible = lengths[0] + new
         out, lse = ops.fwd(q, k_cache[:, :visible], v_cache[:, :visible], softmax_scale, causal, left, right, False)
         return (out, lse) if return_softmax_lse else out
-    # Sequence b's keys are rows b * pitch .. + lengths[b] + new of the views; the rows between two
-    # sequences form a sequence of their own with no queries, which no kernel visits.
-    cu_k, cu_q = [0], [0]
-    for b, n in enumerate(lengths):
-        cu_k.append(b * k_pitch + n + new)
-        cu_q.append((b + 1) * seqlen_q)
-        if b + 1 < batch:
-            cu_k.append((b + 1) * k_pitch)
-            cu_q.append((b + 1) * seqlen_q)
-    cu_q, cu_k = (torch.tensor(c, dtype=torch.int32, device=q.device) for c in (cu_q, cu_k))
+    # Sequence b's rows of the views start at b * pitch; the first lengths[b] + new hold its keys.
+    cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
+    cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
+    used = cache_seqlens.to(torch.int32) + new  # ragged lengths come only as a tensor
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
-                              k_pitch, softmax_scale, causal, left, right, False)
+                              k_pitch, softmax_scale, causal, left, right, False, used)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])
     if not return_softmax_lse:
         return out

@@ -133,6 +133,21 @@ void check_cu_tensor(const TensorView& cu, const char* name, const Device& devic
   if (cu.shape[0] > 1 && cu.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
 }
 
+// seqused_k (Options): a variable-length forward's int32 [batch] key counts, read only by the
+// kernels (which clamp each entry), so only its description is checked here.
+void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t batch, const Device& device) {
+  const char* name = "seqused_k";
+  if (!varlen) fail(ErrorCode::kInvalidArgument, name, "needs a variable-length call (cu_seqlens_q/k)");
+  if (backward) fail(ErrorCode::kUnsupported, name, "is supported by the forward only, as in flash_attn");
+  if (used.rank != 1 || used.shape[0] != batch)
+    fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of " + std::to_string(batch) +
+                                              " key counts, one per sequence");
+  if (used.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(used.dtype));
+  if (batch > 0 && used.data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (used.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  if (batch > 1 && used.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
+}
+
 // Everything shared by forward and backward, from the forward-side tensors.
 // Returns false for a valid no-op.
 bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* out,
@@ -196,7 +211,9 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     batch = opt.cu_seqlens_q.shape[0] - 1;
     sq = opt.max_seqlen_q;
     sk = opt.max_seqlen_k;
+    if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
   } else {
+    if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, 0, device);
     batch = q.shape[0];
     sq = q.shape[1];
     sk = k.shape[1];
@@ -315,6 +332,7 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     }
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
+    p.seqused_k = static_cast<const int32_t*>(opt.seqused_k.data);  // null when not given
     // No sequence is longer than the rows its offsets span, so a max_seqlen above them (flash_attn
     // takes any bound, e.g. a model's context length) comes down to them: the kernels' grids and
     // the CPU backend's task list are sized by the maxima (a max_seqlen_q of 2^40 ran for hours).

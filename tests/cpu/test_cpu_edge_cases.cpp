@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "cpu/cpu_check.h"
 
@@ -61,6 +62,16 @@ TEST(CpuVarlen, MaxSeqlenFarAboveTheSequences) {
     p.max_seqlen_bound = bound;
     for (DType dtype : kCpuDtypes) check_backward(p, dtype);
   }
+}
+
+// seqused_k: each sequence attends to the first keys of its rows, its masks aligned to that
+// count (a decode step over padded KV caches); entries below 0 or past the rows are clamped.
+TEST(CpuVarlen, SequsedKLimitsEachSequencesKeys) {
+  Problem p = packed(4, 2, kHeadDim, {1, 5, 3, 2, 4, 6}, {9, 12, 7, 0, 6, 8});
+  p.seqused_k = {4, 12, -3, 5, 100, 0};
+  const std::tuple<bool, int64_t, int64_t> masks[] = {{false, -1, -1}, {true, -1, -1}, {false, 2, 1}};
+  for (const auto& [causal, left, right] : masks)
+    for (DType dtype : kCpuDtypes) check_forward(with_mask(p, causal, left, right), dtype);
 }
 
 // ---- fully masked rows -------------------------------------------------------------------------

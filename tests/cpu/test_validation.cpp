@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 #include "cpu/cpu_check.h"
 
@@ -339,6 +340,52 @@ TEST(Validation, OffsetTensorsMustHaveTheSameLength) {
   Valid v = valid_varlen();
   v.fwd.options.cu_seqlens_k.shape[0] -= 1;
   expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "cu_seqlens_k", "as many entries as cu_seqlens_q");
+}
+
+// seqused_k is read only by the kernels (they clamp its entries), so only its description is checked.
+TEST(Validation, SequsedK) {
+  std::vector<int32_t> used = {1, 0, 7};
+  const TensorView view = TensorView::contiguous(used.data(), DType::kInt32, {3});
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = view;
+    EXPECT_NO_THROW(forward(v.fwd));
+    v.bwd.options.seqused_k = view;
+    expect_bwd_error(v.bwd, ErrorCode::kUnsupported, "seqused_k", "forward only");
+  }
+  {
+    Valid v = valid_dense();
+    v.fwd.options.seqused_k = TensorView::contiguous(used.data(), DType::kInt32, {2});
+    expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "seqused_k", "variable-length");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = TensorView::contiguous(used.data(), DType::kInt32, {2});
+    expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "seqused_k", "3 key counts");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = TensorView::contiguous(used.data(), DType::kFloat32, {3});
+    expect_fwd_error(v.fwd, ErrorCode::kDtypeMismatch, "seqused_k", "int32");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = view;
+    v.fwd.options.seqused_k.data = nullptr;
+    expect_fwd_error(v.fwd, ErrorCode::kInvalidArgument, "seqused_k", "null");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = view;
+    v.fwd.options.seqused_k.device = kGpu0;
+    expect_fwd_error(v.fwd, ErrorCode::kDeviceMismatch, "seqused_k", "same device");
+  }
+  {
+    Valid v = valid_varlen();
+    v.fwd.options.seqused_k = view;
+    v.fwd.options.seqused_k.stride[0] = 2;
+    expect_fwd_error(v.fwd, ErrorCode::kLayout, "seqused_k", "contiguous");
+  }
 }
 
 TEST(Validation, NegativeMaxSeqlen) {

@@ -106,19 +106,22 @@ class DeviceTensor {
 // A HostCase mirrored on the device; results come back into the host tensors.
 struct DeviceCase {
   HostCase& host;
-  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k;
+  DeviceTensor q, k, v, out, lse, dout, dq, dk, dv, cu_q, cu_k, used_k;
 
   explicit DeviceCase(HostCase& c)
       : host(c), q(c.q), k(c.k), v(c.v), out(c.out), lse(c.lse), dout(c.dout), dq(c.dq), dk(c.dk), dv(c.dv) {
     if (c.problem.varlen()) {
       cu_q = DeviceTensor(c.cu_q);
       cu_k = DeviceTensor(c.cu_k);
+      if (!c.problem.seqused_k.empty()) used_k = DeviceTensor(c.used_k);
     }
   }
 
   Options options() const {
     const Problem& p = host.problem;
-    return p.varlen() ? options_for(p, cu_q.view(host.cu_q), cu_k.view(host.cu_k)) : options_for(p);
+    if (!p.varlen()) return options_for(p);
+    return options_for(p, cu_q.view(host.cu_q), cu_k.view(host.cu_k),
+                       p.seqused_k.empty() ? TensorView{} : used_k.view(host.used_k));
   }
   ForwardArgs forward_args() const {
     ForwardArgs a;

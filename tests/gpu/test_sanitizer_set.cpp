@@ -43,6 +43,28 @@ TEST(GpuSanitizer, SmallRaggedPortablePath) {
   run_small_set();
 }
 
+// seqused_k (forward only): sequences that use part of their key rows, or none, or more than
+// they have (clamped); a decode-like launch of few tiles over long rows, which the tail split cuts.
+void run_seqused_set() {
+  Problem ragged = packed(4, 2, 64, {5, 1, 70}, {40, 300, 20});
+  ragged.seqused_k = {30, 150, -1};
+  Problem decode = packed(8, 2, 128, {1, 1}, {700, 900});
+  decode.seqused_k = {650, 3};
+  for (const Problem& p : {ragged, with_mask(ragged, true, -1, -1), decode, with_mask(decode, true, -1, -1)})
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+}
+
+TEST(GpuSanitizer, VarlenSequsedKDispatchDefault) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_seqused_set();
+}
+
+TEST(GpuSanitizer, VarlenSequsedKPortablePath) {
+  FUSEDATTN_REQUIRE_GPU();
+  PortablePathOnly portable;
+  run_seqused_set();
+}
+
 // Forward checks with slack 0, so nearly every unmasked step fails the sum check: the warps
 // rebase the block from its probabilities, and with REBASE=0 compute their scores again from Q and
 // K in shared memory (Consumer::rescore) while their P V is in flight.

@@ -67,7 +67,7 @@ void run_on_gpu(HostCase& c, bool with_lse = true) {
   c.out.poison();
   c.lse.poison();
   DeviceBuffer q(c.q), k(c.k), v(c.v), out(c.out), lse(c.lse);
-  std::unique_ptr<DeviceBuffer> cu_q, cu_k;
+  std::unique_ptr<DeviceBuffer> cu_q, cu_k, used_k;
   ForwardArgs a;
   a.q = q.view();
   a.k = k.view();
@@ -77,7 +77,8 @@ void run_on_gpu(HostCase& c, bool with_lse = true) {
   if (c.problem.varlen()) {
     cu_q = std::make_unique<DeviceBuffer>(c.cu_q);
     cu_k = std::make_unique<DeviceBuffer>(c.cu_k);
-    a.options = options_for(c.problem, cu_q->view(), cu_k->view());
+    if (!c.problem.seqused_k.empty()) used_k = std::make_unique<DeviceBuffer>(c.used_k);
+    a.options = options_for(c.problem, cu_q->view(), cu_k->view(), used_k ? used_k->view() : TensorView{});
   } else {
     a.options = options_for(c.problem);
   }
@@ -143,6 +144,16 @@ TEST_F(Sm80Forward, VarlenWithEmptySequences) {
       check(packed(4, 2, d, {5, 0, 130, 260}, {7, 9, 0, 200}), dt);
       check(with_mask(packed(2, 2, d, {1, 300, 64, 0}, {1, 250, 300, 3}), true, -1, -1), dt);
       check(with_mask(packed(2, 1, d, {200, 17}, {180, 40}), false, 31, 5), dt);
+    }
+}
+
+TEST_F(Sm80Forward, VarlenSequsedK) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128}) {
+      Problem p = packed(4, 2, d, {5, 0, 130, 260, 1}, {7, 9, 200, 200, 3000});
+      p.seqused_k = {4, 3, -1, 150, 2500};
+      check(p, dt);
+      check(with_mask(p, true, -1, -1), dt);
     }
 }
 

@@ -78,6 +78,25 @@ TEST_F(Sm90Varlen, EveryMaskMatchesReference) {
   }
 }
 
+// seqused_k: each sequence attends to the first keys of its rows (clamped to [0, rows]), and
+// a decode step over padded caches: one query per sequence, few tiles over long rows, which the
+// tail split cuts into shares of each tile's own blocks.
+TEST_F(Sm90Varlen, SequsedKLimitsEachSequencesKeys) {
+  const std::vector<int64_t> used = {3, 9, 5, 150, -2, 500, 299, 64};
+  for (int d : {64, 128, 256}) {
+    SCOPED_TRACE("d" + std::to_string(d));
+    Problem p = packed(4, 2, d, kLensQ, kLensK);
+    p.seqused_k = used;
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(p));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, true, -1, -1)));
+    FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(p, false, 31, 5)));
+  }
+  Problem decode = packed(32, 8, 128, {1, 1, 1, 1, 1}, {4096, 4096, 4096, 4096, 3000});
+  decode.seqused_k = {4000, 1, 2500, 0, 3000};
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(decode));
+  FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(decode, true, -1, -1)));
+}
+
 // Long sequences among short ones: many tiles per sequence, the d64 192-row tile (max_seqlen_q >=
 // 512 for full masks, >= 2048 for masked ones) and a batch whose tiles outnumber the SMs.
 TEST_F(Sm90Varlen, LongAndShortSequencesTogether) {

@@ -106,3 +106,45 @@ def test_rejections_name_the_argument():
     with pytest.raises(ValueError, match="k_cache: its batch stride"):
         fusedattn.flash_attn_with_kvcache(q, crossed, v_cache, k, k, cache_seqlens=lengths)
     assert torch.equal(k_cache, before), "a rejected call wrote the cache"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_positions_past_the_lengths_are_never_read(device, portable, monkeypatch):
+    """Caches are often allocated with torch.empty: what lies past each sequence's keys (NaN here)
+    must not reach the output, ragged (one variable-length call with seqused_k) or uniform.
+    portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. The Hopper
+    kernel's ragged call reads the positions after a sequence's keys up to its last key block and
+    needs them finite (docs/python.md), so there only the uniform lengths run."""
+    if portable:
+        if device == "cpu":
+            pytest.skip("the portable kernels are CUDA kernels")
+        monkeypatch.setenv("FUSEDATTN_DISABLE_SM90", "1")
+    hopper = device == "cuda" and not portable and torch.cuda.get_device_capability()[0] == 9
+    dtype = DTYPES[device][0]
+    batch, capacity, hq, hkv, d = 3, 300, 8, 2, 64
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    q = randn(batch, 1, hq, d, dtype=dtype, device=device)
+    for lengths in ([[77, 77, 77]] if hopper else [[1, 200, 77], [77, 77, 77]]):
+        for b, n in enumerate(lengths):
+            k_cache[b, n:] = float("nan")
+            v_cache[b, n:] = float("nan")
+        for causal in (False, True):
+            out, lse = fusedattn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+                causal=causal, return_softmax_lse=True)
+            check_against_reference(q, k_cache, v_cache, lengths, out, lse, causal, (-1, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seqused_k_is_forward_only(device):
+    """The variable-length operator's seqused_k (what the ragged kvcache call passes) has no
+    backward, as in flash_attn: asking for gradients through it raises, naming it."""
+    from fusedattn._ops import ops
+    dtype = DTYPES[device][0]
+    q, k, v = (randn(5, 2, 64, dtype=dtype, device=device).requires_grad_() for _ in range(3))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32, device=device)
+    used = torch.tensor([1, 3], dtype=torch.int32, device=device)
+    out, _ = ops.varlen_fwd(q, k, v, cu, cu, 3, 3, None, False, -1, -1, False, used)
+    with pytest.raises(NotImplementedError, match="seqused_k"):
+        out.sum().backward()

@@ -28,7 +28,9 @@ Seq seq_of(const Problem& p, int b) {
     q0 += p.lens_q[i];
     k0 += p.lens_k[i];
   }
-  return {q0, k0, p.lens_q[b], p.lens_k[b]};
+  int64_t len_k = p.lens_k[b];
+  if (!p.seqused_k.empty()) len_k = std::clamp<int64_t>(p.seqused_k[b], 0, len_k);
+  return {q0, k0, p.lens_q[b], len_k};
 }
 
 // Keys [lo, hi] visible to query row i. The window is centred on the diagonal key
@@ -191,6 +193,11 @@ std::string Problem::str() const {
     s << "] k[";
     for (size_t b = 0; b < lens_k.size(); ++b) s << (b ? "," : "") << lens_k[b];
     s << "]";
+    if (!seqused_k.empty()) {
+      s << " used[";
+      for (size_t b = 0; b < seqused_k.size(); ++b) s << (b ? "," : "") << seqused_k[b];
+      s << "]";
+    }
   } else {
     s << " Sq" << seqlen_q << " Sk" << seqlen_k;
   }

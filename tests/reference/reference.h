@@ -24,6 +24,9 @@ struct Problem {
   // Varlen: the max_seqlen_q/k the call passes when above the longest sequence (0: the longest),
   // a bound such as a model's context length.
   int64_t max_seqlen_bound = 0;
+  // Varlen forward: the keys each sequence uses (Options::seqused_k), clamped to [0, lens_k[b]]
+  // as the library clamps them; empty: all of them.
+  std::vector<int64_t> seqused_k;
 
   bool varlen() const { return !lens_q.empty(); }
   int64_t total_q() const;  // rows of the packed q (dense: batch * seqlen_q)

@@ -43,6 +43,7 @@ struct HostCase {
   Tensors values;  // inputs as rounded to dtype (q, k, v, dout), canonical order
   HostTensor q, k, v, out, lse, dout, dq, dk, dv;
   HostTensor cu_q, cu_k;  // int32 offsets, varlen only
+  HostTensor used_k;      // int32 seqused_k, where the problem gives it
 };
 
 inline std::vector<int64_t> q_shape(const Problem& p) {
@@ -103,6 +104,10 @@ inline HostCase make_case(const Problem& p, DType dtype, Layout layout, std::mt1
     const auto cq = p.cu_seqlens_q(), ck = p.cu_seqlens_k();
     c.cu_q.fill(std::vector<double>(cq.begin(), cq.end()));
     c.cu_k.fill(std::vector<double>(ck.begin(), ck.end()));
+    if (!p.seqused_k.empty()) {
+      c.used_k = HostTensor(DType::kInt32, {p.batch});
+      c.used_k.fill(std::vector<double>(p.seqused_k.begin(), p.seqused_k.end()));
+    }
   }
   return c;
 }
@@ -121,8 +126,9 @@ inline void refill_inputs(HostCase& c) {
   if (!c.values.dout.empty()) c.dout.fill(c.values.dout);
 }
 
-// Options for a problem; cu_q/cu_k are the offset tensors' views (empty for dense problems).
-inline Options options_for(const Problem& p, TensorView cu_q = {}, TensorView cu_k = {}) {
+// Options for a problem; cu_q/cu_k are the offset tensors' views (empty for dense problems),
+// used_k seqused_k's (empty where the problem has none).
+inline Options options_for(const Problem& p, TensorView cu_q = {}, TensorView cu_k = {}, TensorView used_k = {}) {
   Options o;
   if (p.softmax_scale != 0.f) o.softmax_scale = p.softmax_scale;
   o.causal = p.causal;
@@ -131,6 +137,7 @@ inline Options options_for(const Problem& p, TensorView cu_q = {}, TensorView cu
   if (p.varlen()) {
     o.cu_seqlens_q = cu_q;
     o.cu_seqlens_k = cu_k;
+    o.seqused_k = used_k;
     o.max_seqlen_q = std::max(p.max_seqlen_q(), p.max_seqlen_bound);
     o.max_seqlen_k = std::max(p.max_seqlen_k(), p.max_seqlen_bound);
   }
@@ -144,7 +151,9 @@ inline ForwardArgs forward_args(HostCase& c) {
   a.v = c.v.view();
   a.out = c.out.view();
   a.lse = c.lse.view();
-  a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view()) : options_for(c.problem);
+  a.options = c.problem.varlen() ? options_for(c.problem, c.cu_q.view(), c.cu_k.view(),
+                                               c.problem.seqused_k.empty() ? TensorView{} : c.used_k.view())
+                                 : options_for(c.problem);
   return a;
 }
 

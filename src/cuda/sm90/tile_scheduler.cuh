@@ -188,7 +188,7 @@ class TileScheduler {
             .q_start = q_start,
             .k_start = k_start,
             .len_q = q_end - q_start,
-            .len_k = p_.cu_seqlens_k[b + 1] - k_start,
+            .len_k = static_cast<int>(used_keys(p_, b, p_.cu_seqlens_k[b + 1] - k_start)),
             .batch_first = first,
             .step_lo = it.step_lo,
             .step_hi = it.step_hi};
