@@ -23,7 +23,8 @@ a few: speculative drafts) against KV caches of uniform random lengths in --cach
 (GQA packing as planned), ours_unpacked (FUSEDATTN_SM90_PACK_GQA=0), fa2_varlen, and the same
 step on padded caches [B, --cache-lens HI, 8, 128] as a server keeps them: ours_kvcache
 (fusedattn.flash_attn_with_kvcache with a tensor of cache_seqlens, which it reads on the host, and
-no new tokens) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
+no new tokens), ours_seqused (the variable-length operator that call runs, called directly: no host
+read) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
 flash_attn's kvcache call runs it).
 """
 import argparse
@@ -160,7 +161,7 @@ def report(row, names, against, out):
             f.write(json.dumps(row) + "\n")
 
 
-DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "fa2_kvcache"]
+DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "fa2_kvcache"]
 
 
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
@@ -198,6 +199,10 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return fusedattn.flash_attn_with_kvcache(q_dense, k_cache, v_cache, cache_seqlens=cache_seqlens,
                                                  causal=True).reshape(q.shape)
 
+    def ours_seqused():  # the varlen operator flash_attn_with_kvcache calls, without its host read
+        return fusedattn._ops.ops.varlen_fwd(q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q,
+                                             cu_cache, max_q, cache_hi, None, True, -1, 0, False, cache_seqlens)[0]
+
     def fa2_kvcache():
         return torch.ops.aten._flash_attention_forward(
             q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q, cu_cache, max_q, cache_hi,
@@ -206,7 +211,7 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
-    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, fa2_kvcache)):
+    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, fa2_kvcache)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)
