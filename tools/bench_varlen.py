@@ -24,7 +24,9 @@ a few: speculative drafts) against KV caches of uniform random lengths in --cach
 step on padded caches [B, --cache-lens HI, 8, 128] as a server keeps them: ours_kvcache
 (fusedattn.flash_attn_with_kvcache with a tensor of cache_seqlens, which it reads on the host, and
 no new tokens), ours_seqused (the variable-length operator that call runs, called directly: no host
-read) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
+read; on Hopper the portable kernels, since the caches' unused rows hold NaN), ours_seqused_sm90
+(the same on the Hopper kernel, FUSEDATTN_SM90_SEQUSED=1: its outputs carry that NaN, so only
+its time counts) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
 flash_attn's kvcache call runs it).
 """
 import argparse
@@ -161,7 +163,8 @@ def report(row, names, against, out):
             f.write(json.dumps(row) + "\n")
 
 
-DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "fa2_kvcache"]
+DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_sm90",
+                "fa2_kvcache"]
 
 
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
@@ -203,6 +206,10 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return fusedattn._ops.ops.varlen_fwd(q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q,
                                              cu_cache, max_q, cache_hi, None, True, -1, 0, False, cache_seqlens)[0]
 
+    def ours_seqused_sm90():  # the same on the Hopper kernel (its unused rows must be finite)
+        with env("FUSEDATTN_SM90_SEQUSED", "1"):
+            return ours_seqused()
+
     def fa2_kvcache():
         return torch.ops.aten._flash_attention_forward(
             q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q, cu_cache, max_q, cache_hi,
@@ -211,7 +218,8 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
-    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, fa2_kvcache)):
+    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_sm90,
+                                       fa2_kvcache)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)

@@ -168,8 +168,9 @@ peers=$root/.devbuild/carry/peers.py
 # peer runs: "dtype" (the whole grid, every provider), "dtype-sm80" (the portable forward alone
 # against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated)
 # "decode" (peers.py's decode suite, fp16, every provider), "decode-varlen" (tools/bench_varlen.py
-# --decode at DECODE_BATCHES: ragged caches, packed and through flash_attn_with_kvcache) or "varlen" (tools/bench_varlen.py,
-# packed batches against FA2's and cuDNN's varlen kernels, fp16 and bf16);
+# --decode at DECODE_BATCHES: ragged caches, packed and through flash_attn_with_kvcache) or
+# "varlen" (tools/bench_varlen.py, packed batches against FA2's and cuDNN's varlen kernels, fp16
+# and bf16);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then

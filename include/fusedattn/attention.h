@@ -37,8 +37,8 @@ struct Options {
   int64_t max_seqlen_k = 0;
   // Variable-length forward only, optional: int32 [B] on the tensors' device. Sequence b then
   // attends to the first seqused_k[b] of its cu_seqlens_k rows (flash_attn's seqused_k: KV caches
-  // whose sequences fill part of their rows), its masks aligned to that length. It is never read
-  // on the host, so it costs no sync: the kernels clamp each entry to [0, the sequence's rows].
+  // whose sequences fill part of their rows), its masks aligned to that length. Validation does
+  // not read it (on CUDA no sync, unlike cu_seqlens): the kernels clamp each entry to [0, rows].
   TensorView seqused_k;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
   // contents, or -1. Set (both), forward() and backward() on CUDA tensors skip their own check of

@@ -99,6 +99,16 @@ bool sm90_supports(const FwdParams& p) {
          countable && p.scale > 0.f;
 }
 
+// The portable kernels never read the rows past a sequence's seqused_k keys (their loads
+// zero-fill them); the Hopper kernel's TMA loads the sequence's last key block whole, and P V's
+// 0 * NaN lets NaN or Inf there (a KV cache from torch.empty) reach the output. So launches with
+// seqused_k take the portable path unless FUSEDATTN_SM90_SEQUSED=1 says those rows are finite.
+bool sm90_may_read_unused_rows(const FwdParams& p) {
+  if (p.seqused_k == nullptr) return true;
+  const char* env = std::getenv("FUSEDATTN_SM90_SEQUSED");
+  return env && env[0] == '1';
+}
+
 }  // namespace
 
 FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
@@ -106,7 +116,7 @@ FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
     throw Error(ErrorCode::kUnsupported, "device",
                 "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
                     std::to_string(cc_minor));
-  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p))
+  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p) && sm90_may_read_unused_rows(p))
     if (const Entry* e = find(90, false, p)) return {e->fwd, "sm90", e->head_dim};
   if (const Entry* e = find(80, false, p)) return {e->fwd, "sm80", e->head_dim};
   no_instance(p, "forward");

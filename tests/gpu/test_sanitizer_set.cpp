@@ -54,8 +54,9 @@ void run_seqused_set() {
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
 }
 
-TEST(GpuSanitizer, VarlenSequsedKDispatchDefault) {
+TEST(GpuSanitizer, VarlenSequsedKHopperOptIn) {
   FUSEDATTN_REQUIRE_GPU();
+  const ScopedEnv opt_in("FUSEDATTN_SM90_SEQUSED", "1");
   run_seqused_set();
 }
 

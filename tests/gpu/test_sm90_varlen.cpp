@@ -55,6 +55,13 @@ TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
     EXPECT_EQ(arch_for(varlen_params(d, 1000, 0)), "sm80") << "no keys at all, d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, 0, 900)), "sm80") << "no query rows at all, d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, int64_t{1} << 31, 900)), "sm80") << "rows past int32, d" << d;
+    // seqused_k: the Hopper kernel would read the unused rows of a sequence's last block.
+    static const int32_t kUsed[1] = {500};
+    FwdParams used = varlen_params(d, 1000, 900);
+    used.seqused_k = kUsed;
+    EXPECT_EQ(arch_for(used), "sm80") << "seqused_k, d" << d;
+    const ScopedEnv opt_in("FUSEDATTN_SM90_SEQUSED", "1");
+    EXPECT_EQ(arch_for(used), "sm90") << "seqused_k with FUSEDATTN_SM90_SEQUSED=1, d" << d;
   }
 }
 
@@ -80,8 +87,10 @@ TEST_F(Sm90Varlen, EveryMaskMatchesReference) {
 
 // seqused_k: each sequence attends to the first keys of its rows (clamped to [0, rows]), and
 // a decode step over padded caches: one query per sequence, few tiles over long rows, which the
-// tail split cuts into shares of each tile's own blocks.
+// tail split cuts into shares of each tile's own blocks. On the Hopper kernel by opting in (its
+// unused rows are finite here; dispatch otherwise takes the portable path).
 TEST_F(Sm90Varlen, SequsedKLimitsEachSequencesKeys) {
+  const ScopedEnv opt_in("FUSEDATTN_SM90_SEQUSED", "1");
   const std::vector<int64_t> used = {3, 9, 5, 150, -2, 500, 299, 64};
   for (int d : {64, 128, 256}) {
     SCOPED_TRACE("d" + std::to_string(d));

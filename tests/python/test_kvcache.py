@@ -113,19 +113,18 @@ def test_rejections_name_the_argument():
 def test_positions_past_the_lengths_are_never_read(device, portable, monkeypatch):
     """Caches are often allocated with torch.empty: what lies past each sequence's keys (NaN here)
     must not reach the output, ragged (one variable-length call with seqused_k) or uniform.
-    portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. The Hopper
-    kernel's ragged call reads the positions after a sequence's keys up to its last key block and
-    needs them finite (docs/python.md), so there only the uniform lengths run."""
+    portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. (On Hopper the
+    ragged call takes them by default too: the Hopper kernel would read those positions up to the
+    sequence's last key block, FUSEDATTN_SM90_SEQUSED in docs/python.md.)"""
     if portable:
         if device == "cpu":
             pytest.skip("the portable kernels are CUDA kernels")
         monkeypatch.setenv("FUSEDATTN_DISABLE_SM90", "1")
-    hopper = device == "cuda" and not portable and torch.cuda.get_device_capability()[0] == 9
     dtype = DTYPES[device][0]
     batch, capacity, hq, hkv, d = 3, 300, 8, 2, 64
     k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
     q = randn(batch, 1, hq, d, dtype=dtype, device=device)
-    for lengths in ([[77, 77, 77]] if hopper else [[1, 200, 77], [77, 77, 77]]):
+    for lengths in ([1, 200, 77], [77, 77, 77]):
         for b, n in enumerate(lengths):
             k_cache[b, n:] = float("nan")
             v_cache[b, n:] = float("nan")
