@@ -84,16 +84,22 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None):
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None):
     """Attention over packed variable-length sequences: q (total_q, nheads, headdim), k/v
     (total_k, nheads_k, headdim); sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1].
+
+    seqused_k (keyword only, an extension from FlashAttention-3's API): an int32 tensor of one
+    key count per sequence on q's device; sequence b then attends to the first seqused_k[b] of
+    its key rows (padded KV caches). It is not read on the host; entries are clamped to
+    [0, rows]. Forward only: gradients through such a call raise NotImplementedError.
 
     Returns out (like q), or (out, softmax_lse [nheads, total_q] float32, None).
     """
     _reject_unsupported(dropout_p, softcap, alibi_slopes, block_table)
     left, right = _window(window_size, causal)
     out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                              softmax_scale, causal, left, right, deterministic)
+                              softmax_scale, causal, left, right, deterministic, seqused_k)
     return _result(out, lse, return_attn_probs)
 
 

@@ -148,3 +148,31 @@ def test_seqused_k_is_forward_only(device):
     out, _ = ops.varlen_fwd(q, k, v, cu, cu, 3, 3, None, False, -1, -1, False, used)
     with pytest.raises(NotImplementedError, match="seqused_k"):
         out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_func_takes_seqused_k(device, causal):
+    """flash_attn_varlen_func's seqused_k (keyword only, FlashAttention-3's extension): sequence b
+    attends to the first seqused_k[b] of its key rows, clamped to [0, rows]; the rows past them
+    hold NaN, which must not reach the output."""
+    dtype = DTYPES[device][0]
+    hq, hkv, d = 4, 2, 64
+    lens_q, lens_k, used = [3, 1, 5, 2], [40, 70, 9, 20], [17, 70, 100, -4]
+    cu_q, cu_k = ([0] + torch.tensor(n).cumsum(0).tolist() for n in (lens_q, lens_k))
+    q = randn(cu_q[-1], hq, d, dtype=dtype, device=device)
+    k, v = (randn(cu_k[-1], hkv, d, dtype=dtype, device=device) for _ in range(2))
+    visible = [min(max(u, 0), n) for u, n in zip(used, lens_k)]
+    for b, n in enumerate(visible):
+        k[cu_k[b] + n:cu_k[b + 1]] = float("nan")
+        v[cu_k[b] + n:cu_k[b + 1]] = float("nan")
+    offsets_q, offsets_k, seqused_k = (torch.tensor(t, dtype=torch.int32, device=device) for t in (cu_q, cu_k, used))
+    out, lse, _ = fusedattn.flash_attn_varlen_func(q, k, v, offsets_q, offsets_k, max(lens_q), max(lens_k),
+                                                   causal=causal, return_attn_probs=True, seqused_k=seqused_k)
+    right = 0 if causal else -1
+    for b, n in enumerate(visible):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b] + n)
+        args = (q[rows][None], k[keys][None], v[keys][None], None, default_scale(d), -1, right)
+        reference, plain = attention_math(*args), attention_math(*args, dtype=q.dtype)
+        assert_2x_rule(f"out[seq {b}]", out[rows][None], reference[0], plain[0])
+        assert_2x_rule(f"lse[seq {b}]", lse[:, rows][None], reference[1], plain[1])
