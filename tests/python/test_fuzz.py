@@ -1,9 +1,9 @@
 """Random calls through the flash_attn-style API. Tensors as users hand them over (views of packed
 buffers, transposes, padded rows, strided sequences, storage offsets, expanded heads) must give
 the reference's answer, forward and backward. Calls with broken arguments (ranks, sizes, dtypes,
-layouts, scales, windows, offsets, max_seqlen up to 2^63 - 1) must run or raise a Python exception:
-a crash ends the test process, and a hang its CI job (max_seqlen_q = 10**12 ran for hours until
-validation lowered it to the offsets' rows)."""
+layouts, scales, windows, offsets, max_seqlen up to 2^63 - 1, seqused_k) must run or raise a
+Python exception: a crash ends the test process, and a hang its CI job (max_seqlen_q = 10**12 ran
+for hours until validation lowered it to the offsets' rows)."""
 from __future__ import annotations
 
 import random
@@ -181,6 +181,11 @@ def test_broken_calls_raise_or_run(device):
                                                                                       dtype=torch.int32, device=device)
                 cu_k = offsets(rng, device) if rng.random() < 0.5 else torch.tensor([0, flat[1].shape[0]],
                                                                                       dtype=torch.int32, device=device)
+                if rng.random() < 0.3:  # key counts per sequence: often right, sometimes not
+                    n = cu_q.shape[0] - 1 if rng.random() < 0.8 else rng.randint(0, 4)
+                    used_dtype = torch.int32 if rng.random() < 0.8 else rng.choice((torch.int64, torch.float32))
+                    counts = [rng.choice((-5, 0, 1, 7, 2 ** 31 - 1)) for _ in range(max(n, 0))]
+                    kwargs["seqused_k"] = torch.tensor(counts, dtype=used_dtype, device=device)
                 out = fusedattn.flash_attn_varlen_func(*flat, cu_q, cu_k, max_seqlen(rng), max_seqlen(rng), **kwargs)
             if backward and out.requires_grad:
                 out.sum().backward()
