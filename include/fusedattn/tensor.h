@@ -58,4 +58,12 @@ struct TensorView {
   TensorView transposed(int a, int b) const;
 };
 
+// Where the CUDA backend's 16-byte loads cannot follow a view: kCudaAligned nowhere,
+// kCudaMisalignedData its data pointer, else the first dimension d longer than one element (not
+// the last) whose stride is not a multiple of kCudaAlignBytes. Validation rejects such a view;
+// the PyTorch binding copies it instead.
+constexpr int kCudaAligned = -1;
+constexpr int kCudaMisalignedData = -2;
+int cuda_misalignment(const TensorView& t);
+
 }  // namespace fusedattn

@@ -51,7 +51,8 @@ std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Te
   at::Tensor lse = empty_lse(q, varlen);
   // Views the CUDA kernels cannot read in place are read through copies, alive until return (the
   // caching allocator orders their reuse after the kernels on this stream).
-  const at::Tensor q_read = readable_by_kernels(q), k_read = readable_by_kernels(k), v_read = readable_by_kernels(v);
+  const at::Tensor q_read = readable_by_kernels(q, "q"), k_read = readable_by_kernels(k, "k"),
+                   v_read = readable_by_kernels(v, "v");
   ForwardArgs args;
   args.q = to_view(q_read, "q");
   args.k = to_view(k_read, "k");
@@ -68,8 +69,9 @@ Grads run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   at::Tensor dq = at::empty_like(q);
   at::Tensor dk = at::empty_like(k);
   at::Tensor dv = at::empty_like(v);
-  const at::Tensor dout_read = readable_by_kernels(dout), q_read = readable_by_kernels(q),
-                   k_read = readable_by_kernels(k), v_read = readable_by_kernels(v), out_read = readable_by_kernels(out);
+  const at::Tensor dout_read = readable_by_kernels(dout, "dout"), q_read = readable_by_kernels(q, "q"),
+                   k_read = readable_by_kernels(k, "k"), v_read = readable_by_kernels(v, "v"),
+                   out_read = readable_by_kernels(out, "out");
   BackwardArgs args;
   args.dout = to_view(dout_read, "dout");
   args.q = to_view(q_read, "q");

@@ -4,7 +4,6 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
-#include <cstdint>
 #include <string>
 
 namespace fusedattn::torch_binding {
@@ -54,14 +53,10 @@ TensorView to_view(const at::Tensor& t, const char* name) {
   return view;
 }
 
-at::Tensor readable_by_kernels(const at::Tensor& t) {
+at::Tensor readable_by_kernels(const at::Tensor& t, const char* name) {
   if (!t.defined() || !t.is_cuda() || t.dim() == 0 || t.stride(-1) != 1) return t;
-  const int64_t vector_elems = kCudaAlignBytes / static_cast<int64_t>(t.element_size());
-  bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % kCudaAlignBytes == 0;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d)
-    if (t.size(d) > 1 && t.stride(d) % vector_elems != 0) aligned = false;
   // clone, not contiguous(): a contiguous tensor at an odd offset would come back unchanged.
-  return aligned ? t : t.clone(at::MemoryFormat::Contiguous);
+  return cuda_misalignment(to_view(t, name)) == kCudaAligned ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout) {

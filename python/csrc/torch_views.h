@@ -21,7 +21,8 @@ TensorView to_view(const at::Tensor& t, const char* name);
 // kernels' 16-byte loads cannot follow (a slice at an odd element offset, a packed buffer with an
 // odd row length). Views that are wrong rather than misaligned (last dimension not contiguous)
 // are passed through for validation to name.
-at::Tensor readable_by_kernels(const at::Tensor& t);
+// `name` as for to_view (its checks of rank and dtype name the argument).
+at::Tensor readable_by_kernels(const at::Tensor& t, const char* name);
 
 // Raises ValueError naming `name` unless `t` has `rank` dimensions. The binding needs this before
 // validation only because it sizes the outputs it allocates from the inputs' shapes.

@@ -1,5 +1,6 @@
 #include "fusedattn/tensor.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "fusedattn/attention.h"
@@ -52,6 +53,14 @@ const char* backend_name(Backend backend) {
     case Backend::kCUDA: return "cuda";
   }
   return "?";
+}
+
+int cuda_misalignment(const TensorView& t) {
+  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignBytes != 0) return kCudaMisalignedData;
+  const int64_t vector_elems = kCudaAlignBytes / static_cast<int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d + 1 < t.rank; ++d)
+    if (t.shape[d] > 1 && t.stride[d] % vector_elems != 0) return d;
+  return kCudaAligned;
 }
 
 int64_t TensorView::numel() const {

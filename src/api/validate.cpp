@@ -81,14 +81,13 @@ void check_device(const TensorView& t, const char* name, const Device& want) {
 
 // The CUDA kernels load 16-byte vectors: base pointers and all non-unit strides must allow that.
 void check_cuda_alignment(const TensorView& t, const char* name) {
+  const int d = cuda_misalignment(t);
+  if (d == kCudaAligned) return;
+  if (d == kCudaMisalignedData) fail(ErrorCode::kLayout, name, "the CUDA backend needs a 16-byte aligned data pointer");
   const int64_t elems = kCudaAlignBytes / static_cast<int64_t>(dtype_size(t.dtype));
-  if (reinterpret_cast<uintptr_t>(t.data) % kCudaAlignBytes != 0)
-    fail(ErrorCode::kLayout, name, "the CUDA backend needs a 16-byte aligned data pointer");
-  for (int d = 0; d + 1 < t.rank; ++d)
-    if (t.shape[d] > 1 && t.stride[d] % elems != 0)
-      fail(ErrorCode::kLayout, name,
-           "the CUDA backend needs every stride to be a multiple of " + std::to_string(elems) +
-               " elements (16 bytes); stride of dimension " + std::to_string(d) + " is " + std::to_string(t.stride[d]));
+  fail(ErrorCode::kLayout, name,
+       "the CUDA backend needs every stride to be a multiple of " + std::to_string(elems) +
+           " elements (16 bytes); stride of dimension " + std::to_string(d) + " is " + std::to_string(t.stride[d]));
 }
 
 OperandStrides strides_of(const TensorView& t, bool varlen) {

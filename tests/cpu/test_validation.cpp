@@ -342,6 +342,23 @@ TEST(Validation, OffsetTensorsMustHaveTheSameLength) {
   expect_fwd_error(v.fwd, ErrorCode::kShapeMismatch, "cu_seqlens_k", "as many entries as cu_seqlens_q");
 }
 
+// The CUDA alignment rule that validation enforces and the PyTorch binding copies around: the
+// data pointer and the strides of dimensions longer than one, but the last, in 16-byte units.
+TEST(Validation, CudaMisalignmentRule) {
+  alignas(16) static uint16_t storage[4096];
+  TensorView t = TensorView::contiguous(storage, DType::kFloat16, {2, 4, 3, 64});
+  EXPECT_EQ(cuda_misalignment(t), kCudaAligned);
+  t.data = storage + 1;
+  EXPECT_EQ(cuda_misalignment(t), kCudaMisalignedData);
+  t.data = storage;
+  t.stride[1] = 3 * 64 + 3;  // rows padded by an odd count
+  EXPECT_EQ(cuda_misalignment(t), 1);
+  t.shape[1] = 1;  // a dimension of one element is never stepped through
+  EXPECT_EQ(cuda_misalignment(t), kCudaAligned);
+  t.stride[2] = 67;
+  EXPECT_EQ(cuda_misalignment(t), 2);
+}
+
 // seqused_k is read only by the kernels (they clamp its entries), so only its description is checked.
 TEST(Validation, SequsedK) {
   std::vector<int32_t> used = {1, 0, 7};
