@@ -24,9 +24,9 @@ a few: speculative drafts) against KV caches of uniform random lengths in --cach
 step on padded caches [B, --cache-lens HI, 8, 128] as a server keeps them: ours_kvcache
 (fusedattn.flash_attn_with_kvcache with a tensor of cache_seqlens, which it reads on the host, and
 no new tokens), ours_seqused (the variable-length operator that call runs, called directly: no host
-read; on Hopper the portable kernels, since the caches' unused rows hold NaN), ours_seqused_sm90
-(the same on the Hopper kernel, FUSEDATTN_SM90_SEQUSED=1: its outputs carry that NaN, so only
-its time counts) and fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
+read; the Hopper kernel zeroes the NaN the caches hold past each sequence's keys in its last
+block), ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=1) and
+fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
 flash_attn's kvcache call runs it).
 """
 import argparse
@@ -163,7 +163,7 @@ def report(row, names, against, out):
             f.write(json.dumps(row) + "\n")
 
 
-DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_sm90",
+DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
                 "fa2_kvcache"]
 
 
@@ -206,8 +206,8 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return fusedattn._ops.ops.varlen_fwd(q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q,
                                              cu_cache, max_q, cache_hi, None, True, -1, 0, False, cache_seqlens)[0]
 
-    def ours_seqused_sm90():  # the same on the Hopper kernel (its unused rows must be finite)
-        with env("FUSEDATTN_SM90_SEQUSED", "1"):
+    def ours_seqused_portable():  # the same on the portable kernels
+        with env("FUSEDATTN_DISABLE_SM90", "1"):
             return ours_seqused()
 
     def fa2_kvcache():
@@ -218,7 +218,7 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
-    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_sm90,
+    for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
                                        fa2_kvcache)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()

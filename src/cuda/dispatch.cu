@@ -99,14 +99,18 @@ bool sm90_supports(const FwdParams& p) {
          countable && p.scale > 0.f;
 }
 
-// The portable kernels never read the rows past a sequence's seqused_k keys (their loads
-// zero-fill them); the Hopper kernel's TMA loads the sequence's last key block whole, and P V's
-// 0 * NaN lets NaN or Inf there (a KV cache from torch.empty) reach the output. So launches with
-// seqused_k take the portable path unless FUSEDATTN_SM90_SEQUSED=1 says those rows are finite.
-bool sm90_may_read_unused_rows(const FwdParams& p) {
+// seqused_k: the Hopper kernel's TMA loads a sequence's last key block whole, rows past its used
+// keys too (a KV cache from torch.empty may hold NaN there, and P V's 0 * NaN would carry it), so
+// warpgroup 0 zeroes those V rows before its P V turn (Consumer::clear_unused_v_rows). That needs
+// every warpgroup to read every block, in GEMM turns: the 128 x 128 tiles (head dims 65-128) under
+// any mask and the d192/d256 tiles under full masks. d64 (its pair tile runs without turns, its
+// tall one's masked slices skip blocks) and masked d192/d256 take the portable path, whose loads
+// zero-fill those rows.
+bool sm90_clears_unused_rows(const FwdParams& p) {
+  constexpr int kSquareTileMinHeadDim = 65, kSquareTileMaxHeadDim = 128;
   if (p.seqused_k == nullptr) return true;
-  const char* env = std::getenv("FUSEDATTN_SM90_SEQUSED");
-  return env && env[0] == '1';
+  if (p.head_dim < kSquareTileMinHeadDim) return false;
+  return p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
 }
 
 }  // namespace
@@ -116,7 +120,7 @@ FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
     throw Error(ErrorCode::kUnsupported, "device",
                 "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
                     std::to_string(cc_minor));
-  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p) && sm90_may_read_unused_rows(p))
+  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p) && sm90_clears_unused_rows(p))
     if (const Entry* e = find(90, false, p)) return {e->fwd, "sm90", e->head_dim};
   if (const Entry* e = find(80, false, p)) return {e->fwd, "sm80", e->head_dim};
   no_instance(p, "forward");

@@ -6,8 +6,11 @@
 // poisoned before every run; inputs are fresh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,13 +58,14 @@ TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
     EXPECT_EQ(arch_for(varlen_params(d, 1000, 0)), "sm80") << "no keys at all, d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, 0, 900)), "sm80") << "no query rows at all, d" << d;
     EXPECT_EQ(arch_for(varlen_params(d, int64_t{1} << 31, 900)), "sm80") << "rows past int32, d" << d;
-    // seqused_k: the Hopper kernel would read the unused rows of a sequence's last block.
+    // seqused_k: the Hopper kernel clears a sequence's unused rows where every warpgroup reads
+    // every block (dispatch.cu, sm90_clears_unused_rows).
     static const int32_t kUsed[1] = {500};
     FwdParams used = varlen_params(d, 1000, 900);
     used.seqused_k = kUsed;
-    EXPECT_EQ(arch_for(used), "sm80") << "seqused_k, d" << d;
-    const ScopedEnv opt_in("FUSEDATTN_SM90_SEQUSED", "1");
-    EXPECT_EQ(arch_for(used), "sm90") << "seqused_k with FUSEDATTN_SM90_SEQUSED=1, d" << d;
+    EXPECT_EQ(arch_for(used), d == 64 ? "sm80" : "sm90") << "seqused_k, d" << d;
+    used.window_right = 0;  // causal
+    EXPECT_EQ(arch_for(used), d == 128 ? "sm90" : "sm80") << "seqused_k, causal, d" << d;
   }
 }
 
@@ -87,10 +91,24 @@ TEST_F(Sm90Varlen, EveryMaskMatchesReference) {
 
 // seqused_k: each sequence attends to the first keys of its rows (clamped to [0, rows]), and
 // a decode step over padded caches: one query per sequence, few tiles over long rows, which the
-// tail split cuts into shares of each tile's own blocks. On the Hopper kernel by opting in (its
-// unused rows are finite here; dispatch otherwise takes the portable path).
+// tail split cuts into shares of each tile's own blocks. The rows past each sequence's used keys
+// hold NaN (a KV cache from torch.empty): none may reach the output. (d64 and masked d256 take the
+// portable kernels; dispatch.cu, sm90_clears_unused_rows.)
+void check_nan_past_used_keys(const Problem& p, DType dtype) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+  const std::vector<int32_t> cu = p.cu_seqlens_k();
+  const int64_t row_elems = int64_t{p.heads_kv} * p.head_dim;
+  for (int b = 0; b < p.batch; ++b) {
+    const int64_t used = std::clamp<int64_t>(p.seqused_k[b], 0, p.lens_k[b]);
+    for (int64_t e = (cu[b] + used) * row_elems; e < int64_t{cu[b + 1]} * row_elems; ++e)
+      c.values.k[e] = c.values.v[e] = std::numeric_limits<double>::quiet_NaN();
+  }
+  refill_inputs(c);
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(c));
+}
+
 TEST_F(Sm90Varlen, SequsedKLimitsEachSequencesKeys) {
-  const ScopedEnv opt_in("FUSEDATTN_SM90_SEQUSED", "1");
   const std::vector<int64_t> used = {3, 9, 5, 150, -2, 500, 299, 64};
   for (int d : {64, 128, 256}) {
     SCOPED_TRACE("d" + std::to_string(d));
@@ -104,6 +122,15 @@ TEST_F(Sm90Varlen, SequsedKLimitsEachSequencesKeys) {
   decode.seqused_k = {4000, 1, 2500, 0, 3000};
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(decode));
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(decode, true, -1, -1)));
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    check_nan_past_used_keys(decode, dtype);
+    for (int d : {128, 256}) {
+      Problem p = packed(4, 2, d, kLensQ, kLensK);
+      p.seqused_k = used;
+      check_nan_past_used_keys(p, dtype);
+      check_nan_past_used_keys(with_mask(p, true, -1, -1), dtype);
+    }
+  }
 }
 
 // Long sequences among short ones: many tiles per sequence, the d64 192-row tile (max_seqlen_q >=

@@ -110,18 +110,19 @@ def test_rejections_name_the_argument():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
-def test_positions_past_the_lengths_are_never_read(device, portable, monkeypatch):
+@pytest.mark.parametrize("d", [64, 128])
+def test_positions_past_the_lengths_are_never_read(device, portable, d, monkeypatch):
     """Caches are often allocated with torch.empty: what lies past each sequence's keys (NaN here)
     must not reach the output, ragged (one variable-length call with seqused_k) or uniform.
-    portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. (On Hopper the
-    ragged call takes them by default too: the Hopper kernel would read those positions up to the
-    sequence's last key block, FUSEDATTN_SM90_SEQUSED in docs/python.md.)"""
+    portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. On Hopper the
+    default runs d128 on the Hopper kernel, which zeroes those positions of a sequence's last key
+    block in shared memory, and d64 on the portable kernels."""
     if portable:
         if device == "cpu":
             pytest.skip("the portable kernels are CUDA kernels")
         monkeypatch.setenv("FUSEDATTN_DISABLE_SM90", "1")
     dtype = DTYPES[device][0]
-    batch, capacity, hq, hkv, d = 3, 300, 8, 2, 64
+    batch, capacity, hq, hkv = 3, 300, 8, 2
     k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
     q = randn(batch, 1, hq, d, dtype=dtype, device=device)
     for lengths in ([1, 200, 77], [77, 77, 77]):

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/common/element.cuh"
+#include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -296,6 +297,34 @@ struct Consumer {
                                                      warpgroup * kWarpgroupRows + warp * kWarpRows, lane);
   }
 
+  // seqused_k launches: block n's V rows past the sequence's used keys hold whatever the caller's
+  // cache holds there (the TMA loads whole blocks; a dense launch's maps end at seqlen_k and
+  // zero-fill instead). Their P is 0, but 0 * NaN is NaN, so the first warpgroup to take the
+  // block's P V turn zeroes them first, whole 128-byte rows (the swizzle only permutes chunks
+  // within a row); the others' P V turns come after its turn (GEMM turns, which the launcher
+  // keeps on). Dispatch sends here only tiles whose warpgroups all read every block, so that
+  // first one is warpgroup 0 (cuda/dispatch.cu, sm90_clears_unused_rows).
+  __device__ __forceinline__ void clear_unused_v_rows(int n, const KVRing& kv, const KVPipeline<Storage>& pipe) const {
+    if (params.p.seqused_k == nullptr || warpgroup != 0) return;
+    const int used = slice().len_k - n * kBlockN;
+    if (used >= kBlockN) return;
+    pipe.consumer_wait_v(kv);  // the TMA has written the block (waiting again later passes at once)
+    constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));
+    constexpr int kRowChunks = Cfg::kSlabCols / kChunkElems;
+    constexpr int kSlabElems = kBlockN * Cfg::kSlabCols;
+    const int rows = kBlockN - used, chunks = Cfg::kSlabs * rows * kRowChunks;
+    Element* stage = smem.v[kv.v().stage()];
+    const int thread = ptx::thread_index_here() % kWarpgroupThreads;
+    for (int i = thread; i < chunks; i += kWarpgroupThreads) {
+      const int slab = i / (rows * kRowChunks), row = used + i / kRowChunks % rows, chunk = i % kRowChunks;
+      *reinterpret_cast<uint4*>(stage + slab * kSlabElems + row * Cfg::kSlabCols + chunk * kChunkElems) =
+          make_uint4(0, 0, 0, 0);
+    }
+    // Ordinary stores -> wgmma (async proxy) reads: fence in every writing thread, then meet.
+    ptx::fence_proxy_async_shared();
+    ptx::named_barrier_sync(barrier_id(NamedBarrier::kEpilogue, warpgroup), kWarpgroupThreads);
+  }
+
   // The stage's V (and its K, unless that went right after S = Q K^T) back to the producer.
   __device__ __forceinline__ void release_after_pv(const KVRing& kv, const KVPipeline<Storage>& pipe) const {
     if (!params.features.early_k_release) pipe.consumer_release_k(kv, lane);
@@ -560,6 +589,7 @@ struct Consumer {
       softmax_step(s, n, correction);
       apply_correction(o, correction);
       convert_p(s, p);
+      clear_unused_v_rows(n, kv, pipe);
       pv_alone(p, kv, turns, pipe);
     }
     if constexpr (kSkipsAlone)
@@ -631,6 +661,8 @@ struct Consumer {
     stamp(TraceEvent::kLoopEntered);
     first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     stamp(TraceEvent::kFirstPReady);
+    // The sequence's last block comes first (full masks and 128-key tiles go highest first).
+    clear_unused_v_rows(n, kv, pipe);
     // Each kv_step takes the block after n, while there is one.
     const auto more = [&] { return Mask::block_in_loop(blocks, Mask::next_block(n)); };
     if constexpr (kDoubleP) {

@@ -21,6 +21,7 @@
 #include "cuda/sm90/tensor_map.h"
 #include "cuda/sm90/tile_counter.h"
 #include "cuda/sm90/trace_sink.h"
+#include "fusedattn/error.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -187,6 +188,15 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
                                   Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
+  if (p.seqused_k != nullptr) {
+    // Warpgroup 0 zeroes the unused V rows of a sequence's last block before its P V turn, and
+    // the GEMM turns order the others' after it (Consumer::clear_unused_v_rows): that needs the
+    // turns, and every warpgroup reading every block. Dispatch sends nothing else here.
+    using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN>;
+    if (Cfg::kCtasPerSm != 1 || Mask::kSlicesSkipBlocks)
+      throw Error(ErrorCode::kRuntime, "seqused_k", "this Hopper tile cannot clear a block's unused rows");
+    kp.features.pingpong = true;
+  }
   // A cluster's two CTAs walk the same pairs in step: persistent, static (tile_scheduler.cuh).
   if constexpr (kClustered) {
     kp.features.persistent = true;
