@@ -19,15 +19,16 @@ A peer that torch refuses for a case prints '-'. Every provider's output is chec
 
 --decode B,B,... instead times serving steps: B sequences of --queries new tokens each (1: decode,
 a few: speculative drafts) against KV caches of uniform random lengths in --cache-lens LO-HI, GQA
-32 query heads on 8 KV heads at d128 (causal, bottom-right aligned). Columns: milliseconds of ours
-(GQA packing as planned), ours_unpacked (FUSEDATTN_SM90_PACK_GQA=0), fa2_varlen, and the same
-step on padded caches [B, --cache-lens HI, 8, 128] as a server keeps them: ours_kvcache
-(fusedattn.flash_attn_with_kvcache with a tensor of cache_seqlens, which it reads on the host, and
-no new tokens), ours_seqused (the variable-length operator that call runs, called directly: no host
-read; the Hopper kernel zeroes the NaN the caches hold past each sequence's keys in its last
-block), ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=1) and
-fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as
-flash_attn's kvcache call runs it).
+32 query heads on 8 KV heads at each of --decode-head-dims (default 128; causal, bottom-right
+aligned). Columns: milliseconds of ours (GQA packing as planned), ours_unpacked
+(FUSEDATTN_SM90_PACK_GQA=0), fa2_varlen, and the same step on padded caches [B, --cache-lens HI,
+8, d] as a server keeps them: ours_kvcache (fusedattn.flash_attn_with_kvcache with a CUDA tensor
+of cache_seqlens and no new tokens, which it passes on without a host read since session 45),
+ours_seqused (the variable-length operator that call runs, called directly; the Hopper kernel
+zeroes the NaN the caches hold past each sequence's keys in its last block),
+ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=1) and
+fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as flash_attn's kvcache call
+runs it).
 """
 import argparse
 import contextlib
@@ -233,16 +234,17 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
 def main_decode(args, dtype):
     lo, hi = (int(x) for x in args.cache_lens.split("-"))
     names = DECODE_NAMES
-    print(f"{torch.cuda.get_device_name()}  {args.dtype}  milliseconds, GQA 32/8 d128, caches {lo}-{hi}")
-    print(f"{'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names)
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  milliseconds, GQA 32/8, caches {lo}-{hi}")
+    print(f"{'d':>4} {'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names)
           + "  unpacked/ours fa2/ours fa2_kvcache/ours_kvcache")
-    for batch in (int(x) for x in args.decode.split(",")):
-        row = run_decode(batch, args.queries, lo, hi, dtype)
+    for d, batch in ((d, b) for d in (int(x) for x in args.decode_head_dims.split(","))
+                     for b in (int(x) for x in args.decode.split(","))):
+        row = run_decode(batch, args.queries, lo, hi, dtype, d=d)
         cells = " ".join(f"{row[n + '_ms'] if row[n + '_ms'] is not None else '-':>14}" for n in names)
         speed = lambda n: f"{row[n + '_ms'] / row['ours_ms']:.2f}" if row["ours_ms"] and row.get(n + "_ms") else "-"  # noqa: E731
         kv_speed = f"{row['fa2_kvcache_ms'] / row['ours_kvcache_ms']:.2f}" \
             if row.get("ours_kvcache_ms") and row.get("fa2_kvcache_ms") else "-"
-        print(f"{batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7} "
+        print(f"{d:>4} {batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7} "
               f"{kv_speed:>20}", flush=True)
         report(row, names, "ours_unpacked", args.out)
 
@@ -256,6 +258,7 @@ def main():
     ap.add_argument("--decode", default=None, help="B,B,...: serving steps of B sequences (see above)")
     ap.add_argument("--queries", type=int, default=1)
     ap.add_argument("--cache-lens", default="1024-32768")
+    ap.add_argument("--decode-head-dims", default="128")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if args.decode:

@@ -168,7 +168,8 @@ peers=$root/.devbuild/carry/peers.py
 # peer runs: "dtype" (the whole grid, every provider), "dtype-sm80" (the portable forward alone
 # against FA2, for issue 3: the backward is the portable kernel in every run, so it is not repeated)
 # "decode" (peers.py's decode suite, fp16, every provider), "decode-varlen" (tools/bench_varlen.py
-# --decode at DECODE_BATCHES: ragged caches, packed and through flash_attn_with_kvcache) or
+# --decode at DECODE_BATCHES and DECODE_HEAD_DIMS (default 128): ragged caches, packed and through
+# flash_attn_with_kvcache) or
 # "varlen" (tools/bench_varlen.py, packed batches against FA2's and cuDNN's varlen kernels, fp16
 # and bf16);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
@@ -184,7 +185,7 @@ if has peers && [ -f "$peers" ]; then
       done
     elif [ "$run" = decode-varlen ]; then
       step decode-varlen 200 decode_varlen.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
-        --decode "${DECODE_BATCHES:-1,4,8,16,32,64}" --out "$dest/decode_varlen.jsonl"
+        --decode "${DECODE_BATCHES:-1,4,8,16,32,64}" --decode-head-dims "${DECODE_HEAD_DIMS:-128}" --out "$dest/decode_varlen.jsonl"
     elif [ "$run" = decode ]; then
       step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
         --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"

@@ -123,17 +123,23 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                   return_attn_probs)
 
 
+def _check_lengths_tensor(cache_seqlens: torch.Tensor, batch: int, device) -> None:
+    """cache_seqlens as a tensor: one integer length per sequence, on q's device (its values unread)."""
+    if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != batch or cache_seqlens.is_floating_point() \
+            or cache_seqlens.dtype == torch.bool or cache_seqlens.is_complex():
+        raise ValueError(f"fusedattn: cache_seqlens: must be an int or an integer tensor of {batch} lengths "
+                         f"(one per sequence), got {cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != device:
+        raise ValueError(f"fusedattn: cache_seqlens: must be on q's device ({device}), got {cache_seqlens.device}")
+
+
 def _cache_lengths(cache_seqlens, batch: int, new: int, capacity: int, device) -> list[int]:
     """The cache's per-sequence lengths before the new tokens, checked on the host (a copy that
     waits for the stream): each in [0, capacity - new]."""
     if isinstance(cache_seqlens, int):
         lengths = [cache_seqlens] * batch
     elif isinstance(cache_seqlens, torch.Tensor):
-        if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] != batch or cache_seqlens.is_floating_point():
-            raise ValueError(f"fusedattn: cache_seqlens: must be an int or an integer tensor of {batch} lengths "
-                             f"(one per sequence), got {cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}")
-        if cache_seqlens.device != device:
-            raise ValueError(f"fusedattn: cache_seqlens: must be on q's device ({device}), got {cache_seqlens.device}")
+        _check_lengths_tensor(cache_seqlens, batch, device)
         lengths = [int(n) for n in cache_seqlens.tolist()]
     else:
         raise ValueError(f"fusedattn: cache_seqlens: must be an int or a tensor, got {type(cache_seqlens).__name__}")
@@ -202,9 +208,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Caches filled to one length run as a plain call on views of them, others as one
     variable-length call over the caches' rows with a key count per sequence (seqused_k); nothing
-    is copied. A tensor cache_seqlens is read on the host to check it, which waits for the
-    stream. Not implemented, and rejected
-    naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
+    is copied. A CUDA tensor cache_seqlens without new tokens goes to the kernels as it is, never
+    read on the host (no wait for the stream): each length is then clamped to [0, seqlen_cache],
+    as seqused_k's are, not checked. With new tokens, or on the CPU, it is read on the host and
+    checked first (a length outside [0, seqlen_cache - seqlen_new] raises). Not implemented, and
+    rejected naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
     (block_table), softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
     _reject_unsupported(0.0, softcap, alibi_slopes, block_table)
@@ -237,12 +245,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and (k.dtype != k_cache.dtype or v.dtype != v_cache.dtype):
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
-    lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
+    # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
+    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
+    if on_device:
+        _check_lengths_tensor(cache_seqlens, batch, q.device)
+        lengths = None
+    else:
+        lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
     if batch == 0:
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
         return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
     # Every check before the caches are written: a call that raises leaves them as they were.
-    uniform = all(n == lengths[0] for n in lengths)
+    uniform = not on_device and all(n == lengths[0] for n in lengths)
     if not uniform:
         k_rows, k_pitch = _rows_of(k_cache, "k_cache")
         v_rows, v_pitch = _rows_of(v_cache, "v_cache")
@@ -261,7 +275,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     # Sequence b's rows of the views start at b * pitch; the first lengths[b] + new hold its keys.
     cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
     cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
-    used = cache_seqlens.to(torch.int32) + new  # ragged lengths come only as a tensor
+    if on_device:  # the kernels clamp int32 counts to the rows; wider integers are clamped first
+        used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
+            cache_seqlens.clamp(0, k_cache.shape[1]).to(torch.int32)
+    else:
+        used = cache_seqlens.to(torch.int32) + new  # ragged lengths come only as a tensor
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
                               k_pitch, softmax_scale, causal, left, right, False, used)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])

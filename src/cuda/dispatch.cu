@@ -102,15 +102,13 @@ bool sm90_supports(const FwdParams& p) {
 // seqused_k: the Hopper kernel's TMA loads a sequence's last key block whole, rows past its used
 // keys too (a KV cache from torch.empty may hold NaN there, and P V's 0 * NaN would carry it), so
 // warpgroup 0 zeroes those V rows before its P V turn (Consumer::clear_unused_v_rows). That needs
-// every warpgroup to read every block, in GEMM turns: the 128 x 128 tiles (head dims 65-128) under
-// any mask and the d192/d256 tiles under full masks. d64 (its pair tile runs without turns, its
-// tall one's masked slices skip blocks) and masked d192/d256 take the portable path, whose loads
-// zero-fill those rows.
+// every warpgroup to read every block, in GEMM turns: the 128 x 128 tiles (head dims up to 128;
+// d64 launches with seqused_k take that tile, fwd_split.h's d64_tile) under any mask and the
+// d192/d256 tiles under full masks. Masked d192/d256 launches (their slices skip blocks) take the
+// portable path, whose loads zero-fill those rows.
 bool sm90_clears_unused_rows(const FwdParams& p) {
-  constexpr int kSquareTileMinHeadDim = 65, kSquareTileMaxHeadDim = 128;
-  if (p.seqused_k == nullptr) return true;
-  if (p.head_dim < kSquareTileMinHeadDim) return false;
-  return p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
+  constexpr int kSquareTileMaxHeadDim = 128;
+  return p.seqused_k == nullptr || p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
 }
 
 }  // namespace

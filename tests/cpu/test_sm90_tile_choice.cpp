@@ -156,6 +156,25 @@ TEST(Sm90TileChoice, BlockWidthSwitchesForceTheirInstanceOnly) {
   EXPECT_FALSE(uses_block64(256, keys_per_row(long_rows)));
 }
 
+// seqused_k: d64 launches take the 128-row tile, whose GEMM turns order the zeroing of a
+// sequence's unused V rows (Consumer::clear_unused_v_rows), whatever the lengths, the mask or
+// FUSEDATTN_SM90_D64_TILE would choose otherwise.
+TEST(Sm90TileChoice, D64SequsedKTakesTheTableTile) {
+  static const int32_t kUsed[2] = {100, 2000};
+  for (const auto& [left, right] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {256, 0}}) {
+    for (int64_t seqlen : {512, 1024, 4096}) {
+      FwdParams p = windowed(seqlen, left, right, 64);
+      const bool default_is_table = same(chosen(p, 64), tile_shape(64));
+      p.seqused_k = kUsed;
+      EXPECT_TRUE(same(chosen(p, 64), tile_shape(64))) << seqlen << " " << left << " " << right;
+      if (!default_is_table) {
+        const testing::ScopedEnv pair("FUSEDATTN_SM90_D64_TILE", "pair");
+        EXPECT_TRUE(same(chosen(p, 64), tile_shape(64))) << "forced pair, " << seqlen;
+      }
+    }
+  }
+}
+
 // d96 (session 30) runs d128's tile and takes its static schedule, but keeps the full tile-order
 // group for short query heads (session 31).
 TEST(Sm90TileChoice, D96RunsTheD128Tile) {

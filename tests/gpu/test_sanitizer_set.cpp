@@ -50,7 +50,8 @@ void run_seqused_set() {
   ragged.seqused_k = {30, 150, -1};
   Problem decode = packed(8, 2, 128, {1, 1}, {700, 900});
   decode.seqused_k = {650, 3};
-  // On the Hopper kernel (d128, d256 full) warpgroup 0 zeroes each sequence's unused V rows.
+  // On the Hopper kernel (every one of these; d256 under full masks only) warpgroup 0 zeroes
+  // each sequence's unused V rows.
   Problem wide = packed(4, 2, 256, {3, 70}, {100, 90});
   wide.seqused_k = {70, 33};
   for (const Problem& p : {ragged, with_mask(ragged, true, -1, -1), decode, with_mask(decode, true, -1, -1), wide})

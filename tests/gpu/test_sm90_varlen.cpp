@@ -63,9 +63,9 @@ TEST(Sm90VarlenDispatch, PicksHopperWithinItsLimits) {
     static const int32_t kUsed[1] = {500};
     FwdParams used = varlen_params(d, 1000, 900);
     used.seqused_k = kUsed;
-    EXPECT_EQ(arch_for(used), d == 64 ? "sm80" : "sm90") << "seqused_k, d" << d;
+    EXPECT_EQ(arch_for(used), "sm90") << "seqused_k, d" << d;
     used.window_right = 0;  // causal
-    EXPECT_EQ(arch_for(used), d == 128 ? "sm90" : "sm80") << "seqused_k, causal, d" << d;
+    EXPECT_EQ(arch_for(used), d <= 128 ? "sm90" : "sm80") << "seqused_k, causal, d" << d;
   }
 }
 
@@ -124,12 +124,24 @@ TEST_F(Sm90Varlen, SequsedKLimitsEachSequencesKeys) {
   FUSEDATTN_RUN_OR_SKIP(forward_all_dtypes(with_mask(decode, true, -1, -1)));
   for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
     check_nan_past_used_keys(decode, dtype);
-    for (int d : {128, 256}) {
+    for (int d : {64, 128, 256}) {
       Problem p = packed(4, 2, d, kLensQ, kLensK);
       p.seqused_k = used;
       check_nan_past_used_keys(p, dtype);
       check_nan_past_used_keys(with_mask(p, true, -1, -1), dtype);
     }
+  }
+  // d64 lengths that would take the 192-row tile (full) or the pair tile (causal), forced too:
+  // seqused_k launches take the 128-row tile whatever (fwd_split.h's d64_tile).
+  Problem long_q = packed(4, 2, 64, {600, 3, 700}, {700, 900, 1000});
+  long_q.seqused_k = {650, 2, 999};
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    check_nan_past_used_keys(long_q, dtype);
+    check_nan_past_used_keys(with_mask(long_q, true, -1, -1), dtype);
+  }
+  for (const char* forced : {"pair", "192"}) {
+    const ScopedEnv tile("FUSEDATTN_SM90_D64_TILE", forced);
+    check_nan_past_used_keys(with_mask(long_q, true, -1, -1), DType::kFloat16);
   }
 }
 

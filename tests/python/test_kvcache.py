@@ -115,8 +115,8 @@ def test_positions_past_the_lengths_are_never_read(device, portable, d, monkeypa
     """Caches are often allocated with torch.empty: what lies past each sequence's keys (NaN here)
     must not reach the output, ragged (one variable-length call with seqused_k) or uniform.
     portable: the CUDA backend's sm80 kernels (FUSEDATTN_DISABLE_SM90=1) on any GPU. On Hopper the
-    default runs d128 on the Hopper kernel, which zeroes those positions of a sequence's last key
-    block in shared memory, and d64 on the portable kernels."""
+    default runs both head dims on the Hopper kernel, which zeroes those positions of a sequence's
+    last key block in shared memory."""
     if portable:
         if device == "cpu":
             pytest.skip("the portable kernels are CUDA kernels")
@@ -134,6 +134,39 @@ def test_positions_past_the_lengths_are_never_read(device, portable, d, monkeypa
                 q, k_cache, v_cache, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
                 causal=causal, return_softmax_lse=True)
             check_against_reference(q, k_cache, v_cache, lengths, out, lse, causal, (-1, -1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA tensor cache_seqlens needs a GPU")
+@pytest.mark.parametrize("length_dtype", [torch.int32, torch.int64])
+def test_cuda_lengths_without_new_tokens_are_not_read_on_the_host(length_dtype):
+    """Decoding with the lengths on the GPU and nothing appended waits for nothing: torch's sync
+    debug mode turns any host read into an error. Lengths outside [0, seqlen_cache] are clamped
+    (a sequence of no keys gives 0 and -inf), int64 ones past int32 too."""
+    dtype = DTYPES["cuda"][0]
+    batch, capacity, hq, hkv, d = 5, 200, 8, 2, 128
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, "cuda")
+    q = randn(batch, 1, hq, d, dtype=dtype, device="cuda")
+    given = [37, -3, capacity + 9, 0, 2**40 if length_dtype == torch.int64 else 2**31 - 1]
+    clamped = [min(max(n, 0), capacity) for n in given]
+    for b, n in enumerate(clamped):
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    cache_seqlens = torch.tensor(given, dtype=length_dtype, device="cuda")
+    for causal in (False, True):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, causal=causal)  # warm-up
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                cache_seqlens.tolist()  # the mode catches the host read the call must not make
+            out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens,
+                                                         causal=causal, return_softmax_lse=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        empty = [b for b, n in enumerate(clamped) if n == 0]
+        assert torch.all(out[empty] == 0) and torch.all(lse[empty] == -math.inf)
+        seen = [b for b, n in enumerate(clamped) if n > 0]
+        check_against_reference(q[seen], k_cache[seen], v_cache[seen], [clamped[b] for b in seen],
+                                out[seen], lse[seen], causal, (-1, -1))
 
 
 @pytest.mark.parametrize("device", DEVICES)

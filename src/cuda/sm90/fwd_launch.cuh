@@ -270,7 +270,7 @@ void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
-    switch (d64_tile(kMask, rows.rows, keys_per_row(p))) {
+    switch (d64_tile(kMask, rows.rows, keys_per_row(p), p.seqused_k != nullptr)) {
       case D64Tile::kTall: launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms); return;
       case D64Tile::kPair: launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms); return;
       case D64Tile::kTable: break;

@@ -101,7 +101,10 @@ inline int64_t keys_per_row(const FwdParams& p) {
 // process: window 128 167 / 131-135, 256 248-250 / 209-213, 512 317-320 / 292-299; 1024 even,
 // 2048 behind; docs/hopper.md, session 21).
 // FUSEDATTN_SM90_D64_TILE=128|192|pair forces one ("192o", its name while a 192-row tile without
-// the overlap existed, still means 192).
+// the overlap existed, still means 192). A seqused_k launch takes the 128-row tile whatever is
+// forced: only its warpgroups' GEMM turns order the zeroing of a sequence's unused V rows before
+// every P V that reads them (Consumer::clear_unused_v_rows; the pair tile has no turns, the tall
+// one's masked slices skip blocks).
 constexpr int64_t kD64TallMinQueries = 2048;
 constexpr int64_t kD64TallMinQueriesFullMask = 512;
 constexpr int64_t kD64PairMaxKeys = 2048;
@@ -109,8 +112,9 @@ constexpr int64_t kD64PairMaxWindowKeys = 1024;
 
 enum class D64Tile { kTable, kTall, kPair };
 
-// row_keys: the most keys one query row sees (keys_per_row).
-inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys) {
+// row_keys: the most keys one query row sees (keys_per_row); seqused: a seqused_k launch.
+inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys, bool seqused) {
+  if (seqused) return D64Tile::kTable;
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
   if (forced == "pair") return D64Tile::kPair;
@@ -226,9 +230,10 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256), before
 // the choice of a cluster (fwd_tile_shape).
-inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys) {
+inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys,
+                                     bool seqused) {
   if (instance_head_dim == 64) {
-    switch (d64_tile(mask, rows.rows, row_keys)) {
+    switch (d64_tile(mask, rows.rows, row_keys, seqused)) {
       case D64Tile::kTall: return kD64Tall;
       case D64Tile::kPair: return kD64Pair;
       case D64Tile::kTable: break;
@@ -242,7 +247,7 @@ inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const
 // The tile shape a launch of p runs on the instance for instance_head_dim: the unpaired one, in
 // a cluster of two where uses_pair_cluster says so.
 inline TileShape fwd_tile_shape(const FwdParams& p, int instance_head_dim, MaskKind mask, const TiledRows& rows) {
-  const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, rows, keys_per_row(p));
+  const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, rows, keys_per_row(p), p.seqused_k != nullptr);
   return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) ? paired(shape) : shape;
 }
 
@@ -270,7 +275,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     int64_t makespan, work;
   };
   const auto cost = [&](const TiledRows& r) {
-    const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p));
+    const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p), p.seqused_k != nullptr);
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = r.blocks(shape.block_m) * r.heads * p.batch;
     return Cost{ceil_div(tiles, slots) * block_m, tiles * block_m};
