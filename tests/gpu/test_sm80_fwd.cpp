@@ -138,6 +138,20 @@ TEST_F(Sm80Forward, GroupedAndMultiQueryHeads) {
   }
 }
 
+// One query row per sequence with grouped heads runs as the group's rows of its KV head
+// (src/cuda/sm80/decode_rows.h): full and causal masks (one row: the same keys), both layouts,
+// MQA; a window, which the view does not take, alongside.
+TEST_F(Sm80Forward, DecodeGroupsReadAsRows) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128})
+      for (int64_t sk : {1, 77, 1000}) {
+        check(dense(3, 8, 2, 1, sk, d), dt);
+        check(with_mask(dense(2, 8, 2, 1, sk, d), true, -1, -1), dt, Layout::kBHSD);
+        check(dense(2, 6, 1, 1, sk, d), dt, Layout::kBHSD);
+        check(with_mask(dense(2, 8, 2, 1, sk, d), false, 40, 0), dt);
+      }
+}
+
 TEST_F(Sm80Forward, VarlenWithEmptySequences) {
   for (DType dt : kDtypes)
     for (int d : {64, 128}) {

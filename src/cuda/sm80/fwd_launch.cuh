@@ -8,6 +8,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
+#include "cuda/sm80/decode_rows.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "fusedattn/error.h"
 
@@ -18,8 +19,9 @@ constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
-void run_fwd(const FwdParams& p) {
+void run_fwd(const FwdParams& params) {
   using Cfg = FwdConfig<kHeadDim>;
+  const FwdParams p = decode_groups_as_rows(params);
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
   if (static_cast<unsigned>(p.heads_q) > kMaxGridYZ || static_cast<unsigned>(p.batch) > kMaxGridYZ)
     throw Error(ErrorCode::kUnsupported, "q",
