@@ -1,12 +1,14 @@
-// The portable forward's view of a grouped decode (src/cuda/sm80/decode_rows.h): the query heads
-// of a KV head become rows of one head. A host rule, checked here without a GPU: which launches
-// take the view, and that every (head, row) of the view addresses the original element. The GPU
-// side runs in Sm80Forward.DecodeGroupsReadAsRows.
+// The portable forward's decode rules, checked here without a GPU: the view of a grouped decode
+// (src/cuda/sm80/decode_rows.h: the query heads of a KV head become rows of one head; which
+// launches take it, and that every (head, row) of the view addresses the original element), and
+// the key split's parts (fwd_kv_split.h). The GPU side runs in Sm80Forward.DecodeGroupsReadAsRows
+// and Sm80Forward.KeySplit*.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
 #include "cuda/sm80/decode_rows.h"
+#include "cuda/sm80/fwd_kv_split.h"
 #include "fusedattn/params.h"
 #include "reference/problems.h"
 
@@ -65,6 +67,28 @@ TEST(Sm80DecodeRows, OtherLaunchesRunAsTheyAre) {
   const int32_t offsets[4] = {0, 1, 2, 3};
   varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
   EXPECT_TRUE(unchanged(varlen));
+}
+
+// Parts fill the slots a launch leaves idle, each with at least kMinKeysPerPart keys, at most
+// kMaxKvParts; launches that fill the GPU, or whose rows see few keys, run whole.
+TEST(Sm80KvSplit, PartsFillTheIdleSlots) {
+  constexpr int64_t kSlots = 264;  // 132 SMs, two CTAs each
+  EXPECT_EQ(kv_split_parts(8, 32768, kSlots), kMaxKvParts);     // decode, batch 1, 8 KV heads
+  EXPECT_EQ(kv_split_parts(8, 4096, kSlots), 4096 / kMinKeysPerPart);
+  EXPECT_EQ(kv_split_parts(128, 32768, kSlots), 2);             // batch 16
+  EXPECT_EQ(kv_split_parts(200, 32768, kSlots), 1);             // more than half the slots
+  EXPECT_EQ(kv_split_parts(264, 32768, kSlots), 1);
+  EXPECT_EQ(kv_split_parts(2, 2 * kMinKeysPerPart - 1, kSlots), 1);  // too few keys for two parts
+  EXPECT_EQ(kv_split_parts(2, 2 * kMinKeysPerPart, kSlots), 2);
+  EXPECT_EQ(kv_split_parts(0, 32768, kSlots), 1);
+  for (int64_t ctas : {1, 3, 50, 131})
+    for (int64_t keys : {1, 700, 5000, 1 << 20}) {
+      const int parts = kv_split_parts(ctas, keys, kSlots);
+      EXPECT_GE(parts, 1);
+      EXPECT_LE(parts, kMaxKvParts);
+      EXPECT_LE(ctas * parts, kSlots);
+      if (parts > 1) EXPECT_GE(keys / parts, kMinKeysPerPart);
+    }
 }
 
 }  // namespace

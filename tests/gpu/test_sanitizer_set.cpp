@@ -69,6 +69,16 @@ TEST(GpuSanitizer, VarlenSequsedKPortablePath) {
   run_seqused_set();
 }
 
+// The portable forward's key split (fwd_kv_split.h): parts to the workspace, then the combine.
+TEST(GpuSanitizer, PortableKeySplit) {
+  FUSEDATTN_REQUIRE_GPU();
+  PortablePathOnly portable;
+  Problem used = packed(4, 2, 64, {1, 1, 2}, {3000, 3000, 3000});
+  used.seqused_k = {2999, 0, 1200};
+  for (const Problem& p : {dense(1, 8, 2, 1, 2100, 128), dense(1, 2, 2, 3, 1500, 64), used})
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+}
+
 // Forward checks with slack 0, so nearly every unmasked step fails the sum check: the warps
 // rebase the block from its probabilities, and with REBASE=0 compute their scores again from Q and
 // K in shared memory (Consumer::rescore) while their P V is in flight.

@@ -259,16 +259,52 @@ TEST_F(Sm80Forward, NanStaysInTheRowsItReaches) {
       ASSERT_EQ(std::isnan(out[i * 64 + d]), i == kNanRow) << "row " << i << " dim " << d;
 }
 
+// The second problem splits its keys (fwd_kv_split.h): the combine kernel writes no LSE either.
 TEST_F(Sm80Forward, NullLseIsNotWritten) {
-  const Problem p = dense(1, 2, 2, 100, 100, 64);
-  std::mt19937_64 rng = fresh_rng();
-  HostCase c = make_case(p, DType::kBFloat16, Layout::kBSHD, rng);
-  run_on_gpu(c, /*with_lse=*/false);
-  Tensors ref = c.values, plain = c.values;
-  reference_forward(p, ref);
-  plain_forward(p, DType::kBFloat16, plain);
-  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(DType::kBFloat16)));
-  for (double x : c.lse.to_double()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested";
+  for (const Problem& p : {dense(1, 2, 2, 100, 100, 64), dense(1, 8, 2, 1, 3000, 64)}) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(p, DType::kBFloat16, Layout::kBSHD, rng);
+    run_on_gpu(c, /*with_lse=*/false);
+    Tensors ref = c.values, plain = c.values;
+    reference_forward(p, ref);
+    plain_forward(p, DType::kBFloat16, plain);
+    EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(DType::kBFloat16))) << p.str();
+    for (double x : c.lse.to_double()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested, " << p.str();
+  }
+}
+
+// Launches of few tiles over many keys under full masks split each tile's key blocks into parts
+// (fwd_kv_split.h: at least kMinKeysPerPart keys a part) combined by a second kernel: decode with
+// and without grouped heads, a few query rows, key counts that end inside a block, both layouts.
+TEST_F(Sm80Forward, KeySplitDenseLaunches) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128}) {
+      for (int64_t sk : {1024, 3001, 20000}) {
+        check(dense(1, 8, 2, 1, sk, d), dt);
+        check(with_mask(dense(2, 4, 4, 1, sk, d), true, -1, -1), dt, Layout::kBHSD);  // one row: full
+      }
+      check(dense(2, 2, 1, 5, 4500, d), dt);
+      check(dense(1, 1, 1, 70, 7000, d), dt, Layout::kBHSD);
+    }
+  for (int d : {40, 96, 256}) {  // on larger instances, where this build has them
+    try {
+      check(dense(1, 4, 2, 1, 2600, d), DType::kFloat16);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnsupported) throw;
+    }
+  }
+}
+
+// Variable-length batches split by their longest sequence: shorter ones have parts without keys,
+// and a sequence with no key at all (seqused_k 0) gets 0 and -inf from every part.
+TEST_F(Sm80Forward, KeySplitVarlenLaunches) {
+  for (DType dt : kDtypes)
+    for (int d : {64, 128}) {
+      check(packed(8, 2, d, {1, 1, 1, 3}, {5000, 40, 2000, 0}), dt);
+      Problem used = packed(4, 4, d, {1, 1, 1}, {6000, 6000, 6000});
+      used.seqused_k = {5999, 0, 700};
+      check(used, dt);
+    }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "cuda/common/element.cuh"
 #include "cuda/common/swizzle.cuh"
+#include "cuda/sm80/fwd_kv_split.h"
 #include "cuda/sm80/fwd_tile_io.cuh"
 
 namespace fusedattn::cuda::sm80 {
@@ -52,6 +53,30 @@ __device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[kM
     for (int h = 0; h < 2; ++h) {
       const int row = warp_row0 + mt * kTileM + h * kHalf + lane / 4;
       if (row < valid_rows) lse_rows[row] = lse[mt][h];
+    }
+}
+
+// A part of a split launch (fwd_kv_split.h): this warp's normalised fp32 O rows and their LSE to
+// the workspace, the CTA's row r at slot first_slot + r; the combine kernel reads them back. The
+// lanes of a quad write one row's 8-column groups as float2s (the C fragment's columns 2t, 2t+1).
+template <int kMTiles, int kDTiles>
+__device__ __forceinline__ void store_part(const KvSplit& split, int64_t first_slot,
+                                           const float (&o)[kMTiles][kDTiles][4], const float (&inv_sum)[kMTiles][2],
+                                           const float (&lse)[kMTiles][2], int warp_row0, int valid_rows, int lane) {
+  constexpr int kTileM = 16, kHalf = 8, kTileN = 8;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp_row0 + mt * kTileM + h * kHalf + g;
+      if (row >= valid_rows) continue;
+      float* dst = split.o + (first_slot + row) * split.o_cols + 2 * t;
+#pragma unroll
+      for (int dt = 0; dt < kDTiles; ++dt)
+        *reinterpret_cast<float2*>(dst + dt * kTileN) = {o[mt][dt][2 * h] * inv_sum[mt][h],
+                                                        o[mt][dt][2 * h + 1] * inv_sum[mt][h]};
+      if (t == 0) split.lse[first_slot + row] = lse[mt][h];
     }
 }
 

@@ -18,10 +18,12 @@
 #include "cuda/common/mask.cuh"
 #include "cuda/common/schedule.h"
 #include "cuda/common/softmax.cuh"
+#include "cuda/common/tail_split.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/sm80/fwd_epilogue.cuh"
+#include "cuda/sm80/fwd_kv_split.h"
 #include "cuda/sm80/fwd_tile_io.cuh"
 #include "cuda/sm80/fwd_warp_mma.cuh"
 #include "cuda/sm80/tile_config.h"
@@ -52,25 +54,37 @@ __device__ __forceinline__ FwdCta fwd_cta(int schedule_shift, uint3 block) {
   return {kWindow ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
 }
 
-// Where the query rows of the CTA with block index `block` lie.
+// Where the query rows of the CTA with block index `block` lie. A split launch (fwd_kv_split.h,
+// full masks only) has `parts` CTAs per query block along x, one per part of its key blocks.
 struct FwdRows {
   int batch, head;
   SeqInfo seq;
   int64_t m0;  // the block's first row within its sequence; the CTA has no work if m0 >= seq.len_q
   int64_t q_row0;  // the block's first row in the packed tensor: seq.q_start + m0
+  int part;        // which part of the key blocks (0 unless split)
 
   template <MaskKind kMask, int kBlockM>
-  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block) {
+  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block, int parts) {
+    const int part = static_cast<int>(block.x) % parts;
+    block.x /= parts;
     const FwdCta cta = fwd_cta<kMask>(schedule_shift, block);
     const SeqInfo seq = seq_info(p, cta.batch);
     const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
-    return {cta.batch, cta.head, seq, m0, seq.q_start + m0};
+    return {cta.batch, cta.head, seq, m0, seq.q_start + m0, part};
   }
 };
 
+// Part `part` of `parts` of the key blocks kv (near-equal ranges, fwd_kv_split.h).
+__device__ __forceinline__ BlockRange part_of(BlockRange kv, int part, int parts) {
+  if (parts == 1 || kv.hi <= kv.lo) return kv;
+  const int blocks = kv.hi - kv.lo;
+  return {kv.lo + part_begin(blocks, parts, part), kv.lo + part_begin(blocks, parts, part + 1)};
+}
+
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
-    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift, TileSteps k_steps, TileSteps v_steps) {
+    fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift, TileSteps k_steps, TileSteps v_steps,
+               const __grid_constant__ KvSplit split) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
@@ -85,7 +99,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warp_row0 = warp * Cfg::kWarpRows;
-  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx);
+  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx, split.parts);
   const int batch = rows.batch, head = rows.head;
   const SeqInfo seq = rows.seq;
   const int64_t m0 = rows.m0;
@@ -116,7 +130,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const MaskPolicy<kMask> mask(p, seq.len_q, seq.len_k);
   const int64_t i_first = m0, i_last = m0 + rows_q - 1;
-  const BlockRange kv = mask.kv_blocks(i_first, i_last, kBlockN);
+  const BlockRange kv = part_of(mask.kv_blocks(i_first, i_last, kBlockN), rows.part, split.parts);
   const BlockRange uncut = mask.uncut_blocks(i_first, i_last, kBlockN);
 
   float o[Cfg::kMTiles][Cfg::kDTiles][4];
@@ -210,10 +224,18 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   softmax.finalize(inv_sum, lse);
   // The epilogue's coordinates come from the block and thread index read again (ptx/sync.cuh) rather
   // than from the prologue's values held across the mainloop, where d128 has no registers to spare.
-  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here());
+  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here(), split.parts);
   const int out_tid = ptx::thread_index_here(), out_lane = out_tid % kWarpSize;
   const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
   const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);
+  if (split.parts > 1) {
+    // A part's rows go to the workspace in fp32; the combine kernel writes O and LSE.
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const int64_t row0 = (varlen ? 0 : out_rows.batch * p.seqlen_q) + out_rows.q_row0;
+    store_part(split, split.slot(out_rows.part, out_rows.head, row0), o, inv_sum, lse, out_warp_row0, out_rows_q,
+               out_lane);
+    return;
+  }
   // Each warp overwrites only its own Q rows, but the coalesced store below reads every warp's
   // rows, so both sides of the staging need a block barrier.
   __syncthreads();

@@ -10,6 +10,7 @@
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/decode_rows.h"
 #include "cuda/sm80/fwd_kernel.cuh"
+#include "cuda/sm80/fwd_kv_split.h"
 #include "fusedattn/error.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -33,17 +34,23 @@ void run_fwd(const FwdParams& params) {
   if constexpr (Cfg::kSmemBytes > kDefaultDynamicSmemBytes)
     FUSEDATTN_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes));
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.seqlen_q, Cfg::kBlockM)),
-                  static_cast<unsigned>(p.heads_q), static_cast<unsigned>(p.batch));
+  const int64_t m_blocks = ceil_div(p.seqlen_q, Cfg::kBlockM);
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  const KvSplit split =
+      kMask == MaskKind::kFull ? plan_kv_split(p, m_blocks * p.heads_q * p.batch, Cfg::kMinBlocksPerSm, kHeadDim)
+                               : KvSplit{};
+  const dim3 grid(static_cast<unsigned>(m_blocks * split.parts), static_cast<unsigned>(p.heads_q),
+                  static_cast<unsigned>(p.batch));
   // A pair's K and V: 2 seqlen_k rows of head_dim elements (fwd_cta).
   const int schedule_shift =
       kMask == MaskKind::kFull
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, static_cast<cudaStream_t>(p.stream)>>>(
-      p, schedule_shift, KVTile::steps(p.k_stride.row), KVTile::steps(p.v_stride.row));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
+                                                          KVTile::steps(p.v_stride.row), split);
   FUSEDATTN_CHECK_LAUNCH();
+  if (split.parts > 1) combine_kv_split(p, split);
 }
 
 }  // namespace fusedattn::cuda::sm80
