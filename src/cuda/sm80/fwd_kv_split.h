@@ -48,10 +48,9 @@ inline int kv_split_parts(int64_t ctas, int64_t keys, int64_t slots) {
 }
 
 // The split of a full-mask launch of p in `ctas` tiles of CTAs that fit ctas_per_sm to an SM, on
-// an instance of head dim o_cols, with its workspace: a buffer of (device, p.stream), grown on
-// demand and never freed (a CUDA graph captured with one still points at it; launches on one
-// stream run in order, so they share it). parts == 1 where none pays, where
-// FUSEDATTN_SM80_KV_SPLIT=0, or where the buffer would have to grow during a graph capture.
+// an instance of head dim o_cols, with its workspace in p.stream's buffer (common/stream_buffer.h).
+// parts == 1 where none pays, where FUSEDATTN_SM80_KV_SPLIT=0, or where the buffer would have to
+// grow during a graph capture.
 KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_cols);
 
 // Combines a split launch's parts into p's O and LSE (fwd_split_combine.cu).

@@ -6,16 +6,13 @@
 
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
 #include "cuda/common/element.cuh"
 #include "cuda/common/env.h"
 #include "cuda/common/int_math.h"
+#include "cuda/common/stream_buffer.h"
 #include "cuda/sm80/fwd_kv_split.h"
 #include "cuda/sm80/tile_config.h"
 #include "fusedattn/error.h"
@@ -91,29 +88,11 @@ KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_c
   const int64_t slots_used = int64_t{split.parts} * split.heads * split.rows;
   const int64_t lse_floats = round_up(slots_used, kAlignFloats);
   const int64_t bytes = (lse_floats + slots_used * split.o_cols) * int64_t{sizeof(float)};
-  struct Buffer {
-    float* base = nullptr;
-    int64_t bytes = 0;
-  };
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, Buffer> buffers;
-  static std::vector<float*> retired;  // outgrown buffers, kept for the graphs that use them
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  int device = 0;
-  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  Buffer& buf = buffers[{device, stream}];
-  if (buf.bytes < bytes) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) return {};
-    float* grown = nullptr;
-    FUSEDATTN_CUDA_CHECK(cudaMalloc(&grown, bytes));
-    if (buf.base != nullptr) retired.push_back(buf.base);
-    buf = {grown, bytes};
-  }
-  split.lse = buf.base;
-  split.o = buf.base + lse_floats;
+  const StreamBuffer buf = stream_buffer(StreamBufferUser::kSm80KvSplit, static_cast<cudaStream_t>(p.stream), bytes);
+  if (buf.base == nullptr) return {};
+  float* const base = reinterpret_cast<float*>(buf.base);
+  split.lse = base;
+  split.o = base + lse_floats;
   return split;
 }
 
