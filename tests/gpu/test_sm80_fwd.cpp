@@ -295,6 +295,19 @@ TEST_F(Sm80Forward, KeySplitDenseLaunches) {
   }
 }
 
+// The parts are combined in part order, so repeated runs give the same bits; launches of other
+// shapes in between grow and reuse the stream's workspace.
+TEST_F(Sm80Forward, KeySplitRepeatsBitIdentical) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(dense(2, 8, 2, 1, 9000, 128), DType::kFloat16, Layout::kBSHD, rng);
+  run_on_gpu(c);
+  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+  check(dense(4, 32, 8, 1, 20000, 128), DType::kBFloat16);  // a larger workspace
+  run_on_gpu(c);
+  EXPECT_EQ(c.out.to_double(), out);
+  EXPECT_EQ(c.lse.to_double(), lse);
+}
+
 // Variable-length batches split by their longest sequence: shorter ones have parts without keys,
 // and a sequence with no key at all (seqused_k 0) gets 0 and -inf from every part.
 TEST_F(Sm80Forward, KeySplitVarlenLaunches) {

@@ -92,7 +92,7 @@ TEST_F(Sm90Varlen, EveryMaskMatchesReference) {
 // seqused_k: each sequence attends to the first keys of its rows (clamped to [0, rows]), and
 // a decode step over padded caches: one query per sequence, few tiles over long rows, which the
 // tail split cuts into shares of each tile's own blocks. The rows past each sequence's used keys
-// hold NaN (a KV cache from torch.empty): none may reach the output. (d64 and masked d256 take the
+// hold NaN (a KV cache from torch.empty): none may reach the output. (Masked d256 takes the
 // portable kernels; dispatch.cu, sm90_clears_unused_rows.)
 void check_nan_past_used_keys(const Problem& p, DType dtype) {
   std::mt19937_64 rng = fresh_rng();

@@ -99,8 +99,9 @@ def test_rejections_name_the_argument():
         fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, k)
     with pytest.raises(ValueError, match="k, v: pass both"):
         fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, cache_seqlens=lengths)
-    with pytest.raises(ValueError, match="cache_seqlens: must be an int or an integer tensor of 2"):
-        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=torch.tensor([1, 2, 3]))
+    for wrong in (torch.tensor([1, 2, 3]), torch.tensor([True, False]), torch.tensor([1.0, 2.0])):
+        with pytest.raises(ValueError, match="cache_seqlens: must be an int or an integer tensor of 2"):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=wrong)
     crossed = k_cache.as_strided((2, 16, 2, 64), (64, 128, 64, 1))  # batch stride below a position's
     before = k_cache.clone()
     with pytest.raises(ValueError, match="k_cache: its batch stride"):
