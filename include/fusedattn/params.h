@@ -120,4 +120,28 @@ inline void fold_unbounded_window(FwdParams& p) {
   if (p.window_right >= last_row) p.window_right = -1;
 }
 
+// Decoding with grouped heads: one query row per sequence and g query heads per KV head. Run as
+// is, each of the g heads reads the whole K/V of its KV head, so the group's K/V is read g times.
+// Viewed as g rows of one head (a group's query heads are consecutive, so the head stride steps
+// from row to row), it is read once. Exact where every row sees the same keys: a full mask,
+// which a causal mask of one query row folds into (fold_unbounded_window). The backends index
+// the LSE's rows with stride 1, so the view needs heads 1 apart there too (a [B, H, 1] LSE).
+// FlashAttention-2 swaps the same way for its decode. The backends' forwards apply it (the CPU
+// backend, the portable CUDA kernels); anything else is returned as it is.
+inline FwdParams decode_groups_as_rows(const FwdParams& p) {
+  const bool dense = p.cu_seqlens_q == nullptr;
+  const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
+  const bool lse_fits = p.lse == nullptr || p.lse_head_stride == 1;
+  if (!dense || p.seqlen_q != 1 || group <= 1 || p.is_masked() || !lse_fits) return p;
+  FwdParams rows = p;
+  rows.seqlen_q = group;
+  rows.heads_q = p.heads_kv;
+  rows.q_stride.row = p.q_stride.head;
+  rows.q_stride.head = p.q_stride.head * group;
+  rows.o_stride.row = p.o_stride.head;
+  rows.o_stride.head = p.o_stride.head * group;
+  rows.lse_head_stride = p.lse_head_stride * group;
+  return rows;
+}
+
 }  // namespace fusedattn

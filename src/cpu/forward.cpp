@@ -100,7 +100,10 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
 
 }  // namespace
 
-void forward(const FwdParams& p) {
+void forward(const FwdParams& params) {
+  // A grouped decode reads each KV head once per group (params.h): the K/V tile loads, which a
+  // task of one query row spends most of its time in, are shared by the group's rows.
+  const FwdParams p = decode_groups_as_rows(params);
   const int64_t blocks_per_head = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
   const int64_t num_tasks = int64_t{p.batch} * p.heads_q * blocks_per_head;
   parallel_for(

@@ -72,6 +72,19 @@ TEST(CpuForward, GroupedQueryAttention) {
   check_all_dtypes(with_mask(dense(2, 6, 3, 90, 70, kDefaultHeadDim), true, -1, -1));
 }
 
+// One query row per sequence with grouped heads runs as the group's rows of its KV head
+// (params.h, decode_groups_as_rows): full and causal masks (one row: the same keys), both
+// layouts, MQA; a window and a packed batch, which the view does not take, alongside.
+TEST(CpuForward, GroupedDecode) {
+  for (int64_t sk : {1, 70, 300}) {
+    check_all_dtypes(dense(3, 8, 2, 1, sk, kDefaultHeadDim));
+    check_all_dtypes(with_mask(dense(2, 8, 2, 1, sk, kDefaultHeadDim), true, -1, -1), Layout::kBHSD);
+    check_all_dtypes(dense(2, 6, 1, 1, sk, 40), Layout::kBHSD);
+    check_all_dtypes(with_mask(dense(2, 8, 2, 1, sk, kDefaultHeadDim), false, 40, 0));
+  }
+  check_all_dtypes(packed(8, 2, kDefaultHeadDim, {1, 1, 1}, {90, 0, 300}));
+}
+
 TEST(CpuForward, MultiQueryAttention) {
   check_all_dtypes(dense(2, 4, 1, 70, 90, kDefaultHeadDim));
   check_all_dtypes(with_mask(dense(1, 5, 1, 100, 100, kDefaultHeadDim), false, 10, 2));
@@ -113,19 +126,22 @@ TEST(CpuForward, ExplicitSoftmaxScale) {
 }
 
 TEST(CpuForward, LseMayBeOmitted) {
-  for (DType dtype : kCpuDtypes) {
-    std::mt19937_64 rng = fresh_rng();
-    const Problem p = with_mask(dense(2, 2, 2, 80, 80, kDefaultHeadDim), true, -1, -1);
-    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
-    c.out.poison();
-    ForwardArgs a = forward_args(c);
-    a.lse = TensorView{};
-    forward(a);
-    Tensors ref = c.values, plain = c.values;
-    reference_forward(p, ref);
-    plain_forward(p, dtype, plain);
-    expect_matches("out", dtype, c.out.to_double(), ref.out, plain.out, kFp32OutAtol, kFp32OutRtol, atol_for(dtype),
-                   case_name(c));
+  // The second problem is a grouped decode, which runs as rows of its KV heads.
+  for (const Problem& p : {with_mask(dense(2, 2, 2, 80, 80, kDefaultHeadDim), true, -1, -1),
+                           dense(2, 8, 2, 1, 150, kDefaultHeadDim)}) {
+    for (DType dtype : kCpuDtypes) {
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+      c.out.poison();
+      ForwardArgs a = forward_args(c);
+      a.lse = TensorView{};
+      forward(a);
+      Tensors ref = c.values, plain = c.values;
+      reference_forward(p, ref);
+      plain_forward(p, dtype, plain);
+      expect_matches("out", dtype, c.out.to_double(), ref.out, plain.out, kFp32OutAtol, kFp32OutRtol,
+                     atol_for(dtype), case_name(c));
+    }
   }
 }
 

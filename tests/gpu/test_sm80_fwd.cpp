@@ -139,7 +139,7 @@ TEST_F(Sm80Forward, GroupedAndMultiQueryHeads) {
 }
 
 // One query row per sequence with grouped heads runs as the group's rows of its KV head
-// (src/cuda/sm80/decode_rows.h): full and causal masks (one row: the same keys), both layouts,
+// (params.h, decode_groups_as_rows): full and causal masks (one row: the same keys), both layouts,
 // MQA; a window, which the view does not take, alongside.
 TEST_F(Sm80Forward, DecodeGroupsReadAsRows) {
   for (DType dt : kDtypes)

@@ -8,7 +8,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
-#include "cuda/sm80/decode_rows.h"
+#include "cuda/common/env.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/fwd_kv_split.h"
 #include "fusedattn/error.h"
@@ -22,7 +22,8 @@ constexpr unsigned kMaxGridYZ = 65535;
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
   using Cfg = FwdConfig<kHeadDim>;
-  const FwdParams p = decode_groups_as_rows(params);
+  // FUSEDATTN_SM80_DECODE_ROWS=0 runs a grouped decode head by head (A/B measurements).
+  const FwdParams p = env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true) ? decode_groups_as_rows(params) : params;
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
   if (static_cast<unsigned>(p.heads_q) > kMaxGridYZ || static_cast<unsigned>(p.batch) > kMaxGridYZ)
     throw Error(ErrorCode::kUnsupported, "q",

@@ -1,13 +1,13 @@
-// The portable forward's decode rules, checked here without a GPU: the view of a grouped decode
-// (src/cuda/sm80/decode_rows.h: the query heads of a KV head become rows of one head; which
-// launches take it, and that every (head, row) of the view addresses the original element), and
-// the key split's parts (fwd_kv_split.h). The GPU side runs in Sm80Forward.DecodeGroupsReadAsRows
-// and Sm80Forward.KeySplit*.
+// The decode rules, checked here without a GPU: the view of a grouped decode (params.h,
+// decode_groups_as_rows: the query heads of a KV head become rows of one head; which launches
+// take it, and that every (head, row) of the view addresses the original element), which the CPU
+// backend and the portable CUDA forward apply, and the portable forward's key split parts
+// (src/cuda/sm80/fwd_kv_split.h). The runs: CpuForward.GroupedDecode,
+// Sm80Forward.DecodeGroupsReadAsRows and Sm80Forward.KeySplit*.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 
-#include "cuda/sm80/decode_rows.h"
 #include "cuda/sm80/fwd_kv_split.h"
 #include "fusedattn/params.h"
 #include "reference/problems.h"
@@ -28,7 +28,7 @@ FwdParams decode(int kv_heads) {
   return p;
 }
 
-TEST(Sm80DecodeRows, GroupsBecomeRowsOfTheirKvHead) {
+TEST(DecodeRows, GroupsBecomeRowsOfTheirKvHead) {
   const FwdParams p = decode(2);
   const FwdParams r = decode_groups_as_rows(p);
   ASSERT_EQ(r.seqlen_q, 4);
@@ -45,7 +45,7 @@ TEST(Sm80DecodeRows, GroupsBecomeRowsOfTheirKvHead) {
     }
 }
 
-TEST(Sm80DecodeRows, OtherLaunchesRunAsTheyAre) {
+TEST(DecodeRows, OtherLaunchesRunAsTheyAre) {
   const auto unchanged = [](const FwdParams& p) { return decode_groups_as_rows(p).seqlen_q == p.seqlen_q; };
   EXPECT_TRUE(unchanged(decode(8)));  // no group
   FwdParams causal = decode(2);
