@@ -1,7 +1,9 @@
 // CPU forward: FlashAttention-2 with query blocks outer and key tiles inner. One task is one
 // (batch, query head, query block); it owns its output rows and LSE entries, so tasks run on
-// any thread in any order and the result is always the same.
+// any thread in any order and the result is always the same. A launch of few tasks over many
+// keys (decoding) splits each task's keys into parts, combined in part order (key_parts).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -27,7 +29,8 @@ struct ForwardScratch {
         row(static_cast<size_t>(dim)),
         s(static_cast<size_t>(kBlockQ) * kBlockK),
         softmax(kBlockQ),
-        ranges(kBlockQ) {}
+        ranges(kBlockQ),
+        lse(kBlockQ) {}
   std::vector<float> q;   // [kBlockQ][dim], pre-multiplied by scale * log2(e)
   std::vector<float> kt;  // [dim][kBlockK], K transposed so S rows are contiguous
   std::vector<float> v;   // [kBlockK][dim]
@@ -36,6 +39,7 @@ struct ForwardScratch {
   std::vector<float> s;   // [kBlockQ][kBlockK], scores, then probabilities
   std::vector<RowSoftmax> softmax;
   std::vector<ColRange> ranges;
+  std::vector<float> lse;  // [kBlockQ], the rows' natural-log LSE once o is normalised
 };
 
 struct QueryBlock {
@@ -52,11 +56,42 @@ QueryBlock decode_task(const FwdParams& p, int64_t task, int64_t blocks_per_head
   return {b, h, blocks_per_head - 1 - task % blocks_per_head};
 }
 
-FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, ForwardScratch& w) {
+// Keys per part and parts per task of a split launch: few tasks (under kSplitTargetTasks) over
+// long key ranges leave threads idle while each task walks every key tile. Only the task count
+// and the keys decide the split, never the thread count, so results do not depend on it.
+constexpr int64_t kSplitTargetTasks = 64;
+constexpr int64_t kMinKeysPerPart = 1024;
+constexpr int64_t kMaxKeyParts = 32;
+
+// Parts per task: 1 (no split) unless the mask is full, every head is one query block, and
+// there are few tasks and enough keys.
+int key_parts(const FwdParams& p, int64_t num_tasks) {
+  if (p.is_masked() || p.seqlen_q > kBlockQ || num_tasks <= 0 || num_tasks >= kSplitTargetTasks) return 1;
+  const int64_t parts = std::min({kSplitTargetTasks / num_tasks, p.seqlen_k / kMinKeysPerPart, kMaxKeyParts});
+  return parts < 2 ? 1 : static_cast<int>(parts);
+}
+
+// Part `part` of `parts` of the keys, in whole key tiles (empty, lo > hi, where it has none).
+KeyRange part_of(KeyRange keys, int part, int parts) {
+  if (parts == 1 || keys.lo > keys.hi) return keys;
+  const int64_t tiles = (keys.hi - keys.lo) / kBlockK + 1;
+  const int64_t first = tiles * part / parts, end = tiles * (part + 1) / parts;
+  return {keys.lo + first * kBlockK, std::min(keys.hi, keys.lo + end * kBlockK - 1)};
+}
+
+// The task's query rows (0 where its sequence has none: varlen, shorter than max_seqlen_q).
+int query_rows(const FwdParams& p, const QueryBlock& t) {
+  const int64_t r0 = t.block * kBlockQ, len_q = seq_info(p, t.b).len_q;
+  return r0 >= len_q ? 0 : static_cast<int>(std::min<int64_t>(kBlockQ, len_q - r0));
+}
+
+// Task t's query rows against part `part` of `parts` of their keys: w.o gets the rows' normalised
+// output, w.lse their LSE.
+FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, int part, int parts,
+                                          ForwardScratch& w) {
   const SeqInfo seq = seq_info(p, t.b);
   const int64_t r0 = t.block * kBlockQ;
-  if (r0 >= seq.len_q) return;  // varlen: this sequence is shorter than max_seqlen_q
-  const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - r0));
+  const int rows = query_rows(p, t);
   const int dim = p.head_dim;
   const int kv_head = t.h / (p.heads_q / p.heads_kv);
   const Operand q{p.q, p.q_stride, p.dtype}, k{p.k, p.k_stride, p.dtype}, v{p.v, p.v_stride, p.dtype};
@@ -67,7 +102,7 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
 
   // Key tiles start at the block's first visible key; tiles wholly outside every row's window
   // are never visited, and only tiles cut by a mask edge pay for per-row column ranges.
-  const KeyRange keys = block_key_range(p, r0, rows, seq.len_q, seq.len_k);
+  const KeyRange keys = part_of(block_key_range(p, r0, rows, seq.len_q, seq.len_k), part, parts);
   for (int64_t c0 = keys.lo; c0 <= keys.hi; c0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.hi - c0 + 1));
     tile_col_ranges(p, r0, rows, seq.len_q, seq.len_k, c0, cols, w.ranges.data());
@@ -89,14 +124,69 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
     float* o_row = w.o.data() + int64_t{r} * dim;
     const float inv = w.softmax[r].inverse_sum();
     for (int d = 0; d < dim; ++d) o_row[d] *= inv;
+    w.lse[r] = w.softmax[r].lse();
   }
-  store_tile(p.o, p.o_stride, p.dtype, t.b, seq.q_start, r0, rows, t.h, dim, 1.f, w.o.data());
+}
+
+// Task t's rows from w.o and w.lse to out and lse.
+void store_query_block(const FwdParams& p, const QueryBlock& t, int rows, const ForwardScratch& w) {
+  const SeqInfo seq = seq_info(p, t.b);
+  const int64_t r0 = t.block * kBlockQ;
+  store_tile(p.o, p.o_stride, p.dtype, t.b, seq.q_start, r0, rows, t.h, p.head_dim, 1.f, w.o.data());
   if (p.lse != nullptr) {
     // Dense: lse[b][h][i]; varlen: lse[h][q_start + i] (batch stride 0).
     float* lse = p.lse + t.b * p.lse_batch_stride + t.h * p.lse_head_stride + seq.q_start + r0;
-    for (int r = 0; r < rows; ++r) lse[r] = w.softmax[r].lse();
+    std::copy(w.lse.begin(), w.lse.begin() + rows, lse);
   }
 }
+
+// The parts' rows of a split launch: part `part` of task `task` keeps `rows` rows of output (dim
+// floats each) and LSE, written by that part alone and read by the task's combine.
+class PartRows {
+ public:
+  PartRows(int64_t tasks, int parts, int64_t rows, int dim)
+      : parts_(parts), rows_(rows), dim_(dim),
+        o_(static_cast<size_t>(tasks * parts * rows * dim)), lse_(static_cast<size_t>(tasks * parts * rows)) {}
+
+  void save(int64_t task, int part, int rows, const ForwardScratch& w) {
+    const int64_t slot = (task * parts_ + part) * rows_;
+    std::copy(w.o.begin(), w.o.begin() + int64_t{rows} * dim_, o_.begin() + slot * dim_);
+    std::copy(w.lse.begin(), w.lse.begin() + rows, lse_.begin() + slot);
+  }
+
+  // The task's rows combined, parts in order, into w.o and w.lse:
+  //   m = max_p lse_p,  w_p = exp(lse_p - m),  O = sum_p w_p O_p / sum_p w_p,  lse = m + log(sum_p w_p);
+  // a row that saw no key in any part gets 0 and -inf.
+  void combine(int64_t task, int rows, ForwardScratch& w) const {
+    for (int r = 0; r < rows; ++r) {
+      float m = kNegInf;
+      for (int part = 0; part < parts_; ++part) m = std::max(m, lse_[slot(task, part) + r]);
+      float* o_row = w.o.data() + int64_t{r} * dim_;
+      std::fill(o_row, o_row + dim_, 0.f);
+      if (m == kNegInf) {
+        w.lse[r] = kNegInf;
+        continue;
+      }
+      float sum = 0.f;
+      for (int part = 0; part < parts_; ++part) {
+        const int64_t at = slot(task, part) + r;
+        const float weight = std::exp(lse_[at] - m);
+        sum += weight;
+        const float* part_row = o_.data() + at * dim_;
+        for (int d = 0; d < dim_; ++d) o_row[d] += weight * part_row[d];
+      }
+      for (int d = 0; d < dim_; ++d) o_row[d] /= sum;
+      w.lse[r] = m + std::log(sum);
+    }
+  }
+
+ private:
+  int64_t slot(int64_t task, int part) const { return (task * parts_ + part) * rows_; }
+  int parts_;
+  int64_t rows_;
+  int dim_;
+  std::vector<float> o_, lse_;
+};
 
 }  // namespace
 
@@ -106,9 +196,35 @@ void forward(const FwdParams& params) {
   const FwdParams p = decode_groups_as_rows(params);
   const int64_t blocks_per_head = (p.seqlen_q + kBlockQ - 1) / kBlockQ;
   const int64_t num_tasks = int64_t{p.batch} * p.heads_q * blocks_per_head;
-  parallel_for(
-      num_tasks, p.num_threads, [&] { return ForwardScratch(p.head_dim); },
-      [&](ForwardScratch& w, int64_t task) { attend_query_block(p, decode_task(p, task, blocks_per_head), w); });
+  const auto scratch = [&] { return ForwardScratch(p.head_dim); };
+  const int parts = key_parts(p, num_tasks);
+  if (parts == 1) {
+    parallel_for(num_tasks, p.num_threads, scratch, [&](ForwardScratch& w, int64_t task) {
+      const QueryBlock t = decode_task(p, task, blocks_per_head);
+      if (const int rows = query_rows(p, t)) {
+        attend_query_block(p, t, 0, 1, w);
+        store_query_block(p, t, rows, w);
+      }
+    });
+    return;
+  }
+  PartRows part_rows(num_tasks, parts, p.seqlen_q, p.head_dim);  // every head is one query block
+  parallel_for(num_tasks * parts, p.num_threads, scratch, [&](ForwardScratch& w, int64_t item) {
+    const int64_t task = item / parts;
+    const int part = static_cast<int>(item % parts);
+    const QueryBlock t = decode_task(p, task, blocks_per_head);
+    if (const int rows = query_rows(p, t)) {
+      attend_query_block(p, t, part, parts, w);
+      part_rows.save(task, part, rows, w);
+    }
+  });
+  parallel_for(num_tasks, p.num_threads, scratch, [&](ForwardScratch& w, int64_t task) {
+    const QueryBlock t = decode_task(p, task, blocks_per_head);
+    if (const int rows = query_rows(p, t)) {
+      part_rows.combine(task, rows, w);
+      store_query_block(p, t, rows, w);
+    }
+  });
 }
 
 }  // namespace fusedattn::cpu

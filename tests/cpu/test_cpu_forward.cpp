@@ -85,6 +85,21 @@ TEST(CpuForward, GroupedDecode) {
   check_all_dtypes(packed(8, 2, kDefaultHeadDim, {1, 1, 1}, {90, 0, 300}));
 }
 
+// Few tasks over many keys split each task's keys into parts (forward.cpp, key_parts): decode
+// with and without grouped heads (a one-row causal mask is full), a few query rows, key counts
+// that end inside a tile, a packed batch whose short sequences have parts without keys and one
+// sequence with no key at all; a window alongside, which does not split.
+TEST(CpuForward, KeySplitDecode) {
+  check_all_dtypes(dense(1, 8, 2, 1, 5000, kDefaultHeadDim));
+  check_all_dtypes(with_mask(dense(1, 4, 4, 1, 3001, 40), true, -1, -1), Layout::kBHSD);
+  check_all_dtypes(dense(2, 2, 1, 5, 2100, kDefaultHeadDim));
+  check_all_dtypes(packed(4, 2, kDefaultHeadDim, {1, 1, 2, 1}, {4100, 70, 2000, 0}));
+  Problem used = packed(4, 4, kDefaultHeadDim, {1, 1}, {3000, 3000});
+  used.seqused_k = {2999, 0};
+  check_all_dtypes(used);
+  check_all_dtypes(with_mask(dense(1, 8, 2, 1, 3000, kDefaultHeadDim), false, 700, 0));
+}
+
 TEST(CpuForward, MultiQueryAttention) {
   check_all_dtypes(dense(2, 4, 1, 70, 90, kDefaultHeadDim));
   check_all_dtypes(with_mask(dense(1, 5, 1, 100, 100, kDefaultHeadDim), false, 10, 2));
@@ -146,20 +161,31 @@ TEST(CpuForward, LseMayBeOmitted) {
 }
 
 TEST(CpuForward, SingleThreadAndManyThreads) {
-  // The API's num_threads: 1 and more threads than there is work must both be correct.
-  for (int threads : {1, 3, 64}) {
+  // The API's num_threads: 1 and more threads than there is work must both be correct, and give
+  // the same bits (the second problem splits its keys, into parts the thread count does not set).
+  for (const Problem& p : {with_mask(dense(2, 3, 1, 130, 70, kDefaultHeadDim), true, -1, -1),
+                           dense(1, 8, 2, 1, 4500, kDefaultHeadDim)}) {
     std::mt19937_64 rng = fresh_rng();
-    const Problem p = with_mask(dense(2, 3, 1, 130, 70, kDefaultHeadDim), true, -1, -1);
     HostCase c = make_case(p, DType::kFloat32, Layout::kBSHD, rng);
-    c.out.poison();
-    c.lse.poison();
-    ForwardArgs a = forward_args(c);
-    a.options.num_threads = threads;
-    forward(a);
-    Tensors ref = c.values;
-    reference_forward(p, ref);
-    EXPECT_TRUE(all_close(c.out.to_double(), ref.out, kFp32OutAtol, kFp32OutRtol)) << threads << " threads";
-    EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kFp32LseAtol, kFp32LseRtol)) << threads << " threads";
+    std::vector<double> first_out, first_lse;
+    for (int threads : {1, 3, 64}) {
+      c.out.poison();
+      c.lse.poison();
+      ForwardArgs a = forward_args(c);
+      a.options.num_threads = threads;
+      forward(a);
+      Tensors ref = c.values;
+      reference_forward(p, ref);
+      const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+      EXPECT_TRUE(all_close(out, ref.out, kFp32OutAtol, kFp32OutRtol)) << threads << " threads, " << p.str();
+      EXPECT_TRUE(all_close(lse, ref.lse, kFp32LseAtol, kFp32LseRtol)) << threads << " threads, " << p.str();
+      if (first_out.empty()) {
+        first_out = out;
+        first_lse = lse;
+      } else {
+        EXPECT_TRUE(out == first_out && lse == first_lse) << threads << " threads changed the bits, " << p.str();
+      }
+    }
   }
 }
 
