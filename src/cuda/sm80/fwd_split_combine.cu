@@ -99,7 +99,8 @@ KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_c
 void combine_kv_split(const FwdParams& p, const KvSplit& split) {
   if (p.head_dim > kMaxHeadDim || p.head_dim % kPairCols != 0)
     throw Error(ErrorCode::kUnsupported, "head_dim", "the split forward's combine takes even head dims up to 256");
-  const dim3 grid(static_cast<unsigned>(ceil_div(split.rows, int64_t{kCombineWarps})), static_cast<unsigned>(split.heads));
+  const dim3 grid(static_cast<unsigned>(ceil_div(split.rows, int64_t{kCombineWarps})),
+                  static_cast<unsigned>(split.heads));
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if (p.dtype == DType::kFloat16)
     combine_kernel<__half><<<grid, kCombineWarps * kWarpSize, 0, stream>>>(p, split);
