@@ -191,6 +191,41 @@ def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
     return offsets
 
 
+def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, new: int) -> None:
+    """The rotary tables: both or neither, with new keys to rotate, (seqlen_ro, rotary_dim / 2)
+    floating point on q's device, rotary_dim at most q's head dim."""
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("fusedattn: rotary_cos, rotary_sin: pass both rotary tables, or neither")
+    if rotary_cos is None:
+        return
+    if new == 0:
+        raise ValueError("fusedattn: rotary_cos: rotary embedding applies to new keys; pass k and v with it")
+    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+        if t.dim() != 2 or t.shape != rotary_cos.shape or not t.is_floating_point() or t.device != q.device:
+            raise ValueError(f"fusedattn: {name}: must be a floating-point (seqlen_ro, rotary_dim / 2) tensor on "
+                             f"q's device ({q.device}), alike in shape; got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if not 1 <= 2 * rotary_cos.shape[1] <= q.shape[-1]:
+        raise ValueError(f"fusedattn: rotary_cos: rotary_dim = 2 x {rotary_cos.shape[1]} must be between 2 and the "
+                         f"head dim {q.shape[-1]}")
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+            interleaved: bool) -> torch.Tensor:
+    """x (batch, seqlen, heads, dim) with its first rotary_dim = 2 * cos.shape[1] dims rotated at
+    positions (batch, seqlen): pairs (0, 1), (2, 3), ... when interleaved, else (i, i + rotary_dim / 2)
+    (GPT-NeoX). In fp32, rounded once to x's dtype."""
+    half = cos.shape[1]
+    c, s = (table[positions].unsqueeze(2).float() for table in (cos, sin))  # (batch, seqlen, 1, half)
+    head = x[..., :2 * half].float()
+    if interleaved:
+        x1, x2 = head[..., 0::2], head[..., 1::2]
+        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = head[..., :half], head[..., half:]
+        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+
+
 @torch.no_grad()
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
@@ -206,18 +241,24 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     aligned to the bottom-right corner (the last query sees the last key). Returns out, or
     (out, softmax_lse [batch, nheads, seqlen_q]) with return_softmax_lse.
 
+    rotary_cos and rotary_sin (seqlen_ro, rotary_dim / 2), with k and v, rotate the first
+    rotary_dim dims of the new keys at positions cache_seqlens, cache_seqlens + 1, ... before they
+    are written, and of q: at those positions under causal or window masks, else all of q at
+    cache_seqlens (flash_attn's rule). Dims (0, 1), (2, 3), ... pair up when rotary_interleaved,
+    else (i, i + rotary_dim / 2). Computed in fp32 and rounded once; any even rotary_dim up to the
+    head dim (flash_attn needs a multiple of 16).
+
     Caches filled to one length run as a plain call on views of them, others as one
     variable-length call over the caches' rows with a key count per sequence (seqused_k); nothing
     is copied. A CUDA tensor cache_seqlens without new tokens goes to the kernels as it is, never
     read on the host (no wait for the stream): each length is then clamped to [0, seqlen_cache],
     as seqused_k's are, not checked. With new tokens, or on the CPU, it is read on the host and
     checked first (a length outside [0, seqlen_cache - seqlen_new] raises). Not implemented, and
-    rejected naming the argument: rotary embedding, cache_batch_idx, cache_leftpad, paged caches
-    (block_table), softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
+    rejected naming the argument: cache_batch_idx, cache_leftpad, paged caches (block_table),
+    softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
     _reject_unsupported(0.0, softcap, alibi_slopes, block_table)
-    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
-                        ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise NotImplementedError(f"fusedattn: {name}: not implemented in flash_attn_with_kvcache; pass None")
     if num_splits != 0:
@@ -245,6 +286,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if k is not None and (k.dtype != k_cache.dtype or v.dtype != v_cache.dtype):
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
+    _check_rotary(rotary_cos, rotary_sin, q, new)
     # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
     on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
     if on_device:
@@ -265,6 +307,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if new > 0:
         starts = torch.tensor(lengths, device=q.device)
         positions = starts[:, None] + torch.arange(new, device=q.device)
+        if rotary_cos is not None:
+            # flash_attn's rule: q's rows sit at the new keys' positions under a mask, else all at
+            # cache_seqlens.
+            q_steps = seqlen_q if (left >= 0 or right >= 0) else 1
+            seqlen_ro = rotary_cos.shape[0]
+            if max(lengths) + max(new, q_steps) > seqlen_ro:
+                raise ValueError(f"fusedattn: rotary_cos: its {seqlen_ro} positions end before position "
+                                 f"{max(lengths) + max(new, q_steps) - 1}, which the new tokens reach")
+            q_positions = starts[:, None] + (torch.arange(seqlen_q, device=q.device) if q_steps > 1 else
+                                             torch.zeros(seqlen_q, dtype=torch.long, device=q.device))
+            q = _rotate(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
+            k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         rows = torch.arange(batch, device=q.device)[:, None]
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v

@@ -87,7 +87,7 @@ def test_rejections_name_the_argument():
     k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
     k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
     lengths = torch.tensor([3, 4], dtype=torch.int32)
-    unimplemented = [dict(rotary_cos=k), dict(rotary_sin=k), dict(cache_batch_idx=lengths),
+    unimplemented = [dict(cache_batch_idx=lengths),
                      dict(cache_leftpad=lengths), dict(block_table=lengths), dict(softcap=1.0),
                      dict(alibi_slopes=torch.ones(2)), dict(num_splits=1), dict(num_splits=4)]
     for kwargs in unimplemented:
@@ -106,6 +106,74 @@ def test_rejections_name_the_argument():
     before = k_cache.clone()
     with pytest.raises(ValueError, match="k_cache: its batch stride"):
         fusedattn.flash_attn_with_kvcache(q, crossed, v_cache, k, k, cache_seqlens=lengths)
+    assert torch.equal(k_cache, before), "a rejected call wrote the cache"
+
+
+def rope_reference(x, cos, sin, positions, interleaved):
+    """x (batch, seqlen, heads, dim) in float64, its first 2 * cos.shape[1] dims rotated at
+    positions (batch, seqlen): pairs (0, 1), (2, 3), ... or (i, i + half)."""
+    x, half = x.double(), cos.shape[1]
+    c, s = (t.double()[positions].unsqueeze(2) for t in (cos, sin))
+    first, second = (slice(0, 2 * half, 2), slice(1, 2 * half, 2)) if interleaved else \
+        (slice(0, half), slice(half, 2 * half))
+    out = x.clone()
+    out[..., first] = x[..., first] * c - x[..., second] * s
+    out[..., second] = x[..., first] * s + x[..., second] * c
+    return out
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype, device):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
+    angles = torch.arange(seqlen_ro, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(dtype=dtype, device=device), angles.sin().to(dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("interleaved", [True, False], ids=["interleaved", "neox"])
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+def test_rotary_embedding_rotates_new_keys_and_queries(device, interleaved, mask):
+    """flash_attn's rule: the new keys rotate at cache_seqlens + j before they are written; q at
+    cache_seqlens + i under a causal or window mask, else all of q at cache_seqlens. Only the
+    first rotary_dim dims turn. Against a float64 rotation, then the float64 attention."""
+    dtype = DTYPES[device][0]
+    batch, capacity, hq, hkv, d, new, rotary_dim = 3, 64, 4, 2, 64, 3, 32
+    causal, window = mask == "causal", ((8, 0) if mask == "window" else (-1, -1))
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    q = randn(batch, new, hq, d, dtype=dtype, device=device)
+    k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    lengths = [5, 0, 40]
+    cos, sin = rotary_tables(50, rotary_dim, dtype, device)
+    out, lse = fusedattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos=cos, rotary_sin=sin,
+        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device), causal=causal, window_size=window,
+        rotary_interleaved=interleaved, return_softmax_lse=True)
+    starts = torch.tensor(lengths, device=device)[:, None]
+    steps = torch.arange(new, device=device)[None, :]
+    k_rot = rope_reference(k, cos, sin, starts + steps, interleaved)
+    q_rot = rope_reference(q, cos, sin, starts + (steps if mask != "none" else 0 * steps), interleaved)
+    eps = torch.finfo(dtype).eps
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(k_cache[b, n:n + new].double(), k_rot[b], rtol=4 * eps, atol=4 * eps)
+    check_against_reference(q_rot.to(dtype), k_cache, v_cache, [n + new for n in lengths], out, lse, causal, window)
+
+
+def test_rotary_rejections_name_the_argument():
+    q, k = (randn(2, 1, 2, 64, dtype=torch.float32, device="cpu") for _ in range(2))
+    k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
+    lengths = torch.tensor([3, 4], dtype=torch.int32)
+    cos, sin = rotary_tables(16, 32, torch.float32, "cpu")
+    before = k_cache.clone()
+    cases = [(dict(rotary_cos=cos), "rotary_cos, rotary_sin: pass both"),
+             (dict(rotary_cos=cos, rotary_sin=sin, k=None, v=None), "rotary_cos: rotary embedding applies to new keys"),
+             (dict(rotary_cos=cos, rotary_sin=sin[:, :8]), "rotary_sin: must be a floating-point"),
+             (dict(rotary_cos=cos.long(), rotary_sin=sin), "rotary_cos: must be a floating-point"),
+             (dict(rotary_cos=cos[:4], rotary_sin=sin[:4]), "rotary_cos: its 4 positions end before position 4"),
+             (dict(rotary_cos=torch.ones(16, 40), rotary_sin=torch.ones(16, 40)), "rotary_dim = 2 x 40")]
+    for extra, message in cases:
+        kwargs = dict(k=k, v=k, cache_seqlens=lengths)
+        kwargs.update(extra)
+        with pytest.raises(ValueError, match=message):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, **kwargs)
     assert torch.equal(k_cache, before), "a rejected call wrote the cache"
 
 
