@@ -161,7 +161,7 @@ def test_broken_calls_raise_or_run(device):
         q, k, v = (randn(b, s, h, d, dtype=dtype, device=device) for _ in range(3))
         kwargs = dict(causal=rng.random() < 0.3, window_size=(rng.randint(-3, 20), rng.randint(-3, 20)),
                       softmax_scale=rng.choice((None, None, 0.5, -1.0, 0.0, float("inf"), float("nan"))))
-        entry = rng.choice(("dense", "dense", "varlen", "qkvpacked", "kvpacked"))
+        entry = rng.choice(("dense", "dense", "varlen", "qkvpacked", "kvpacked", "kvcache"))
         broken = [rng.random() < 0.25 for _ in range(3)]
         q, k, v = (broken_tensor(rng, device) if bad else t for bad, t in zip(broken, (q, k, v)))
         backward = rng.random() < 0.3
@@ -175,6 +175,21 @@ def test_broken_calls_raise_or_run(device):
                 out = fusedattn.flash_attn_qkvpacked_func(torch.stack((q, k, v), dim=2), **kwargs)
             elif entry == "kvpacked":
                 out = fusedattn.flash_attn_kvpacked_func(q, torch.stack((k, v), dim=2), **kwargs)
+            elif entry == "kvcache":  # k and v as the caches; new tokens, lengths and rotary tables at random
+                new_kv = {}
+                if rng.random() < 0.5:
+                    n = rng.choice((0, 1, 3))
+                    new_kv = dict(k=randn(b, n, h, d, dtype=dtype, device=device),
+                                  v=randn(b, n, h, d, dtype=dtype, device=device))
+                    if rng.random() < 0.5:
+                        half = rng.choice((0, 4, d // 2, d))
+                        new_kv.update(rotary_cos=torch.rand(rng.choice((0, 3, 40)), half, device=device),
+                                      rotary_sin=torch.rand(40, half, device=device))
+                lengths = [rng.choice((-3, 0, 1, s - 1, s, s + 3)) for _ in range(b)]
+                cache_seqlens = rng.choice((lengths[0], None, torch.tensor(
+                    lengths, dtype=rng.choice((torch.int32, torch.int32, torch.int64)), device=device)))
+                out = fusedattn.flash_attn_with_kvcache(q, k.detach(), v.detach(), cache_seqlens=cache_seqlens,
+                                                        **new_kv, **kwargs)
             else:
                 flat = [t.reshape(-1, *t.shape[2:]) if t.dim() == 4 else t for t in (q, k, v)]
                 cu_q = offsets(rng, device) if rng.random() < 0.5 else torch.tensor([0, flat[0].shape[0]],
