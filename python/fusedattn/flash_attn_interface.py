@@ -310,13 +310,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if rotary_cos is not None:
             # flash_attn's rule: q's rows sit at the new keys' positions under a mask, else all at
             # cache_seqlens.
-            q_steps = seqlen_q if (left >= 0 or right >= 0) else 1
-            seqlen_ro = rotary_cos.shape[0]
-            if max(lengths) + max(new, q_steps) > seqlen_ro:
-                raise ValueError(f"fusedattn: rotary_cos: its {seqlen_ro} positions end before position "
-                                 f"{max(lengths) + max(new, q_steps) - 1}, which the new tokens reach")
-            q_positions = starts[:, None] + (torch.arange(seqlen_q, device=q.device) if q_steps > 1 else
-                                             torch.zeros(seqlen_q, dtype=torch.long, device=q.device))
+            masked = left >= 0 or right >= 0
+            last = max(lengths) + max(new - 1, seqlen_q - 1 if masked else 0)
+            if last >= rotary_cos.shape[0]:
+                raise ValueError(f"fusedattn: rotary_cos: its {rotary_cos.shape[0]} positions end before position "
+                                 f"{last}, which the new tokens reach")
+            q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
             q = _rotate(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
             k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         rows = torch.arange(batch, device=q.device)[:, None]

@@ -210,13 +210,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     batch = opt.cu_seqlens_q.shape[0] - 1;
     sq = opt.max_seqlen_q;
     sk = opt.max_seqlen_k;
-    if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
   } else {
-    if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, 0, device);
     batch = q.shape[0];
     sq = q.shape[1];
     sk = k.shape[1];
   }
+  if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
 
   // lse: dense [B, Hq, Sq], varlen [Hq, total_q]; fp32.
   if (!lse.empty()) {

@@ -85,13 +85,12 @@ int query_rows(const FwdParams& p, const QueryBlock& t) {
   return r0 >= len_q ? 0 : static_cast<int>(std::min<int64_t>(kBlockQ, len_q - r0));
 }
 
-// Task t's query rows against part `part` of `parts` of their keys: w.o gets the rows' normalised
-// output, w.lse their LSE.
-FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, int part, int parts,
+// Task t's `rows` query rows (query_rows) against part `part` of `parts` of their keys: w.o gets
+// the rows' normalised output, w.lse their LSE.
+FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, int rows, int part, int parts,
                                           ForwardScratch& w) {
   const SeqInfo seq = seq_info(p, t.b);
   const int64_t r0 = t.block * kBlockQ;
-  const int rows = query_rows(p, t);
   const int dim = p.head_dim;
   const int kv_head = t.h / (p.heads_q / p.heads_kv);
   const Operand q{p.q, p.q_stride, p.dtype}, k{p.k, p.k_stride, p.dtype}, v{p.v, p.v_stride, p.dtype};
@@ -202,7 +201,7 @@ void forward(const FwdParams& params) {
     parallel_for(num_tasks, p.num_threads, scratch, [&](ForwardScratch& w, int64_t task) {
       const QueryBlock t = decode_task(p, task, blocks_per_head);
       if (const int rows = query_rows(p, t)) {
-        attend_query_block(p, t, 0, 1, w);
+        attend_query_block(p, t, rows, 0, 1, w);
         store_query_block(p, t, rows, w);
       }
     });
@@ -214,7 +213,7 @@ void forward(const FwdParams& params) {
     const int part = static_cast<int>(item % parts);
     const QueryBlock t = decode_task(p, task, blocks_per_head);
     if (const int rows = query_rows(p, t)) {
-      attend_query_block(p, t, part, parts, w);
+      attend_query_block(p, t, rows, part, parts, w);
       part_rows.save(task, part, rows, w);
     }
   });
