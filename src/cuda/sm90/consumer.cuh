@@ -78,17 +78,17 @@ struct Consumer {
   int lane;
   int warp;  // within the warpgroup
 
-  int q_stage = 0;        // the Q buffer of the current tile
+  int q_stage = 0;        // the Q slot of the current tile that holds this warpgroup's rows
   uint32_t q_parity = 0;  // the phase of its q_full barrier that brings the tile's Q
 
-  // The tile is announced apart from its Q (tile_announcement.cuh): begin_tile takes its Q buffer
+  // The tile is announced apart from its Q (tile_announcement.cuh): begin_tile takes its Q slot
   // from ring, and wait_q waits for its Q right before the first GEMM, so the set-up between
   // the two runs while Q is still loading. Every path through a tile waits, also one that never
-  // reads Q: the epilogue may stage O in the buffer the load writes.
+  // reads Q: the epilogue may stage O in the slot the load writes.
   __device__ __forceinline__ void begin_tile(const TileRing& ring) {
-    const int depth = q_ring_depth<Cfg>(params.features);
-    q_stage = ring.q_buffer(depth);
-    q_parity = ring.q_phase(depth);
+    const QSlot slot = q_slot<Cfg>(ring, warpgroup, params.features);
+    q_stage = slot.index;
+    q_parity = slot.phase;
   }
   __device__ __forceinline__ void wait_q() const {
     ptx::mbarrier_wait(&smem.q_full[q_stage], q_parity);
@@ -98,8 +98,10 @@ struct Consumer {
   float o[kOAcc];
   OnlineSoftmax softmax;
 
-  // The current tile's Q buffer in shared memory.
-  __device__ __forceinline__ const Element* q_tile() const { return smem.q[Cfg::kQBuffers > 1 ? q_stage : 0]; }
+  // The current tile's Q slot in shared memory, and this warpgroup's first row in it.
+  __device__ __forceinline__ const Element* q_tile() const { return smem.q[Cfg::kQSlots > 1 ? q_stage : 0]; }
+  static constexpr int kQSlotRows = Cfg::kQSlotRows;
+  __device__ __forceinline__ int q_first_row() const { return Cfg::kWarpgroupQ ? 0 : warpgroup * kWarpgroupRows; }
 
   // S (64 x kN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps, for the first kN keys of the
   // block (kN < kBlockN: a narrow block, TileMask::kNarrowsFirstBlock). A k-step's descriptors
@@ -112,8 +114,7 @@ struct Consumer {
     // words from the kernel parameters ptxas keeps its words in uniform registers (0 B spills at
     // every head dim; before, the hoisted descriptors spilled at d256).
     const uint32_t q_low =
-        ptx::desc_low_word<kInCluster>(ptx::smem_addr(q_tile()) + warpgroup * kWarpgroupRows * kRowBytes,
-                                       kUnusedLbo);
+        ptx::desc_low_word<kInCluster>(ptx::smem_addr(q_tile()) + q_first_row() * kRowBytes, kUnusedLbo);
     const uint32_t k_low =
         ptx::value_here(ptx::desc_low_word<kInCluster>(ptx::smem_addr(smem.k[stage]), kUnusedLbo));
     const uint32_t q_high = params.desc_high.q, k_high = params.desc_high.k;
@@ -121,7 +122,7 @@ struct Consumer {
     for (int kk = 0; kk < kHeadDim / kKStep; ++kk) {
       const uint32_t offset = (kk % kKStepsPerSlab) * kKStepBytes;
       const int slab = kk / kKStepsPerSlab;
-      const uint32_t q_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockM * kRowBytes + offset));
+      const uint32_t q_step = static_cast<uint32_t>(ptx::desc_encode(slab * kQSlotRows * kRowBytes + offset));
       const uint32_t k_step = static_cast<uint32_t>(ptx::desc_encode(slab * kBlockN * kRowBytes + offset));
       ptx::wgmma_ss<Element, kN>(s, ptx::desc_from_words(q_low + q_step, q_high),
                                       ptx::desc_from_words(k_low + k_step, k_high), kk > 0);
@@ -257,14 +258,18 @@ struct Consumer {
   }
 
   // A store still pending when the next tile starts is the previous tile's, which (two Q
-  // buffers in use: only then is the release deferred, see PendingStore) took the other buffer.
-  __device__ __forceinline__ int previous_q_buffer() const { return Cfg::kQBuffers > 1 ? q_stage ^ 1 : 0; }
+  // buffers in use, or warpgroup 0's two slots: only then is the release deferred, see
+  // PendingStore) took the other one.
+  __device__ __forceinline__ int previous_q_buffer() const {
+    if constexpr (Cfg::kWarpgroupQ) return warpgroup == 0 ? q_stage ^ 1 : q_stage;
+    else return Cfg::kQBuffers > 1 ? q_stage ^ 1 : 0;
+  }
 
   // The previous tile's O store, if still held, is waited for and its staging given back: the
-  // Q buffer, or with O staged in K/V (o_in_kv) the stage of that tile's last block, the one
+  // Q slot, or with O staged in K/V (o_in_kv) the stage of that tile's last block, the one
   // before kv's (kv has not moved past this tile's first block yet where this is called).
   __device__ __forceinline__ void release_pending(PendingStore& pending, const KVRing& kv) const {
-    if (Cfg::kStagesOInKV && o_in_kv())
+    if (stages_own_o_in_kv<Cfg>(params.features, warpgroup))
       pending.release_staged_o(smem, kv.k().previous_stage(params.features.num_stages), warpgroup);
     else
       pending.release(smem, previous_q_buffer());
@@ -293,8 +298,8 @@ struct Consumer {
   // issued by one warp): the in-place sum-checked step's path for probabilities it cannot rebase
   // (kSumCheckInPlace, OnlineSoftmax::update_in_place_unless_moved), rare.
   __device__ __forceinline__ void rescore(float (&s)[kSAcc], int k_stage) const {
-    warp_scores<Element, kHeadDim, kBlockM, kBlockN>(s, ptx::smem_addr(q_tile()), ptx::smem_addr(smem.k[k_stage]),
-                                                     warpgroup * kWarpgroupRows + warp * kWarpRows, lane);
+    warp_scores<Element, kHeadDim, kQSlotRows, kBlockN>(s, ptx::smem_addr(q_tile()), ptx::smem_addr(smem.k[k_stage]),
+                                                        q_first_row() + warp * kWarpRows, lane);
   }
 
   // seqused_k launches: block n's V rows past the sequence's used keys hold whatever the caller's
@@ -458,13 +463,15 @@ struct Consumer {
   __device__ __forceinline__ bool o_in_kv() const { return stages_o_in_kv<Cfg>(params.features); }
 
   // With o_in_kv, once this warpgroup's last Q K^T of a tile has completed (or, passing through,
-  // at once): each warp gives the Q buffer back, so the next tile's Q loads during this tile's
+  // at once): each warp gives the Q slot back, so the next tile's Q loads during this tile's
   // last P V and epilogue, and warpgroup 1 tells warpgroup 0 it has read the last block's K,
-  // where warpgroup 0 stages its O (Epilogue::meet).
+  // where warpgroup 0 stages its O (Epilogue::meet). With kWarpgroupQ warpgroup 0 stages its O
+  // in its own slot: it keeps the slot, and needs no word from warpgroup 1.
   __device__ __forceinline__ void last_qk_done() const {
-    if (!o_in_kv()) return;
+    if (!stages_own_o_in_kv<Cfg>(params.features, warpgroup)) return;
     if (lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
-    if (warpgroup == 1) ptx::named_barrier_arrive(barrier_id(NamedBarrier::kKStageRead, 0), 2 * kWarpgroupThreads);
+    if (warpgroup == 1 && !Cfg::kWarpgroupQ)
+      ptx::named_barrier_arrive(barrier_id(NamedBarrier::kKStageRead, 0), 2 * kWarpgroupThreads);
   }
 
   // One GEMM turn taken and handed on at once, by a warpgroup with nothing to issue.

@@ -1,6 +1,7 @@
 // A consumer warpgroup's epilogue: O normalised by the softmax row sums, converted to the
-// element type, staged in the warpgroup's own 64 rows of the tile's Q buffer, or with
-// KernelConfig::kStagesOInKV in the last KV block's K (warpgroup 0) or V (warpgroup 1) (in the
+// element type, staged in the warpgroup's own 64 rows of the tile's Q slot, or with
+// KernelConfig::kStagesOInKV in the last KV block's K (warpgroup 0, unless kWarpgroupQ gives it a
+// Q slot of its own) or V (warpgroup 1) (in the
 // 128B-swizzled layout of the O tensor map), and written by one TMA store per 64-column slab; the TMA clips rows
 // past seqlen_q and columns past head_dim. In a variable-length batch the rows past a sequence's
 // end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
@@ -38,7 +39,7 @@ struct Epilogue {
   static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));  // one 16-byte swizzle unit
   static constexpr int kAtomRows = 8;                                         // rows per swizzle atom
   static constexpr int kChunksPerSlab = Cfg::kSlabCols / kChunkElems;
-  static constexpr int kSlabElems = Cfg::kBlockM * Cfg::kSlabCols;
+  static constexpr int kSlabElems = Cfg::kQSlotRows * Cfg::kSlabCols;  // a Q slot's slab
   // A thread's O columns are 8j + col0 + {0, 1} with col0 = 2 (lane % 4) < 8 (ptx/wgmma.cuh): each
   // 8-column group of j lies in one 16-byte chunk, chunk j of the row, one stmatrix row.
   static_assert(kChunkElems == 8, "one accumulator column group per 16-byte swizzle chunk");
@@ -60,29 +61,34 @@ struct Epilogue {
   static constexpr int kStores = kOAcc / (2 * kMatricesPerStore);
   static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
 
-  // Where this warpgroup stages O: its 64 rows of the Q buffer q_stage, or (o_stage >= 0) the
-  // first 64 rows of stage o_stage's K (warpgroup 0) or V (warpgroup 1). Either way [64-column
-  // slab][row], slabs slab_elems apart, starting on a 1024-byte swizzle atom.
+  // Where this warpgroup stages O: its 64 rows of the Q slot q_stage, or (o_stage >= 0, see
+  // in_kv) the first 64 rows of stage o_stage's K (warpgroup 0) or V (warpgroup 1). Either way
+  // [64-column slab][row], slabs slab_elems apart, starting on a 1024-byte swizzle atom.
   struct Staging {
     Element* base;
     int slab_elems;
   };
+  // Whether this warpgroup stages in the K/V stage o_stage (the tile's, or -1): with kWarpgroupQ
+  // warpgroup 0 keeps its Q slot.
+  __device__ __forceinline__ bool in_kv(int o_stage) const {
+    return o_stage >= 0 && stages_own_o_in_kv<Cfg>(params.features, warpgroup);
+  }
   __device__ __forceinline__ Staging staging(int q_stage, int o_stage) const {
-    if (Cfg::kStagesOInKV && o_stage >= 0)
-      return {warpgroup == 0 ? smem.k[o_stage] : smem.v[o_stage], kWarpgroupRows * Cfg::kSlabCols};
-    return {smem.q[q_stage] + warpgroup * kWarpgroupRows * Cfg::kSlabCols, kSlabElems};
+    if (in_kv(o_stage)) return {warpgroup == 0 ? smem.k[o_stage] : smem.v[o_stage], kWarpgroupRows * Cfg::kSlabCols};
+    const int first_row = Cfg::kWarpgroupQ ? 0 : warpgroup * kWarpgroupRows;
+    return {smem.q[q_stage] + first_row * Cfg::kSlabCols, kSlabElems};
   }
 
   // Staging in the last block's stage (o_stage >= 0) waits until the other warpgroup has read it:
-  // warpgroup 1 its K (Consumer::last_qk_done), warpgroup 0 its V, which it says here once its
-  // last P V is done. Every tile with KV blocks meets here once per warpgroup, stored or not, so
-  // the two barriers stay paired.
+  // warpgroup 1 its K (Consumer::last_qk_done; not with kWarpgroupQ, where warpgroup 0 stages in
+  // its Q slot), warpgroup 0 its V, which it says here once its last P V is done. Every tile
+  // with KV blocks meets here once per warpgroup, stored or not, so the barriers stay paired.
   __device__ __forceinline__ void meet(int o_stage) const {
     if (!Cfg::kStagesOInKV || o_stage < 0) return;
     constexpr uint32_t kBoth = 2 * kWarpgroupThreads;
     if (warpgroup == 0) {
       ptx::named_barrier_arrive(barrier_id(NamedBarrier::kVStageRead, 0), kBoth);
-      ptx::named_barrier_sync(barrier_id(NamedBarrier::kKStageRead, 0), kBoth);
+      if constexpr (!Cfg::kWarpgroupQ) ptx::named_barrier_sync(barrier_id(NamedBarrier::kKStageRead, 0), kBoth);
     } else {
       ptx::named_barrier_sync(barrier_id(NamedBarrier::kVStageRead, 0), kBoth);
     }
@@ -90,10 +96,10 @@ struct Epilogue {
 
   // A warpgroup with no rows to store (its slice lies past the sequence end, or another part of a
   // split tile stores them) still signs off its staging: q_empty counts one arrival per warp, the
-  // o_read barrier one per warpgroup; with no store reading the buffer, that goes at once.
+  // o_read barrier one per warpgroup; with no store reading the slot, that goes at once.
   __device__ __forceinline__ void release_unstored(int q_stage, int o_stage) const {
     if (warp != 0 || lane != 0) return;
-    if (Cfg::kStagesOInKV && o_stage >= 0)
+    if (in_kv(o_stage))
       ptx::mbarrier_arrive_every_cta<Cfg::kClusterCtas>(&smem.o_read[o_stage][warpgroup]);
     else
       ptx::mbarrier_arrive(&smem.q_empty[q_stage], kWarpsPerWarpgroup);
@@ -184,13 +190,13 @@ struct Epilogue {
         stamp(TraceEvent::kOStoreIssued);
         // This thread holds the staging until the store has read it (PendingStore).
         pending.held = true;
-        if (Cfg::kStagesOInKV && o_stage >= 0) {
+        if (in_kv(o_stage)) {
           // The producer refills the stage only for the next tile's second block: give it back
           // now, or behind the next tile's first GEMM issue (Consumer::release_pending).
           if (!params.features.defer_o_read) pending.release_staged_o(smem, o_stage, warpgroup);
         } else {
-          // With two Q buffers in use, behind the next tile's first GEMM issue (Consumer::qk_alone).
-          if (Cfg::kQBuffers == 1 || params.features.q_buffers == 1) pending.release(smem, q_stage);
+          // With the next tile's Q in another slot, behind its first GEMM issue (Consumer::qk_alone).
+          if (!defers_q_release<Cfg>(params.features, warpgroup)) pending.release(smem, q_stage);
         }
       }
     }

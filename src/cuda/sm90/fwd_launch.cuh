@@ -208,7 +208,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, varlen ? 1 : p.batch, s};
   };
   const int group = 1 << rows.packing.shift;
-  kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kBlockM);
+  kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kQSlotRows);
   // In a cluster each CTA loads its share of a K/V block's rows (Producer::load_cluster_share).
   kp.tma_k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
   kp.tma_v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);

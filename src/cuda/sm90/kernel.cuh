@@ -24,9 +24,11 @@ namespace fusedattn::cuda::sm90 {
 template <typename Element, class Cfg>
 __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
-  for (int b = 0; b < Cfg::kQBuffers; ++b) {
+  // A Q slot is read by every consumer warp, or with kWarpgroupQ by one warpgroup's.
+  constexpr uint32_t kQSlotReaders = Cfg::kWarpgroupQ ? kWarpsPerWarpgroup : Cfg::kConsumerWarps;
+  for (int b = 0; b < Cfg::kQSlots; ++b) {
     ptx::mbarrier_init(&smem.q_full[b], kProducerArrivals);
-    ptx::mbarrier_init(&smem.q_empty[b], Cfg::kConsumerWarps);
+    ptx::mbarrier_init(&smem.q_empty[b], kQSlotReaders);
   }
   for (int slot = 0; slot < kAnnouncementSlots; ++slot) {
     ptx::mbarrier_init(&smem.tile_full[slot], kProducerArrivals);  // the announcement's plain arrive

@@ -82,7 +82,7 @@ struct SplitParams {
 struct KernelParams {
   // Q and O as [batch, heads_q / group, seqlen_q, group, head_dim] (group = 2^packing.shift query
   // heads per tile head, row_packing.h), so a box of whole positions is a tile's (or a warpgroup
-  // slice's) tiled rows in order; unpacked, group = 1. Boxes 64 x kBlockM and 64 x 64 rows.
+  // slice's) tiled rows in order; unpacked, group = 1. Boxes 64 x kQSlotRows (Q) and 64 x 64 rows (O).
   // Variable-length batches: batch 1 and the rows the sequences use (FwdParams::varlen_rows_*).
   CUtensorMap tma_q;
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN

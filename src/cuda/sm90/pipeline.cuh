@@ -77,7 +77,7 @@ __device__ __forceinline__ bool stages_o_in_kv(const Features& f) {
   return Cfg::kStagesOInKV && f.o_in_kv;
 }
 
-// A CTA's tiles (work items) in order take the Q buffers in turn (a ring of q_ring_depth) and the
+// A CTA's tiles (work items) in order take the Q slots in turn (a ring of q_ring_depth) and the
 // announcement slots in turn (a ring of kAnnouncementSlots, tile_announcement.cuh). One count
 // gives both rings' place and barrier parity: the consumers carry it through the tile loop, where
 // a word per ring would take one more of their registers.
@@ -88,6 +88,14 @@ class TileRing {
   // (1 or 2) buffers.
   __device__ __forceinline__ int q_buffer(int depth) const { return depth > 1 ? static_cast<int>(count_ & 1) : 0; }
   __device__ __forceinline__ uint32_t q_phase(int depth) const { return depth > 1 ? count_ >> 1 & 1 : count_ & 1; }
+  // With KernelConfig::kWarpgroupQ: warpgroup 0's Q slot (0 and 1 in turn) or warpgroup 1's (2),
+  // and the parity of that slot's barriers' phase.
+  __device__ __forceinline__ int warpgroup_q_slot(int warpgroup) const {
+    return warpgroup == 0 ? static_cast<int>(count_ & 1) : 2;
+  }
+  __device__ __forceinline__ uint32_t warpgroup_q_phase(int warpgroup) const {
+    return warpgroup == 0 ? count_ >> 1 & 1 : count_ & 1;
+  }
   __device__ __forceinline__ int announcement_slot() const { return static_cast<int>(count_ & 1); }
   __device__ __forceinline__ uint32_t announcement_phase() const { return count_ >> 1 & 1; }
   __device__ __forceinline__ void advance() { ++count_; }
@@ -100,6 +108,38 @@ class TileRing {
  private:
   uint32_t count_ = 0;  // tiles before the current one; 2^32 is a multiple of every period above
 };
+
+// Where warpgroup `warpgroup` finds its Q rows of the tile at `ring`: the slot (SharedStorage::q)
+// and the parity of its barriers, and the slot's first row of this warpgroup.
+struct QSlot {
+  int index;
+  uint32_t phase;
+  int first_row;
+};
+template <class Cfg>
+__device__ __forceinline__ QSlot q_slot(const TileRing& ring, int warpgroup, const Features& f) {
+  if constexpr (Cfg::kWarpgroupQ) {
+    return {ring.warpgroup_q_slot(warpgroup), ring.warpgroup_q_phase(warpgroup), 0};
+  } else {
+    const int depth = q_ring_depth<Cfg>(f);
+    return {ring.q_buffer(depth), ring.q_phase(depth), warpgroup * kWarpgroupRows};
+  }
+}
+
+// Whether warpgroup `warpgroup` stages its O in the tile's last KV stage (stages_o_in_kv) rather
+// than in its Q slot: with kWarpgroupQ warpgroup 0 keeps its own slot.
+template <class Cfg>
+__device__ __forceinline__ bool stages_own_o_in_kv(const Features& f, int warpgroup) {
+  return stages_o_in_kv<Cfg>(f) && !(Cfg::kWarpgroupQ && warpgroup == 0);
+}
+
+// Whether warpgroup `warpgroup`'s Q slot, holding its staged O, goes back only behind the next
+// tile's first GEMM issue (the next tile's Q is in another slot) rather than once the store has
+// read it.
+template <class Cfg>
+__device__ __forceinline__ bool defers_q_release(const Features& f, int warpgroup) {
+  return Cfg::kWarpgroupQ ? warpgroup == 0 : q_ring_depth<Cfg>(f) > 1;
+}
 
 // Views the barrier arrays of SharedStorage. K and V of a stage are freed separately: K is done
 // once S = Q K^T has completed, a whole softmax before P V finishes with V, so with the early K

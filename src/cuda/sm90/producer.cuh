@@ -1,12 +1,14 @@
 // The producer warpgroup: one elected thread owns the tile schedule and issues every TMA load.
 // Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's
 // announcement for the consumers (tile_announcement.cuh; it goes out as soon as its slot is
-// free, ahead of everything else), its Q (into the next buffer of the Q ring, once the O staged
-// there has left), K and V of the first visible KV block (the highest, or the lowest:
+// free, ahead of everything else), its Q (into the next slot of the Q ring, once the O staged
+// there has left; with KernelConfig::kWarpgroupQ each warpgroup's rows into their own slot), K and V of the first visible KV block (the highest, or the lowest:
 // TileMask::kAscending), then K/V pairs for the remaining blocks, each stage acquired from the
 // ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
-// With two, this all runs while the consumers still work on the previous tile. After the last
+// With two, this all runs while the consumers still work on the previous tile; with warpgroup Q
+// slots warpgroup 0's rows go first (their slot is free a tile ahead) and warpgroup 1's after the
+// first K. After the last
 // tile it publishes kNoTile, which sends the consumers home.
 #pragma once
 
@@ -28,9 +30,9 @@ namespace fusedattn::cuda::sm90 {
 template <typename Element, class Cfg, MaskKind kMask>
 struct Producer {
   using Storage = SharedStorage<Element, Cfg>;
-  static constexpr uint32_t kQBytes = Storage::kQElems * sizeof(Element);
+  static constexpr uint32_t kQSlotBytes = Storage::kQSlotElems * sizeof(Element);
   static constexpr uint32_t kKVBytes = Storage::kKVElems * sizeof(Element);
-  static constexpr int kQSlabElems = Cfg::kBlockM * Cfg::kSlabCols;
+  static constexpr int kQSlabElems = Cfg::kQSlotRows * Cfg::kSlabCols;
   static constexpr int kKVSlabElems = Cfg::kBlockN * Cfg::kSlabCols;
 
   const KernelParams& params;
@@ -48,6 +50,7 @@ struct Producer {
     __device__ __forceinline__ void mark(int stage) { bits |= 1u << stage; }
     // Before the stage's K (part 0) or V (part 1) is refilled: wait until that O has been read.
     __device__ __forceinline__ void wait_read(Storage& smem, int stage, int part) {
+      if (Cfg::kWarpgroupQ && part == 0) return;  // warpgroup 0 stages its O in its Q slot
       if ((bits >> stage & 1) == 0) return;
       const int phase = kPhaseBits + 2 * stage + part;
       ptx::mbarrier_wait(&smem.o_read[stage][part], bits >> phase & 1);
@@ -91,28 +94,32 @@ struct Producer {
   // towards the load's phase). No consumer waits for this phase, but without it ptxas allocates
   // the consumers' registers differently (d256: 850-950 B of spills in the epilogue).
   __device__ __forceinline__ void close_q_ring(const TileRing& ring) const {
-    const int depth = q_ring_depth<Cfg>(params.features), buffer = ring.q_buffer(depth);
-    ptx::mbarrier_wait(&smem.q_empty[buffer], ring.q_phase(depth) ^ 1);
-    ptx::mbarrier_arrive(&smem.q_full[buffer]);
+    const QSlot slot = q_slot<Cfg>(ring, 0, params.features);
+    ptx::mbarrier_wait(&smem.q_empty[slot.index], slot.phase ^ 1);
+    ptx::mbarrier_arrive(&smem.q_full[slot.index]);
   }
 
-  // Loads tile t's Q into its buffer (ring's) once that buffer is free.
-  __device__ __forceinline__ void load_q(const WorkTile& t, const TileAnnouncement& a, const TileRing& ring) const {
-    const int depth = q_ring_depth<Cfg>(params.features), buffer = ring.q_buffer(depth);
-    // The buffer was the O staging of the tile `depth` back (or, with O staged in K/V, that
-    // tile's Q until its last Q K^T): wait until every consumer warp has let it go (first pass:
+  // Loads tile t's Q into its slot at ring once that slot is free: the whole tile, or with
+  // kWarpgroupQ the rows of warpgroup `warpgroup`.
+  __device__ __forceinline__ void load_q(const WorkTile& t, const TileAnnouncement& a, const TileRing& ring,
+                                         int warpgroup) const {
+    const QSlot slot = q_slot<Cfg>(ring, warpgroup, params.features);
+    // The slot was the O staging of an earlier tile (or, with O staged in K/V, that tile's Q
+    // until its last Q K^T): wait until every warp that read it has let it go (first pass:
     // fresh barriers, parity 1 passes at once).
-    FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, a.blocks.count());
-    ptx::mbarrier_wait(&smem.q_empty[buffer], ring.q_phase(depth) ^ 1);
-    uint64_t* q_full = &smem.q_full[buffer];
-    ptx::mbarrier_arrive_expect_tx(q_full, kQBytes);
-    // The Q map is grouped (kernel_params.h): a tile's first row is a whole position.
-    const int row = t.q_start + params.packing.position(t.first_row);
+    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, a.blocks.count());
+    ptx::mbarrier_wait(&smem.q_empty[slot.index], slot.phase ^ 1);
+    uint64_t* q_full = &smem.q_full[slot.index];
+    ptx::mbarrier_arrive_expect_tx(q_full, kQSlotBytes);
+    // The Q map is grouped (kernel_params.h): a tile's first row, and a warpgroup's, is a whole
+    // position.
+    const int first_row = t.first_row + (Cfg::kWarpgroupQ ? warpgroup * kWarpgroupRows : 0);
+    const int row = t.q_start + params.packing.position(first_row);
 #pragma unroll
     for (int s = 0; s < Cfg::kSlabs; ++s)
-      ptx::tma_load_5d(smem.q[buffer] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
+      ptx::tma_load_5d(smem.q[slot.index] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
                        params.map_batch(t.batch), q_full);
-    FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
+    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
   }
 
   // In a cluster, before the CTA exits: every K/V stage acquired once more, and every O staged
@@ -150,8 +157,8 @@ struct Producer {
     StagedO staged;
     // With one Q buffer, Q waits for the previous tile's epilogue (unless o_in_kv gives it back
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
-    // before and goes first.
-    const bool q_first = q_ring_depth<Cfg>(params.features) > 1;
+    // before and goes first, as does warpgroup 0's slot with warpgroup Q slots.
+    const bool q_first = Cfg::kWarpgroupQ || q_ring_depth<Cfg>(params.features) > 1;
     using Scheduler = TileScheduler<kMask == MaskKind::kFull, Cfg::kClusterCtas>;
     const Scheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing, params.schedule_shift,
                               params.split, params.tile_counter);
@@ -190,12 +197,13 @@ struct Producer {
         if constexpr (Cfg::kClusterCtas > 1) drain(pipe, kv, staged);
         return;
       }
-      if (q_first) load_q(t, a, ring);
+      if (q_first) load_q(t, a, ring, 0);
       if (blocks.count() > 0) {
         load(kK, t, n, head_kv, kv_batch);
         FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
       }
-      if (!q_first) load_q(t, a, ring);
+      if (!q_first) load_q(t, a, ring, 0);
+      if constexpr (Cfg::kWarpgroupQ) load_q(t, a, ring, 1);
       if (blocks.count() > 0) {
         load(kV, t, n, head_kv, kv_batch);
         kv.advance(params.features);

@@ -1,4 +1,4 @@
-// Shared memory of one CTA: the Q tile(s) (reused as O staging), the K/V pipeline stages and the
+// Shared memory of one CTA: the Q slots (reused as O staging), the K/V pipeline stages and the
 // barriers. Its sizeof() is the dynamic shared-memory request.
 #pragma once
 
@@ -13,19 +13,20 @@ namespace fusedattn::cuda::sm90 {
 template <typename Element, class Cfg>
 struct SharedStorage {
   static constexpr int kClusterCtas = Cfg::kClusterCtas;  // CTAs whose consumers free each K/V stage
-  static constexpr int kQElems = Cfg::kBlockM * Cfg::kTileCols;
+  static constexpr int kQSlotElems = Cfg::kQSlotRows * Cfg::kTileCols;
   static constexpr int kKVElems = Cfg::kBlockN * Cfg::kTileCols;
   // 1024-byte alignment: every tile starts a 128B-swizzle atom, so wgmma descriptors use base
   // offset 0 and the TMA's swizzle pattern matches the one wgmma assumes.
-  // Q tiles, used in turn by consecutive tiles of the CTA (a ring of kQBuffers); each is also
-  // its tile's O staging for the TMA store in the epilogue.
-  alignas(1024) Element q[Cfg::kQBuffers][kQElems];
+  // Q slots: whole Q tiles, used in turn by consecutive tiles of the CTA (a ring of kQBuffers),
+  // or with Cfg::kWarpgroupQ one warpgroup's rows each (TileRing::warpgroup_q_slot). Each is also
+  // O staging for the TMA store in the epilogue.
+  alignas(1024) Element q[Cfg::kQSlots][kQSlotElems];
   alignas(1024) Element k[Cfg::kStages][kKVElems];
   alignas(1024) Element v[Cfg::kVStages][kKVElems];
-  uint64_t q_full[Cfg::kQBuffers];   // TMA -> consumers: Q landed
-  // consumers -> producer: Q buffer free for a later tile (its O stored, or with kStagesOInKV the
-  // last Q K^T done); one arrival per consumer warp.
-  uint64_t q_empty[Cfg::kQBuffers];
+  uint64_t q_full[Cfg::kQSlots];   // TMA -> consumers: Q landed
+  // consumers -> producer: Q slot free for a later tile (its O stored, or with kStagesOInKV the
+  // last Q K^T done); one arrival per warp that reads it.
+  uint64_t q_empty[Cfg::kQSlots];
   uint64_t k_full[Cfg::kStages];
   uint64_t v_full[Cfg::kVStages];
   uint64_t k_empty[Cfg::kStages];  // consumers -> producer: the stage's K consumed
@@ -47,8 +48,8 @@ template <typename Element, class Cfg>
 constexpr int shared_bytes() {
   constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
   static_assert(bytes <= Cfg::kSharedBytesLimit, "tile configuration exceeds its share of an SM's shared memory");
-  static_assert(bytes <= Cfg::kQBuffers * Cfg::kQTileBytes + (Cfg::kStages + Cfg::kVStages) * Cfg::kKVTileBytes +
-                             Cfg::kBarrierBytes,
+  static_assert(bytes <= Cfg::kQSlots * Cfg::kQSlotRows * Cfg::kTileCols * static_cast<int>(sizeof(Element)) +
+                             (Cfg::kStages + Cfg::kVStages) * Cfg::kKVTileBytes + Cfg::kBarrierBytes,
                 "kBarrierBytes in tile_config.h is too small: the Q buffer count was chosen on a wrong size");
   return bytes;
 }

@@ -129,6 +129,9 @@ constexpr int shared_bytes_per_cta(int ctas_per_sm) {
   const int share = kMaxSharedBytesPerSm / ctas_per_sm - kReservedSharedBytesPerBlock;
   return share < kMaxSharedBytesPerBlock ? share : kMaxSharedBytesPerBlock;
 }
+#ifndef FUSEDATTN_SM90_WARPGROUP_Q
+#define FUSEDATTN_SM90_WARPGROUP_Q 1
+#endif
 constexpr int kSwizzleBytes = 128;                   // TMA/wgmma 128-byte swizzle span (one smem row)
 
 template <typename Element, int kHeadDim_, TileShape kShape_ = tile_shape(kHeadDim_)>
@@ -173,6 +176,23 @@ struct KernelConfig {
   // In a cluster every CTA's producer refills the stage in all of them (multicast), so each waits
   // until the stores of every CTA have read their O there (o_read counts them all).
   static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
+  // Q per warpgroup (kWarpgroupQ): where one Q tile is all that fits beside the K/V stages but
+  // three 64-row slots do (d256's 64-key tile: 3 x 32 KiB + 4 x 32 KiB of K/V = 224 KiB), Q lives
+  // in slots of one warpgroup's rows, each with its own barriers. Warpgroup 0 takes slots 0 and 1
+  // in turn: the producer loads its next tile's rows during this tile, not at the boundary, and
+  // it stages O in its own slot, so it no longer waits for warpgroup 1's last Q K^T to stage O in
+  // the last block's K (Epilogue::meet). Warpgroup 1 keeps slot 2, which it gives back after its
+  // last Q K^T, and stages O in the last block's V as before. docs/hopper.md, session 46.
+  // -DFUSEDATTN_SM90_WARPGROUP_Q=0 builds the one shared Q tile instead (an ablation switch).
+  static constexpr int kQSlotBytes = kWarpgroupRows * kTileCols * static_cast<int>(sizeof(Element));
+  static constexpr int kWarpgroupQSlots = 3;
+  static constexpr bool kWarpgroupQ =
+      FUSEDATTN_SM90_WARPGROUP_Q != 0 && kStagesOInKV &&
+      kWarpgroupQSlots * kQSlotBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit;
+  // The Q slots in shared memory: whole tiles (kQBuffers of kBlockM rows, both warpgroups' rows
+  // in each) or, with kWarpgroupQ, one warpgroup's 64 rows each.
+  static constexpr int kQSlots = kWarpgroupQ ? kWarpgroupQSlots : kQBuffers;
+  static constexpr int kQSlotRows = kWarpgroupQ ? kWarpgroupRows : kBlockM;
   static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
   static_assert(kHeadDim % kSlabCols == 0 || kHeadDim % kSlabCols == kSlabCols / 2,
                 "head dim must fill whole 64-column slabs or end on half of one");
