@@ -38,7 +38,8 @@ for v in "${values[@]}"; do
 done
 wait
 for v in "${values[@]}"; do
-  echo "build $switch=$v, ptxas lines with spills: $(grep -cE '[1-9][0-9]* bytes spill' "$dest/ab_build$v.log")"
+  echo "build $switch=$v, ptxas lines with spills: $(grep -cE '[1-9][0-9]* bytes spill' "$dest/ab_build$v.log")," \
+    "serialising wgmma: $(grep -cE '\(C751[0-9]\)' "$dest/ab_build$v.log")"
 done
 for round in $(seq "${REPEAT:-3}"); do
   for point in "$@"; do

@@ -117,6 +117,10 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
   # ptxas lines with a non-zero spill or stack frame, per kernel instance (every spill is a defect to track)
   grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$out/build.log" | grep -E "Compiling entry|spill|stack" > "$out/spills.txt"
   note "ptxas lines reporting spills or stack: $(grep -cE '[1-9][0-9]* bytes spill' "$out/spills.txt")"
+  # wgmma serialised by ptxas (C7510-C7519, an "info" line, not a warning): a kernel that builds
+  # and passes its tests yet runs at a fraction of its speed (docs/hopper.md, session 46).
+  grep -E "\(C751[0-9]\)" "$out/build.log" > "$out/wgmma_serialised.txt"
+  note "ptxas lines serialising wgmma: $(grep -c . "$out/wgmma_serialised.txt")"
 fi
 
 if has tests; then
