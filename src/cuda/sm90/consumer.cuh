@@ -101,7 +101,7 @@ struct Consumer {
   // The current tile's Q slot in shared memory, and this warpgroup's first row in it.
   __device__ __forceinline__ const Element* q_tile() const { return smem.q[Cfg::kQSlots > 1 ? q_stage : 0]; }
   static constexpr int kQSlotRows = Cfg::kQSlotRows;
-  __device__ __forceinline__ int q_first_row() const { return Cfg::kWarpgroupQ ? 0 : warpgroup * kWarpgroupRows; }
+  __device__ __forceinline__ int q_first_row() const { return q_slot_first_row<Cfg>(warpgroup); }
 
   // S (64 x kN) = Q_wg (64 x d) K^T, over kHeadDim / 16 k-steps, for the first kN keys of the
   // block (kN < kBlockN: a narrow block, TileMask::kNarrowsFirstBlock). A k-step's descriptors

@@ -75,8 +75,7 @@ struct Epilogue {
   }
   __device__ __forceinline__ Staging staging(int q_stage, int o_stage) const {
     if (in_kv(o_stage)) return {warpgroup == 0 ? smem.k[o_stage] : smem.v[o_stage], kWarpgroupRows * Cfg::kSlabCols};
-    const int first_row = Cfg::kWarpgroupQ ? 0 : warpgroup * kWarpgroupRows;
-    return {smem.q[q_stage] + first_row * Cfg::kSlabCols, kSlabElems};
+    return {smem.q[q_stage] + q_slot_first_row<Cfg>(warpgroup) * Cfg::kSlabCols, kSlabElems};
   }
 
   // Staging in the last block's stage (o_stage >= 0) waits until the other warpgroup has read it:

@@ -110,20 +110,25 @@ class TileRing {
 };
 
 // Where warpgroup `warpgroup` finds its Q rows of the tile at `ring`: the slot (SharedStorage::q)
-// and the parity of its barriers, and the slot's first row of this warpgroup.
+// and the parity of its barriers.
 struct QSlot {
   int index;
   uint32_t phase;
-  int first_row;
 };
 template <class Cfg>
 __device__ __forceinline__ QSlot q_slot(const TileRing& ring, int warpgroup, const Features& f) {
   if constexpr (Cfg::kWarpgroupQ) {
-    return {ring.warpgroup_q_slot(warpgroup), ring.warpgroup_q_phase(warpgroup), 0};
+    return {ring.warpgroup_q_slot(warpgroup), ring.warpgroup_q_phase(warpgroup)};
   } else {
     const int depth = q_ring_depth<Cfg>(f);
-    return {ring.q_buffer(depth), ring.q_phase(depth), warpgroup * kWarpgroupRows};
+    return {ring.q_buffer(depth), ring.q_phase(depth)};
   }
+}
+// The first row of warpgroup `warpgroup`'s Q (and O staging) in its slot: a whole tile's slot
+// holds every warpgroup's rows, a warpgroup's slot only its own.
+template <class Cfg>
+__device__ __forceinline__ int q_slot_first_row(int warpgroup) {
+  return Cfg::kWarpgroupQ ? 0 : warpgroup * kWarpgroupRows;
 }
 
 // Whether warpgroup `warpgroup` stages its O in the tile's last KV stage (stages_o_in_kv) rather

@@ -2,14 +2,13 @@
 // Per work item (a tile, or a part of a split tile: its share of the KV blocks): the tile's
 // announcement for the consumers (tile_announcement.cuh; it goes out as soon as its slot is
 // free, ahead of everything else), its Q (into the next slot of the Q ring, once the O staged
-// there has left; with KernelConfig::kWarpgroupQ each warpgroup's rows into their own slot), K and V of the first visible KV block (the highest, or the lowest:
-// TileMask::kAscending), then K/V pairs for the remaining blocks, each stage acquired from the
-// ring before it is overwritten.
+// there has left; with KernelConfig::kWarpgroupQ each warpgroup's rows into their own slot), K
+// and V of the first visible KV block (the highest, or the lowest: TileMask::kAscending), then K/V
+// pairs for the remaining blocks, each stage acquired from the ring before it is overwritten.
 // With one Q buffer the first K goes before Q, so it loads during the previous tile's epilogue.
 // With two, this all runs while the consumers still work on the previous tile; with warpgroup Q
 // slots warpgroup 0's rows go first (their slot is free a tile ahead) and warpgroup 1's after the
-// first K. After the last
-// tile it publishes kNoTile, which sends the consumers home.
+// first K. After the last tile it publishes kNoTile, which sends the consumers home.
 #pragma once
 
 #include <type_traits>
