@@ -9,8 +9,9 @@ CUDA kernels (float16, bfloat16). Any strides are accepted as long as the last d
 contiguous; nothing is copied except CUDA views at addresses or strides the kernels' 16-byte loads
 cannot follow, which are read through contiguous copies.
 
-Features of flash_attn that fusedattn does not implement (dropout, softcap, ALiBi, paged KV) raise
-NotImplementedError naming the argument instead of being silently ignored.
+Features of flash_attn that fusedattn does not implement (dropout, softcap, ALiBi, paged KV outside
+flash_attn_with_kvcache) raise NotImplementedError naming the argument instead of being silently
+ignored.
 """
 from __future__ import annotations
 
@@ -226,6 +227,74 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
+def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interleaved: bool, masked: bool):
+    """The new tokens' cache positions (batch, seqlen_new): lengths[b] + j; and q and k rotated
+    (rotary_cos given) by flash_attn's rule: k at those positions, q's rows at the same positions
+    under a mask (masked), else all of q at lengths[b]. Checks the tables reach the last one."""
+    new, seqlen_q = k.shape[1], q.shape[1]
+    starts = torch.tensor(lengths, device=q.device)
+    positions = starts[:, None] + torch.arange(new, device=q.device)
+    if rotary_cos is not None:
+        last = max(lengths) + max(new - 1, seqlen_q - 1 if masked else 0)
+        if last >= rotary_cos.shape[0]:
+            raise ValueError(f"fusedattn: rotary_cos: its {rotary_cos.shape[0]} positions end before position "
+                             f"{last}, which the new tokens reach")
+        q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
+        q = _rotate(q, rotary_cos, rotary_sin, q_positions, interleaved)
+        k = _rotate(k, rotary_cos, rotary_sin, positions, interleaved)
+    return q, k, positions
+
+
+def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, device) -> torch.Tensor:
+    """block_table checked against the paged caches (num_blocks, page_block_size, nheads_k,
+    headdim): int32 (batch, max_blocks_per_seq) on q's device. Returns it as int64 indices."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
+            or block_table.shape[0] != batch or block_table.shape[1] == 0 or block_table.device != device:
+        got = f"{block_table.dtype} {tuple(block_table.shape)} on {block_table.device}" \
+            if isinstance(block_table, torch.Tensor) else type(block_table).__name__
+        raise ValueError(f"fusedattn: block_table: must be an int32 (batch {batch}, max_blocks_per_seq >= 1) "
+                         f"tensor on q's device ({device}); got {got}")
+    if k_cache.shape[0] == 0 or k_cache.shape[1] == 0 or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"fusedattn: k_cache, v_cache: paged caches must be (num_blocks >= 1, page_block_size >= 1, "
+                         f"nheads_k, headdim), alike but for headdim; got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    return block_table.long()
+
+
+def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int) -> None:
+    """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (a
+    host copy of the table). The others are never read and may hold anything."""
+    rows = table.tolist()
+    for b, n in enumerate(visible):
+        for i, block in enumerate(rows[b][:-(-n // page)]):
+            if not 0 <= block < num_blocks:
+                raise ValueError(f"fusedattn: block_table: sequence {b}'s page {i} (positions {i * page}.."
+                                 f"{(i + 1) * page - 1}) names block {block}, outside the caches' {num_blocks}")
+
+
+def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, lengths: list[int], rotary_cos, rotary_sin,
+                   rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
+    """flash_attn_with_kvcache over paged caches (table: block_table as int64, lengths checked):
+    the new tokens are written into their pages, then each sequence's pages are gathered into one
+    contiguous copy, which the unpaged call attends over (the kernels read no block table yet)."""
+    page, new = k_cache.shape[1], 0 if k is None else k.shape[1]
+    visible = [n + new for n in lengths]
+    _check_pages_in_use(table, visible, page, k_cache.shape[0])
+    if new > 0 and visible:
+        left, right = _window(window_size, causal)
+        q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
+                                            left >= 0 or right >= 0)
+        blocks = table.gather(1, positions // page)
+        k_cache[blocks, positions % page] = k
+        v_cache[blocks, positions % page] = v
+    # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
+    gathered = table.clamp(0, k_cache.shape[0] - 1)
+    k_seq, v_seq = (cache[gathered].flatten(1, 2) for cache in (k_cache, v_cache))
+    used = torch.tensor(visible, dtype=torch.int32, device=q.device)
+    return flash_attn_with_kvcache(q, k_seq, v_seq, cache_seqlens=used, softmax_scale=softmax_scale, causal=causal,
+                                   window_size=window_size, return_softmax_lse=return_softmax_lse)
+
+
 @torch.no_grad()
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
@@ -253,11 +322,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     is copied. A CUDA tensor cache_seqlens without new tokens goes to the kernels as it is, never
     read on the host (no wait for the stream): each length is then clamped to [0, seqlen_cache],
     as seqused_k's are, not checked. With new tokens, or on the CPU, it is read on the host and
-    checked first (a length outside [0, seqlen_cache - seqlen_new] raises). Not implemented, and
-    rejected naming the argument: cache_batch_idx, cache_leftpad, paged caches (block_table),
+    checked first (a length outside [0, seqlen_cache - seqlen_new] raises).
+
+    Paged caches: with block_table (int32, batch x max_blocks_per_seq), k_cache and v_cache are
+    (num_blocks, page_block_size, nheads_k, headdim) pools, sequence b's position p in block
+    block_table[b, p // page_block_size] at row p % page_block_size; any page size. The new tokens
+    are written into their pages; then each sequence's pages are gathered into a contiguous copy
+    that the kernels attend over (no kernel reads the table yet: the copy costs a pass over the
+    caches per call). The lengths and the table are read on the host (a wait for the stream):
+    every page a sequence's keys reach must name a block of the pools; pages past them are never
+    read. Not implemented, and rejected naming the argument: cache_batch_idx, cache_leftpad,
     softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
-    _reject_unsupported(0.0, softcap, alibi_slopes, block_table)
+    _reject_unsupported(0.0, softcap, alibi_slopes)
     for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise NotImplementedError(f"fusedattn: {name}: not implemented in flash_attn_with_kvcache; pass None")
@@ -271,14 +348,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"fusedattn: {name}: expected rank 4 (batch, seqlen, heads, headdim), got shape "
                              f"{tuple(t.shape)}")
     batch, seqlen_q = q.shape[0], q.shape[1]
-    if k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3]:
+    table = None if block_table is None else _paged_blocks(block_table, k_cache, v_cache, batch, q.device)
+    if table is None and (k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3]):
         raise ValueError(f"fusedattn: v_cache: shape {tuple(v_cache.shape)} and k_cache {tuple(k_cache.shape)} must "
                          f"match in (batch, seqlen_cache, heads) with batch {batch} (q's)")
+    # A sequence's positions: its cache's, or its pages' (block_table's columns times the page).
+    capacity = k_cache.shape[1] * (1 if table is None else table.shape[1])
     left, right = _window(window_size, causal)
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("fusedattn: cache_seqlens: needed with k and v, to say where the new tokens go")
-        cache_seqlens = k_cache.shape[1]  # every position holds a key
+        cache_seqlens = capacity  # every position holds a key
     new = 0 if k is None else k.shape[1]
     if k is not None and (k.shape[0] != batch or k.shape[2:] != k_cache.shape[2:] or v.shape != k.shape):
         raise ValueError(f"fusedattn: k, v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be (batch {batch}, "
@@ -287,6 +367,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
     _check_rotary(rotary_cos, rotary_sin, q, new)
+    if table is not None:
+        lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
+        return _paged_kvcache(q, k_cache, v_cache, k, v, table, lengths, rotary_cos, rotary_sin, rotary_interleaved,
+                              softmax_scale, causal, window_size, return_softmax_lse)
     # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
     on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
     if on_device:
@@ -305,19 +389,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if v_pitch != k_pitch:
             raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
     if new > 0:
-        starts = torch.tensor(lengths, device=q.device)
-        positions = starts[:, None] + torch.arange(new, device=q.device)
-        if rotary_cos is not None:
-            # flash_attn's rule: q's rows sit at the new keys' positions under a mask, else all at
-            # cache_seqlens.
-            masked = left >= 0 or right >= 0
-            last = max(lengths) + max(new - 1, seqlen_q - 1 if masked else 0)
-            if last >= rotary_cos.shape[0]:
-                raise ValueError(f"fusedattn: rotary_cos: its {rotary_cos.shape[0]} positions end before position "
-                                 f"{last}, which the new tokens reach")
-            q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
-            q = _rotate(q, rotary_cos, rotary_sin, q_positions, rotary_interleaved)
-            k = _rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
+        q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
+                                            left >= 0 or right >= 0)
         rows = torch.arange(batch, device=q.device)[:, None]
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v

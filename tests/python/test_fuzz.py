@@ -188,6 +188,14 @@ def test_broken_calls_raise_or_run(device):
                 lengths = [rng.choice((-3, 0, 1, s - 1, s, s + 3)) for _ in range(b)]
                 cache_seqlens = rng.choice((lengths[0], None, torch.tensor(
                     lengths, dtype=rng.choice((torch.int32, torch.int32, torch.int64)), device=device)))
+                if rng.random() < 0.3:  # the caches' rows as a pool of pages, the table often right
+                    page = rng.choice((1, 2, 5))
+                    pageable = [t.dim() == 4 and t.shape[1] % page == 0 for t in (k, v)]
+                    k, v = (t.reshape(-1, page, *t.shape[2:]) if ok else t for ok, t in zip(pageable, (k, v)))
+                    blocks = k.shape[0] if k.dim() == 4 else 1
+                    row = [rng.choice((0, blocks - 1, rng.randrange(-2, blocks + 2))) for _ in range(rng.randint(1, 4))]
+                    kwargs["block_table"] = torch.tensor([row] * b, device=device,
+                                                         dtype=torch.int32 if rng.random() < 0.9 else torch.int64)
                 out = fusedattn.flash_attn_with_kvcache(q, k.detach(), v.detach(), cache_seqlens=cache_seqlens,
                                                         **new_kv, **kwargs)
             else:

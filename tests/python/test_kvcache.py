@@ -88,7 +88,7 @@ def test_rejections_name_the_argument():
     k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
     lengths = torch.tensor([3, 4], dtype=torch.int32)
     unimplemented = [dict(cache_batch_idx=lengths),
-                     dict(cache_leftpad=lengths), dict(block_table=lengths), dict(softcap=1.0),
+                     dict(cache_leftpad=lengths), dict(softcap=1.0),
                      dict(alibi_slopes=torch.ones(2)), dict(num_splits=1), dict(num_splits=4)]
     for kwargs in unimplemented:
         with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
@@ -278,3 +278,100 @@ def test_varlen_func_takes_seqused_k(device, causal):
         reference, plain = attention_math(*args), attention_math(*args, dtype=q.dtype)
         assert_2x_rule(f"out[seq {b}]", out[rows][None], reference[0], plain[0])
         assert_2x_rule(f"lse[seq {b}]", lse[:, rows][None], reference[1], plain[1])
+
+
+def paged(k_cache, v_cache, page, spare=3):
+    """The caches (batch, capacity, heads, dim) cut into pages of `page` positions and stored in
+    shuffled blocks of a pool with `spare` blocks no sequence uses (all of fresh values where no
+    page lands); and the int32 block table that reads them back."""
+    batch, capacity = k_cache.shape[:2]
+    per_seq = -(-capacity // page)
+    num_blocks = batch * per_seq + spare
+    table = torch.randperm(num_blocks)[:batch * per_seq].view(batch, per_seq)
+    pools = []
+    for cache in (k_cache, v_cache):
+        pool = randn(num_blocks, page, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
+        for b in range(batch):
+            for i in range(per_seq):
+                rows = cache[b, i * page:(i + 1) * page]
+                pool[table[b, i], :rows.shape[0]] = rows
+        pools.append(pool)
+    return pools[0], pools[1], table.to(torch.int32).to(k_cache.device)
+
+
+def unpaged(pool, table, capacity):
+    """The logical caches (batch, capacity, heads, dim) that a block table reads from a pool."""
+    return pool[table.long()].flatten(1, 2)[:, :capacity]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("page", [16, 7])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_caches_take_new_tokens_and_are_attended(device, page, causal):
+    """block_table: the new tokens land in their pages (and nowhere else), and attention over
+    each sequence's pages matches the reference over its logical cache; GQA, ragged lengths, a
+    sequence that fills its last page exactly and one that starts empty."""
+    dtype = DTYPES[device][-1]
+    batch, capacity, hq, hkv, d, new = 4, 64, 4, 2, 64, 3
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    k_pool, v_pool, table = paged(k_cache, v_cache, page)
+    before_k, before_v = k_pool.clone(), v_pool.clone()
+    lengths = [5, 0, 2 * page - new, capacity - new]
+    q = randn(batch, new, hq, d, dtype=dtype, device=device)
+    k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, v, cache_seqlens=torch.tensor(
+        lengths, dtype=torch.int32, device=device), block_table=table, causal=causal, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (batch, hq, new)
+    expected_k, expected_v = before_k.clone(), before_v.clone()
+    for b, n in enumerate(lengths):
+        for j in range(new):
+            block, row = table[b, (n + j) // page].item(), (n + j) % page
+            expected_k[block, row], expected_v[block, row] = k[b, j], v[b, j]
+    assert torch.equal(k_pool, expected_k) and torch.equal(v_pool, expected_v), "pages written"
+    check_against_reference(q, unpaged(k_pool, table, capacity), unpaged(v_pool, table, capacity),
+                            [n + new for n in lengths], out, lse, causal, (-1, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_decode_reads_only_the_pages_in_use(device):
+    """One decode query per sequence without new tokens: table entries past each sequence's keys
+    may name no block at all (-1, or past the pool) and are never read; a window; an int length."""
+    dtype = DTYPES[device][0]
+    batch, capacity, hq, hkv, d, page = 3, 96, 8, 2, 128, 32
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    k_pool, v_pool, table = paged(k_cache, v_cache, page)
+    lengths = [1, 40, 96]
+    for b, n in enumerate(lengths):
+        table[b, -(-n // page):] = -1 if b % 2 else 10**6
+    q = randn(batch, 1, hq, d, dtype=dtype, device=device)
+    for window in ((-1, -1), (20, 0)):
+        out, lse = fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=torch.tensor(
+            lengths, dtype=torch.int32, device=device), block_table=table, window_size=window,
+            return_softmax_lse=True)
+        check_against_reference(q, k_cache, v_cache, lengths, out, lse, False, window)
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=1, block_table=table,
+                                                 return_softmax_lse=True)
+    check_against_reference(q, k_cache, v_cache, [1] * batch, out, lse, False, (-1, -1))
+
+
+def test_paged_rejections_name_the_argument():
+    """A bad table, pool or length raises naming it, before any page is written."""
+    q = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    k_cache, v_cache = caches(2, 32, 2, 64, torch.float32, "cpu")
+    k_pool, v_pool, table = paged(k_cache, v_cache, 8)
+    k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    lengths = torch.tensor([3, 9], dtype=torch.int32)
+    before = k_pool.clone()
+    for wrong in (table.long(), table[0], table[:1], table[:, :0], table.float()):
+        with pytest.raises(ValueError, match="block_table: must be an int32"):
+            fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=lengths, block_table=wrong)
+    bad = table.clone()
+    bad[1, 1] = k_pool.shape[0]  # sequence 1's second page: positions 8..15, which its 9 + 1 keys reach
+    with pytest.raises(ValueError, match="block_table: sequence 1's page 1"):
+        fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=lengths, block_table=bad)
+    with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 32"):
+        fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=torch.tensor([3, 32]),
+                                          block_table=table)
+    with pytest.raises(ValueError, match="paged caches must be"):
+        fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool[:, :4], cache_seqlens=lengths, block_table=table)
+    assert torch.equal(k_pool, before), "a rejected call wrote a page"
