@@ -245,15 +245,18 @@ def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interlea
     return q, k, positions
 
 
-def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, device) -> torch.Tensor:
+def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, device,
+                  name: str = "block_table") -> torch.Tensor:
     """block_table checked against the paged caches (num_blocks, page_block_size, nheads_k,
-    headdim): int32 (batch, max_blocks_per_seq) on q's device. Returns it as int64 indices."""
+    headdim): int32 (batch, max_blocks_per_seq) on q's device. Returns it as int64 indices.
+    cache_batch_idx (int32, batch) is checked as its one-column table (name says which)."""
+    shape = "(batch {batch},)" if name == "cache_batch_idx" else "(batch {batch}, max_blocks_per_seq >= 1)"
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
             or block_table.shape[0] != batch or block_table.shape[1] == 0 or block_table.device != device:
         got = f"{block_table.dtype} {tuple(block_table.shape)} on {block_table.device}" \
             if isinstance(block_table, torch.Tensor) else type(block_table).__name__
-        raise ValueError(f"fusedattn: block_table: must be an int32 (batch {batch}, max_blocks_per_seq >= 1) "
-                         f"tensor on q's device ({device}); got {got}")
+        raise ValueError(f"fusedattn: {name}: must be an int32 {shape.format(batch=batch)} tensor on q's device "
+                         f"({device}); got {got}")
     if k_cache.shape[0] == 0 or k_cache.shape[1] == 0 or v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"fusedattn: k_cache, v_cache: paged caches must be (num_blocks >= 1, page_block_size >= 1, "
                          f"nheads_k, headdim), alike but for headdim; got {tuple(k_cache.shape)} and "
@@ -261,25 +264,26 @@ def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, bat
     return block_table.long()
 
 
-def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int) -> None:
+def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int, name: str) -> None:
     """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (a
     host copy of the table). The others are never read and may hold anything."""
     rows = table.tolist()
     for b, n in enumerate(visible):
         for i, block in enumerate(rows[b][:-(-n // page)]):
             if not 0 <= block < num_blocks:
-                raise ValueError(f"fusedattn: block_table: sequence {b}'s page {i} (positions {i * page}.."
+                raise ValueError(f"fusedattn: {name}: sequence {b}'s page {i} (positions {i * page}.."
                                  f"{(i + 1) * page - 1}) names block {block}, outside the caches' {num_blocks}")
 
 
-def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, lengths: list[int], rotary_cos, rotary_sin,
-                   rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
-    """flash_attn_with_kvcache over paged caches (table: block_table as int64, lengths checked):
-    the new tokens are written into their pages, then each sequence's pages are gathered into one
-    contiguous copy, which the unpaged call attends over (the kernels read no block table yet)."""
+def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str, lengths: list[int], rotary_cos,
+                   rotary_sin, rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
+    """flash_attn_with_kvcache over paged caches (table: block_table, or cache_batch_idx as one
+    page per sequence, as int64; lengths checked): the new tokens are written into their pages,
+    then each sequence's pages are gathered into one contiguous copy, which the unpaged call
+    attends over (the kernels read no block table yet)."""
     page, new = k_cache.shape[1], 0 if k is None else k.shape[1]
     visible = [n + new for n in lengths]
-    _check_pages_in_use(table, visible, page, k_cache.shape[0])
+    _check_pages_in_use(table, visible, page, k_cache.shape[0], table_name)
     if new > 0 and visible:
         left, right = _window(window_size, causal)
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
@@ -331,13 +335,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     that the kernels attend over (no kernel reads the table yet: the copy costs a pass over the
     caches per call). The lengths and the table are read on the host (a wait for the stream):
     every page a sequence's keys reach must name a block of the pools; pages past them are never
-    read. Not implemented, and rejected naming the argument: cache_batch_idx, cache_leftpad,
-    softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
+    read. cache_batch_idx (int32, batch): sequence b reads and appends to cache row
+    cache_batch_idx[b] of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the
+    same path (one page per sequence), so with the same copy and host read; not with block_table,
+    as in flash_attn. Not implemented, and rejected naming the argument: cache_leftpad, softcap,
+    ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
     _reject_unsupported(0.0, softcap, alibi_slopes)
-    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise NotImplementedError(f"fusedattn: {name}: not implemented in flash_attn_with_kvcache; pass None")
+    if cache_leftpad is not None:
+        raise NotImplementedError("fusedattn: cache_leftpad: not implemented in flash_attn_with_kvcache; pass None")
+    if cache_batch_idx is not None and block_table is not None:
+        raise ValueError("fusedattn: cache_batch_idx: not supported with block_table (nor in flash_attn); pass one")
     if num_splits != 0:
         raise NotImplementedError(f"fusedattn: num_splits={num_splits}: the kernels choose how to split the KV "
                                   "length themselves; pass 0")
@@ -348,7 +356,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"fusedattn: {name}: expected rank 4 (batch, seqlen, heads, headdim), got shape "
                              f"{tuple(t.shape)}")
     batch, seqlen_q = q.shape[0], q.shape[1]
-    table = None if block_table is None else _paged_blocks(block_table, k_cache, v_cache, batch, q.device)
+    # cache_batch_idx reads sequence b's cache row idx[b]: a paged cache of one page per sequence.
+    table_name = "block_table" if cache_batch_idx is None else "cache_batch_idx"
+    if cache_batch_idx is not None:  # as a column; any other rank fails _paged_blocks' check
+        block_table = cache_batch_idx[..., None] if isinstance(cache_batch_idx, torch.Tensor) else cache_batch_idx
+    table = None if block_table is None else _paged_blocks(block_table, k_cache, v_cache, batch, q.device, table_name)
     if table is None and (k_cache.shape[0] != batch or v_cache.shape[:3] != k_cache.shape[:3]):
         raise ValueError(f"fusedattn: v_cache: shape {tuple(v_cache.shape)} and k_cache {tuple(k_cache.shape)} must "
                          f"match in (batch, seqlen_cache, heads) with batch {batch} (q's)")
@@ -369,8 +381,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_rotary(rotary_cos, rotary_sin, q, new)
     if table is not None:
         lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
-        return _paged_kvcache(q, k_cache, v_cache, k, v, table, lengths, rotary_cos, rotary_sin, rotary_interleaved,
-                              softmax_scale, causal, window_size, return_softmax_lse)
+        return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
+                              rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
     # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
     on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
     if on_device:

@@ -196,6 +196,11 @@ def test_broken_calls_raise_or_run(device):
                     row = [rng.choice((0, blocks - 1, rng.randrange(-2, blocks + 2))) for _ in range(rng.randint(1, 4))]
                     kwargs["block_table"] = torch.tensor([row] * b, device=device,
                                                          dtype=torch.int32 if rng.random() < 0.9 else torch.int64)
+                elif rng.random() < 0.2:  # each sequence's cache row, often a valid one
+                    rows = k.shape[0] if k.dim() == 4 else 1
+                    kwargs["cache_batch_idx"] = torch.tensor(
+                        [rng.choice((0, rows - 1, rng.randrange(-1, rows + 1))) for _ in range(b)], device=device,
+                        dtype=torch.int32 if rng.random() < 0.9 else torch.int64)
                 out = fusedattn.flash_attn_with_kvcache(q, k.detach(), v.detach(), cache_seqlens=cache_seqlens,
                                                         **new_kv, **kwargs)
             else:

@@ -87,8 +87,7 @@ def test_rejections_name_the_argument():
     k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
     k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
     lengths = torch.tensor([3, 4], dtype=torch.int32)
-    unimplemented = [dict(cache_batch_idx=lengths),
-                     dict(cache_leftpad=lengths), dict(softcap=1.0),
+    unimplemented = [dict(cache_leftpad=lengths), dict(softcap=1.0),
                      dict(alibi_slopes=torch.ones(2)), dict(num_splits=1), dict(num_splits=4)]
     for kwargs in unimplemented:
         with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
@@ -375,3 +374,42 @@ def test_paged_rejections_name_the_argument():
     with pytest.raises(ValueError, match="paged caches must be"):
         fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool[:, :4], cache_seqlens=lengths, block_table=table)
     assert torch.equal(k_pool, before), "a rejected call wrote a page"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_cache_batch_idx_picks_each_sequences_cache_row(device):
+    """cache_batch_idx: sequence b appends to and attends over cache row idx[b] of a cache with
+    more rows than sequences; the other rows are left as they were."""
+    dtype = DTYPES[device][-1]
+    rows, batch, capacity, hq, hkv, d, new = 5, 3, 40, 4, 2, 64, 2
+    k_cache, v_cache = caches(rows, capacity, hkv, d, dtype, device)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
+    lengths = [7, 0, capacity - new]
+    q = randn(batch, new, hq, d, dtype=dtype, device=device)
+    k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    out, lse = fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(
+        lengths, dtype=torch.int32, device=device), cache_batch_idx=idx, causal=True, return_softmax_lse=True)
+    expected_k, expected_v = before_k.clone(), before_v.clone()
+    for b, n in enumerate(lengths):
+        expected_k[idx[b], n:n + new], expected_v[idx[b], n:n + new] = k[b], v[b]
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v), "cache rows written"
+    check_against_reference(q, k_cache[idx.long()], v_cache[idx.long()], [n + new for n in lengths], out, lse,
+                            True, (-1, -1))
+
+
+def test_cache_batch_idx_rejections_name_the_argument():
+    q = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    k_cache, v_cache = caches(3, 16, 2, 64, torch.float32, "cpu")
+    lengths = torch.tensor([3, 4], dtype=torch.int32)
+    for wrong in (torch.tensor([0, 1]), torch.tensor([[0], [1]], dtype=torch.int32), torch.tensor(1, dtype=torch.int32),
+                  torch.tensor([0, 1, 2], dtype=torch.int32)):
+        with pytest.raises(ValueError, match="cache_batch_idx: must be an int32 \\(batch 2,\\)"):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_batch_idx=wrong)
+    with pytest.raises(ValueError, match="cache_batch_idx: sequence 1's page 0"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                          cache_batch_idx=torch.tensor([0, 3], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_batch_idx: not supported with block_table"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                          cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32),
+                                          block_table=torch.zeros(2, 1, dtype=torch.int32))
