@@ -125,17 +125,19 @@ std::vector<Problem> tile_problems(int d) {
           with_mask(dense(1, 40, 8, 300, 260, d), false, 100, 10), dense(1, 40, 8, 530, 130, d)};
 }
 
-// The tile cases with each of a head dim's KV block widths forced (env); then, on the widest
-// (the tile table's, with one Q buffer), O staged in the Q buffer (FUSEDATTN_SM90_O_IN_KV=0)
-// instead of the last K/V stage.
+// The tile cases with each of a head dim's KV block widths forced (env); then, on each width,
+// O staged in its Q buffer or slot (FUSEDATTN_SM90_O_IN_KV=0) instead of the last K/V stage
+// (on d256's 64-key tile both warpgroups then stage in their own Q slots, session 46).
 void run_block_widths(int d, const char* env, std::initializer_list<const char*> widths) {
   for (const char* width : widths) {
     const ScopedEnv tile(env, width);
     for (const Problem& p : tile_problems(d)) FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kBFloat16));
   }
-  const ScopedEnv widest(env, *(widths.end() - 1));
   const ScopedEnv o_in_q("FUSEDATTN_SM90_O_IN_KV", "0");
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 40, 8, 530, 130, d), DType::kFloat16));
+  for (const char* width : widths) {
+    const ScopedEnv tile(env, width);
+    FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 40, 8, 530, 130, d), DType::kFloat16));
+  }
 }
 
 // d192's two tiles (session 30): 64-key blocks with two Q buffers and 112-key blocks with one.
