@@ -245,6 +245,23 @@ def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interlea
     return q, k, positions
 
 
+def _leftpad_starts(cache_leftpad, lengths: list[int], device) -> list[int]:
+    """cache_leftpad (int32, one per sequence) read on the host: sequence b's keys start at cache
+    position cache_leftpad[b], at most its length (cache_seqlens[b])."""
+    batch = len(lengths)
+    if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32 or \
+            tuple(cache_leftpad.shape) != (batch,) or cache_leftpad.device != device:
+        got = f"{cache_leftpad.dtype} {tuple(cache_leftpad.shape)} on {cache_leftpad.device}" \
+            if isinstance(cache_leftpad, torch.Tensor) else type(cache_leftpad).__name__
+        raise ValueError(f"fusedattn: cache_leftpad: must be an int32 (batch {batch},) tensor on q's device "
+                         f"({device}); got {got}")
+    starts = [int(a) for a in cache_leftpad.tolist()]
+    for b, (a, n) in enumerate(zip(starts, lengths)):
+        if not 0 <= a <= n:
+            raise ValueError(f"fusedattn: cache_leftpad: sequence {b} starts at {a}, outside its {n} cached positions")
+    return starts
+
+
 def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, device,
                   name: str = "block_table") -> torch.Tensor:
     """block_table checked against the paged caches (num_blocks, page_block_size, nheads_k,
@@ -338,12 +355,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     read. cache_batch_idx (int32, batch): sequence b reads and appends to cache row
     cache_batch_idx[b] of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the
     same path (one page per sequence), so with the same copy and host read; not with block_table,
-    as in flash_attn. Not implemented, and rejected naming the argument: cache_leftpad, softcap,
-    ALiBi, and num_splits other than 0 (the kernels choose the split).
+    as in flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
+    cache_leftpad[b] (at most cache_seqlens[b]), so it attends over positions cache_leftpad[b] ..
+    cache_seqlens[b] + seqlen_new - 1, its masks aligned to that range's end; the new tokens still
+    go at cache_seqlens[b], rotated at those absolute positions. It reads the lengths on the host,
+    and is not taken with cache_batch_idx or block_table. Not implemented, and rejected naming the
+    argument: softcap, ALiBi, and num_splits other than 0 (the kernels choose the split).
     """
     _reject_unsupported(0.0, softcap, alibi_slopes)
-    if cache_leftpad is not None:
-        raise NotImplementedError("fusedattn: cache_leftpad: not implemented in flash_attn_with_kvcache; pass None")
+    if cache_leftpad is not None and (cache_batch_idx is not None or block_table is not None):
+        raise ValueError("fusedattn: cache_leftpad: not supported with cache_batch_idx or block_table; "
+                         "pass None")
     if cache_batch_idx is not None and block_table is not None:
         raise ValueError("fusedattn: cache_batch_idx: not supported with block_table (nor in flash_attn); pass one")
     if num_splits != 0:
@@ -384,17 +406,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
                               rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
     # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
-    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
+    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
+        cache_leftpad is None
     if on_device:
         _check_lengths_tensor(cache_seqlens, batch, q.device)
         lengths = None
     else:
         lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
+    starts = [0] * batch if cache_leftpad is None else _leftpad_starts(cache_leftpad, lengths, q.device)
     if batch == 0:
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
         return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
     # Every check before the caches are written: a call that raises leaves them as they were.
-    uniform = not on_device and all(n == lengths[0] for n in lengths)
+    uniform = not on_device and all(n == lengths[0] and a == starts[0] for n, a in zip(lengths, starts))
     if not uniform:
         k_rows, k_pitch = _rows_of(k_cache, "k_cache")
         v_rows, v_pitch = _rows_of(v_cache, "v_cache")
@@ -407,19 +431,31 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v
     if uniform:  # every sequence sees the same positions: a plain call on views of the caches
-        visible = lengths[0] + new
-        out, lse = ops.fwd(q, k_cache[:, :visible], v_cache[:, :visible], softmax_scale, causal, left, right, False)
+        first, end = starts[0], lengths[0] + new
+        out, lse = ops.fwd(q, k_cache[:, first:end], v_cache[:, first:end], softmax_scale, causal, left, right,
+                           False)
         return (out, lse) if return_softmax_lse else out
-    # Sequence b's rows of the views start at b * pitch; the first lengths[b] + new hold its keys.
+    # Sequence b's rows of the views start at b * pitch (+ its left padding); the next lengths[b]
+    # + new hold its keys.
     cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
-    cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
+    rows_k = k_pitch  # the most rows a sequence's range of the views spans
+    if cache_leftpad is None:
+        cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
+    else:  # this call's padding: the views start at the first sequence's first key, the offsets
+        # are made (and checked by the binding) per call
+        first = starts[0]
+        k_rows, v_rows = k_rows[first:], v_rows[first:]
+        end = (batch - 1) * k_pitch + k_cache.shape[1] - first
+        offsets = [b * k_pitch + a - first for b, a in enumerate(starts)] + [end]
+        cu_k = torch.tensor(offsets, dtype=torch.int32, device=q.device)
+        rows_k = max(stop - begin for begin, stop in zip(offsets, offsets[1:]))
     if on_device:  # the kernels clamp int32 counts to the rows; wider integers are clamped first
         used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
             cache_seqlens.clamp(0, k_cache.shape[1]).to(torch.int32)
     else:
-        used = cache_seqlens.to(torch.int32) + new  # ragged lengths come only as a tensor
+        used = torch.tensor([n + new - a for n, a in zip(lengths, starts)], dtype=torch.int32, device=q.device)
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
-                              k_pitch, softmax_scale, causal, left, right, False, used)
+                              rows_k, softmax_scale, causal, left, right, False, used)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])
     if not return_softmax_lse:
         return out

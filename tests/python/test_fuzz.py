@@ -201,6 +201,9 @@ def test_broken_calls_raise_or_run(device):
                     kwargs["cache_batch_idx"] = torch.tensor(
                         [rng.choice((0, rows - 1, rng.randrange(-1, rows + 1))) for _ in range(b)], device=device,
                         dtype=torch.int32 if rng.random() < 0.9 else torch.int64)
+                elif rng.random() < 0.2:  # where each sequence's keys start, often inside its length
+                    pads = [rng.choice((0, 1, rng.randrange(-1, s + 2))) for _ in range(b)]
+                    kwargs["cache_leftpad"] = torch.tensor(pads, dtype=torch.int32, device=device)
                 out = fusedattn.flash_attn_with_kvcache(q, k.detach(), v.detach(), cache_seqlens=cache_seqlens,
                                                         **new_kv, **kwargs)
             else:

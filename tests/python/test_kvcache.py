@@ -87,7 +87,7 @@ def test_rejections_name_the_argument():
     k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
     k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
     lengths = torch.tensor([3, 4], dtype=torch.int32)
-    unimplemented = [dict(cache_leftpad=lengths), dict(softcap=1.0),
+    unimplemented = [dict(softcap=1.0),
                      dict(alibi_slopes=torch.ones(2)), dict(num_splits=1), dict(num_splits=4)]
     for kwargs in unimplemented:
         with pytest.raises(NotImplementedError, match=next(iter(kwargs))):
@@ -413,3 +413,62 @@ def test_cache_batch_idx_rejections_name_the_argument():
         fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
                                           cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32),
                                           block_table=torch.zeros(2, 1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pads", [[2, 0, 9], [4, 4, 4]], ids=["ragged", "uniform"])
+def test_cache_leftpad_starts_each_sequences_keys(device, causal, pads):
+    """cache_leftpad: sequence b attends over positions pads[b] .. lengths[b] + new - 1 (masks
+    aligned to that range's end); the new tokens still land at lengths[b]. Ragged pads run the
+    variable-length call, equal pads and lengths the plain one."""
+    dtype = DTYPES[device][-1]
+    batch, capacity, hq, hkv, d, new = 3, 48, 4, 2, 64, 2
+    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+    before_k = k_cache.clone()
+    lengths = [9, 4, 30] if pads[0] != pads[1] else [20, 20, 20]
+    q = randn(batch, new, hq, d, dtype=dtype, device=device)
+    k, v = (randn(batch, new, hkv, d, dtype=dtype, device=device) for _ in range(2))
+    out, lse = fusedattn.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        cache_leftpad=torch.tensor(pads, dtype=torch.int32, device=device), causal=causal, return_softmax_lse=True)
+    for b, n in enumerate(lengths):
+        expected = before_k[b].clone()
+        expected[n:n + new] = k[b]
+        assert torch.equal(k_cache[b], expected), f"cache of seq {b}"
+        end = n + new
+        keys, values = k_cache[b:b + 1, pads[b]:end], v_cache[b:b + 1, pads[b]:end]
+        check_against_reference(q[b:b + 1], keys, values, [end - pads[b]], out[b:b + 1], lse[b:b + 1], causal,
+                                (-1, -1))
+
+
+def test_cache_leftpad_rotates_at_absolute_positions():
+    """With rotary tables the new keys are rotated at cache_seqlens + j whatever the padding: the
+    cache holds the same keys with and without it."""
+    q = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    k = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    cos, sin = rotary_tables(32, 32, torch.float32, "cpu")
+    lengths = torch.tensor([5, 11], dtype=torch.int32)
+    written = []
+    for pads in (None, torch.tensor([3, 0], dtype=torch.int32)):
+        k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, k, k, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=lengths, cache_leftpad=pads)
+        written.append(torch.stack([k_cache[b, n] for b, n in enumerate(lengths.tolist())]))
+    assert torch.equal(written[0], written[1])
+
+
+def test_cache_leftpad_rejections_name_the_argument():
+    q = randn(2, 1, 2, 64, dtype=torch.float32, device="cpu")
+    k_cache, v_cache = caches(2, 16, 2, 64, torch.float32, "cpu")
+    lengths = torch.tensor([3, 4], dtype=torch.int32)
+    for wrong in (torch.tensor([0, 1]), torch.tensor([0], dtype=torch.int32), torch.tensor(0, dtype=torch.int32)):
+        with pytest.raises(ValueError, match="cache_leftpad: must be an int32 \\(batch 2,\\)"):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=wrong)
+    for past in ([4, 0], [-1, 0]):
+        with pytest.raises(ValueError, match="cache_leftpad: sequence 0 starts at"):
+            fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                              cache_leftpad=torch.tensor(past, dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_leftpad: not supported with"):
+        fusedattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=lengths,
+                                          cache_batch_idx=torch.tensor([0, 1], dtype=torch.int32))
