@@ -308,8 +308,11 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
         blocks = table.gather(1, positions // page)
         k_cache[blocks, positions % page] = k
         v_cache[blocks, positions % page] = v
-    # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
-    gathered = table.clamp(0, k_cache.shape[0] - 1)
+    # Only the pages that some sequence's keys reach are copied (a table sized for the longest
+    # context costs nothing past them); pages past a sequence's keys may name any block: they are
+    # read as block 0 and never attended.
+    pages = max([-(-n // page) for n in visible] + [1])
+    gathered = table[:, :pages].clamp(0, k_cache.shape[0] - 1)
     k_seq, v_seq = (cache[gathered].flatten(1, 2) for cache in (k_cache, v_cache))
     used = torch.tensor(visible, dtype=torch.int32, device=q.device)
     return flash_attn_with_kvcache(q, k_seq, v_seq, cache_seqlens=used, softmax_scale=softmax_scale, causal=causal,
