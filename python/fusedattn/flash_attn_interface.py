@@ -245,16 +245,19 @@ def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interlea
     return q, k, positions
 
 
+def _check_int32(t, name: str, fits, expected: str, device) -> None:
+    """An int32 tensor argument on q's device whose shape fits(shape) accepts; else a ValueError
+    naming it, the shape expected and what it got."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.device != device or not fits(t.shape):
+        got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"fusedattn: {name}: must be an int32 {expected} tensor on q's device ({device}); got {got}")
+
+
 def _leftpad_starts(cache_leftpad, lengths: list[int], device) -> list[int]:
     """cache_leftpad (int32, one per sequence) read on the host: sequence b's keys start at cache
     position cache_leftpad[b], at most its length (cache_seqlens[b])."""
     batch = len(lengths)
-    if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32 or \
-            tuple(cache_leftpad.shape) != (batch,) or cache_leftpad.device != device:
-        got = f"{cache_leftpad.dtype} {tuple(cache_leftpad.shape)} on {cache_leftpad.device}" \
-            if isinstance(cache_leftpad, torch.Tensor) else type(cache_leftpad).__name__
-        raise ValueError(f"fusedattn: cache_leftpad: must be an int32 (batch {batch},) tensor on q's device "
-                         f"({device}); got {got}")
+    _check_int32(cache_leftpad, "cache_leftpad", lambda shape: tuple(shape) == (batch,), f"(batch {batch},)", device)
     starts = [int(a) for a in cache_leftpad.tolist()]
     for b, (a, n) in enumerate(zip(starts, lengths)):
         if not 0 <= a <= n:
@@ -267,13 +270,9 @@ def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, bat
     """block_table checked against the paged caches (num_blocks, page_block_size, nheads_k,
     headdim): int32 (batch, max_blocks_per_seq) on q's device. Returns it as int64 indices.
     cache_batch_idx (int32, batch) is checked as its one-column table (name says which)."""
-    shape = "(batch {batch},)" if name == "cache_batch_idx" else "(batch {batch}, max_blocks_per_seq >= 1)"
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2 \
-            or block_table.shape[0] != batch or block_table.shape[1] == 0 or block_table.device != device:
-        got = f"{block_table.dtype} {tuple(block_table.shape)} on {block_table.device}" \
-            if isinstance(block_table, torch.Tensor) else type(block_table).__name__
-        raise ValueError(f"fusedattn: {name}: must be an int32 {shape.format(batch=batch)} tensor on q's device "
-                         f"({device}); got {got}")
+    expected = f"(batch {batch},)" if name == "cache_batch_idx" else f"(batch {batch}, max_blocks_per_seq >= 1)"
+    _check_int32(block_table, name, lambda shape: len(shape) == 2 and shape[0] == batch and shape[1] > 0, expected,
+                 device)
     if k_cache.shape[0] == 0 or k_cache.shape[1] == 0 or v_cache.shape[:3] != k_cache.shape[:3]:
         raise ValueError(f"fusedattn: k_cache, v_cache: paged caches must be (num_blocks >= 1, page_block_size >= 1, "
                          f"nheads_k, headdim), alike but for headdim; got {tuple(k_cache.shape)} and "
@@ -300,6 +299,9 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
     attends over (the kernels read no block table yet)."""
     page, new = k_cache.shape[1], 0 if k is None else k.shape[1]
     visible = [n + new for n in lengths]
+    # Only the pages that some sequence's keys reach are checked and copied (a table sized for the
+    # longest context costs nothing past them).
+    table = table[:, :max([-(-n // page) for n in visible] + [1])]
     _check_pages_in_use(table, visible, page, k_cache.shape[0], table_name)
     if new > 0 and visible:
         left, right = _window(window_size, causal)
@@ -308,11 +310,8 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
         blocks = table.gather(1, positions // page)
         k_cache[blocks, positions % page] = k
         v_cache[blocks, positions % page] = v
-    # Only the pages that some sequence's keys reach are copied (a table sized for the longest
-    # context costs nothing past them); pages past a sequence's keys may name any block: they are
-    # read as block 0 and never attended.
-    pages = max([-(-n // page) for n in visible] + [1])
-    gathered = table[:, :pages].clamp(0, k_cache.shape[0] - 1)
+    # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
+    gathered = table.clamp(0, k_cache.shape[0] - 1)
     k_seq, v_seq = (cache[gathered].flatten(1, 2) for cache in (k_cache, v_cache))
     used = torch.tensor(visible, dtype=torch.int32, device=q.device)
     return flash_attn_with_kvcache(q, k_seq, v_seq, cache_seqlens=used, softmax_scale=softmax_scale, causal=causal,
@@ -416,12 +415,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         lengths = None
     else:
         lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
-    starts = [0] * batch if cache_leftpad is None else _leftpad_starts(cache_leftpad, lengths, q.device)
+    pads = [0] * batch if cache_leftpad is None else _leftpad_starts(cache_leftpad, lengths, q.device)
     if batch == 0:
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
         return (out, q.new_zeros(0, q.shape[2], seqlen_q, dtype=torch.float32)) if return_softmax_lse else out
     # Every check before the caches are written: a call that raises leaves them as they were.
-    uniform = not on_device and all(n == lengths[0] and a == starts[0] for n, a in zip(lengths, starts))
+    uniform = not on_device and all(n == lengths[0] and a == pads[0] for n, a in zip(lengths, pads))
     if not uniform:
         k_rows, k_pitch = _rows_of(k_cache, "k_cache")
         v_rows, v_pitch = _rows_of(v_cache, "v_cache")
@@ -434,7 +433,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         k_cache[rows, positions] = k
         v_cache[rows, positions] = v
     if uniform:  # every sequence sees the same positions: a plain call on views of the caches
-        first, end = starts[0], lengths[0] + new
+        first, end = pads[0], lengths[0] + new
         out, lse = ops.fwd(q, k_cache[:, first:end], v_cache[:, first:end], softmax_scale, causal, left, right,
                            False)
         return (out, lse) if return_softmax_lse else out
@@ -446,17 +445,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
     else:  # this call's padding: the views start at the first sequence's first key, the offsets
         # are made (and checked by the binding) per call
-        first = starts[0]
+        first = pads[0]
         k_rows, v_rows = k_rows[first:], v_rows[first:]
         end = (batch - 1) * k_pitch + k_cache.shape[1] - first
-        offsets = [b * k_pitch + a - first for b, a in enumerate(starts)] + [end]
+        offsets = [b * k_pitch + a - first for b, a in enumerate(pads)] + [end]
         cu_k = torch.tensor(offsets, dtype=torch.int32, device=q.device)
         rows_k = max(stop - begin for begin, stop in zip(offsets, offsets[1:]))
     if on_device:  # the kernels clamp int32 counts to the rows; wider integers are clamped first
         used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
             cache_seqlens.clamp(0, k_cache.shape[1]).to(torch.int32)
     else:
-        used = torch.tensor([n + new - a for n, a in zip(lengths, starts)], dtype=torch.int32, device=q.device)
+        used = torch.tensor([n + new - a for n, a in zip(lengths, pads)], dtype=torch.int32, device=q.device)
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
                               rows_k, softmax_scale, causal, left, right, False, used)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])

@@ -184,11 +184,11 @@ struct KernelConfig {
   // the last block's K (Epilogue::meet). Warpgroup 1 keeps slot 2, which it gives back after its
   // last Q K^T, and stages O in the last block's V as before. docs/hopper.md, session 46.
   // -DFUSEDATTN_SM90_WARPGROUP_Q=0 builds the one shared Q tile instead (an ablation switch).
-  static constexpr int kQSlotBytes = kWarpgroupRows * kTileCols * static_cast<int>(sizeof(Element));
+  static constexpr int kWarpgroupQSlotBytes = kWarpgroupRows * kTileCols * static_cast<int>(sizeof(Element));
   static constexpr int kWarpgroupQSlots = 3;
   static constexpr bool kWarpgroupQ =
       FUSEDATTN_SM90_WARPGROUP_Q != 0 && kStagesOInKV &&
-      kWarpgroupQSlots * kQSlotBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit;
+      kWarpgroupQSlots * kWarpgroupQSlotBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit;
   // The Q slots in shared memory: whole tiles (kQBuffers of kBlockM rows, both warpgroups' rows
   // in each) or, with kWarpgroupQ, one warpgroup's 64 rows each.
   static constexpr int kQSlots = kWarpgroupQ ? kWarpgroupQSlots : kQBuffers;
