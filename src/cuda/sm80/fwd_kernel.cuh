@@ -105,6 +105,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   const int64_t m0 = rows.m0;
   if (m0 >= seq.len_q) return;  // varlen: this sequence is shorter than the longest one
   const int rows_q = rows_inside<kBlockM>(seq.len_q - m0);
+  // A warp whose rows all lie past the tile's last query row (a short sequence's last tile, a
+  // decode tile of a few rows) computes nothing: it only loads its share of the tiles and meets
+  // the others at the barriers; its O, LSE and rows are never stored.
+  const bool idle = warp_row0 >= rows_q;
   const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V
 
   const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + rows.q_row0 * p.q_stride.row +
@@ -171,6 +175,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       else
         load_whole_kv(smem_v_addr, v_src, n);
 
+      if (idle) return;
       const bool cut_left = cuts_left(mask, uncut, n), cut = cut_left || n >= uncut.hi;
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
@@ -192,6 +197,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
       if (load_next) load_whole_kv(smem_k_addr, k_src, n - 1);
+      if (idle) return;
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
         if (j > 0) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[j]);
