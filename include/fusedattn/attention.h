@@ -40,6 +40,16 @@ struct Options {
   // whose sequences fill part of their rows), its masks aligned to that length. Validation does
   // not read it (on CUDA no sync, unlike cu_seqlens): the kernels clamp each entry to [0, rows].
   TensorView seqused_k;
+  // Paged K/V (variable-length forward only, as flash_attn's varlen block_table): int32
+  // [B, max_pages_per_seq] on the tensors' device, rows of any stride, entries contiguous. k and v
+  // are then pages [num_pages, page_size, Hkv, D], and key j of sequence b (which has the length
+  // its cu_seqlens_k offsets give, or seqused_k[b]; the offsets' starts index no rows) is row
+  // j % page_size of page block_table[b][j / page_size]. The pages each sequence's cu_seqlens_k
+  // length reaches are checked on the host with the offsets (each in [0, num_pages)); with
+  // checked_rows_q/k set on CUDA they are not read, and the kernels clamp an entry out of range
+  // to it, so a bad table reads wrong pages but never outside k and v. The CUDA backend needs
+  // page_size to be a multiple of kCudaPageRows; the CPU backend takes any.
+  TensorView block_table;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
   // contents, or -1. Set (both), forward() and backward() on CUDA tensors skip their own check of
   // the offsets, which reads them on the host: a device-to-host copy, i.e. a sync of the stream,
@@ -51,6 +61,10 @@ struct Options {
   void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream
   int num_threads = 0;               // CPU backend threads; 0 = hardware concurrency
 };
+
+// Rows per page the CUDA kernels need paged K/V's page_size to be a multiple of (a KV tile never
+// straddles two pages). flash_attn 2.x asks for multiples of 256.
+constexpr int64_t kCudaPageRows = 128;
 
 struct ForwardArgs {
   TensorView q, k, v;

@@ -38,6 +38,14 @@ struct FwdParams {
   const int32_t* cu_seqlens_q = nullptr;  // varlen only, on the tensors' device
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;  // varlen forward only, optional: keys in use per sequence
+  // Paged K/V (varlen forward only, Options::block_table): k/v are [num_pages, page_size, Hkv, D]
+  // (k_stride.batch / v_stride.batch step from page to page) and key j of sequence b is row
+  // j % page_size of page block_table[b * block_table_stride + j / page_size]; cu_seqlens_k's
+  // starts index no rows then. Null: K/V rows are packed or dense as usual.
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
+  int64_t num_pages = 0;
   // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);
   // rows past these (a packed tensor may be longer) are never read.
   int64_t varlen_rows_q = 0;
@@ -92,6 +100,17 @@ FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
   const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
   return {q0, k0, p.cu_seqlens_q[b + 1] - q0, used_keys(p, b, p.cu_seqlens_k[b + 1] - k0)};
 }
+
+// Paged K/V: the page in column `column` of sequence b's table row, and the page holding its key j
+// (block_table set). An entry outside
+// [0, num_pages) is clamped into it: validation checks the pages a sequence's keys reach unless
+// the caller vouched for the offsets (Options::checked_rows_q/k), and no table may make a backend
+// read outside k and v.
+FUSEDATTN_HD int64_t table_page(const FwdParams& p, int b, int64_t column) {
+  const int64_t page = p.block_table[b * p.block_table_stride + column];
+  return page < 0 ? 0 : (page < p.num_pages ? page : p.num_pages - 1);
+}
+FUSEDATTN_HD int64_t key_page(const FwdParams& p, int b, int64_t j) { return table_page(p, b, j / p.page_size); }
 
 // The keys query row i (0-based within its sequence) may see: [lo, hi], empty when lo > hi.
 // Windows are aligned to the bottom-right corner: row i lines up with key i + len_k - len_q.

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -99,8 +101,10 @@ OperandStrides strides_of(const TensorView& t, bool varlen) {
 // Reads cu_seqlens (copying it to the host for CUDA tensors) and checks it: starts at 0, never
 // decreases, no sequence longer than the declared maximum, no offset past the packed rows.
 // Returns the last offset: the packed rows the sequences use.
+// `host_out`, when given, receives the offsets.
 int64_t check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int64_t total, int64_t max_len,
-                         const char* max_name, Backend backend, const Device& device, void* stream) {
+                         const char* max_name, Backend backend, const Device& device, void* stream,
+                         std::vector<int32_t>* host_out = nullptr) {
   std::vector<int32_t> host(static_cast<size_t>(batch + 1));
   if (backend == Backend::kCUDA)
     cuda::copy_to_host(host.data(), cu.data, host.size() * sizeof(int32_t), device.index, stream);
@@ -120,7 +124,9 @@ int64_t check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, 
   if (host[batch] > total)
     fail(ErrorCode::kShapeMismatch, name,
          "last entry " + std::to_string(host[batch]) + " exceeds the packed tensor's " + std::to_string(total) + " rows");
-  return host[batch];
+  const int64_t rows = host[batch];
+  if (host_out) *host_out = std::move(host);
+  return rows;
 }
 
 void check_cu_tensor(const TensorView& cu, const char* name, const Device& device) {
@@ -147,6 +153,50 @@ void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t
   if (batch > 1 && used.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
 }
 
+// block_table (Options): its description, before anything reads it (fill_common has already
+// asked for a variable-length forward).
+void check_block_table_tensor(const TensorView& table, int64_t batch, const Device& device) {
+  const char* name = "block_table";
+  if (table.rank != 2 || table.shape[0] != batch || table.shape[1] < 1)
+    fail(ErrorCode::kShapeMismatch, name, "must be an int32 [" + std::to_string(batch) +
+                                              ", max_pages_per_seq] tensor (at least one column), got " +
+                                              shape_str(table));
+  if (table.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(table.dtype));
+  if (table.data == nullptr && batch > 0) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (table.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  if (table.shape[1] > 1 && table.stride[1] != 1) fail(ErrorCode::kLayout, name, "each row's entries must be contiguous");
+  if (table.shape[0] > 1 && table.stride[0] < table.shape[1])
+    fail(ErrorCode::kLayout, name, "rows must not overlap (row stride " + std::to_string(table.stride[0]) + ")");
+}
+
+// The pages each sequence's keys reach (its cu_seqlens_k length, the offsets read on the host as
+// `lengths`): within the table's columns, each entry a page of k/v. Reads the table on the host.
+void check_block_table_pages(const TensorView& table, const std::vector<int32_t>& offsets, int64_t page_size,
+                             int64_t num_pages, Backend backend, const Device& device, void* stream) {
+  const int64_t batch = table.shape[0], cols = table.shape[1], row_stride = table.shape[0] > 1 ? table.stride[0] : cols;
+  std::vector<int32_t> host(static_cast<size_t>((batch - 1) * row_stride + cols));
+  if (backend == Backend::kCUDA)
+    cuda::copy_to_host(host.data(), table.data, host.size() * sizeof(int32_t), device.index, stream);
+  else
+    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<const int32_t*>(table.data)[i];
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t len = int64_t{offsets[b + 1]} - offsets[b], pages = (len + page_size - 1) / page_size;
+    if (pages > cols)
+      fail(ErrorCode::kShapeMismatch, "block_table",
+           "sequence " + std::to_string(b) + " has " + std::to_string(len) + " keys, which need " +
+               std::to_string(pages) + " pages of " + std::to_string(page_size) + " rows; the table has " +
+               std::to_string(cols) + " columns");
+    for (int64_t j = 0; j < pages; ++j) {
+      const int32_t page = host[static_cast<size_t>(b * row_stride + j)];
+      if (page < 0 || page >= num_pages)
+        fail(ErrorCode::kInvalidArgument, "block_table",
+             "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] is " + std::to_string(page) +
+                 "; sequence " + std::to_string(b) + "'s keys reach it, so it must name a page in [0, " +
+                 std::to_string(num_pages) + ")");
+    }
+  }
+}
+
 // Everything shared by forward and backward, from the forward-side tensors.
 // Returns false for a valid no-op.
 bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView* out,
@@ -157,9 +207,15 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
          "variable-length calls need both cu_seqlens_q and cu_seqlens_k");
   const int rank = varlen ? 3 : 4;
   const char* layout = varlen ? "[total_tokens, heads, head_dim]" : "[batch, seqlen, heads, head_dim]";
+  // Paged K/V (Options::block_table): pages of rows, whatever q's layout.
+  const bool paged = !opt.block_table.empty();
+  if (paged && !varlen) fail(ErrorCode::kInvalidArgument, "block_table", "needs a variable-length call (cu_seqlens_q/k)");
+  if (paged && backward) fail(ErrorCode::kUnsupported, "block_table", "is supported by the forward only, as in flash_attn");
+  const int krank = paged ? 4 : rank;
+  const char* klayout = paged ? "[num_pages, page_size, heads, head_dim] (paged by block_table)" : layout;
   check_tensor(q, "q", rank, layout);
-  check_tensor(k, "k", rank, layout);
-  check_tensor(v, "v", rank, layout);
+  check_tensor(k, "k", krank, klayout);
+  check_tensor(v, "v", krank, klayout);
   check_same_shape(v, "v", k, "k");
   if (out) {
     check_tensor(*out, "out", rank, layout);
@@ -179,9 +235,9 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (out) check_device(*out, "out", device);
   backend = choose_backend(opt.backend, device);
 
-  const int64_t hq = q.shape[rank - 2], hkv = k.shape[rank - 2], d = q.shape[rank - 1];
-  if (k.shape[rank - 1] != d)
-    fail(ErrorCode::kShapeMismatch, "k", "head_dim " + std::to_string(k.shape[rank - 1]) + " must equal q's " + std::to_string(d));
+  const int64_t hq = q.shape[rank - 2], hkv = k.shape[krank - 2], d = q.shape[rank - 1];
+  if (k.shape[krank - 1] != d)
+    fail(ErrorCode::kShapeMismatch, "k", "head_dim " + std::to_string(k.shape[krank - 1]) + " must equal q's " + std::to_string(d));
   if (!varlen && k.shape[0] != q.shape[0])
     fail(ErrorCode::kShapeMismatch, "k", "batch " + std::to_string(k.shape[0]) + " must equal q's " + std::to_string(q.shape[0]));
   if (hkv == 0 && hq != 0)
@@ -216,6 +272,11 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     sk = k.shape[1];
   }
   if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
+  if (paged) check_block_table_tensor(opt.block_table, batch, device);
+  const int64_t page_size = paged ? k.shape[1] : 0, num_pages = paged ? k.shape[0] : 0;
+  // Every key row of a paged call lies in some page (key_page clamps into them, so none may be empty).
+  if (paged && (page_size < 1 || num_pages < 1))
+    fail(ErrorCode::kShapeMismatch, "k", "paged K/V needs at least one page of at least one row, got " + shape_str(k));
 
   // lse: dense [B, Hq, Sq], varlen [Hq, total_q]; fp32.
   if (!lse.empty()) {
@@ -241,8 +302,8 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.o = out ? out->data : nullptr;
   p.lse = lse.empty() ? nullptr : static_cast<float*>(lse.data);
   p.q_stride = strides_of(q, varlen);
-  p.k_stride = strides_of(k, varlen);
-  p.v_stride = strides_of(v, varlen);
+  p.k_stride = strides_of(k, varlen && !paged);
+  p.v_stride = strides_of(v, varlen && !paged);
   if (out) p.o_stride = strides_of(*out, varlen);
   if (!lse.empty()) {
     p.lse_batch_stride = varlen ? 0 : lse.stride[0];
@@ -284,6 +345,10 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (hq > kCudaMaxGridYZ)
       fail(ErrorCode::kUnsupported, "q", std::to_string(hq) + " heads; the CUDA backend runs at most " +
                                              std::to_string(kCudaMaxGridYZ) + " per call");
+    if (paged && page_size % kCudaPageRows != 0)
+      fail(ErrorCode::kUnsupported, "k",
+           "pages of " + std::to_string(page_size) + " rows; the CUDA backend reads paged K/V in pages of a multiple of " +
+               std::to_string(kCudaPageRows) + " rows");
     check_cuda_alignment(q, "q");
     check_cuda_alignment(k, "k");
     check_cuda_alignment(v, "v");
@@ -311,12 +376,17 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
         return rows;
       };
       p.varlen_rows_q = within(opt.checked_rows_q, "checked_rows_q", q.shape[0], "q");
-      p.varlen_rows_k = within(opt.checked_rows_k, "checked_rows_k", k.shape[0], "k");
+      // Paged keys are rows of pages, not of k: their offsets' rows bound nothing in k.
+      p.varlen_rows_k = paged ? opt.checked_rows_k : within(opt.checked_rows_k, "checked_rows_k", k.shape[0], "k");
     } else {
       p.varlen_rows_q = check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q",
                                          backend, device, opt.stream);
-      p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch, k.shape[0], sk, "max_seqlen_k",
-                                         backend, device, opt.stream);
+      std::vector<int32_t> offsets_k;
+      p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch,
+                                         paged ? std::numeric_limits<int64_t>::max() : k.shape[0], sk, "max_seqlen_k",
+                                         backend, device, opt.stream, &offsets_k);
+      if (paged)
+        check_block_table_pages(opt.block_table, offsets_k, page_size, num_pages, backend, device, opt.stream);
       if (caller_checked) {
         const auto same = [](int64_t given, const char* name, int64_t rows, const char* offsets) {
           if (given != rows)
@@ -331,6 +401,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     p.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
     p.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
     p.seqused_k = static_cast<const int32_t*>(opt.seqused_k.data);  // null when not given
+    if (paged) {
+      p.block_table = static_cast<const int32_t*>(opt.block_table.data);
+      p.block_table_stride = opt.block_table.shape[0] > 1 ? opt.block_table.stride[0] : opt.block_table.shape[1];
+      p.page_size = page_size;
+      p.num_pages = num_pages;
+    }
     // No sequence is longer than the rows its offsets span, so a max_seqlen above them (flash_attn
     // takes any bound, e.g. a model's context length) comes down to them: the kernels' grids and
     // the CPU backend's task list are sized by the maxima (a max_seqlen_q of 2^40 ran for hours).

@@ -93,7 +93,8 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
   const int64_t r0 = t.block * kBlockQ;
   const int dim = p.head_dim;
   const int kv_head = t.h / (p.heads_q / p.heads_kv);
-  const Operand q{p.q, p.q_stride, p.dtype}, k{p.k, p.k_stride, p.dtype}, v{p.v, p.v_stride, p.dtype};
+  const FwdParams* paged = p.block_table != nullptr ? &p : nullptr;
+  const Operand q{p.q, p.q_stride, p.dtype}, k{p.k, p.k_stride, p.dtype, paged}, v{p.v, p.v_stride, p.dtype, paged};
 
   load_tile(q, t.b, seq.q_start, r0, rows, t.h, dim, p.scale_log2, w.q.data());
   std::fill(w.o.begin(), w.o.begin() + int64_t{rows} * dim, 0.f);

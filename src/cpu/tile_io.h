@@ -12,12 +12,17 @@ namespace fusedattn::cpu {
 
 // One [batch, row, head, dim] operand. `row` is the row within sequence b; `seq_start` is the
 // sequence's first row in a packed (varlen) tensor and 0 for dense ones.
+// Paged K/V (`paged` set, FwdParams::block_table): the row lies in its page, stride.batch apart,
+// and seq_start indexes nothing.
 struct Operand {
   const void* data;
   OperandStrides stride;
   DType dtype;
+  const FwdParams* paged = nullptr;
 
   int64_t offset(int b, int64_t seq_start, int64_t row, int head) const {
+    if (paged != nullptr)
+      return key_page(*paged, b, row) * stride.batch + row % paged->page_size * stride.row + head * stride.head;
     return b * stride.batch + (seq_start + row) * stride.row + head * stride.head;
   }
 };

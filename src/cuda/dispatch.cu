@@ -95,8 +95,9 @@ bool sm90_supports(const FwdParams& p) {
   // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
   constexpr int64_t kSmallestTileRows = 64;
   const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;
+  // Paged K/V: the Hopper kernel's TMA maps see K and V as one tensor of rows; no block table.
   return rows_q > 0 && rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate &&
-         countable && p.scale > 0.f;
+         countable && p.scale > 0.f && p.block_table == nullptr;
 }
 
 // seqused_k: the Hopper kernel's TMA loads a sequence's last key block whole, rows past its used

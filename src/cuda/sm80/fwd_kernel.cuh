@@ -113,22 +113,32 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + rows.q_row0 * p.q_stride.row +
                      head * p.q_stride.head;
-  const Element* k = static_cast<const Element*>(p.k) + batch * p.k_stride.batch + seq.k_start * p.k_stride.row +
-                     kv_head * p.k_stride.head;
-  const Element* v = static_cast<const Element*>(p.v) + batch * p.v_stride.batch + seq.k_start * p.v_stride.row +
-                     kv_head * p.v_stride.head;
+  // Paged K/V (FwdParams::block_table): the sources start at page 0's first row, and block n's
+  // page comes from the table (a page holds a whole number of blocks: kCudaPageRows).
+  const bool paged = p.block_table != nullptr;
+  const int64_t k_seq0 = paged ? 0 : batch * p.k_stride.batch + seq.k_start * p.k_stride.row;
+  const int64_t v_seq0 = paged ? 0 : batch * p.v_stride.batch + seq.k_start * p.v_stride.row;
+  const Element* k = static_cast<const Element*>(p.k) + k_seq0 + kv_head * p.k_stride.head;
+  const Element* v = static_cast<const Element*>(p.v) + v_seq0 + kv_head * p.v_stride.head;
   const int len_k = static_cast<int>(seq.len_k);  // < kMaxMaskedSeqlen (checked by the launcher)
   // K and V of KV block n. Only the sequence's last block may end past it (rows there are
   // zero-filled); it is the first one visited (kv.hi is at most ceil(len_k / kBlockN)), so every
   // later block takes the lean whole-tile copies.
   using KVSource = typename KVTile::TileSource;
   const KVSource k_src(k, p.k_stride.row, k_steps, p.head_dim, tid), v_src(v, p.v_stride.row, v_steps, p.head_dim, tid);
-  auto load_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
-    src.load_async(smem_tile, n, rows_inside<kBlockN>(len_k - n * kBlockN), tid);
+  // This thread's chunk in the first row of block n (page_stride: k's or v's, in elements).
+  auto block_src = [&](const KVSource& src, int64_t page_stride, int n) {
+    if (!paged) return src.first_row(n);
+    const int blocks_per_page = static_cast<int>(p.page_size / kBlockN);
+    return src.paged_first_row(table_page(p, batch, n / blocks_per_page), page_stride * KVTile::kElemBytes,
+                               n % blocks_per_page);
+  };
+  auto load_kv = [&](uint32_t smem_tile, const KVSource& src, int64_t page_stride, int n) {
+    src.load_async(smem_tile, block_src(src, page_stride, n), rows_inside<kBlockN>(len_k - n * kBlockN), tid);
     ptx::cp_async_commit();
   };
-  auto load_whole_kv = [&](uint32_t smem_tile, const KVSource& src, int n) {
-    src.load_whole_async(smem_tile, n, tid);
+  auto load_whole_kv = [&](uint32_t smem_tile, const KVSource& src, int64_t page_stride, int n) {
+    src.load_whole_async(smem_tile, block_src(src, page_stride, n), tid);
     ptx::cp_async_commit();
   };
 
@@ -151,7 +161,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   if (kv.lo < kv.hi) {
     QTile::load_async(smem_q_addr, q, p.q_stride.row, rows_q, p.head_dim, tid);
-    load_kv(smem_k_addr, k_src, kv.hi - 1);
+    load_kv(smem_k_addr, k_src, p.k_stride.batch, kv.hi - 1);
     if (p.scale_log2 < 0.f) {
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
@@ -171,9 +181,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
       if constexpr (kFirst)
-        load_kv(smem_v_addr, v_src, n);
+        load_kv(smem_v_addr, v_src, p.v_stride.batch, n);
       else
-        load_whole_kv(smem_v_addr, v_src, n);
+        load_whole_kv(smem_v_addr, v_src, p.v_stride.batch, n);
 
       if (idle) return;
       const bool cut_left = cuts_left(mask, uncut, n), cut = cut_left || n >= uncut.hi;
@@ -196,7 +206,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
     auto accumulate = [&](bool load_next, int n) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if (load_next) load_whole_kv(smem_k_addr, k_src, n - 1);
+      if (load_next) load_whole_kv(smem_k_addr, k_src, p.k_stride.batch, n - 1);
       if (idle) return;
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {

@@ -109,21 +109,28 @@ struct TileIo {
       return chunk + static_cast<uint32_t>(tile) * steps.tile;
     }
 
-    // Starts the asynchronous copy of tile `tile`, all of whose rows lie inside the sequence.
-    __device__ __forceinline__ void load_whole_async(uint32_t smem, int tile, int tid) const {
+    // The same in a paged tensor (FwdParams::block_table), whose tiles lie in pages page_bytes
+    // apart: tile `tile_in_page` of page `page`.
+    __device__ __forceinline__ const unsigned char* paged_first_row(int64_t page, int64_t page_bytes,
+                                                                    int tile_in_page) const {
+      return chunk + page * page_bytes + static_cast<uint32_t>(tile_in_page) * steps.tile;
+    }
+
+    // Starts the asynchronous copy of the tile whose first row (this thread's chunk in it) is at
+    // src (first_row or paged_first_row), all of whose rows lie inside the sequence.
+    __device__ __forceinline__ void load_whole_async(uint32_t smem, const unsigned char* src, int tid) const {
       const Slot slot(tid);
       if (!slot.active()) return;
-      const unsigned char* src = first_row(tile);
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) ptx::cp_async_16(smem + slot.smem(i), src + i * steps.row, col_inside);
     }
 
-    // Starts the asynchronous copy of rows [0, valid_rows) (valid_rows >= 1) of tile `tile`; the
-    // rows past them are zero-filled (see the static load_async), their copies pointed at row 0.
-    __device__ __forceinline__ void load_async(uint32_t smem, int tile, int valid_rows, int tid) const {
+    // Starts the asynchronous copy of rows [0, valid_rows) (valid_rows >= 1) of the tile at src
+    // (as in load_whole_async); the rows past them are zero-filled (see the static load_async),
+    // their copies pointed at row 0.
+    __device__ __forceinline__ void load_async(uint32_t smem, const unsigned char* src, int valid_rows, int tid) const {
       const Slot slot(tid);
       if (!slot.active()) return;
-      const unsigned char* src = first_row(tile);
       const unsigned char* row0 = src - slot.row * row_stride * kElemBytes;
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) {
