@@ -1,0 +1,136 @@
+// Paged K/V on the CUDA backend (Options::block_table): the portable forward loads each KV block
+// from its page (the Hopper kernels decline paged calls, so dispatch sends every one there). Each
+// case runs packed and paged on the same values (reference/paged.h: shuffled pages, spare pages,
+// NaN in every row that holds no key, -1 in unreached entries): the paged call must match the
+// float64 reference under the 2x rule and, on the portable kernel both ways, the packed call to
+// the bit. Then what the CUDA backend rejects, by name, and a table it is told not to check
+// (clamped in the kernel: wrong pages, never memory outside k and v; the sanitizer set runs it).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_check.h"
+#include "gpu/scoped_env.h"
+#include "reference/paged.h"
+
+namespace fusedattn::testing {
+namespace {
+
+// The pages of a case on the device, and the case's forward through them.
+struct DevicePaged {
+  PagedKV& host;
+  DeviceTensor k, v, table;
+  explicit DevicePaged(PagedKV& paged) : host(paged), k(paged.k), v(paged.v), table(paged.table) {}
+  ForwardArgs args(const DeviceCase& dc) const {
+    ForwardArgs a = dc.forward_args();
+    a.k = k.view(host.k);
+    a.v = v.view(host.v);
+    a.options.block_table = table.view(host.table);
+    return a;
+  }
+};
+
+// The packed call on the portable kernel, then the paged one: the reference and the bits.
+SkipReason check_paged_gpu(const Problem& pr, DType dtype, int64_t page_size) {
+  SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " page_size " + std::to_string(page_size));
+  const PortablePathOnly portable;  // the packed call too, so that both run the same arithmetic
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(pr, dtype, Layout::kBSHD, rng, kDefaultStddev, /*with_backward=*/false);
+  if (SkipReason skip = check_forward_gpu(c)) return skip;
+  const std::vector<unsigned char> packed_out = bytes_of(c.out), packed_lse = bytes_of(c.lse);
+  PagedKV paged = make_paged(c, page_size, rng);
+  DeviceCase dc(c);
+  const DevicePaged pages(paged);
+  if (SkipReason skip = dc.forward(pages.args(dc))) return skip;
+  Tensors plain = c.values;
+  plain_forward(pr, dtype, plain);
+  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, c.values.out, atol_for(dtype))) << "paged out";
+  EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, c.values.lse, kLseAtol)) << "paged lse";
+  EXPECT_TRUE(bytes_of(c.out) == packed_out) << "paged out differs from the packed call's";
+  EXPECT_TRUE(bytes_of(c.lse) == packed_lse) << "paged lse differs from the packed call's";
+  return std::nullopt;
+}
+
+// Ragged sequences (one without keys, one inside its first page, one ending inside its last),
+// GQA, causal and window masks, seqused_k; decodes long enough for the key split (parts written
+// to the workspace and combined); pages of one block and of several; head dims 64 / 128 / 256
+// (KV blocks of 128, 64 and 64 keys).
+TEST(GpuPaged, MatchesReferenceAndPackedCall) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const int d : {64, 128, 256}) {
+    const Problem ragged = packed(4, 2, d, {3, 40, 1, 70}, {300, 0, 100, 700});
+    Problem used = packed(8, 2, d, {1, 1, 4}, {2000, 260, 900});
+    used.seqused_k = {1999, 0, 700};
+    for (const DType dtype : kGpuDtypes) {
+      FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(ragged, dtype, kCudaPageRows));
+      FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(ragged, true, -1, -1), dtype, 2 * kCudaPageRows));
+      FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(ragged, false, 90, 10), dtype, kCudaPageRows));
+      FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, dtype, 2 * kCudaPageRows));
+    }
+  }
+}
+
+// A small paged case on the device, for the rejections.
+struct PagedCall {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(packed(2, 2, 64, {2, 3}, {300, 9}), DType::kFloat16, Layout::kBSHD, rng, kDefaultStddev,
+                         /*with_backward=*/false);
+  PagedKV paged;
+  explicit PagedCall(int64_t page_size) : paged(make_paged(c, page_size, rng)) {}
+};
+
+TEST(GpuPaged, RejectsWhatTheKernelsCannotReadByName) {
+  FUSEDATTN_REQUIRE_GPU();
+  {
+    PagedCall call(kCudaPageRows / 2);  // pages shorter than the kernels' KV blocks can be
+    DeviceCase dc(call.c);
+    const DevicePaged pages(call.paged);
+    expect_error([&] { forward(pages.args(dc)); }, ErrorCode::kUnsupported, "k", "multiple of 128 rows");
+  }
+  {
+    PagedCall call(kCudaPageRows);  // sequence 0's second page (keys 128-255) names no page
+    static_cast<int32_t*>(call.paged.table.data())[1] = static_cast<int32_t>(call.paged.k.shape()[0]);
+    DeviceCase dc(call.c);
+    const DevicePaged pages(call.paged);
+    expect_error([&] { forward(pages.args(dc)); }, ErrorCode::kInvalidArgument, "block_table", "entry [0, 1]");
+  }
+}
+
+// The caller vouches for the offsets (checked_rows_q/k), so nothing reads the table on the host:
+// reached entries out of range on both sides are clamped into the pages. The outputs are
+// whatever those pages give; what is checked is that the call runs and, under compute-sanitizer
+// (GpuSanitizer.PagedKVClampsUncheckedEntries), reads nothing outside k and v.
+void run_unchecked_table() {
+  PagedCall call(kCudaPageRows);
+  auto* entries = static_cast<int32_t*>(call.paged.table.data());
+  entries[0] = -7;       // sequence 0, keys 0-127
+  entries[2] = 1 << 20;  // sequence 0, keys 256-299
+  DeviceCase dc(call.c);
+  const DevicePaged pages(call.paged);
+  ForwardArgs a = pages.args(dc);
+  a.options.checked_rows_q = call.c.problem.total_q();
+  a.options.checked_rows_k = call.c.problem.total_k();
+  FUSEDATTN_RUN_OR_SKIP(dc.forward(a));
+}
+
+TEST(GpuPaged, UncheckedTableEntriesAreClamped) {
+  FUSEDATTN_REQUIRE_GPU();
+  run_unchecked_table();
+}
+
+}  // namespace
+
+// The paged loads under compute-sanitizer (tools/gpu_check.sh filters on *Sanitizer*): a ragged
+// case with the key split, and the clamped table.
+TEST(GpuSanitizer, PagedKV) {
+  FUSEDATTN_REQUIRE_GPU();
+  Problem used = packed(4, 2, 64, {1, 3, 2}, {2000, 130, 0});
+  used.seqused_k = {1900, 130, 0};
+  FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(used, true, -1, -1), DType::kFloat16, kCudaPageRows));
+  FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, DType::kBFloat16, kCudaPageRows));
+  run_unchecked_table();
+}
+
+}  // namespace fusedattn::testing
