@@ -72,6 +72,18 @@ class Fuzzer {
     return t;
   }
 
+  // Random entries in [0, bound) of an int32 [rows, cols] view (with `stray`, some outside it), in
+  // place of its random bits, so that paged calls also pass validation and run.
+  void fill_entries(const TensorView& t, int32_t bound, bool stray) {
+    if (t.data == nullptr || t.dtype != DType::kInt32 || t.rank != 2) return;
+    for (int64_t r = 0; r < t.shape[0]; ++r)
+      for (int64_t c = 0; c < t.shape[1]; ++c) {
+        if (t.stride[0] < 0 || t.stride[1] < 0) return;
+        const int32_t entry = bound > 0 ? static_cast<int32_t>(rng_() % bound) : 0;
+        static_cast<int32_t*>(t.data)[r * t.stride[0] + c * t.stride[1]] = stray && chance(20) ? pick({-1, bound}) : entry;
+      }
+  }
+
   // The buffers of the previous call go.
   void next_call() { buffers_.clear(); }
 
@@ -134,8 +146,18 @@ void fill(Fuzzer& f, Call& c) {
       o.checked_rows_k = maybe(50) ? f.pick<int64_t>({0, 5, 1000}) : c.cu_k.back();
     }
     a.q = f.view(dtype, {rows_q, hq, d}, maybe(40));
-    a.k = f.view(dtype, {rows_k, hkv, d}, maybe(40));
-    a.v = f.view(dtype, {rows_k, hkv, d}, maybe(40));
+    if (f.chance(30)) {  // paged K/V: pages of any size, a table of entries mostly in range
+      const int64_t pages = maybe(30) ? f.pick<int64_t>({0, 1, 2}) : f.pick<int64_t>({5, 40});
+      const int64_t page = maybe(30) ? f.pick<int64_t>({0, 1}) : f.pick<int64_t>({3, 16, 128});
+      a.k = f.view(dtype, {pages, page, hkv, d}, maybe(30));
+      a.v = f.view(dtype, {pages, maybe(10) ? page + 1 : page, hkv, d}, maybe(30));
+      o.block_table = f.view(maybe(10) ? DType::kFloat32 : DType::kInt32,
+                             {maybe(10) ? batch + 1 : batch, maybe(30) ? f.pick<int64_t>({0, 1, 2}) : 40}, maybe(30));
+      f.fill_entries(o.block_table, static_cast<int32_t>(pages), maybe(30));
+    } else {
+      a.k = f.view(dtype, {rows_k, hkv, d}, maybe(40));
+      a.v = f.view(dtype, {rows_k, hkv, d}, maybe(40));
+    }
     a.out = f.view(dtype, {rows_q, hq, d}, maybe(40));
     if (f.chance(70)) a.lse = f.view(DType::kFloat32, {hq, rows_q}, maybe(30));
   } else {
