@@ -22,8 +22,10 @@ namespace {
 
 constexpr const char* kDenseLayout = "[batch, seqlen, heads, head_dim]";
 constexpr const char* kVarlenLayout = "[total_tokens, heads, head_dim]";
+constexpr const char* kPagedLayout = "[num_pages, page_size, heads, head_dim]";
 constexpr int64_t kDenseRank = 4;
 constexpr int64_t kVarlenRank = 3;
+constexpr int64_t kPagedRank = 4;
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 
@@ -33,14 +35,20 @@ at::Tensor empty_lse(const at::Tensor& q, bool varlen) {
   return varlen ? at::empty({q.size(1), q.size(0)}, options) : at::empty({q.size(0), q.size(2), q.size(1)}, options);
 }
 
-// The offsets and their check (checked_offsets.h: once per offsets tensor and version), against
-// the packed q and k.
-void set_varlen(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
-                int64_t max_seqlen_q, int64_t max_seqlen_k, const at::Tensor& q, const at::Tensor& k) {
+// The offsets, unchecked: the library checks them on the host unless checked_rows_q/k say so.
+void set_offsets(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                 int64_t max_seqlen_q, int64_t max_seqlen_k) {
   options.cu_seqlens_q = to_view(cu_seqlens_q, "cu_seqlens_q");
   options.cu_seqlens_k = to_view(cu_seqlens_k, "cu_seqlens_k");
   options.max_seqlen_q = max_seqlen_q;
   options.max_seqlen_k = max_seqlen_k;
+}
+
+// The offsets and their check (checked_offsets.h: once per offsets tensor and version), against
+// the packed q and k.
+void set_varlen(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                int64_t max_seqlen_q, int64_t max_seqlen_k, const at::Tensor& q, const at::Tensor& k) {
+  set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
   set_checked_rows(options, cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
 }
 
@@ -124,13 +132,25 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               std::optional<double> softmax_scale, bool causal,
                                               int64_t window_left, int64_t window_right,
                                               bool /*deterministic: read by autograd only*/,
-                                              const std::optional<at::Tensor>& seqused_k) {
+                                              const std::optional<at::Tensor>& seqused_k,
+                                              const std::optional<at::Tensor>& block_table) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
-    expect_rank(k, "k", kVarlenRank, kVarlenLayout);
+    if (block_table)
+      expect_rank(k, "k", kPagedRank, kPagedLayout);
+    else
+      expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
-    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
+    if (block_table) {
+      // No checked-offsets cache here: it checks cu_seqlens_k against k's rows, which are pages
+      // now, and a cached check would also skip the library's host check of the table's entries
+      // (Options::block_table). The library reads the offsets and the table every paged call.
+      set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
+      options.block_table = to_view(*block_table, "block_table");
+    } else {
+      set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
+    }
     if (seqused_k) options.seqused_k = to_view(*seqused_k, "seqused_k");
     return run_forward(q, k, v, options, /*varlen=*/true);
   });
@@ -165,7 +185,8 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool deterministic=False, Tensor? seqused_k=None) -> (Tensor out, Tensor softmax_lse)");
+      "bool deterministic=False, Tensor? seqused_k=None, Tensor? block_table=None) -> (Tensor out, "
+      "Tensor softmax_lse)");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

@@ -9,9 +9,8 @@ CUDA kernels (float16, bfloat16). Any strides are accepted as long as the last d
 contiguous; nothing is copied except CUDA views at addresses or strides the kernels' 16-byte loads
 cannot follow, which are read through contiguous copies.
 
-Features of flash_attn that fusedattn does not implement (dropout, softcap, ALiBi, paged KV outside
-flash_attn_with_kvcache) raise NotImplementedError naming the argument instead of being silently
-ignored.
+Features of flash_attn that fusedattn does not implement (dropout, softcap, ALiBi) raise
+NotImplementedError naming the argument instead of being silently ignored.
 """
 from __future__ import annotations
 
@@ -25,8 +24,7 @@ from ._ops import ops
 _UNBOUNDED = -1
 
 
-def _reject_unsupported(dropout_p: float, softcap: float, alibi_slopes: Optional[torch.Tensor],
-                        block_table: Optional[torch.Tensor] = None) -> None:
+def _reject_unsupported(dropout_p: float, softcap: float, alibi_slopes: Optional[torch.Tensor]) -> None:
     if dropout_p != 0.0:
         raise NotImplementedError(f"fusedattn: dropout_p={dropout_p}: attention dropout is not implemented; "
                                   "pass dropout_p=0.0")
@@ -35,8 +33,6 @@ def _reject_unsupported(dropout_p: float, softcap: float, alibi_slopes: Optional
                                   "pass softcap=0.0")
     if alibi_slopes is not None:
         raise NotImplementedError("fusedattn: alibi_slopes: ALiBi biases are not implemented; pass None")
-    if block_table is not None:
-        raise NotImplementedError("fusedattn: block_table: paged KV caches are not implemented; pass None")
 
 
 def _window(window_size: Sequence[int], causal: bool) -> tuple[int, int]:
@@ -95,12 +91,23 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     its key rows (padded KV caches). It is not read on the host; entries are clamped to
     [0, rows]. Forward only: gradients through such a call raise NotImplementedError.
 
+    block_table (paged K/V, flash_attn's layout): an int32 (batch, max_blocks_per_seq) tensor on
+    q's device; k and v are then pools of pages (num_blocks, page_block_size, nheads_k, headdim),
+    and key j of sequence b is row j % page_block_size of block block_table[b, j //
+    page_block_size]. Sequence b has cu_seqlens_k[b + 1] - cu_seqlens_k[b] keys (the offsets'
+    starts index no rows), or seqused_k[b] of them when given. Page sizes: any on the CPU; on CUDA
+    a multiple of 128 (flash_attn needs 256), else NotImplementedError naming k. Every call reads
+    cu_seqlens and the table on the host (a wait for the stream; a paged call's offsets are not
+    remembered as checked) and raises naming block_table unless each entry some sequence's keys
+    reach names a block of the pools; entries past them are never read (-1 is fine). Forward
+    only, as in flash_attn: gradients through a paged call raise NotImplementedError.
+
     Returns out (like q), or (out, softmax_lse [nheads, total_q] float32, None).
     """
-    _reject_unsupported(dropout_p, softcap, alibi_slopes, block_table)
+    _reject_unsupported(dropout_p, softcap, alibi_slopes)
     left, right = _window(window_size, causal)
     out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                              softmax_scale, causal, left, right, deterministic, seqused_k)
+                              softmax_scale, causal, left, right, deterministic, seqused_k, block_table)
     return _result(out, lse, return_attn_probs)
 
 
@@ -280,6 +287,32 @@ def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, bat
     return block_table.long()
 
 
+# The CUDA kernels read paged K/V in pages of a multiple of this many rows (kCudaPageRows in
+# include/fusedattn/attention.h); the CPU backend reads pages of any size.
+_CUDA_PAGE_ROWS = 128
+
+
+def _kernels_read_pages(device: torch.device, page_size: int) -> bool:
+    """Whether the kernels for `device` read paged caches of page_size positions in place (else
+    flash_attn_with_kvcache gathers the pages into a contiguous copy first)."""
+    return device.type != "cuda" or page_size % _CUDA_PAGE_ROWS == 0
+
+
+def _decode_varlen(q, k, v, cu_k: torch.Tensor, max_seqlen_k: int, softmax_scale, causal: bool, left: int,
+                   right: int, return_softmax_lse: bool, seqused_k=None, block_table=None):
+    """One variable-length call for flash_attn_with_kvcache: q (batch, seqlen_q, nheads, headdim)
+    as batch sequences of seqlen_q rows over k/v's keys (cu_k, seqused_k, block_table as in
+    flash_attn_varlen_func); out and softmax_lse back in the kvcache shapes."""
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
+    out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k, v, cu_q, cu_k, seqlen_q, max_seqlen_k,
+                              softmax_scale, causal, left, right, False, seqused_k, block_table)
+    out = out.reshape(batch, seqlen_q, *out.shape[1:])
+    if not return_softmax_lse:
+        return out
+    return out, lse.view(lse.shape[0], batch, seqlen_q).permute(1, 0, 2).contiguous()
+
+
 def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int, name: str) -> None:
     """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (a
     host copy of the table). The others are never read and may hold anything."""
@@ -295,21 +328,33 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
                    rotary_sin, rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
     """flash_attn_with_kvcache over paged caches (table: block_table, or cache_batch_idx as one
     page per sequence, as int64; lengths checked): the new tokens are written into their pages,
-    then each sequence's pages are gathered into one contiguous copy, which the unpaged call
-    attends over (the kernels read no block table yet)."""
+    then one variable-length call reads the pages through the table where the kernels can
+    (_kernels_read_pages), else each sequence's pages are gathered into one contiguous copy, which
+    the unpaged call attends over."""
     page, new = k_cache.shape[1], 0 if k is None else k.shape[1]
     visible = [n + new for n in lengths]
-    # Only the pages that some sequence's keys reach are checked and copied (a table sized for the
-    # longest context costs nothing past them).
+    # Only the pages that some sequence's keys reach are checked, read and copied (a table sized
+    # for the longest context costs nothing past them).
     table = table[:, :max([-(-n // page) for n in visible] + [1])]
     _check_pages_in_use(table, visible, page, k_cache.shape[0], table_name)
+    in_place = _kernels_read_pages(q.device, page)
+    # Sequence b's keys are its first visible[b] positions, from its pages; the offsets give only
+    # the counts (the library reads them and the table on the host at each paged call).
+    ends = torch.tensor([0] + visible, dtype=torch.int64).cumsum(0)
+    if in_place and ends[-1] > _INT32_MAX:  # checked before the caches are written
+        raise ValueError(f"fusedattn: cache_seqlens: the sequences' {int(ends[-1])} keys in all exceed the int32 "
+                         "offsets of variable-length calls")
+    left, right = _window(window_size, causal)
     if new > 0 and visible:
-        left, right = _window(window_size, causal)
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
                                             left >= 0 or right >= 0)
         blocks = table.gather(1, positions // page)
         k_cache[blocks, positions % page] = k
         v_cache[blocks, positions % page] = v
+    if in_place:
+        cu_k = ends.to(device=q.device, dtype=torch.int32)
+        return _decode_varlen(q, k_cache, v_cache, cu_k, max(visible, default=0), softmax_scale, causal, left, right,
+                              return_softmax_lse, block_table=table.to(torch.int32))
     # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
     gathered = table.clamp(0, k_cache.shape[0] - 1)
     k_seq, v_seq = (cache[gathered].flatten(1, 2) for cache in (k_cache, v_cache))
@@ -350,14 +395,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     Paged caches: with block_table (int32, batch x max_blocks_per_seq), k_cache and v_cache are
     (num_blocks, page_block_size, nheads_k, headdim) pools, sequence b's position p in block
     block_table[b, p // page_block_size] at row p % page_block_size; any page size. The new tokens
-    are written into their pages; then each sequence's pages are gathered into a contiguous copy
-    that the kernels attend over (no kernel reads the table yet: the copy costs a pass over the
-    caches per call). The lengths and the table are read on the host (a wait for the stream):
-    every page a sequence's keys reach must name a block of the pools; pages past them are never
-    read. cache_batch_idx (int32, batch): sequence b reads and appends to cache row
-    cache_batch_idx[b] of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the
-    same path (one page per sequence), so with the same copy and host read; not with block_table,
-    as in flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
+    are written into their pages; then, on the CPU and for CUDA page sizes that are a multiple of
+    128, one variable-length call reads the pages through the table (flash_attn_varlen_func's
+    block_table). Other CUDA page sizes (vLLM's 16, say) have each sequence's pages gathered into a
+    contiguous copy that the kernels attend over: a pass over the pages in use per call. Either
+    way the lengths and the table are read on the host (a wait for the stream): every page a
+    sequence's keys reach must name a block of the pools; pages past them are never read.
+    cache_batch_idx (int32, batch): sequence b reads and appends to cache row cache_batch_idx[b]
+    of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the same path (one page of
+    seqlen_cache positions per sequence, so read in place on the CPU and for CUDA seqlen_cache a
+    multiple of 128, else copied), with the same host read; not with block_table, as in
+    flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
     cache_leftpad[b] (at most cache_seqlens[b]), so it attends over positions cache_leftpad[b] ..
     cache_seqlens[b] + seqlen_new - 1, its masks aligned to that range's end; the new tokens still
     go at cache_seqlens[b], rotated at those absolute positions. It reads the lengths on the host,
@@ -439,7 +487,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         return (out, lse) if return_softmax_lse else out
     # Sequence b's rows of the views start at b * pitch (+ its left padding); the next lengths[b]
     # + new hold its keys.
-    cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
     rows_k = k_pitch  # the most rows a sequence's range of the views spans
     if cache_leftpad is None:
         cu_k = _strided_offsets(k_pitch, k_cache.shape[1], batch, q.device)
@@ -456,12 +503,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             cache_seqlens.clamp(0, k_cache.shape[1]).to(torch.int32)
     else:
         used = torch.tensor([n + new - a for n, a in zip(lengths, pads)], dtype=torch.int32, device=q.device)
-    out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k_rows, v_rows, cu_q, cu_k, seqlen_q,
-                              rows_k, softmax_scale, causal, left, right, False, used)
-    out = out.reshape(batch, seqlen_q, *out.shape[1:])
-    if not return_softmax_lse:
-        return out
-    return out, lse.view(lse.shape[0], batch, seqlen_q).permute(1, 0, 2).contiguous()
+    return _decode_varlen(q, k_rows, v_rows, cu_k, rows_k, softmax_scale, causal, left, right, return_softmax_lse,
+                          seqused_k=used)
 
 
 def attention(q, k, v, causal=False, sm_scale=None):

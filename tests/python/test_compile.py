@@ -32,6 +32,18 @@ def test_opcheck_forward_ops(device):
     torch.library.opcheck(ops.fwd, (*dense_inputs(device, dtype), None, True, -1, 0, False))
     torch.library.opcheck(ops.fwd, (*dense_inputs(device, dtype), 0.2, False, 7, 3, True))
     torch.library.opcheck(ops.varlen_fwd, (*varlen_inputs(device, dtype), None, True, -1, 0, False))
+    # Paged K/V (forward only, so no gradients asked for): varlen_inputs' keys in pages of 128 rows
+    # (the CUDA kernels' multiple), sequence b's in page b.
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(device, dtype, requires_grad=False)
+    page = 128
+    pages = [torch.zeros(3, page, *t.shape[1:], dtype=dtype, device=device) for t in (k, v)]
+    bounds = cu_k.tolist()
+    for b in range(3):
+        for pool, packed in zip(pages, (k, v)):
+            pool[b, :bounds[b + 1] - bounds[b]] = packed[bounds[b]:bounds[b + 1]]
+    table = torch.arange(3, dtype=torch.int32, device=device)[:, None]
+    torch.library.opcheck(ops.varlen_fwd, (q, *pages, cu_q, cu_k, max_q, max_k, None, True, -1, 0, False, None,
+                                           table))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -24,13 +24,6 @@ def test_unimplemented_features_name_the_argument(kwargs, argument):
         fusedattn.flash_attn_func(*qkv(), **kwargs)
 
 
-def test_varlen_block_table_is_rejected():
-    q = randn(8, 2, 64, dtype=torch.float32, device="cpu")
-    cu = torch.tensor([0, 8], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="block_table"):
-        fusedattn.flash_attn_varlen_func(q, q, q, cu, cu, 8, 8, block_table=cu)
-
-
 def test_unsupported_dtype():
     q, k, v = qkv(torch.float64)
     with pytest.raises(ValueError, match=r"q: dtype .*not supported"):

@@ -1,9 +1,9 @@
 """Random calls through the flash_attn-style API. Tensors as users hand them over (views of packed
 buffers, transposes, padded rows, strided sequences, storage offsets, expanded heads) must give
 the reference's answer, forward and backward. Calls with broken arguments (ranks, sizes, dtypes,
-layouts, scales, windows, offsets, max_seqlen up to 2^63 - 1, seqused_k) must run or raise a
-Python exception: a crash ends the test process, and a hang its CI job (max_seqlen_q = 10**12 ran
-for hours until validation lowered it to the offsets' rows)."""
+layouts, scales, windows, offsets, max_seqlen up to 2^63 - 1, seqused_k, block tables) must run
+or raise a Python exception: a crash ends the test process, and a hang its CI job (max_seqlen_q =
+10**12 ran for hours until validation lowered it to the offsets' rows)."""
 from __future__ import annotations
 
 import random
@@ -217,6 +217,20 @@ def test_broken_calls_raise_or_run(device):
                     used_dtype = torch.int32 if rng.random() < 0.8 else rng.choice((torch.int64, torch.float32))
                     counts = [rng.choice((-5, 0, 1, 7, 2 ** 31 - 1)) for _ in range(max(n, 0))]
                     kwargs["seqused_k"] = torch.tensor(counts, dtype=used_dtype, device=device)
+                if rng.random() < 0.2:  # k and v's rows padded into pages, read through a table often right
+                    page = rng.choice((1, 3, 128))  # 128: what the CUDA kernels read
+                    for i in (1, 2):
+                        if flat[i].dim() == 3:
+                            rows = flat[i].shape[0]
+                            pool = flat[i].new_zeros(max(1, -(-rows // page)), page, *flat[i].shape[1:])
+                            pool.view(-1, *flat[i].shape[1:])[:rows] = flat[i]
+                            flat[i] = pool
+                    blocks = flat[1].shape[0] if flat[1].dim() == 4 else 1
+                    sequences, columns = max(cu_q.shape[0] - 1, 0), rng.randint(1, 4)
+                    table = [[j % blocks if rng.random() < 0.8 else rng.randrange(-2, blocks + 2)
+                              for j in range(b * columns, (b + 1) * columns)] for b in range(sequences)]
+                    kwargs["block_table"] = torch.tensor(table, device=device, dtype=torch.int32 if rng.random() < 0.9
+                                                         else torch.int64).view(sequences, columns)
                 out = fusedattn.flash_attn_varlen_func(*flat, cu_q, cu_k, max_seqlen(rng), max_seqlen(rng), **kwargs)
             if backward and out.requires_grad:
                 out.sum().backward()

@@ -9,6 +9,14 @@ import torch
 
 import fusedattn
 from conftest import DEVICES, DTYPES, assert_2x_rule, attention_math, default_scale, randn
+from fusedattn import flash_attn_interface
+
+# The page sizes whose multiples the CUDA kernels read in place (kCudaPageRows); the CPU backend
+# reads any page size.
+CUDA_PAGE_ROWS = 128
+# flash_attn_with_kvcache's two ways over paged caches: the kernels read the pages through the
+# table, or the pages in use are gathered into a contiguous copy first.
+PAGED_PATHS = ["kernels", "gather"]
 
 
 def caches(batch, capacity, heads_kv, d, dtype, device, layout="bshd"):
@@ -298,20 +306,38 @@ def paged(k_cache, v_cache, page, spare=3):
     return pools[0], pools[1], table.to(torch.int32).to(k_cache.device)
 
 
+def take_path(monkeypatch, path, device, page):
+    """Makes flash_attn_with_kvcache take `path` (PAGED_PATHS) over pages of `page` positions, or
+    skips where the kernels cannot read them (CUDA, page not a multiple of CUDA_PAGE_ROWS).
+    Returns the list of the pages sizes it was asked about, to show the choice was made."""
+    if path == "kernels" and device == "cuda" and page % CUDA_PAGE_ROWS:
+        pytest.skip(f"the CUDA kernels read pages of a multiple of {CUDA_PAGE_ROWS} positions, not {page}")
+    asked = []
+
+    def choose(device, page_size):
+        asked.append(page_size)
+        return path == "kernels"
+
+    monkeypatch.setattr(flash_attn_interface, "_kernels_read_pages", choose)
+    return asked
+
+
 def unpaged(pool, table, capacity):
     """The logical caches (batch, capacity, heads, dim) that a block table reads from a pool."""
     return pool[table.long()].flatten(1, 2)[:, :capacity]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("page", [16, 7])
+@pytest.mark.parametrize("page", [16, 7, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_paged_caches_take_new_tokens_and_are_attended(device, page, causal):
+@pytest.mark.parametrize("path", PAGED_PATHS)
+def test_paged_caches_take_new_tokens_and_are_attended(device, page, causal, path, monkeypatch):
     """block_table: the new tokens land in their pages (and nowhere else), and attention over
     each sequence's pages matches the reference over its logical cache; GQA, ragged lengths, a
     sequence that fills its last page exactly and one that starts empty."""
+    asked = take_path(monkeypatch, path, device, page)
     dtype = DTYPES[device][-1]
-    batch, capacity, hq, hkv, d, new = 4, 64, 4, 2, 64, 3
+    batch, capacity, hq, hkv, d, new = 4, max(64, 2 * page + page // 2), 4, 2, 64, 3
     k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
     k_pool, v_pool, table = paged(k_cache, v_cache, page)
     before_k, before_v = k_pool.clone(), v_pool.clone()
@@ -329,17 +355,21 @@ def test_paged_caches_take_new_tokens_and_are_attended(device, page, causal):
     assert torch.equal(k_pool, expected_k) and torch.equal(v_pool, expected_v), "pages written"
     check_against_reference(q, unpaged(k_pool, table, capacity), unpaged(v_pool, table, capacity),
                             [n + new for n in lengths], out, lse, causal, (-1, -1))
+    assert asked == [page]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_paged_decode_reads_only_the_pages_in_use(device):
+@pytest.mark.parametrize("page", [32, 128])
+@pytest.mark.parametrize("path", PAGED_PATHS)
+def test_paged_decode_reads_only_the_pages_in_use(device, page, path, monkeypatch):
     """One decode query per sequence without new tokens: table entries past each sequence's keys
     may name no block at all (-1, or past the pool) and are never read; a window; an int length."""
+    take_path(monkeypatch, path, device, page)
     dtype = DTYPES[device][0]
-    batch, capacity, hq, hkv, d, page = 3, 96, 8, 2, 128, 32
+    batch, capacity, hq, hkv, d = 3, 3 * page, 8, 2, 128
     k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
     k_pool, v_pool, table = paged(k_cache, v_cache, page)
-    lengths = [1, 40, 96]
+    lengths = [1, page + 8, capacity]
     for b, n in enumerate(lengths):
         table[b, -(-n // page):] = -1 if b % 2 else 10**6
     table = torch.cat((table, torch.full_like(table, -7)), dim=1)  # a table sized past every sequence
@@ -378,11 +408,14 @@ def test_paged_rejections_name_the_argument():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_cache_batch_idx_picks_each_sequences_cache_row(device):
+@pytest.mark.parametrize("capacity", [40, 128])
+@pytest.mark.parametrize("path", PAGED_PATHS)
+def test_cache_batch_idx_picks_each_sequences_cache_row(device, capacity, path, monkeypatch):
     """cache_batch_idx: sequence b appends to and attends over cache row idx[b] of a cache with
     more rows than sequences; the other rows are left as they were."""
+    take_path(monkeypatch, path, device, capacity)  # each cache row is one page
     dtype = DTYPES[device][-1]
-    rows, batch, capacity, hq, hkv, d, new = 5, 3, 40, 4, 2, 64, 2
+    rows, batch, hq, hkv, d, new = 5, 3, 4, 2, 64, 2
     k_cache, v_cache = caches(rows, capacity, hkv, d, dtype, device)
     before_k, before_v = k_cache.clone(), v_cache.clone()
     idx = torch.tensor([4, 0, 2], dtype=torch.int32, device=device)
