@@ -169,32 +169,41 @@ void check_block_table_tensor(const TensorView& table, int64_t batch, const Devi
     fail(ErrorCode::kLayout, name, "rows must not overlap (row stride " + std::to_string(table.stride[0]) + ")");
 }
 
-// The pages each sequence's keys reach (its cu_seqlens_k length, the offsets read on the host as
-// `lengths`): within the table's columns, each entry a page of k/v. Reads the table on the host.
+// The pages each sequence's keys reach (its cu_seqlens_k length, from the offsets read on the
+// host): within the table's columns, each entry a page of k/v. Reads those columns of the table
+// on the host (a table sized for the longest context costs nothing past them).
 void check_block_table_pages(const TensorView& table, const std::vector<int32_t>& offsets, int64_t page_size,
                              int64_t num_pages, Backend backend, const Device& device, void* stream) {
-  const int64_t batch = table.shape[0], cols = table.shape[1], row_stride = table.shape[0] > 1 ? table.stride[0] : cols;
-  std::vector<int32_t> host(static_cast<size_t>((batch - 1) * row_stride + cols));
-  if (backend == Backend::kCUDA)
-    cuda::copy_to_host(host.data(), table.data, host.size() * sizeof(int32_t), device.index, stream);
-  else
-    for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<const int32_t*>(table.data)[i];
+  const int64_t batch = table.shape[0], cols = table.shape[1], row_stride = batch > 1 ? table.stride[0] : cols;
+  std::vector<int64_t> pages(static_cast<size_t>(batch));
+  int64_t reached = 0;  // columns some sequence's keys reach
   for (int64_t b = 0; b < batch; ++b) {
-    const int64_t len = int64_t{offsets[b + 1]} - offsets[b], pages = (len + page_size - 1) / page_size;
-    if (pages > cols)
+    const int64_t len = int64_t{offsets[b + 1]} - offsets[b];
+    pages[b] = (len + page_size - 1) / page_size;
+    if (pages[b] > cols)
       fail(ErrorCode::kShapeMismatch, "block_table",
            "sequence " + std::to_string(b) + " has " + std::to_string(len) + " keys, which need " +
-               std::to_string(pages) + " pages of " + std::to_string(page_size) + " rows; the table has " +
+               std::to_string(pages[b]) + " pages of " + std::to_string(page_size) + " rows; the table has " +
                std::to_string(cols) + " columns");
-    for (int64_t j = 0; j < pages; ++j) {
-      const int32_t page = host[static_cast<size_t>(b * row_stride + j)];
+    reached = std::max(reached, pages[b]);
+  }
+  if (reached == 0) return;
+  std::vector<int32_t> host(static_cast<size_t>(batch * reached));
+  const auto* entries = static_cast<const int32_t*>(table.data);
+  if (backend == Backend::kCUDA)
+    cuda::copy_rows_to_host(host.data(), entries, reached * sizeof(int32_t), batch, row_stride * sizeof(int32_t),
+                            device.index, stream);
+  else
+    for (int64_t b = 0; b < batch; ++b) std::copy_n(entries + b * row_stride, reached, host.begin() + b * reached);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < pages[b]; ++j) {
+      const int32_t page = host[static_cast<size_t>(b * reached + j)];
       if (page < 0 || page >= num_pages)
         fail(ErrorCode::kInvalidArgument, "block_table",
              "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] is " + std::to_string(page) +
                  "; sequence " + std::to_string(b) + "'s keys reach it, so it must name a page in [0, " +
                  std::to_string(num_pages) + ")");
     }
-  }
 }
 
 // Everything shared by forward and backward, from the forward-side tensors.

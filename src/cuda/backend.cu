@@ -57,6 +57,14 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int index, void
   FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::size_t rows, std::size_t src_pitch,
+                       int index, void* stream) {
+  DeviceGuard guard(index);
+  auto s = static_cast<cudaStream_t>(stream);
+  FUSEDATTN_CUDA_CHECK(cudaMemcpy2DAsync(dst, row_bytes, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToHost, s));
+  FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 void forward(const FwdParams& params) {
   DeviceGuard guard(params.device.index);
   int major = 0, minor = 0;

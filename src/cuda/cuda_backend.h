@@ -18,6 +18,10 @@ bool supports_head_dim(int head_dim);
 std::string supported_head_dims();
 // Copies `bytes` from device to host on `stream` and waits (used to validate cu_seqlens).
 void copy_to_host(void* dst, const void* src, std::size_t bytes, int device_index, void* stream);
+// Copies the first row_bytes of `rows` rows src_pitch bytes apart to dst, packed, on `stream`, and
+// waits (used to validate a block table's entries in use).
+void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::size_t rows, std::size_t src_pitch,
+                       int device_index, void* stream);
 
 void forward(const FwdParams& params);
 std::size_t backward_workspace_bytes(const BwdParams& params);
