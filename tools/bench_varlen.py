@@ -28,7 +28,11 @@ ours_seqused (the variable-length operator that call runs, called directly; the 
 zeroes the NaN the caches hold past each sequence's keys in its last block),
 ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=1) and
 fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as flash_attn's kvcache call
-runs it).
+runs it); then the same keys in shuffled pages of PAGE_ROWS rows read through a block table:
+ours_paged (flash_attn_varlen_func with block_table; the portable forward, since the Hopper
+kernels take no table), ours_paged_kvcache (flash_attn_with_kvcache with block_table, which reads
+the lengths on the host) and fa2_paged (the FA2 varlen kernel with block_table, where this torch
+passes one).
 """
 import argparse
 import contextlib
@@ -165,7 +169,31 @@ def report(row, names, against, out):
 
 
 DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
-                "fa2_kvcache"]
+                "fa2_kvcache", "ours_paged", "ours_paged_kvcache", "fa2_paged"]
+# Pages of the paged columns: FA2's paged kernel needs a multiple of 256 rows (ours: of 128, kCudaPageRows).
+PAGE_ROWS = 256
+
+
+def paged_copy(k, v, lens_k, page, rng):
+    """The packed keys and values of sequences of lens_k keys in pages of `page` rows, taken in a
+    shuffled order from a pool with one spare page, NaN in every row that holds no key; and the
+    int32 block table (batch, most pages), unreached entries -1."""
+    pages = [-(-n // page) for n in lens_k]
+    order = list(range(sum(pages) + 1))
+    rng.shuffle(order)
+    pool = [torch.full((len(order), page) + tuple(t.shape[1:]), float("nan"), dtype=t.dtype, device=t.device)
+            for t in (k, v)]
+    table = torch.full((len(lens_k), max(pages + [1])), -1, dtype=torch.int32)
+    start, taken = 0, 0
+    for b, n in enumerate(lens_k):
+        for j in range(pages[b]):
+            block, rows = order[taken], min(page, n - j * page)
+            taken += 1
+            table[b, j] = block
+            for dst, src in zip(pool, (k, v)):
+                dst[block, :rows] = src[start + j * page:start + j * page + rows]
+        start += n
+    return pool[0], pool[1], table.to(k.device)
 
 
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
@@ -216,11 +244,29 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
             q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q, cu_cache, max_q, cache_hi,
             0.0, True, False, scale=1.0 / math.sqrt(d), seqused_k=cache_seqlens)[0]
 
+    # The same keys again, in shuffled pages read through a block table: ours on the portable
+    # forward (the Hopper kernels take no table yet), through the operator and through
+    # flash_attn_with_kvcache (which reads the lengths on the host for its page checks), and FA2's
+    # paged varlen kernel where this torch exposes it.
+    k_pages, v_pages, table = paged_copy(k, v, lens_k, PAGE_ROWS, rng)
+
+    def ours_paged():
+        return fusedattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, causal=True,
+                                                block_table=table)
+
+    def ours_paged_kvcache():
+        return fusedattn.flash_attn_with_kvcache(q_dense, k_pages, v_pages, cache_seqlens=cache_seqlens,
+                                                 block_table=table, causal=True).reshape(q.shape)
+
+    def fa2_paged():
+        return torch.ops.aten._flash_attention_forward(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, 0.0, True, False,
+                                                       scale=1.0 / math.sqrt(d), block_table=table)[0]
+
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
     for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
-                                       fa2_kvcache)):
+                                       fa2_kvcache, ours_paged, ours_paged_kvcache, fa2_paged)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)
@@ -236,7 +282,7 @@ def main_decode(args, dtype):
     names = DECODE_NAMES
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  milliseconds, GQA 32/8, caches {lo}-{hi}")
     print(f"{'d':>4} {'batch':>6} {'queries':>7} " + " ".join(f"{n:>14}" for n in names)
-          + "  unpacked/ours fa2/ours fa2_kvcache/ours_kvcache")
+          + "  unpacked/ours fa2/ours fa2_kvcache/ours_kvcache fa2_paged/ours_paged")
     for d, batch in ((d, b) for d in (int(x) for x in args.decode_head_dims.split(","))
                      for b in (int(x) for x in args.decode.split(","))):
         row = run_decode(batch, args.queries, lo, hi, dtype, d=d)
@@ -244,8 +290,10 @@ def main_decode(args, dtype):
         speed = lambda n: f"{row[n + '_ms'] / row['ours_ms']:.2f}" if row["ours_ms"] and row.get(n + "_ms") else "-"  # noqa: E731
         kv_speed = f"{row['fa2_kvcache_ms'] / row['ours_kvcache_ms']:.2f}" \
             if row.get("ours_kvcache_ms") and row.get("fa2_kvcache_ms") else "-"
+        paged_speed = f"{row['fa2_paged_ms'] / row['ours_paged_ms']:.2f}" \
+            if row.get("ours_paged_ms") and row.get("fa2_paged_ms") else "-"
         print(f"{d:>4} {batch:>6} {args.queries:>7} {cells}  {speed('ours_unpacked'):>13} {speed('fa2_varlen'):>7} "
-              f"{kv_speed:>20}", flush=True)
+              f"{kv_speed:>20} {paged_speed:>18}", flush=True)
         report(row, names, "ours_unpacked", args.out)
 
 
