@@ -101,11 +101,10 @@ FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
   return {q0, k0, p.cu_seqlens_q[b + 1] - q0, used_keys(p, b, p.cu_seqlens_k[b + 1] - k0)};
 }
 
-// Paged K/V: the page in column `column` of sequence b's table row, and the page holding its key j
-// (block_table set). An entry outside
-// [0, num_pages) is clamped into it: validation checks the pages a sequence's keys reach unless
-// the caller vouched for the offsets (Options::checked_rows_q/k), and no table may make a backend
-// read outside k and v.
+// Paged K/V (block_table set): the page in column `column` of sequence b's table row, and the
+// page holding its key j. An entry outside [0, num_pages) is clamped into it: validation checks
+// the pages a sequence's keys reach unless the caller vouched for the offsets
+// (Options::checked_rows_q/k), and no table may make a backend read outside k and v.
 FUSEDATTN_HD int64_t table_page(const FwdParams& p, int b, int64_t column) {
   const int64_t page = p.block_table[b * p.block_table_stride + column];
   return page < 0 ? 0 : (page < p.num_pages ? page : p.num_pages - 1);

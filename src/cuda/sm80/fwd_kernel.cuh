@@ -27,6 +27,7 @@
 #include "cuda/sm80/fwd_tile_io.cuh"
 #include "cuda/sm80/fwd_warp_mma.cuh"
 #include "cuda/sm80/tile_config.h"
+#include "fusedattn/attention.h"  // kCudaPageRows
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -115,6 +116,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
                      head * p.q_stride.head;
   // Paged K/V (FwdParams::block_table): the sources start at page 0's first row, and block n's
   // page comes from the table (a page holds a whole number of blocks: kCudaPageRows).
+  static_assert(kCudaPageRows % kBlockN == 0, "a KV block must never straddle two pages");
   const bool paged = p.block_table != nullptr;
   const int64_t k_seq0 = paged ? 0 : batch * p.k_stride.batch + seq.k_start * p.k_stride.row;
   const int64_t v_seq0 = paged ? 0 : batch * p.v_stride.batch + seq.k_start * p.v_stride.row;
