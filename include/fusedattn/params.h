@@ -111,6 +111,11 @@ FUSEDATTN_HD int64_t table_page(const FwdParams& p, int b, int64_t column) {
 }
 FUSEDATTN_HD int64_t key_page(const FwdParams& p, int b, int64_t j) { return table_page(p, b, j / p.page_size); }
 
+// Whether a KV block that holds a sequence's last keys may go on into rows the caller never wrote:
+// seqused_k's unused cache rows, a page's rows past its sequence's keys. A kernel that loads
+// whole blocks masks their scores, but must zero their V rows (P V's 0 * NaN is NaN).
+FUSEDATTN_HD bool loads_unwritten_rows(const FwdParams& p) { return p.seqused_k != nullptr || p.block_table != nullptr; }
+
 // The keys query row i (0-based within its sequence) may see: [lo, hi], empty when lo > hi.
 // Windows are aligned to the bottom-right corner: row i lines up with key i + len_k - len_q.
 struct KeyRange {

@@ -95,13 +95,15 @@ bool sm90_supports(const FwdParams& p) {
   // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
   constexpr int64_t kSmallestTileRows = 64;
   const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;
-  // Paged K/V: the Hopper kernel's TMA maps see K and V as one tensor of rows; no block table.
+  // Paged K/V: FUSEDATTN_SM90_PAGED=0 sends it to the portable kernels (A/B measurements).
+  const bool paged_allowed = p.block_table == nullptr || env_switch_or("FUSEDATTN_SM90_PAGED", true);
   return rows_q > 0 && rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate &&
-         countable && p.scale > 0.f && p.block_table == nullptr;
+         countable && p.scale > 0.f && paged_allowed;
 }
 
-// seqused_k: the Hopper kernel's TMA loads a sequence's last key block whole, rows past its used
-// keys too (a KV cache from torch.empty may hold NaN there, and P V's 0 * NaN would carry it), so
+// seqused_k and paged K/V (loads_unwritten_rows): the Hopper kernel's TMA loads a sequence's last
+// key block whole, rows past its keys too (a KV cache from torch.empty, or a page's unused rows,
+// may hold NaN there, and P V's 0 * NaN would carry it), so
 // warpgroup 0 zeroes those V rows before its P V turn (Consumer::clear_unused_v_rows). That needs
 // every warpgroup to read every block, in GEMM turns: the 128 x 128 tiles (head dims up to 128;
 // d64 launches with seqused_k take that tile, fwd_split.h's d64_tile) under any mask and the
@@ -109,7 +111,7 @@ bool sm90_supports(const FwdParams& p) {
 // portable path, whose loads zero-fill those rows.
 bool sm90_clears_unused_rows(const FwdParams& p) {
   constexpr int kSquareTileMaxHeadDim = 128;
-  return p.seqused_k == nullptr || p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
+  return !loads_unwritten_rows(p) || p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cuda/sm90/fwd_split.h"
+#include "fusedattn/attention.h"
 #include "fusedattn/params.h"
 #include "gpu/scoped_env.h"
 #include "reference/problems.h"
@@ -171,6 +172,30 @@ TEST(Sm90TileChoice, D64SequsedKTakesTheTableTile) {
         const testing::ScopedEnv pair("FUSEDATTN_SM90_D64_TILE", "pair");
         EXPECT_TRUE(same(chosen(p, 64), tile_shape(64))) << "forced pair, " << seqlen;
       }
+    }
+  }
+}
+
+// Paged K/V: every tile a paged launch runs has KV blocks that lie in one page (a multiple of
+// kCudaPageRows rows): d192/d256 their 64-key tiles whatever the keys, d64 its 128-row tile (the
+// zeroing of a page's rows past the keys needs its GEMM turns, as with seqused_k), d128 its table
+// tile. The unpaged choice at the same lengths is left alone.
+TEST(Sm90TileChoice, PagedLaunchesRunBlocksThatLieInOnePage) {
+  static const int32_t kTable[1] = {0};
+  for (const int d : {64, 96, 128, 192, 256}) {
+    for (int64_t seqlen : {512, 4096, 16384}) {
+      FwdParams p = windowed(seqlen, -1, -1, d);
+      const int32_t offsets[2] = {0, static_cast<int32_t>(seqlen)};  // paged calls are variable-length
+      p.cu_seqlens_q = p.cu_seqlens_k = offsets;
+      const TileShape unpaged = chosen(p, d);
+      p.block_table = kTable;
+      p.page_size = kCudaPageRows;
+      const TileShape shape = chosen(p, d);
+      EXPECT_EQ(kCudaPageRows % shape.block_n, 0) << "d" << d << " " << seqlen;
+      if (d == 64) EXPECT_TRUE(same(shape, tile_shape(64))) << seqlen;
+      if (has_block64_tile(d)) EXPECT_TRUE(same(shape, block64_tile(d))) << "d" << d << " " << seqlen;
+      p.block_table = nullptr;
+      EXPECT_TRUE(same(chosen(p, d), unpaged)) << "d" << d << " " << seqlen;
     }
   }
 }

@@ -17,8 +17,9 @@ namespace fusedattn::testing {
 
 // The params dispatch and the Hopper launch see of pr, built as the API builds them: causal as
 // window_right = 0 and the window folded (fold_unbounded_window); a varlen problem as its maxima,
-// its packed rows and offsets whose values the plan does not read.
-inline FwdParams planning_params(const Problem& pr, DType dtype) {
+// its packed rows and offsets whose values the plan does not read; page_size > 0: its keys paged
+// (a table the plan does not read).
+inline FwdParams planning_params(const Problem& pr, DType dtype, int64_t page_size = 0) {
   static const int32_t kOffsets[2] = {0, 0};
   FwdParams p;
   set_shape(p, pr);
@@ -34,13 +35,18 @@ inline FwdParams planning_params(const Problem& pr, DType dtype) {
   p.window_left = pr.window_left;
   p.window_right = pr.causal ? 0 : pr.window_right;
   fold_unbounded_window(p);
+  if (page_size > 0) {
+    p.block_table = kOffsets;
+    p.page_size = page_size;
+    p.num_pages = 1;
+  }
   return p;
 }
 
 // The work list (its tile shape, GQA packing and split) the Hopper launch plans for pr; nullopt
 // when this build has no Hopper instance for it.
-inline std::optional<cuda::sm90::FwdWork> planned_sm90_work(const Problem& pr, DType dtype) {
-  const FwdParams p = planning_params(pr, dtype);
+inline std::optional<cuda::sm90::FwdWork> planned_sm90_work(const Problem& pr, DType dtype, int64_t page_size = 0) {
+  const FwdParams p = planning_params(pr, dtype, page_size);
   try {
     const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
     if (std::string(choice.arch) != "sm90") return std::nullopt;

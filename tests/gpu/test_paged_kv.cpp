@@ -1,18 +1,21 @@
 // Paged K/V on the CUDA backend (Options::block_table): the portable forward loads each KV block
-// from its page (the Hopper kernels decline paged calls, so dispatch sends every one there). Each
-// case runs packed and paged on the same values (reference/paged.h: shuffled pages, spare pages,
-// NaN in every row that holds no key, -1 in unreached entries): the paged call must match the
-// float64 reference under the 2x rule and, on the portable kernel both ways, the packed call to
-// the bit. Then what the CUDA backend rejects, by name, and a table it is told not to check
+// from its page, and on Hopper the Hopper kernel's producer reads each block's page from the table
+// for its TMA coordinates. Each case runs packed and paged on the same values (reference/paged.h:
+// shuffled pages, spare pages, NaN in every row that holds no key, -1 in unreached entries): the
+// paged call must match the float64 reference under the 2x rule and the packed call (on the same
+// kernel and tile) to the bit. Then what the CUDA backend rejects, by name, and a table it is told not to check
 // (clamped in the kernel: wrong pages, never memory outside k and v; the sanitizer set runs it).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
 #include "reference/paged.h"
 
 namespace fusedattn::testing {
@@ -32,10 +35,22 @@ struct DevicePaged {
   }
 };
 
-// The packed call on the portable kernel, then the paged one: the reference and the bits.
-SkipReason check_paged_gpu(const Problem& pr, DType dtype, int64_t page_size) {
-  SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " page_size " + std::to_string(page_size));
-  const PortablePathOnly portable;  // the packed call too, so that both run the same arithmetic
+// Which kernels a check runs: the portable forward for both calls, or what dispatch picks (on
+// Hopper the Hopper kernel reads the pages, FUSEDATTN_SM90_PAGED).
+enum class Path { kPortable, kDispatch };
+
+// The packed call, then the paged one on the same values: the reference and the bits. On the
+// dispatch's path the packed call passes seqused_k (every sequence's whole length, if pr has none),
+// so that it takes the tiles a paged call takes (loads_unwritten_rows).
+SkipReason check_paged_gpu(Problem pr, DType dtype, int64_t page_size, Path path = Path::kPortable) {
+  SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " page_size " + std::to_string(page_size) +
+               (path == Path::kPortable ? " portable" : " dispatch"));
+  std::optional<PortablePathOnly> portable;
+  if (path == Path::kPortable) portable.emplace();
+  if (path == Path::kDispatch && pr.seqused_k.empty()) {
+    const auto cu = pr.cu_seqlens_k();
+    for (int b = 0; b < pr.batch; ++b) pr.seqused_k.push_back(cu[b + 1] - cu[b]);
+  }
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(pr, dtype, Layout::kBSHD, rng, kDefaultStddev, /*with_backward=*/false);
   if (SkipReason skip = check_forward_gpu(c)) return skip;
@@ -70,6 +85,41 @@ TEST(GpuPaged, MatchesReferenceAndPackedCall) {
       FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, dtype, 2 * kCudaPageRows));
     }
   }
+}
+
+// On Hopper the Hopper kernel reads the pages (d64/d128 on their 128-row tiles, d192/d256 on their
+// 64-key tiles, whose blocks lie in one page; masked d192/d256 calls take the portable path, as
+// with seqused_k): each shape is first asserted to run there, then checked as above, bit for bit
+// against the packed call with seqused_k on the same tile.
+TEST(GpuPaged, HopperKernelReadsPages) {
+  SKIP_UNLESS_HOPPER();
+  for (const int d : {64, 128, 192, 256}) {
+    const Problem ragged = packed(4, 2, d, {3, 40, 1, 200}, {300, 0, 100, 700});
+    Problem used = packed(8, 2, d, {1, 1, 4}, {2000, 260, 900});
+    used.seqused_k = {1999, 0, 700};
+    std::vector<Problem> shapes = {ragged, used};
+    if (d <= 128) shapes.push_back(with_mask(ragged, true, -1, -1));
+    for (const DType dtype : kGpuDtypes)
+      for (const Problem& pr : shapes)
+        for (const int64_t page : {kCudaPageRows, 2 * kCudaPageRows}) {
+          SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " page_size " + std::to_string(page));
+          const auto work = planned_sm90_work(pr, dtype, page);
+          if (!work) {
+            std::printf("no sm90 instance in this build for %s: not run\n", pr.str().c_str());
+            continue;
+          }
+          EXPECT_EQ(page % work->shape.block_n, 0) << "a KV block straddles pages";
+          FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(pr, dtype, page, Path::kDispatch));
+        }
+  }
+}
+
+// FUSEDATTN_SM90_PAGED=0 sends paged calls to the portable forward: the same bits as the portable
+// check (A/B measurements rely on the switch).
+TEST(GpuPaged, SwitchSendsPagedCallsToThePortableForward) {
+  SKIP_UNLESS_HOPPER();
+  const ScopedEnv off("FUSEDATTN_SM90_PAGED", "0");
+  FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(packed(4, 2, 128, {3, 40}, {300, 700}), DType::kFloat16, kCudaPageRows));
 }
 
 // A small paged case on the device, for the rejections.
@@ -123,13 +173,17 @@ TEST(GpuPaged, UncheckedTableEntriesAreClamped) {
 }  // namespace
 
 // The paged loads under compute-sanitizer (tools/gpu_check.sh filters on *Sanitizer*): a ragged
-// case with the key split, and the clamped table.
+// case with the key split on the portable forward and (on Hopper) on the Hopper kernel at d64 and
+// d256, and the clamped table.
 TEST(GpuSanitizer, PagedKV) {
   FUSEDATTN_REQUIRE_GPU();
   Problem used = packed(4, 2, 64, {1, 3, 2}, {2000, 130, 0});
   used.seqused_k = {1900, 130, 0};
   FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(used, true, -1, -1), DType::kFloat16, kCudaPageRows));
   FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, DType::kBFloat16, kCudaPageRows));
+  FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, DType::kFloat16, kCudaPageRows, Path::kDispatch));
+  FUSEDATTN_RUN_OR_SKIP(
+      check_paged_gpu(packed(4, 2, 256, {5, 70}, {300, 129}), DType::kFloat16, kCudaPageRows, Path::kDispatch));
   run_unchecked_table();
 }
 

@@ -188,13 +188,14 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
                                   Cfg::kCtasPerSm == 1);
   // A tile whose registers leave no room for the overlapped loop does not compile it (consumer.cuh).
   if constexpr (!Consumer<Element, Cfg, kMask>::kOverlaps) kp.features.overlap = kp.features.o_in_kv = false;
-  if (p.seqused_k != nullptr) {
+  if (loads_unwritten_rows(p)) {
     // Warpgroup 0 zeroes the unused V rows of a sequence's last block before its P V turn, and
     // the GEMM turns order the others' after it (Consumer::clear_unused_v_rows): that needs the
     // turns, and every warpgroup reading every block. Dispatch sends nothing else here.
     using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN>;
     if (Cfg::kCtasPerSm != 1 || Mask::kSlicesSkipBlocks)
-      throw Error(ErrorCode::kRuntime, "seqused_k", "this Hopper tile cannot clear a block's unused rows");
+      throw Error(ErrorCode::kRuntime, p.seqused_k != nullptr ? "seqused_k" : "block_table",
+                  "this Hopper tile cannot clear a block's unused rows");
     kp.features.pingpong = true;
   }
   // A cluster's two CTAs walk the same pairs in step: persistent, static (tile_scheduler.cuh).
@@ -210,8 +211,16 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const int group = 1 << rows.packing.shift;
   kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kQSlotRows);
   // In a cluster each CTA loads its share of a K/V block's rows (Producer::load_cluster_share).
-  kp.tma_k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
-  kp.tma_v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
+  // Paged K/V: [pages, page rows, heads, dim], a block's box within one page (runs_block64), its
+  // page from the table (Producer::kv_coordinates).
+  const auto kv_view = [&](const void* base, const OperandStrides& s) {
+    if (p.block_table == nullptr) return view(base, rows_k, p.heads_kv, s);
+    return OperandView{base, p.dtype, p.head_dim, p.page_size, p.heads_kv, p.num_pages, s};
+  };
+  if (p.block_table != nullptr && p.page_size % Cfg::kBlockN != 0)
+    throw Error(ErrorCode::kRuntime, "block_table", "this Hopper tile's KV blocks would straddle pages");
+  kp.tma_k = make_tensor_map(kv_view(p.k, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
+  kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
   kp.tma_o = make_grouped_tensor_map(view(p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
@@ -270,14 +279,14 @@ void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
   if constexpr (kHeadDim == 64) {
-    switch (d64_tile(kMask, rows.rows, keys_per_row(p), p.seqused_k != nullptr)) {
+    switch (d64_tile(kMask, rows.rows, keys_per_row(p), loads_unwritten_rows(p))) {
       case D64Tile::kTall: launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms); return;
       case D64Tile::kPair: launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms); return;
       case D64Tile::kTable: break;
     }
   }
   if constexpr (has_block64_tile(kHeadDim)) {
-    if (uses_block64(kHeadDim, keys_per_row(p)))
+    if (runs_block64(kHeadDim, p))
       return launch_fwd_maybe_paired<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
   }
   launch_fwd_maybe_paired<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);

@@ -18,6 +18,7 @@
 #include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
 #include "cuda/sm90/tile_config.h"
+#include "fusedattn/attention.h"  // kCudaPageRows
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -101,10 +102,10 @@ inline int64_t keys_per_row(const FwdParams& p) {
 // process: window 128 167 / 131-135, 256 248-250 / 209-213, 512 317-320 / 292-299; 1024 even,
 // 2048 behind; docs/hopper.md, session 21).
 // FUSEDATTN_SM90_D64_TILE=128|192|pair forces one ("192o", its name while a 192-row tile without
-// the overlap existed, still means 192). A seqused_k launch takes the 128-row tile whatever is
-// forced: only its warpgroups' GEMM turns order the zeroing of a sequence's unused V rows before
-// every P V that reads them (Consumer::clear_unused_v_rows; the pair tile has no turns, the tall
-// one's masked slices skip blocks).
+// the overlap existed, still means 192). A seqused_k or paged launch takes the 128-row tile
+// whatever is forced: only its warpgroups' GEMM turns order the zeroing of a sequence's unused V
+// rows before every P V that reads them (Consumer::clear_unused_v_rows; the pair tile has no
+// turns, the tall one's masked slices skip blocks).
 constexpr int64_t kD64TallMinQueries = 2048;
 constexpr int64_t kD64TallMinQueriesFullMask = 512;
 constexpr int64_t kD64PairMaxKeys = 2048;
@@ -112,9 +113,10 @@ constexpr int64_t kD64PairMaxWindowKeys = 1024;
 
 enum class D64Tile { kTable, kTall, kPair };
 
-// row_keys: the most keys one query row sees (keys_per_row); seqused: a seqused_k launch.
-inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys, bool seqused) {
-  if (seqused) return D64Tile::kTable;
+// row_keys: the most keys one query row sees (keys_per_row); clears_v: a launch that zeroes
+// unused V rows (loads_unwritten_rows: seqused_k or paged K/V).
+inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys, bool clears_v) {
+  if (clears_v) return D64Tile::kTable;
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
   if (forced == "pair") return D64Tile::kPair;
@@ -228,26 +230,34 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
          (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
 }
 
-// The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256), before
-// the choice of a cluster (fwd_tile_shape).
-inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, int64_t row_keys,
-                                     bool seqused) {
+// Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p: by the keys
+// a row sees (uses_block64), and always for paged K/V, whose blocks must each lie in one page
+// (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide it).
+inline bool runs_block64(int instance_head_dim, const FwdParams& p) {
+  static_assert(kCudaPageRows % kD256Block64.block_n == 0 && kCudaPageRows % kD192Block64.block_n == 0,
+                "a 64-key block lies in one page");
+  return has_block64_tile(instance_head_dim) &&
+         (p.block_table != nullptr || uses_block64(instance_head_dim, keys_per_row(p)));
+}
+
+// The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256) for p's
+// tiled rows, before the choice of a cluster (fwd_tile_shape).
+inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, const FwdParams& p) {
   if (instance_head_dim == 64) {
-    switch (d64_tile(mask, rows.rows, row_keys, seqused)) {
+    switch (d64_tile(mask, rows.rows, keys_per_row(p), loads_unwritten_rows(p))) {
       case D64Tile::kTall: return kD64Tall;
       case D64Tile::kPair: return kD64Pair;
       case D64Tile::kTable: break;
     }
   }
-  if (has_block64_tile(instance_head_dim) && uses_block64(instance_head_dim, row_keys))
-    return block64_tile(instance_head_dim);
+  if (runs_block64(instance_head_dim, p)) return block64_tile(instance_head_dim);
   return tile_shape(instance_head_dim);
 }
 
 // The tile shape a launch of p runs on the instance for instance_head_dim: the unpaired one, in
 // a cluster of two where uses_pair_cluster says so.
 inline TileShape fwd_tile_shape(const FwdParams& p, int instance_head_dim, MaskKind mask, const TiledRows& rows) {
-  const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, rows, keys_per_row(p), p.seqused_k != nullptr);
+  const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, rows, p);
   return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) ? paired(shape) : shape;
 }
 
@@ -275,7 +285,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind 
     int64_t makespan, work;
   };
   const auto cost = [&](const TiledRows& r) {
-    const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, keys_per_row(p), p.seqused_k != nullptr);
+    const TileShape shape = unpaired_tile_shape(instance_head_dim, mask, r, p);
     const int64_t block_m = shape.block_m, slots = sm_count * shape.ctas_per_sm;
     const int64_t tiles = r.blocks(shape.block_m) * r.heads * p.batch;
     return Cost{ceil_div(tiles, slots) * block_m, tiles * block_m};

@@ -26,6 +26,18 @@
 
 namespace fusedattn::cuda::sm90 {
 
+// A K/V map's row and batch entry of key `key` of sequence `sequence` in paged K/V: its row in the
+// page the sequence's table names. In 32 bits (keys and pages are TMA coordinates): a 64-bit
+// division is a call in SASS, and with it in the producer ptxas re-allocated the d256 consumers'
+// registers (436-720 B of spills in the 64-key full-mask kernel).
+struct KVCoordinates {
+  int row, batch;
+};
+__device__ __forceinline__ KVCoordinates paged_coordinates(const FwdParams& p, int sequence, int key) {
+  const int page_size = static_cast<int>(p.page_size), column = key / page_size;
+  return {key - column * page_size, static_cast<int>(table_page(p, sequence, column))};
+}
+
 template <typename Element, class Cfg, MaskKind kMask>
 struct Producer {
   using Storage = SharedStorage<Element, Cfg>;
@@ -57,6 +69,15 @@ struct Producer {
       if (part == 1) bits &= ~(1u << stage);
     }
   };
+
+  // Where KV block n of tile t starts in the K/V maps: row k_start + n * kBlockN of batch entry
+  // kv_batch; with paged K/V (FwdParams::block_table) its row in the page that the sequence's
+  // table names (a block lies in one page: runs_block64, kCudaPageRows).
+  __device__ __forceinline__ KVCoordinates kv_coordinates(const WorkTile& t, int n, int kv_batch) const {
+    const int key = n * Cfg::kBlockN;
+    if (Cfg::kClusterCtas > 1 || params.p.block_table == nullptr) return {t.k_start + key, kv_batch};
+    return paged_coordinates(params.p, t.batch, key);
+  }
 
   // A [rows x kHeadDim] tile as kSlabs boxes of [rows x 64], each into its own swizzled slab.
   __device__ __forceinline__ void load_tile(const CUtensorMap* map, Element* dst, int slab_elems, int row, int head, int batch,
@@ -163,7 +184,7 @@ struct Producer {
                               params.split, params.tile_counter);
     // K (kPart 0) or V (kPart 1) of block n into the stage at kv, once the stage's previous K or V
     // has been consumed (and an O staged there has been read by its store).
-    const auto load = [&](auto part, const WorkTile& t, int n, int head_kv, int kv_batch) {
+    const auto load = [&](auto part, const WorkTile& t, const KVCoordinates& at, int head_kv) {
       constexpr int kPart = decltype(part)::value;
       const int s = kPart == 0 ? kv.k().stage() : kv.v().stage();
       if (o_in_kv) staged.wait_read(smem, s, kPart);
@@ -174,9 +195,8 @@ struct Producer {
       ptx::mbarrier_arrive_expect_tx(full, kKVBytes);
       const CUtensorMap* map = kPart == 0 ? &params.tma_k : &params.tma_v;
       Element* stage = kPart == 0 ? smem.k[s] : smem.v[s];
-      const int row = t.k_start + n * Cfg::kBlockN;
-      if constexpr (Cfg::kClusterCtas == 1) load_tile(map, stage, kKVSlabElems, row, head_kv, kv_batch, full);
-      else load_cluster_share(map, stage, row, head_kv, kv_batch, full);
+      if constexpr (Cfg::kClusterCtas == 1) load_tile(map, stage, kKVSlabElems, at.row, head_kv, at.batch, full);
+      else load_cluster_share(map, stage, at.row, head_kv, at.batch, full);
     };
     constexpr std::integral_constant<int, 0> kK{};
     constexpr std::integral_constant<int, 1> kV{};
@@ -197,19 +217,21 @@ struct Producer {
         return;
       }
       if (q_first) load_q(t, a, ring, 0);
+      KVCoordinates at = kv_coordinates(t, n, kv_batch);
       if (blocks.count() > 0) {
-        load(kK, t, n, head_kv, kv_batch);
+        load(kK, t, at, head_kv);
         FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
       }
       if (!q_first) load_q(t, a, ring, 0);
       if constexpr (Cfg::kWarpgroupQ) load_q(t, a, ring, 1);
       if (blocks.count() > 0) {
-        load(kV, t, n, head_kv, kv_batch);
+        load(kV, t, at, head_kv);
         kv.advance(params.features);
       }
       for (n = mask.next_block(n); mask.block_in_loop(blocks, n); n = mask.next_block(n)) {
-        load(kK, t, n, head_kv, kv_batch);
-        load(kV, t, n, head_kv, kv_batch);
+        at = kv_coordinates(t, n, kv_batch);
+        load(kK, t, at, head_kv);
+        load(kV, t, at, head_kv);
         kv.advance(params.features);
       }
       FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, blocks.count());
