@@ -354,10 +354,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (hq > kCudaMaxGridYZ)
       fail(ErrorCode::kUnsupported, "q", std::to_string(hq) + " heads; the CUDA backend runs at most " +
                                              std::to_string(kCudaMaxGridYZ) + " per call");
-    if (paged && page_size % kCudaPageRows != 0)
+    // The kernels address a page's rows in 32 bits.
+    constexpr int64_t kMaxPageRows = std::numeric_limits<int32_t>::max();
+    if (paged && (page_size % kCudaPageRows != 0 || page_size > kMaxPageRows))
       fail(ErrorCode::kUnsupported, "k",
            "pages of " + std::to_string(page_size) + " rows; the CUDA backend reads paged K/V in pages of a multiple of " +
-               std::to_string(kCudaPageRows) + " rows");
+               std::to_string(kCudaPageRows) + " rows, below 2^31");
     check_cuda_alignment(q, "q");
     check_cuda_alignment(k, "k");
     check_cuda_alignment(v, "v");
