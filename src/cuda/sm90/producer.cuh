@@ -217,8 +217,10 @@ struct Producer {
         return;
       }
       if (q_first) load_q(t, a, ring, 0);
-      KVCoordinates at = kv_coordinates(t, n, kv_batch);
+      // Only a tile with blocks has a block n whose page the table names.
+      KVCoordinates at{};
       if (blocks.count() > 0) {
+        at = kv_coordinates(t, n, kv_batch);
         load(kK, t, at, head_kv);
         FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
       }
