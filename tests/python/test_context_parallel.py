@@ -1,0 +1,117 @@
+"""ring_flash_attn_func (context parallelism): W processes on the CPU (torch.distributed's gloo
+backend) each hold one chunk of a sequence; their outputs and gradients, gathered, must give the
+whole sequence's answer: the float64 reference, with float32's tolerance or the 2x rule (its plain
+same-dtype implementation) in half precision. The same inputs on every rank come from one seed
+per case, the outputs are poisoned (torch.empty is NaN-filled in the workers too), and a rank
+whose chunk differs in shape gets a clear error rather than a hang."""
+from __future__ import annotations
+
+import os
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fusedattn
+from conftest import assert_2x_rule, attention_math, default_scale
+
+# (world size, batch, heads, kv heads, chunk length, head dim)
+CASES = [(2, 2, 4, 2, 48, 32), (3, 1, 4, 1, 37, 64)]
+# float32 against the float64 reference: the kernels' float32 accumulation over a few hundred keys.
+FP32_ATOL, FP32_RTOL = 2e-5, 1e-4
+
+
+def _worker(rank, world, init_file, case, dtype, causal, seed, results):
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        _, batch, heads, heads_kv, chunk, dim = case
+        gen = torch.Generator().manual_seed(seed)
+        full = [torch.randn(batch, world * chunk, h, dim, generator=gen).to(dtype)
+                for h in (heads, heads_kv, heads_kv, heads)]
+        q, k, v, dout = (t[:, rank * chunk:(rank + 1) * chunk].clone() for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, return_softmax_lse=True)
+        out.backward(dout)
+        gathered = []
+        for t in (out.detach(), lse, q.grad, k.grad, v.grad):
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous())
+            gathered.append(torch.cat(parts, dim=2 if t is lse else 1))
+        if rank == 0:
+            results.put(("ok", [t.clone() for t in gathered] + full))
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001  (reported to the test, which fails with it)
+        results.put(("error", traceback.format_exc()))
+
+
+def _run(world, tmp_path, case, dtype, causal, seed):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, seed,
+                                                   results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    status, payload = results.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+    assert status == "ok", payload
+    return payload
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"world{c[0]}" for c in CASES])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ring_matches_the_whole_sequence(tmp_path, case, causal, dtype):
+    seed = int(torch.randint(0, 2**31, ()).item())
+    out, lse, dq, dk, dv, q, k, v, dout = _run(case[0], tmp_path, case, dtype, causal, seed)
+    window = (-1, 0 if causal else -1)
+    args = (q, k, v, dout, default_scale(q.shape[-1])) + window
+    ref = attention_math(*args)
+    if dtype == torch.float32:
+        for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), ref):
+            torch.testing.assert_close(got.double(), want, atol=FP32_ATOL, rtol=FP32_RTOL, msg=name)
+    else:
+        plain = attention_math(*args, dtype=dtype)
+        for name, got, want, same_dtype in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), ref, plain):
+            assert_2x_rule(name, got, want, same_dtype)
+
+
+def _mismatch_worker(rank, world, init_file, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        length = 16 + rank  # rank 1's chunk is one position longer
+        q = torch.randn(1, length, 2, 32)
+        try:
+            fusedattn.ring_flash_attn_func(q, q, q)
+            results.put((rank, "no error"))
+        except ValueError as e:
+            results.put((rank, str(e)))
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        results.put((rank, traceback.format_exc()))
+
+
+def test_chunks_of_different_shapes_are_rejected(tmp_path):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    procs = [context.Process(target=_mismatch_worker, args=(r, 2, str(tmp_path / "store"), results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    messages = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank in range(2):
+        assert "every rank's chunk must have the same shape" in messages[rank], messages[rank]
+
+
+def test_needs_an_initialised_process_group():
+    if dist.is_initialized():
+        pytest.skip("this process already has a process group")
+    q = torch.randn(1, 8, 2, 32)
+    with pytest.raises(RuntimeError, match="group: ring_flash_attn_func needs an initialised"):
+        fusedattn.ring_flash_attn_func(q, q, q)
