@@ -1,5 +1,5 @@
 """ring_flash_attn_func (context parallelism): W processes on the CPU (torch.distributed's gloo
-backend) each hold one chunk of a sequence; their outputs and gradients, gathered, must give the
+backend) each hold one chunk of a sequence (contiguous, or zigzag: an early and a late part); their outputs and gradients, gathered, must give the
 whole sequence's answer: the float64 reference, with float32's tolerance or the 2x rule (its plain
 same-dtype implementation) in half precision. The same inputs on every rank come from one seed
 per case, the outputs are poisoned (torch.empty is NaN-filled in the workers too), and a rank
@@ -23,7 +23,17 @@ CASES = [(2, 2, 4, 2, 48, 32), (3, 1, 4, 1, 37, 64)]
 FP32_ATOL, FP32_RTOL = 2e-5, 1e-4
 
 
-def _worker(rank, world, init_file, case, dtype, causal, seed, results):
+def positions(rank, world, chunk, zigzag):
+    """The sequence positions of rank `rank`'s chunk rows: contiguous, or (zigzag) parts rank and
+    2 * world - 1 - rank of 2 * world."""
+    if not zigzag:
+        return torch.arange(rank * chunk, (rank + 1) * chunk)
+    half = chunk // 2
+    late = 2 * world - 1 - rank
+    return torch.cat([torch.arange(rank * half, (rank + 1) * half), torch.arange(late * half, (late + 1) * half)])
+
+
+def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, results):
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
@@ -32,15 +42,22 @@ def _worker(rank, world, init_file, case, dtype, causal, seed, results):
         gen = torch.Generator().manual_seed(seed)
         full = [torch.randn(batch, world * chunk, h, dim, generator=gen).to(dtype)
                 for h in (heads, heads_kv, heads_kv, heads)]
-        q, k, v, dout = (t[:, rank * chunk:(rank + 1) * chunk].clone() for t in full)
+        mine = positions(rank, world, chunk, zigzag)
+        q, k, v, dout = (t[:, mine].clone() for t in full)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, return_softmax_lse=True)
+        out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, return_softmax_lse=True, zigzag=zigzag)
         out.backward(dout)
+        # Every rank's rows, put back in sequence order.
+        order = torch.cat([positions(r, world, chunk, zigzag) for r in range(world)])
         gathered = []
         for t in (out.detach(), lse, q.grad, k.grad, v.grad):
             parts = [torch.empty_like(t) for _ in range(world)]
             dist.all_gather(parts, t.contiguous())
-            gathered.append(torch.cat(parts, dim=2 if t is lse else 1))
+            dim_ = 2 if t is lse else 1
+            rows = torch.cat(parts, dim=dim_)
+            in_order = torch.empty_like(rows)
+            in_order.index_copy_(dim_, order, rows)
+            gathered.append(in_order)
         if rank == 0:
             results.put(("ok", [t.clone() for t in gathered] + full))
         dist.barrier()
@@ -49,11 +66,11 @@ def _worker(rank, world, init_file, case, dtype, causal, seed, results):
         results.put(("error", traceback.format_exc()))
 
 
-def _run(world, tmp_path, case, dtype, causal, seed):
+def _run(world, tmp_path, case, dtype, causal, zigzag, seed):
     context = mp.get_context("spawn")
     results = context.Queue()
-    procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, seed,
-                                                   results)) for r in range(world)]
+    procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, zigzag,
+                                                   seed, results)) for r in range(world)]
     for p in procs:
         p.start()
     status, payload = results.get(timeout=300)
@@ -65,10 +82,13 @@ def _run(world, tmp_path, case, dtype, causal, seed):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"world{c[0]}" for c in CASES])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("zigzag", [False, True], ids=["contiguous", "zigzag"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_ring_matches_the_whole_sequence(tmp_path, case, causal, dtype):
+def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
+    if zigzag:  # two equal parts per rank
+        case = case[:4] + (case[4] // 2 * 2,) + case[5:]
     seed = int(torch.randint(0, 2**31, ()).item())
-    out, lse, dq, dk, dv, q, k, v, dout = _run(case[0], tmp_path, case, dtype, causal, seed)
+    out, lse, dq, dk, dv, q, k, v, dout = _run(case[0], tmp_path, case, dtype, causal, zigzag, seed)
     window = (-1, 0 if causal else -1)
     args = (q, k, v, dout, default_scale(q.shape[-1])) + window
     ref = attention_math(*args)
@@ -107,6 +127,33 @@ def test_chunks_of_different_shapes_are_rejected(tmp_path):
         p.join(timeout=60)
     for rank in range(2):
         assert "every rank's chunk must have the same shape" in messages[rank], messages[rank]
+
+
+def test_zigzag_chunks_must_be_even(tmp_path):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    procs = [context.Process(target=_odd_zigzag_worker, args=(r, 2, str(tmp_path / "store"), results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    messages = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    for rank in range(2):
+        assert "zigzag: a rank's chunk is two equal parts" in messages[rank], messages[rank]
+
+
+def _odd_zigzag_worker(rank, world, init_file, results):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        q = torch.randn(1, 15, 2, 32)
+        try:
+            fusedattn.ring_flash_attn_func(q, q, q, causal=True, zigzag=True)
+            results.put((rank, "no error"))
+        except ValueError as e:
+            results.put((rank, str(e)))
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        results.put((rank, traceback.format_exc()))
 
 
 def test_needs_an_initialised_process_group():
