@@ -27,21 +27,28 @@ from ._ops import _last_dim_contiguous, ops
 _UNBOUNDED = -1
 
 
-def _ring_pass(tensors: list[torch.Tensor], group) -> tuple[list[torch.Tensor], list]:
+class _Transfer:
+    """A ring pass in flight: its requests, and the tensors it sends, kept alive until it is done."""
+
+    def __init__(self, requests: list, sent: list[torch.Tensor]):
+        self.requests, self.sent = requests, sent
+
+    def wait(self) -> None:
+        for request in self.requests:
+            request.wait()
+
+
+def _ring_pass(tensors: list[torch.Tensor], group) -> tuple[list[torch.Tensor], _Transfer]:
     """Starts sending `tensors` to the next rank and receiving the previous rank's into new
-    buffers; returns the buffers and the requests to wait for."""
+    buffers; returns the buffers and the transfer to wait for."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     following = dist.get_global_rank(group, (rank + 1) % world) if group is not None else (rank + 1) % world
     preceding = dist.get_global_rank(group, (rank - 1) % world) if group is not None else (rank - 1) % world
-    received = [torch.empty_like(t) for t in tensors]
-    ops_ = [dist.P2POp(dist.isend, t.contiguous(), following, group) for t in tensors]
+    sent = [t.contiguous() for t in tensors]
+    received = [torch.empty_like(t) for t in sent]
+    ops_ = [dist.P2POp(dist.isend, t, following, group) for t in sent]
     ops_ += [dist.P2POp(dist.irecv, r, preceding, group) for r in received]
-    return received, dist.batch_isend_irecv(ops_)
-
-
-def _wait(requests: list) -> None:
-    for request in requests:
-        request.wait()
+    return received, _Transfer(dist.batch_isend_irecv(ops_), sent)
 
 
 class _Step:
@@ -99,8 +106,8 @@ def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
                                          it.causal, _UNBOUNDED, 0 if it.causal else _UNBOUNDED, False)
             out[:, it.q], lse[..., it.q] = _merge(out[:, it.q], lse[..., it.q], part_out, part_lse)
         if pending is not None:
-            kv, requests = pending
-            _wait(requests)
+            kv, transfer = pending
+            transfer.wait()
     return out.to(q.dtype), lse
 
 
@@ -124,11 +131,11 @@ def _ring_backward(dout, q, k, v, out, lse, softmax_scale, causal: bool, zigzag:
             grads[1][:, it.kv] += dv_part.float()
         # The chunk's accumulators go where the chunk goes next; after the last step, home.
         if world > 1:
-            grads, requests = _ring_pass(grads, group)
-            _wait(requests)
+            grads, transfer = _ring_pass(grads, group)
+            transfer.wait()
         if pending is not None:
-            kv, requests = pending
-            _wait(requests)
+            kv, transfer = pending
+            transfer.wait()
     return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
 
 
