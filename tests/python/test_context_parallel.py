@@ -101,59 +101,50 @@ def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
             assert_2x_rule(name, got, want, same_dtype)
 
 
-def _mismatch_worker(rank, world, init_file, results):
+def _rejecting_worker(rank, world, init_file, length, kwargs, results):
+    """Calls ring_flash_attn_func on a chunk of length(rank) positions; reports the ValueError."""
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        length = 16 + rank  # rank 1's chunk is one position longer
-        q = torch.randn(1, length, 2, 32)
+        q = torch.randn(1, length(rank), 2, 32)
         try:
-            fusedattn.ring_flash_attn_func(q, q, q)
+            fusedattn.ring_flash_attn_func(q, q, q, **kwargs)
             results.put((rank, "no error"))
         except ValueError as e:
             results.put((rank, str(e)))
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001
         results.put((rank, traceback.format_exc()))
+
+
+def _messages_of_two_ranks(tmp_path, length, **kwargs):
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    procs = [context.Process(target=_rejecting_worker, args=(r, 2, str(tmp_path / "store"), length, kwargs, results))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    messages = dict(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+    return [messages[rank] for rank in range(2)]
+
+
+def _one_longer(rank):  # rank 1's chunk is one position longer
+    return 16 + rank
+
+
+def _odd(rank):
+    return 15
 
 
 def test_chunks_of_different_shapes_are_rejected(tmp_path):
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    procs = [context.Process(target=_mismatch_worker, args=(r, 2, str(tmp_path / "store"), results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    messages = dict(results.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    for rank in range(2):
-        assert "every rank's chunk must have the same shape" in messages[rank], messages[rank]
+    for message in _messages_of_two_ranks(tmp_path, _one_longer):
+        assert "every rank's chunk must have the same shape" in message, message
 
 
 def test_zigzag_chunks_must_be_even(tmp_path):
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    procs = [context.Process(target=_odd_zigzag_worker, args=(r, 2, str(tmp_path / "store"), results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    messages = dict(results.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-    for rank in range(2):
-        assert "zigzag: a rank's chunk is two equal parts" in messages[rank], messages[rank]
-
-
-def _odd_zigzag_worker(rank, world, init_file, results):
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        q = torch.randn(1, 15, 2, 32)
-        try:
-            fusedattn.ring_flash_attn_func(q, q, q, causal=True, zigzag=True)
-            results.put((rank, "no error"))
-        except ValueError as e:
-            results.put((rank, str(e)))
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        results.put((rank, traceback.format_exc()))
+    for message in _messages_of_two_ranks(tmp_path, _odd, causal=True, zigzag=True):
+        assert "zigzag: a rank's chunk is two equal parts" in message, message
 
 
 def test_needs_an_initialised_process_group():

@@ -168,6 +168,11 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
     throw UsageError("--page-size: paged K/V is read by the forward only; drop --backward or --page-size");
   if (c.paged() && c.layout != Layout::kBSHD)
     throw UsageError("--page-size: paged K/V needs the bshd layout (pages of rows); drop --layout bhsd");
+  // A paged run's offsets and page numbers are int32 (cu_seqlens, the block table).
+  constexpr double kMaxOffset = std::numeric_limits<int32_t>::max();
+  if (c.paged() && static_cast<double>(c.batch) * static_cast<double>(std::max(c.seqlen_q, c.stored_seqlen_k())) >
+                       kMaxOffset)
+    throw UsageError("--page-size: a paged run's offsets are int32: --batch x --seqlen-q/k must stay below 2^31");
   // Element counts and offsets are int64 products: a tensor past kMaxElements (far beyond any
   // memory) is a command-line error here rather than an overflowed size further on.
   const double largest = std::max(c.q_elements(), c.kv_elements());
