@@ -33,32 +33,41 @@ def positions(rank, world, chunk, zigzag):
     return torch.cat([torch.arange(rank * half, (rank + 1) * half), torch.arange(late * half, (late + 1) * half)])
 
 
-def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, results):
+def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, results):
+    """One rank of `groups` rings of world / groups ranks each (torch.distributed subgroups when
+    more than one): ring g attends over its own sequence (seed + g); its first rank reports the
+    ring's outputs and gradients in sequence order, and the inputs."""
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        ring = world // groups
+        subgroups = [dist.new_group(list(range(g * ring, (g + 1) * ring))) for g in range(groups)] if groups > 1 \
+            else [None]
+        g, local = rank // ring, rank % ring
+        group = subgroups[g]
         _, batch, heads, heads_kv, chunk, dim = case
-        gen = torch.Generator().manual_seed(seed)
-        full = [torch.randn(batch, world * chunk, h, dim, generator=gen).to(dtype)
+        gen = torch.Generator().manual_seed(seed + g)
+        full = [torch.randn(batch, ring * chunk, h, dim, generator=gen).to(dtype)
                 for h in (heads, heads_kv, heads_kv, heads)]
-        mine = positions(rank, world, chunk, zigzag)
+        mine = positions(local, ring, chunk, zigzag)
         q, k, v, dout = (t[:, mine].clone() for t in full)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, return_softmax_lse=True, zigzag=zigzag)
+        out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, group=group, return_softmax_lse=True,
+                                                  zigzag=zigzag)
         out.backward(dout)
         # Every rank's rows, put back in sequence order.
-        order = torch.cat([positions(r, world, chunk, zigzag) for r in range(world)])
+        order = torch.cat([positions(r, ring, chunk, zigzag) for r in range(ring)])
         gathered = []
         for t in (out.detach(), lse, q.grad, k.grad, v.grad):
-            parts = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(parts, t.contiguous())
+            parts = [torch.empty_like(t) for _ in range(ring)]
+            dist.all_gather(parts, t.contiguous(), group=group)
             dim_ = 2 if t is lse else 1
             rows = torch.cat(parts, dim=dim_)
             in_order = torch.empty_like(rows)
             in_order.index_copy_(dim_, order, rows)
             gathered.append(in_order)
-        if rank == 0:
+        if local == 0:
             results.put(("ok", [t.clone() for t in gathered] + full))
         dist.barrier()
         dist.destroy_process_group()
@@ -66,29 +75,23 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, results):
         results.put(("error", traceback.format_exc()))
 
 
-def _run(world, tmp_path, case, dtype, causal, zigzag, seed):
+def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1):
+    """Each ring's (out, lse, dq, dk, dv, q, k, v, dout), whole sequences, in no particular order."""
     context = mp.get_context("spawn")
     results = context.Queue()
     procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, zigzag,
-                                                   seed, results)) for r in range(world)]
+                                                   seed, groups, results)) for r in range(world)]
     for p in procs:
         p.start()
-    status, payload = results.get(timeout=300)
+    reports = [results.get(timeout=300) for _ in range(groups)]
     for p in procs:
         p.join(timeout=60)
-    assert status == "ok", payload
-    return payload
+    for status, payload in reports:
+        assert status == "ok", payload
+    return [payload for _, payload in reports]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"world{c[0]}" for c in CASES])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("zigzag", [False, True], ids=["contiguous", "zigzag"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
-    if zigzag:  # two equal parts per rank
-        case = case[:4] + (case[4] // 2 * 2,) + case[5:]
-    seed = int(torch.randint(0, 2**31, ()).item())
-    out, lse, dq, dk, dv, q, k, v, dout = _run(case[0], tmp_path, case, dtype, causal, zigzag, seed)
+def check_against_reference(out, lse, dq, dk, dv, q, k, v, dout, causal, dtype):
     window = (-1, 0 if causal else -1)
     args = (q, k, v, dout, default_scale(q.shape[-1])) + window
     ref = attention_math(*args)
@@ -99,6 +102,29 @@ def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
         plain = attention_math(*args, dtype=dtype)
         for name, got, want, same_dtype in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, dq, dk, dv), ref, plain):
             assert_2x_rule(name, got, want, same_dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"world{c[0]}" for c in CASES])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("zigzag", [False, True], ids=["contiguous", "zigzag"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
+    if zigzag:  # two equal parts per rank
+        case = case[:4] + (case[4] // 2 * 2,) + case[5:]
+    seed = int(torch.randint(0, 2**31, ()).item())
+    (result,) = _run(case[0], tmp_path, case, dtype, causal, zigzag, seed)
+    check_against_reference(*result, causal, dtype)
+
+
+def test_rings_of_a_subgroup_each(tmp_path):
+    """Four processes as two rings of two (torch.distributed subgroups, `group=`), each over its
+    own sequence: the ring passes go to the subgroup's neighbours, by their global ranks."""
+    case = (4, 1, 4, 2, 24, 32)
+    seed = int(torch.randint(0, 2**31, ()).item())
+    results = _run(4, tmp_path, case, torch.float32, True, False, seed, groups=2)
+    assert len(results) == 2
+    for result in results:
+        check_against_reference(*result, True, torch.float32)
 
 
 def _rejecting_worker(rank, world, init_file, length, kwargs, results):
