@@ -51,7 +51,6 @@ Operand::Operand(DType dtype, Layout layout, int64_t batch, int64_t seqlen, int6
 
 TensorView Operand::rows_view(int64_t rows, bool packed) const {
   TensorView t = view();
-  const int64_t groups = shape_[0] * shape_[1] / rows;  // bshd: rows of every sequence back to back
   if (packed) {
     t.rank = 3;
     t.shape[0] = shape_[0] * shape_[1];
@@ -61,7 +60,7 @@ TensorView Operand::rows_view(int64_t rows, bool packed) const {
     t.shape[2] = shape_[3];
     t.stride[2] = 1;
   } else {
-    t.shape[0] = groups;
+    t.shape[0] = shape_[0] * shape_[1] / rows;  // bshd: every sequence's rows back to back
     t.stride[0] = rows * stride_[1];
     t.shape[1] = rows;
   }
