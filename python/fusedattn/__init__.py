@@ -3,9 +3,11 @@
     import fusedattn
     out = fusedattn.flash_attn_func(q, k, v, causal=True)   # (batch, seqlen, heads, dim)
 
-The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}.
+The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}. ring_flash_attn_func
+(fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
 """
 from ._ops import ops
+from .context_parallel import ring_flash_attn_func
 from .flash_attn_interface import (
     attention,
     flash_attn_func,
@@ -29,4 +31,5 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "ops",
+    "ring_flash_attn_func",
 ]

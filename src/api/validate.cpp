@@ -169,12 +169,16 @@ void check_block_table_tensor(const TensorView& table, int64_t batch, const Devi
     fail(ErrorCode::kLayout, name, "rows must not overlap (row stride " + std::to_string(table.stride[0]) + ")");
 }
 
+// Entries between the table's rows: its row stride, or (one row, whose stride no framework pins
+// down) its width.
+int64_t table_row_stride(const TensorView& table) { return table.shape[0] > 1 ? table.stride[0] : table.shape[1]; }
+
 // The pages each sequence's keys reach (its cu_seqlens_k length, from the offsets read on the
 // host): within the table's columns, each entry a page of k/v. Reads those columns of the table
 // on the host (a table sized for the longest context costs nothing past them).
 void check_block_table_pages(const TensorView& table, const std::vector<int32_t>& offsets, int64_t page_size,
                              int64_t num_pages, Backend backend, const Device& device, void* stream) {
-  const int64_t batch = table.shape[0], cols = table.shape[1], row_stride = batch > 1 ? table.stride[0] : cols;
+  const int64_t batch = table.shape[0], cols = table.shape[1], row_stride = table_row_stride(table);
   std::vector<int64_t> pages(static_cast<size_t>(batch));
   int64_t reached = 0;  // columns some sequence's keys reach
   for (int64_t b = 0; b < batch; ++b) {
@@ -414,7 +418,7 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     p.seqused_k = static_cast<const int32_t*>(opt.seqused_k.data);  // null when not given
     if (paged) {
       p.block_table = static_cast<const int32_t*>(opt.block_table.data);
-      p.block_table_stride = opt.block_table.shape[0] > 1 ? opt.block_table.stride[0] : opt.block_table.shape[1];
+      p.block_table_stride = table_row_stride(opt.block_table);
       p.page_size = page_size;
       p.num_pages = num_pages;
     }

@@ -72,6 +72,8 @@ const std::vector<Flag>& flags() {
          a.window_left = parse_int("window", v.substr(0, comma), -1, std::numeric_limits<int64_t>::max());
          a.window_right = parse_int("window", v.substr(comma + 1), -1, std::numeric_limits<int64_t>::max());
        }},
+      {"page-size", "N", "K/V read as pages of N rows via a block table (forward; CUDA: N % 128 == 0)",
+       [](CliArgs& a, std::string_view v) { a.page_size = parse_int("page-size", v, 1, kMaxInt); }},
       {"dtype", "fp16|bf16|fp32", "element type (default: fp32 on cpu, fp16 on cuda)",
        [](CliArgs& a, std::string_view v) {
          a.dtype = parse_choice<DType>("dtype", v, {{"fp16", DType::kFloat16}, {"bf16", DType::kBFloat16}, {"fp32", DType::kFloat32}});
@@ -161,6 +163,16 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   c.peers_naive = a.peers_naive;
   if (c.peers_naive && c.backward)
     throw UsageError("--peers-naive times the forward pass only; drop --backward or --peers-naive");
+  c.page_size = a.page_size;
+  if (c.paged() && c.backward)
+    throw UsageError("--page-size: paged K/V is read by the forward only; drop --backward or --page-size");
+  if (c.paged() && c.layout != Layout::kBSHD)
+    throw UsageError("--page-size: paged K/V needs the bshd layout (pages of rows); drop --layout bhsd");
+  // A paged run's offsets and page numbers are int32 (cu_seqlens, the block table).
+  constexpr double kMaxOffset = std::numeric_limits<int32_t>::max();
+  if (c.paged() && static_cast<double>(c.batch) * static_cast<double>(std::max(c.seqlen_q, c.stored_seqlen_k())) >
+                       kMaxOffset)
+    throw UsageError("--page-size: a paged run's offsets are int32: --batch x --seqlen-q/k must stay below 2^31");
   // Element counts and offsets are int64 products: a tensor past kMaxElements (far beyond any
   // memory) is a command-line error here rather than an overflowed size further on.
   const double largest = std::max(c.q_elements(), c.kv_elements());
@@ -180,7 +192,11 @@ double RunConfig::q_elements() const {
 }
 
 double RunConfig::kv_elements() const {
-  return static_cast<double>(batch) * static_cast<double>(seqlen_k) * heads_kv * head_dim;
+  return static_cast<double>(batch) * static_cast<double>(stored_seqlen_k()) * heads_kv * head_dim;
+}
+
+int64_t RunConfig::stored_seqlen_k() const {
+  return paged() ? (seqlen_k + page_size - 1) / page_size * page_size : seqlen_k;
 }
 
 std::string RunConfig::shape_str() const {
@@ -194,6 +210,8 @@ std::string RunConfig::mask_str() const {
   if (causal) return window ? "causal+" + w : "causal";
   return window ? w : "none";
 }
+
+std::string RunConfig::kv_str() const { return paged() ? "paged(" + std::to_string(page_size) + ")" : "dense"; }
 
 std::string usage() {
   std::string text =

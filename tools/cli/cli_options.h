@@ -41,6 +41,7 @@ struct CliArgs {
   uint64_t seed = kDefaultSeed;
   int64_t check_rows = kDefaultCheckRows;
   bool peers_naive = false;
+  int64_t page_size = 0;  // 0: K/V dense
   bool help = false;
 };
 
@@ -59,8 +60,14 @@ struct RunConfig {
   uint64_t seed = kDefaultSeed;
   int64_t check_rows = 0;
   bool peers_naive = false;
+  // > 0: the forward reads K and V as pages of this many rows through a block table (a
+  // variable-length call of batch sequences, as a paged KV cache is read; workload.h).
+  int64_t page_size = 0;
 
   bool on_device() const { return backend == Backend::kCUDA; }
+  bool paged() const { return page_size > 0; }
+  // Rows of K/V per sequence as stored: seqlen_k, rounded up to whole pages when paged.
+  int64_t stored_seqlen_k() const;
   double softmax_scale() const;
   // Elements of q (and out, dout, dq) and of k (and v, dk, dv), in double: the products may
   // pass int64 before resolve() bounds them.
@@ -70,6 +77,8 @@ struct RunConfig {
   std::string shape_str() const;
   // "none", "causal", "window(128,0)", "causal+window(128,0)"
   std::string mask_str() const;
+  // "dense", or "paged(128)": how K/V are read
+  std::string kv_str() const;
 };
 
 // Throws UsageError for an unknown flag, a missing or malformed value, or a value out of range.

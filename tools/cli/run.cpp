@@ -40,7 +40,7 @@ RunResult run(const RunConfig& c) {
     w.fetch_backward_outputs();
   }
 
-  const ForwardArgs fwd = w.forward_args();
+  const ForwardArgs fwd = w.forward_args(/*timed=*/true);
   const BackwardArgs bwd = c.backward ? w.backward_args() : BackwardArgs{};
   auto call = [&] { c.backward ? backward(bwd) : forward(fwd); };
   for (int i = 0; i < c.warmup; ++i) {

@@ -1,6 +1,8 @@
 #include "workload.h"
 
+#include <initializer_list>
 #include <random>
+#include <vector>
 
 #include "mask.h"
 #include "numeric.h"
@@ -47,6 +49,24 @@ Operand::Operand(DType dtype, Layout layout, int64_t batch, int64_t seqlen, int6
   if (on_device) mirror_.resize(buffer_.bytes());
 }
 
+TensorView Operand::rows_view(int64_t rows, bool packed) const {
+  TensorView t = view();
+  if (packed) {
+    t.rank = 3;
+    t.shape[0] = shape_[0] * shape_[1];
+    t.stride[0] = stride_[1];
+    t.shape[1] = shape_[2];
+    t.stride[1] = stride_[2];
+    t.shape[2] = shape_[3];
+    t.stride[2] = 1;
+  } else {
+    t.shape[0] = shape_[0] * shape_[1] / rows;  // bshd: every sequence's rows back to back
+    t.stride[0] = rows * stride_[1];
+    t.shape[1] = rows;
+  }
+  return t;
+}
+
 const void* Operand::host() const { return buffer_.on_device() ? mirror_.data() : buffer_.data(); }
 
 TensorView Operand::view() const {
@@ -89,15 +109,17 @@ void Operand::read_row(int64_t b, int64_t s, int64_t h, double* dst) const {
   for (int64_t d = 0; d < shape_[3]; ++d) dst[d] = numeric::load(dtype_, host(), base + d);
 }
 
-LseTensor::LseTensor(int64_t batch, int64_t heads, int64_t seqlen, bool on_device)
+LseTensor::LseTensor(int64_t batch, int64_t heads, int64_t seqlen, bool on_device, bool packed)
     : batch_(batch),
       heads_(heads),
       seqlen_(seqlen),
+      packed_(packed),
       buffer_(byte_size(batch * heads * seqlen, DType::kFloat32), on_device),
       host_(static_cast<size_t>(batch * heads * seqlen)) {}
 
 TensorView LseTensor::view() const {
   const Device device = buffer_.on_device() ? Device{DeviceType::kCUDA, 0} : Device{DeviceType::kCPU, 0};
+  if (packed_) return TensorView::contiguous(buffer_.data(), DType::kFloat32, {heads_, batch_ * seqlen_}, device);
   return TensorView::contiguous(buffer_.data(), DType::kFloat32, {batch_, heads_, seqlen_}, device);
 }
 
@@ -108,10 +130,26 @@ void LseTensor::fetch() { buffer_.download(host_.data()); }
 Workload::Workload(const RunConfig& c)
     : config(c),
       q(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device()),
-      k(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device()),
-      v(c.dtype, c.layout, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.on_device()),
+      k(c.dtype, c.layout, c.batch, c.stored_seqlen_k(), c.heads_kv, c.head_dim, c.on_device()),
+      v(c.dtype, c.layout, c.batch, c.stored_seqlen_k(), c.heads_kv, c.head_dim, c.on_device()),
       out(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device()),
-      lse(c.batch, c.heads_q, c.seqlen_q, c.on_device()) {
+      lse(c.batch, c.heads_q, c.seqlen_q, c.on_device(), c.paged()) {
+  if (c.paged()) {
+    const int64_t pages_per_seq = c.stored_seqlen_k() / c.page_size;
+    std::vector<int32_t> offsets_q, offsets_k, table;
+    for (int64_t b = 0; b <= c.batch; ++b) {
+      offsets_q.push_back(static_cast<int32_t>(b * c.seqlen_q));
+      offsets_k.push_back(static_cast<int32_t>(b * c.seqlen_k));
+    }
+    for (int64_t page = 0; page < c.batch * pages_per_seq; ++page) table.push_back(static_cast<int32_t>(page));
+    const auto upload = [&](BackendBuffer& buffer, const std::vector<int32_t>& values) {
+      buffer = BackendBuffer(values.size() * sizeof(int32_t), c.on_device());
+      buffer.upload(values.data());
+    };
+    upload(cu_q, offsets_q);
+    upload(cu_k, offsets_k);
+    upload(block_table, table);
+  }
   if (!c.backward) return;
   dout = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
   dq = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
@@ -129,7 +167,7 @@ Options Workload::options() const {
   return o;
 }
 
-ForwardArgs Workload::forward_args() const {
+ForwardArgs Workload::forward_args(bool timed) const {
   ForwardArgs a;
   a.q = q.view();
   a.k = k.view();
@@ -137,6 +175,25 @@ ForwardArgs Workload::forward_args() const {
   a.out = out.view();
   a.lse = lse.view();
   a.options = options();
+  if (!config.paged()) return a;
+  const Device device = config.on_device() ? Device{DeviceType::kCUDA, 0} : Device{DeviceType::kCPU, 0};
+  const auto int32s = [&](const BackendBuffer& buffer, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(buffer.data(), DType::kInt32, shape, device);
+  };
+  a.q = q.rows_view(config.seqlen_q, /*packed=*/true);
+  a.out = out.rows_view(config.seqlen_q, /*packed=*/true);
+  a.k = k.rows_view(config.page_size, /*packed=*/false);
+  a.v = v.rows_view(config.page_size, /*packed=*/false);
+  Options& o = a.options;
+  o.cu_seqlens_q = int32s(cu_q, {config.batch + 1});
+  o.cu_seqlens_k = int32s(cu_k, {config.batch + 1});
+  o.max_seqlen_q = config.seqlen_q;
+  o.max_seqlen_k = config.seqlen_k;
+  o.block_table = int32s(block_table, {config.batch, config.stored_seqlen_k() / config.page_size});
+  if (timed) {
+    o.checked_rows_q = config.batch * config.seqlen_q;
+    o.checked_rows_k = config.batch * config.seqlen_k;
+  }
   return a;
 }
 

@@ -129,9 +129,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   using KVSource = typename KVTile::TileSource;
   const KVSource k_src(k, p.k_stride.row, k_steps, p.head_dim, tid), v_src(v, p.v_stride.row, v_steps, p.head_dim, tid);
   // This thread's chunk in the first row of block n (page_stride: k's or v's, in elements).
+  // 32-bit: validation keeps CUDA pages below 2^31 rows, and a 64-bit division is a call per load.
+  const int blocks_per_page = paged ? static_cast<int>(p.page_size) / kBlockN : 1;
   auto block_src = [&](const KVSource& src, int64_t page_stride, int n) {
     if (!paged) return src.first_row(n);
-    const int blocks_per_page = static_cast<int>(p.page_size / kBlockN);
     return src.paged_first_row(table_page(p, batch, n / blocks_per_page), page_stride * KVTile::kElemBytes,
                                n % blocks_per_page);
   };
