@@ -33,14 +33,18 @@ def positions(rank, world, chunk, zigzag):
     return torch.cat([torch.arange(rank * half, (rank + 1) * half), torch.arange(late * half, (late + 1) * half)])
 
 
-def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, results):
+def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, results, backend="gloo"):
     """One rank of `groups` rings of world / groups ranks each (torch.distributed subgroups when
     more than one): ring g attends over its own sequence (seed + g); its first rank reports the
-    ring's outputs and gradients in sequence order, and the inputs."""
+    ring's outputs and gradients in sequence order, and the inputs. backend "nccl": rank r works
+    on GPU r, its chunks' passes go through NCCL."""
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
         ring = world // groups
         subgroups = [dist.new_group(list(range(g * ring, (g + 1) * ring))) for g in range(groups)] if groups > 1 \
             else [None]
@@ -51,7 +55,7 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
         full = [torch.randn(batch, ring * chunk, h, dim, generator=gen).to(dtype)
                 for h in (heads, heads_kv, heads_kv, heads)]
         mine = positions(local, ring, chunk, zigzag)
-        q, k, v, dout = (t[:, mine].clone() for t in full)
+        q, k, v, dout = (t[:, mine].to(device) for t in full)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, group=group, return_softmax_lse=True,
                                                   zigzag=zigzag)
@@ -68,19 +72,19 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
             in_order.index_copy_(dim_, order, rows)
             gathered.append(in_order)
         if local == 0:
-            results.put(("ok", [t.clone() for t in gathered] + full))
+            results.put(("ok", [t.cpu() for t in gathered] + full))
         dist.barrier()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001  (reported to the test, which fails with it)
         results.put(("error", traceback.format_exc()))
 
 
-def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1):
+def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1, backend="gloo"):
     """Each ring's (out, lse, dq, dk, dv, q, k, v, dout), whole sequences, in no particular order."""
     context = mp.get_context("spawn")
     results = context.Queue()
     procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, zigzag,
-                                                   seed, groups, results)) for r in range(world)]
+                                                   seed, groups, results, backend)) for r in range(world)]
     for p in procs:
         p.start()
     reports = [results.get(timeout=300) for _ in range(groups)]
@@ -113,6 +117,22 @@ def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
         case = case[:4] + (case[4] // 2 * 2,) + case[5:]
     seed = int(torch.randint(0, 2**31, ()).item())
     (result,) = _run(case[0], tmp_path, case, dtype, causal, zigzag, seed)
+    check_against_reference(*result, causal, dtype)
+
+
+# On GPUs through NCCL, one rank per GPU: chunks long enough for several KV blocks per pass.
+NCCL_CASES = [(2, 2, 8, 2, 384, 128), (2, 1, 4, 4, 320, 64)]
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2),
+                    reason="needs two CUDA GPUs and NCCL")
+@pytest.mark.parametrize("case", NCCL_CASES, ids=[f"d{c[5]}" for c in NCCL_CASES])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("zigzag", [False, True], ids=["contiguous", "zigzag"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_ring_over_nccl_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
+    seed = int(torch.randint(0, 2**31, ()).item())
+    (result,) = _run(case[0], tmp_path, case, dtype, causal, zigzag, seed, backend="nccl")
     check_against_reference(*result, causal, dtype)
 
 
