@@ -69,7 +69,7 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
             dim_ = 2 if t is lse else 1
             rows = torch.cat(parts, dim=dim_)
             in_order = torch.empty_like(rows)
-            in_order.index_copy_(dim_, order, rows)
+            in_order.index_copy_(dim_, order.to(rows.device), rows)
             gathered.append(in_order)
         if local == 0:
             results.put(("ok", [t.cpu() for t in gathered] + full))
