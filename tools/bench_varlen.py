@@ -29,10 +29,11 @@ zeroes the NaN the caches hold past each sequence's keys in its last block),
 ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=1) and
 fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as flash_attn's kvcache call
 runs it); then the same keys in shuffled pages of PAGE_ROWS rows read through a block table:
-ours_paged (flash_attn_varlen_func with block_table; the portable forward, since the Hopper
-kernels take no table), ours_paged_kvcache (flash_attn_with_kvcache with block_table, which reads
-the lengths on the host) and fa2_paged (the FA2 varlen kernel with block_table, where this torch
-passes one).
+ours_paged (flash_attn_varlen_func with block_table; the library reads the offsets and the table's
+entries in use on the host at each call), ours_paged_portable (the same on the portable forward,
+FUSEDATTN_SM90_PAGED=0), ours_paged_kvcache (flash_attn_with_kvcache with block_table, which
+reads the lengths and the table's entries in use on the host) and fa2_paged (the FA2 varlen kernel
+with block_table, where this torch passes one: torch 2.11's _flash_attention_forward takes none).
 """
 import argparse
 import contextlib
@@ -169,7 +170,7 @@ def report(row, names, against, out):
 
 
 DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
-                "fa2_kvcache", "ours_paged", "ours_paged_kvcache", "fa2_paged"]
+                "fa2_kvcache", "ours_paged", "ours_paged_portable", "ours_paged_kvcache", "fa2_paged"]
 # Pages of the paged columns: FA2's paged kernel needs a multiple of 256 rows (ours: of 128, kCudaPageRows).
 PAGE_ROWS = 256
 
@@ -244,8 +245,8 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
             q, k_cache.view(-1, heads_kv, d), v_cache.view(-1, heads_kv, d), cu_q, cu_cache, max_q, cache_hi,
             0.0, True, False, scale=1.0 / math.sqrt(d), seqused_k=cache_seqlens)[0]
 
-    # The same keys again, in shuffled pages read through a block table: ours on the portable
-    # forward (the Hopper kernels take no table yet), through the operator and through
+    # The same keys again, in shuffled pages read through a block table: ours through
+    # flash_attn_varlen_func (on the Hopper kernel, and on the portable one) and through
     # flash_attn_with_kvcache (which reads the lengths on the host for its page checks), and FA2's
     # paged varlen kernel where this torch exposes it.
     k_pages, v_pages, table = paged_copy(k, v, lens_k, PAGE_ROWS, rng)
@@ -253,6 +254,10 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     def ours_paged():
         return fusedattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, causal=True,
                                                 block_table=table)
+
+    def ours_paged_portable():
+        with env("FUSEDATTN_SM90_PAGED", "0"):
+            return ours_paged()
 
     def ours_paged_kvcache():
         return fusedattn.flash_attn_with_kvcache(q_dense, k_pages, v_pages, cache_seqlens=cache_seqlens,
@@ -266,7 +271,7 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
     for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
-                                       fa2_kvcache, ours_paged, ours_paged_kvcache, fa2_paged)):
+                                       fa2_kvcache, ours_paged, ours_paged_portable, ours_paged_kvcache, fa2_paged)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)

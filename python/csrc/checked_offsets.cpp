@@ -67,10 +67,14 @@ void set_checked_rows(Options& options, const at::Tensor& cu_seqlens_q, const at
                       int64_t packed_rows_q, int64_t packed_rows_k) {
   // Offsets of different lengths: the library's own validation names that mismatch.
   if (cu_seqlens_q.numel() != cu_seqlens_k.numel()) return;
-  options.checked_rows_q = checked_rows(cu_seqlens_q, options.cu_seqlens_q, /*keys=*/false, options.max_seqlen_q,
-                                        packed_rows_q, options.stream);
+  set_checked_rows_q(options, cu_seqlens_q, packed_rows_q);
   options.checked_rows_k = checked_rows(cu_seqlens_k, options.cu_seqlens_k, /*keys=*/true, options.max_seqlen_k,
                                         packed_rows_k, options.stream);
+}
+
+void set_checked_rows_q(Options& options, const at::Tensor& cu_seqlens_q, int64_t packed_rows_q) {
+  options.checked_rows_q = checked_rows(cu_seqlens_q, options.cu_seqlens_q, /*keys=*/false, options.max_seqlen_q,
+                                        packed_rows_q, options.stream);
 }
 
 }  // namespace fusedattn::torch_binding

@@ -20,4 +20,8 @@ namespace fusedattn::torch_binding {
 void set_checked_rows(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                       int64_t packed_rows_q, int64_t packed_rows_k);
 
+// The same for options.cu_seqlens_q alone (a paged call, whose caller vouches for its key
+// offsets and table: varlen_fwd's checked_rows_k).
+void set_checked_rows_q(Options& options, const at::Tensor& cu_seqlens_q, int64_t packed_rows_q);
+
 }  // namespace fusedattn::torch_binding

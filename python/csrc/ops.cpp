@@ -133,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               int64_t window_left, int64_t window_right,
                                               bool /*deterministic: read by autograd only*/,
                                               const std::optional<at::Tensor>& seqused_k,
-                                              const std::optional<at::Tensor>& block_table) {
+                                              const std::optional<at::Tensor>& block_table, int64_t checked_rows_k) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
     if (block_table)
@@ -142,12 +142,20 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
       expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
+    if (checked_rows_k >= 0 && !block_table)
+      throw Error(ErrorCode::kInvalidArgument, "checked_rows_k",
+                  "is for paged calls (block_table); unpaged offsets are checked once per tensor version");
     if (block_table) {
       // No checked-offsets cache here: it checks cu_seqlens_k against k's rows, which are pages
       // now, and a cached check would also skip the library's host check of the table's entries
-      // (Options::block_table). The library reads the offsets and the table every paged call.
+      // (Options::block_table). The library reads the offsets and the table every paged call,
+      // unless the caller has checked both (checked_rows_k: the rows cu_seqlens_k spans).
       set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
       options.block_table = to_view(*block_table, "block_table");
+      if (checked_rows_k >= 0) {
+        set_checked_rows_q(options, cu_seqlens_q, q.size(0));
+        options.checked_rows_k = checked_rows_k;
+      }
     } else {
       set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     }
@@ -185,8 +193,8 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool deterministic=False, Tensor? seqused_k=None, Tensor? block_table=None) -> (Tensor out, "
-      "Tensor softmax_lse)");
+      "bool deterministic=False, Tensor? seqused_k=None, Tensor? block_table=None, int checked_rows_k=-1) -> "
+      "(Tensor out, Tensor softmax_lse)");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

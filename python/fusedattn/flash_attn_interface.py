@@ -275,8 +275,9 @@ def _leftpad_starts(cache_leftpad, lengths: list[int], device) -> list[int]:
 def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: int, device,
                   name: str = "block_table") -> torch.Tensor:
     """block_table checked against the paged caches (num_blocks, page_block_size, nheads_k,
-    headdim): int32 (batch, max_blocks_per_seq) on q's device. Returns it as int64 indices.
-    cache_batch_idx (int32, batch) is checked as its one-column table (name says which)."""
+    headdim): int32 (batch, max_blocks_per_seq) on q's device, returned as it is (int32: what the
+    kernels read). cache_batch_idx (int32, batch) is checked as its one-column table (name says
+    which)."""
     expected = f"(batch {batch},)" if name == "cache_batch_idx" else f"(batch {batch}, max_blocks_per_seq >= 1)"
     _check_int32(block_table, name, lambda shape: len(shape) == 2 and shape[0] == batch and shape[1] > 0, expected,
                  device)
@@ -284,7 +285,7 @@ def _paged_blocks(block_table, k_cache: torch.Tensor, v_cache: torch.Tensor, bat
         raise ValueError(f"fusedattn: k_cache, v_cache: paged caches must be (num_blocks >= 1, page_block_size >= 1, "
                          f"nheads_k, headdim), alike but for headdim; got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
-    return block_table.long()
+    return block_table
 
 
 # The CUDA kernels read paged K/V in pages of a multiple of this many rows (kCudaPageRows in
@@ -299,14 +300,16 @@ def _kernels_read_pages(device: torch.device, page_size: int) -> bool:
 
 
 def _decode_varlen(q, k, v, cu_k: torch.Tensor, max_seqlen_k: int, softmax_scale, causal: bool, left: int,
-                   right: int, return_softmax_lse: bool, seqused_k=None, block_table=None):
+                   right: int, return_softmax_lse: bool, seqused_k=None, block_table=None, checked_rows_k=-1):
     """One variable-length call for flash_attn_with_kvcache: q (batch, seqlen_q, nheads, headdim)
     as batch sequences of seqlen_q rows over k/v's keys (cu_k, seqused_k, block_table as in
-    flash_attn_varlen_func); out and softmax_lse back in the kvcache shapes."""
+    flash_attn_varlen_func; checked_rows_k: the rows cu_k spans, where this module has checked cu_k
+    and the table's entries in use, so the library reads neither again); out and softmax_lse back
+    in the kvcache shapes."""
     batch, seqlen_q = q.shape[0], q.shape[1]
     cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k, v, cu_q, cu_k, seqlen_q, max_seqlen_k,
-                              softmax_scale, causal, left, right, False, seqused_k, block_table)
+                              softmax_scale, causal, left, right, False, seqused_k, block_table, checked_rows_k)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])
     if not return_softmax_lse:
         return out
@@ -314,20 +317,22 @@ def _decode_varlen(q, k, v, cu_k: torch.Tensor, max_seqlen_k: int, softmax_scale
 
 
 def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int, name: str) -> None:
-    """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (a
-    host copy of the table). The others are never read and may hold anything."""
-    rows = table.tolist()
-    for b, n in enumerate(visible):
-        for i, block in enumerate(rows[b][:-(-n // page)]):
-            if not 0 <= block < num_blocks:
-                raise ValueError(f"fusedattn: {name}: sequence {b}'s page {i} (positions {i * page}.."
-                                 f"{(i + 1) * page - 1}) names block {block}, outside the caches' {num_blocks}")
+    """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (one
+    host copy of the table, checked as a whole). The others are never read and may hold anything."""
+    host = table.cpu()
+    pages = torch.tensor([-(-n // page) for n in visible], dtype=torch.int64)
+    in_use = torch.arange(host.shape[1])[None, :] < pages[:, None]
+    outside = in_use & ((host < 0) | (host >= num_blocks))
+    if bool(outside.any()):
+        b, i = (int(x) for x in outside.nonzero()[0])  # the first in row-major order
+        raise ValueError(f"fusedattn: {name}: sequence {b}'s page {i} (positions {i * page}..{(i + 1) * page - 1}) "
+                         f"names block {int(host[b, i])}, outside the caches' {num_blocks}")
 
 
 def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str, lengths: list[int], rotary_cos,
                    rotary_sin, rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
     """flash_attn_with_kvcache over paged caches (table: block_table, or cache_batch_idx as one
-    page per sequence, as int64; lengths checked): the new tokens are written into their pages,
+    page per sequence, int32; lengths checked): the new tokens are written into their pages,
     then one variable-length call reads the pages through the table where the kernels can
     (_kernels_read_pages), else each sequence's pages are gathered into one contiguous copy, which
     the unpaged call attends over."""
@@ -339,7 +344,8 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
     _check_pages_in_use(table, visible, page, k_cache.shape[0], table_name)
     in_place = _kernels_read_pages(q.device, page)
     # Sequence b's keys are its first visible[b] positions, from its pages; the offsets give only
-    # the counts (the library reads them and the table on the host at each paged call).
+    # the counts. Both they and the table's entries in use are checked here, on the host, so the
+    # library is told (checked_rows_k) and reads neither again.
     ends = torch.tensor([0] + visible, dtype=torch.int64).cumsum(0)
     if in_place and ends[-1] > _INT32_MAX:  # checked before the caches are written
         raise ValueError(f"fusedattn: cache_seqlens: the sequences' {int(ends[-1])} keys in all exceed the int32 "
@@ -348,15 +354,16 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
     if new > 0 and visible:
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
                                             left >= 0 or right >= 0)
-        blocks = table.gather(1, positions // page)
+        blocks = table.gather(1, positions // page).long()
         k_cache[blocks, positions % page] = k
         v_cache[blocks, positions % page] = v
     if in_place:
         cu_k = ends.to(device=q.device, dtype=torch.int32)
+        entries = table if table.stride(-1) == 1 else table.contiguous()  # rows of contiguous entries
         return _decode_varlen(q, k_cache, v_cache, cu_k, max(visible, default=0), softmax_scale, causal, left, right,
-                              return_softmax_lse, block_table=table.to(torch.int32))
+                              return_softmax_lse, block_table=entries, checked_rows_k=int(ends[-1]))
     # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
-    gathered = table.clamp(0, k_cache.shape[0] - 1)
+    gathered = table.clamp(0, k_cache.shape[0] - 1).long()
     k_seq, v_seq = (cache[gathered].flatten(1, 2) for cache in (k_cache, v_cache))
     used = torch.tensor(visible, dtype=torch.int32, device=q.device)
     return flash_attn_with_kvcache(q, k_seq, v_seq, cache_seqlens=used, softmax_scale=softmax_scale, causal=causal,

@@ -397,7 +397,11 @@ def test_paged_rejections_name_the_argument():
             fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=lengths, block_table=wrong)
     bad = table.clone()
     bad[1, 1] = k_pool.shape[0]  # sequence 1's second page: positions 8..15, which its 9 + 1 keys reach
-    with pytest.raises(ValueError, match="block_table: sequence 1's page 1"):
+    with pytest.raises(ValueError, match=rf"block_table: sequence 1's page 1 \(positions 8..15\) names block "
+                                         rf"{k_pool.shape[0]}, outside the caches' {k_pool.shape[0]}"):
+        fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=lengths, block_table=bad)
+    bad[0, 0] = -2  # two faults: the first in the table's row-major order is named
+    with pytest.raises(ValueError, match=r"block_table: sequence 0's page 0 \(positions 0..7\) names block -2"):
         fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=lengths, block_table=bad)
     with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 32"):
         fusedattn.flash_attn_with_kvcache(q, k_pool, v_pool, k, k, cache_seqlens=torch.tensor([3, 32]),

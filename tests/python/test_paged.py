@@ -152,3 +152,24 @@ def test_cuda_pages_of_16_rows_are_rejected_naming_k():
     with pytest.raises(NotImplementedError, match="k: pages of 16 rows; the CUDA backend reads paged K/V in pages "
                                                   "of a multiple of 128 rows"):
         fusedattn.flash_attn_varlen_func(q, k_pool, v_pool, cu_q, cu_k, 3, 17, block_table=table)
+
+
+@pytest.mark.parametrize("device, page", [("cpu", 16), pytest.param("cuda", CUDA_PAGE, marks=_cuda)])
+def test_caller_checked_rows_k(device, page):
+    """The operator's checked_rows_k (flash_attn_with_kvcache passes it once it has checked its
+    offsets and the table's entries in use): the same answer as the library's own check; unpaged
+    calls reject it by name; and on the CPU, which reads host offsets anyway, a value other than
+    where cu_seqlens_k ends is rejected by name."""
+    dtype = DTYPES[device][0]
+    lens_k = [5, page + 1]
+    q, k, v, cu_q, cu_k, k_pool, v_pool, table = case(device, dtype, page, [2, 3], lens_k)
+    op = torch.ops.fusedattn.varlen_fwd
+    args = (q, k_pool, v_pool, cu_q, cu_k, 3, page + 1, None, False, -1, -1, False, None, table)
+    out, lse = op(*args)
+    out_checked, lse_checked = op(*args, sum(lens_k))
+    assert torch.equal(out_checked, out) and torch.equal(lse_checked, lse)
+    with pytest.raises(ValueError, match="checked_rows_k: is for paged calls"):
+        op(q, k, v, cu_q, cu_k, 3, page + 1, None, False, -1, -1, False, None, None, sum(lens_k))
+    if device == "cpu":
+        with pytest.raises(ValueError, match="checked_rows_k: is 4 but cu_seqlens_k ends at"):
+            op(*args, 4)
