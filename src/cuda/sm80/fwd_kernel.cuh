@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   using KVSource = typename KVTile::TileSource;
   const KVSource k_src(k, p.k_stride.row, k_steps, p.head_dim, tid), v_src(v, p.v_stride.row, v_steps, p.head_dim, tid);
   // This thread's chunk in the first row of block n (page_stride: k's or v's, in elements).
-  // 32-bit: validation keeps CUDA pages below 2^31 rows, and a 64-bit division is a call per load.
+  // Once per CTA, in 32 bits (validation keeps CUDA pages below 2^31 rows).
   const int blocks_per_page = paged ? static_cast<int>(p.page_size) / kBlockN : 1;
   auto block_src = [&](const KVSource& src, int64_t page_stride, int n) {
     if (!paged) return src.first_row(n);
