@@ -6,6 +6,7 @@ per case, the outputs are poisoned (torch.empty is NaN-filled in the workers too
 whose chunk differs in shape gets a clear error rather than a hang."""
 from __future__ import annotations
 
+import io
 import os
 import traceback
 
@@ -72,7 +73,11 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
             in_order.index_copy_(dim_, order.to(rows.device), rows)
             gathered.append(in_order)
         if local == 0:
-            results.put(("ok", [t.cpu() for t in gathered] + full))
+            # As bytes, not tensors: a tensor put on the queue is shared through this process's
+            # file descriptors, which are gone if it exits before the test has read them.
+            buffer = io.BytesIO()
+            torch.save([t.cpu() for t in gathered] + full, buffer)
+            results.put(("ok", buffer.getvalue()))
         dist.barrier()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001  (reported to the test, which fails with it)
@@ -92,7 +97,7 @@ def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1, backend="
         p.join(timeout=60)
     for status, payload in reports:
         assert status == "ok", payload
-    return [payload for _, payload in reports]
+    return [torch.load(io.BytesIO(payload)) for _, payload in reports]
 
 
 def check_against_reference(out, lse, dq, dk, dv, q, k, v, dout, causal, dtype):
