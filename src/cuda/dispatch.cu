@@ -103,11 +103,11 @@ bool sm90_supports(const FwdParams& p) {
 
 // seqused_k and paged K/V (loads_unwritten_rows): the Hopper kernel's TMA loads a sequence's last
 // key block whole, rows past its keys too (a KV cache from torch.empty, or a page's unused rows,
-// may hold NaN there, and P V's 0 * NaN would carry it), so
-// warpgroup 0 zeroes those V rows before its P V turn (Consumer::clear_unused_v_rows). That needs
-// every warpgroup to read every block, in GEMM turns: the 128 x 128 tiles (head dims up to 128;
-// d64 launches with seqused_k take that tile, fwd_split.h's d64_tile) under any mask and the
-// d192/d256 tiles under full masks. Masked d192/d256 launches (their slices skip blocks) take the
+// may hold NaN there, and P V's 0 * NaN would carry it), so warpgroup 0 zeroes those V rows
+// before its P V turn (Consumer::clear_unused_v_rows). That needs every warpgroup to read every
+// block, in GEMM turns: the 128 x 128 tiles (head dims up to 128; d64 launches with seqused_k or
+// pages take that tile, fwd_split.h's d64_tile) under any mask and the d192/d256 tiles under full
+// masks. Masked d192/d256 launches (their slices skip blocks) take the
 // portable path, whose loads zero-fill those rows.
 bool sm90_clears_unused_rows(const FwdParams& p) {
   constexpr int kSquareTileMaxHeadDim = 128;

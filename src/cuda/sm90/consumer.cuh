@@ -304,11 +304,11 @@ struct Consumer {
 
   // seqused_k and paged launches (loads_unwritten_rows): block n's V rows past the sequence's
   // keys hold whatever the caller's cache or page holds there (the TMA loads whole blocks; a
-  // dense launch's maps end at seqlen_k and zero-fill instead). Their P is 0, but 0 * NaN is NaN, so the first warpgroup to take the
-  // block's P V turn zeroes them first, whole 128-byte rows (the swizzle only permutes chunks
-  // within a row); the others' P V turns come after its turn (GEMM turns, which the launcher
-  // keeps on). Dispatch sends here only tiles whose warpgroups all read every block, so that
-  // first one is warpgroup 0 (cuda/dispatch.cu, sm90_clears_unused_rows).
+  // dense launch's maps end at seqlen_k and zero-fill instead). Their P is 0, but 0 * NaN is NaN,
+  // so the first warpgroup to take the block's P V turn zeroes them first, whole 128-byte rows
+  // (the swizzle only permutes chunks within a row); the others' P V turns come after its turn
+  // (GEMM turns, which the launcher keeps on). Dispatch sends here only tiles whose warpgroups all
+  // read every block, so that first one is warpgroup 0 (cuda/dispatch.cu, sm90_clears_unused_rows).
   __device__ __forceinline__ void clear_unused_v_rows(int n, const KVRing& kv, const KVPipeline<Storage>& pipe) const {
     if (!loads_unwritten_rows(params.p) || warpgroup != 0) return;
     const int used = slice().len_k - n * kBlockN;
