@@ -46,6 +46,13 @@ struct FwdParams {
   int64_t block_table_stride = 0;
   int64_t page_size = 0;
   int64_t num_pages = 0;
+  // Column-sparse mask (Options::column_mask; dense calls, CPU backend): the masked query rows of
+  // key j of batch b, head h are [m[0], m[1]) and, when column_mask_intervals is 2, [m[2], m[3]),
+  // where m = column_mask + b * column_mask_stride.batch + (h or 0) * .head + j * .row. Null: none.
+  const int32_t* column_mask = nullptr;
+  OperandStrides column_mask_stride;
+  int column_mask_intervals = 0;  // 1 or 2
+  bool column_mask_per_head = false;  // false: one mask head shared by every query head
   // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);
   // rows past these (a packed tensor may be longer) are never read.
   int64_t varlen_rows_q = 0;
@@ -56,7 +63,7 @@ struct FwdParams {
   // Window after folding causal in (causal => window_right = 0); -1 = unbounded.
   int64_t window_left = -1;
   int64_t window_right = -1;
-  bool is_masked() const { return window_left >= 0 || window_right >= 0; }
+  bool is_masked() const { return window_left >= 0 || window_right >= 0 || column_mask != nullptr; }
 
   Device device{};
   void* stream = nullptr;

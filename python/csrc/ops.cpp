@@ -105,24 +105,34 @@ Grads run_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor
   return {dq, dk, dv};
 }
 
+// The dense calls' options, with the column mask (Options::column_mask) where one is given.
+Options dense_options(const at::Tensor& q, std::optional<double> softmax_scale, bool causal, int64_t window_left,
+                      int64_t window_right, const std::optional<at::Tensor>& column_mask) {
+  Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
+  if (column_mask) options.column_mask = to_view(*column_mask, "column_mask");
+  return options;
+}
+
 std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        std::optional<double> softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, bool /*deterministic: read by autograd only*/) {
+                                       int64_t window_right, bool /*deterministic: read by autograd only*/,
+                                       const std::optional<at::Tensor>& column_mask) {
   return translate_errors([&] {
     expect_rank(q, "q", kDenseRank, kDenseLayout);
     c10::DeviceGuard guard(q.device());
-    return run_forward(q, k, v, make_options(q.device(), softmax_scale, causal, window_left, window_right),
+    return run_forward(q, k, v, dense_options(q, softmax_scale, causal, window_left, window_right, column_mask),
                        /*varlen=*/false);
   });
 }
 
 Grads bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           const at::Tensor& out, const at::Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
-          int64_t window_left, int64_t window_right, bool deterministic) {
+          int64_t window_left, int64_t window_right, bool deterministic,
+          const std::optional<at::Tensor>& column_mask) {
   return translate_errors([&] {
     c10::DeviceGuard guard(q.device());
     return run_backward(dout, q, k, v, out, softmax_lse,
-                        make_options(q.device(), softmax_scale, causal, window_left, window_right), deterministic);
+                        dense_options(q, softmax_scale, causal, window_left, window_right, column_mask), deterministic);
   });
 }
 
@@ -186,10 +196,11 @@ TORCH_LIBRARY(fusedattn, m) {
   m.set_python_module("fusedattn._ops");
   m.def(
       "fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+      "bool deterministic=False, Tensor? column_mask=None) -> (Tensor out, Tensor softmax_lse)");
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, float? softmax_scale, "
-      "bool causal, int window_left, int window_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "bool causal, int window_left, int window_right, bool deterministic=False, Tensor? column_mask=None) -> "
+      "(Tensor dq, Tensor dk, Tensor dv)");
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "

@@ -23,7 +23,7 @@ DType to_dtype(at::ScalarType type, const char* name) {
     case at::kInt: return DType::kInt32;
     default:
       TORCH_CHECK_VALUE(false, "fusedattn: ", name, ": dtype ", type,
-                        " is not supported; use float16, bfloat16 or float32 (int32 for cu_seqlens, seqused_k and block_table)");
+                        " is not supported; use float16, bfloat16 or float32 (int32 for cu_seqlens, seqused_k, block_table and column_mask)");
   }
 }
 

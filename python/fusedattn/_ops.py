@@ -42,7 +42,7 @@ def _varlen_lse(q: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.register_fake("fusedattn::fwd")
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, deterministic=False):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, deterministic=False, column_mask=None):
     return torch.empty_like(q), _dense_lse(q)
 
 
@@ -55,7 +55,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 @torch.library.register_fake("fusedattn::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_left, window_right,
-              deterministic=False):
+              deterministic=False, column_mask=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -74,9 +74,9 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, deterministic = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, deterministic, column_mask = inputs
     out, softmax_lse = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse)
+    ctx.save_for_backward(q, k, v, out, softmax_lse, column_mask)
     ctx.mask_args = (softmax_scale, causal, window_left, window_right, deterministic)
     # The log-sum-exp is returned for inspection (return_attn_probs), as in flash_attn: no gradient
     # flows through it.
@@ -84,9 +84,9 @@ def _fwd_setup_context(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    q, k, v, out, softmax_lse = ctx.saved_tensors
-    dq, dk, dv = ops.bwd(_last_dim_contiguous(dout), q, k, v, out, softmax_lse, *ctx.mask_args)
-    return dq, dk, dv, None, None, None, None, None
+    q, k, v, out, softmax_lse, column_mask = ctx.saved_tensors
+    dq, dk, dv = ops.bwd(_last_dim_contiguous(dout), q, k, v, out, softmax_lse, *ctx.mask_args, column_mask)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 def _varlen_fwd_setup_context(ctx, inputs, output):

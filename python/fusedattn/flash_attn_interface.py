@@ -50,16 +50,25 @@ def _result(out: torch.Tensor, softmax_lse: torch.Tensor, return_attn_probs: boo
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                    column_mask=None):
     """softmax(q k^T * softmax_scale) v over (batch, seqlen, nheads, headdim) tensors.
 
     softmax_scale defaults to 1/sqrt(headdim). causal and window_size are aligned to the
     bottom-right corner when seqlen_q != seqlen_k. Returns out (like q), or
     (out, softmax_lse [batch, nheads, seqlen_q] float32, None) when return_attn_probs.
+
+    column_mask (keyword only, an extension: FlashMask's column-sparse masks): an int32 tensor
+    (batch, 1 or nheads, seqlen_k, 2 or 4) on q's device; key j of batch b hides itself from query
+    rows [m[b, h, j, 0], m[b, h, j, 1]) and, with 4 entries, [m[b, h, j, 2], m[b, h, j, 3]), on top
+    of causal / window_size (documents packed into one sequence: each key hides from the rows
+    after its document, with causal=True). Forward and backward; the CPU backend only for now
+    (CUDA tensors raise NotImplementedError naming column_mask). Hidden keys' values must be
+    finite, as in flash_attn: a hidden score's weight is 0, and 0 * inf is NaN.
     """
     _reject_unsupported(dropout_p, softcap, alibi_slopes)
     left, right = _window(window_size, causal)
-    out, lse = ops.fwd(q, k, v, softmax_scale, causal, left, right, deterministic)
+    out, lse = ops.fwd(q, k, v, softmax_scale, causal, left, right, deterministic, column_mask)
     return _result(out, lse, return_attn_probs)
 
 

@@ -153,6 +153,26 @@ void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t
   if (batch > 1 && used.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
 }
 
+// column_mask (Options): int32 [batch, 1 or heads_q, seqlen_k, 2 or 4] on a dense call; the CPU
+// backend reads it (the CUDA kernels do not yet). Its entries are row bounds: any value is valid.
+void check_column_mask(const TensorView& m, bool varlen, Backend backend, int64_t batch, int64_t hq, int64_t sk,
+                       const Device& device) {
+  const char* name = "column_mask";
+  if (varlen) fail(ErrorCode::kUnsupported, name, "is supported on dense calls only, not with cu_seqlens_q/k");
+  if (backend == Backend::kCUDA)
+    fail(ErrorCode::kUnsupported, name, "the CUDA backend does not read column masks yet; use the CPU backend");
+  const std::string want = "an int32 [" + std::to_string(batch) + ", 1 or " + std::to_string(hq) + ", " +
+                           std::to_string(sk) + ", 2 or 4] tensor (per key, the bounds of one or two intervals "
+                           "of query rows it hides from)";
+  if (m.rank != 4 || m.shape[0] != batch || (m.shape[1] != 1 && m.shape[1] != hq) || m.shape[2] != sk ||
+      (m.shape[3] != 2 && m.shape[3] != 4))
+    fail(ErrorCode::kShapeMismatch, name, "must be " + want + ", got " + shape_str(m));
+  if (m.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(m.dtype));
+  if (m.data == nullptr && batch * m.shape[1] * sk > 0) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (m.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  if (m.stride[3] != 1) fail(ErrorCode::kLayout, name, "each key's bounds must be contiguous (last stride 1)");
+}
+
 // block_table (Options): its description, before anything reads it (fill_common has already
 // asked for a variable-length forward).
 void check_block_table_tensor(const TensorView& table, int64_t batch, const Device& device) {
@@ -286,6 +306,8 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   }
   if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
   if (paged) check_block_table_tensor(opt.block_table, batch, device);
+  const bool column_masked = !opt.column_mask.empty();
+  if (column_masked) check_column_mask(opt.column_mask, varlen, backend, batch, hq, sk, device);
   const int64_t page_size = paged ? k.shape[1] : 0, num_pages = paged ? k.shape[0] : 0;
   // Every key row of a paged call lies in some page (key_page clamps into them, so none may be empty).
   if (paged && (page_size < 1 || num_pages < 1))
@@ -336,6 +358,13 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   p.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * M_LOG2E);
   p.window_left = opt.window_left;
   p.window_right = opt.causal ? 0 : opt.window_right;
+  if (column_masked) {
+    const TensorView& m = opt.column_mask;
+    p.column_mask = static_cast<const int32_t*>(m.data);
+    p.column_mask_stride = {m.stride[0], m.stride[2], m.stride[1]};
+    p.column_mask_intervals = static_cast<int>(m.shape[3] / 2);
+    p.column_mask_per_head = m.shape[1] == hq && hq > 1;
+  }
   // Varlen: check_cu_seqlens below holds every sequence to the maxima the fold relies on.
   fold_unbounded_window(p);
 

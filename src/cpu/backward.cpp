@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/column_mask.h"
 #include "cpu/config.h"
 #include "cpu/exp2.h"
 #include "cpu/cpu_backend.h"
@@ -122,14 +123,18 @@ FUSEDATTN_CPU_HOT void key_block_gradients(const BwdParams& p, const Operands& o
 
   const int64_t c_last = c0 + cols - 1;
   for (int h = kv_head * group; h < (kv_head + 1) * group; ++h) {
+    const ColumnMask column_mask(p, b, h);
     for (int64_t r0 = 0; r0 < seq.len_q; r0 += kBlockQ) {
       const int rows = static_cast<int>(std::min<int64_t>(kBlockQ, seq.len_q - r0));
       const KeyRange keys = block_key_range(p, r0, rows, seq.len_q, seq.len_k);
       if (keys.lo > keys.hi || keys.lo > c_last || keys.hi < c0) continue;  // no row sees these keys
+      const TileCover cover = column_mask.cover(r0, rows, c0, cols);
+      if (cover == TileCover::kAll) continue;
 
       load_query_side(p, ops, b, h, seq, r0, rows, w);
       query_tile_ranges(p, seq, r0, rows, c0, cols, w);
       matmul_transposed_b(w.q.data(), rows, dim, w.kt.data(), kBlockK, cols, w.s.data(), kBlockK);
+      if (cover == TileCover::kPartial) column_mask.hide(r0, rows, c0, cols, w.s.data(), kBlockK);
       matmul_transposed_b(w.dout.data(), rows, dim, w.vt.data(), kBlockK, cols, w.dp.data(), kBlockK);
       softmax_gradients(p, rows, w);
       accumulate_ptb(w.s.data(), kBlockK, w.ranges.data(), rows, w.dout.data(), dim, cols, dv);
@@ -155,14 +160,18 @@ FUSEDATTN_CPU_HOT void query_block_gradients(const BwdParams& p, const Operands&
   float* dq = w.acc_a.data();
   std::fill(dq, dq + int64_t{rows} * dim, 0.f);
 
+  const ColumnMask column_mask(p, b, h);
   const KeyRange keys = block_key_range(p, r0, rows, seq.len_q, seq.len_k);
   for (int64_t c0 = keys.lo; c0 <= keys.hi; c0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.hi - c0 + 1));
+    const TileCover cover = column_mask.cover(r0, rows, c0, cols);
+    if (cover == TileCover::kAll) continue;
     query_tile_ranges(p, seq, r0, rows, c0, cols, w);
     load_tile_transposed(ops.k, b, seq.k_start, c0, cols, kv_head, dim, kBlockK, w.row.data(), w.kt.data());
     load_tile_transposed(ops.v, b, seq.k_start, c0, cols, kv_head, dim, kBlockK, w.row.data(), w.vt.data());
     load_tile(ops.k, b, seq.k_start, c0, cols, kv_head, dim, 1.f, w.k.data());
     matmul_transposed_b(w.q.data(), rows, dim, w.kt.data(), kBlockK, cols, w.s.data(), kBlockK);
+    if (cover == TileCover::kPartial) column_mask.hide(r0, rows, c0, cols, w.s.data(), kBlockK);
     matmul_transposed_b(w.dout.data(), rows, dim, w.vt.data(), kBlockK, cols, w.dp.data(), kBlockK);
     softmax_gradients(p, rows, w);
     accumulate_pb(w.dp.data(), kBlockK, w.ranges.data(), rows, w.k.data(), dim, dq);

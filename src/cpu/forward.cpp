@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/column_mask.h"
 #include "cpu/config.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/mask.h"
@@ -101,15 +102,20 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
   std::fill(w.softmax.begin(), w.softmax.begin() + rows, RowSoftmax{});
 
   // Key tiles start at the block's first visible key; tiles wholly outside every row's window
-  // are never visited, and only tiles cut by a mask edge pay for per-row column ranges.
+  // are never visited, and only tiles cut by a mask edge pay for per-row column ranges. A column
+  // mask skips the tiles it hides from every row and hides scores only where it cuts a tile.
+  const ColumnMask column_mask(p, t.b, t.h);
   const KeyRange keys = part_of(block_key_range(p, r0, rows, seq.len_q, seq.len_k), part, parts);
   for (int64_t c0 = keys.lo; c0 <= keys.hi; c0 += kBlockK) {
     const int cols = static_cast<int>(std::min<int64_t>(kBlockK, keys.hi - c0 + 1));
+    const TileCover cover = column_mask.cover(r0, rows, c0, cols);
+    if (cover == TileCover::kAll) continue;
     tile_col_ranges(p, r0, rows, seq.len_q, seq.len_k, c0, cols, w.ranges.data());
     load_tile_transposed(k, t.b, seq.k_start, c0, cols, kv_head, dim, kBlockK, w.row.data(), w.kt.data());
     load_tile(v, t.b, seq.k_start, c0, cols, kv_head, dim, 1.f, w.v.data());
 
     matmul_transposed_b(w.q.data(), rows, dim, w.kt.data(), kBlockK, cols, w.s.data(), kBlockK);
+    if (cover == TileCover::kPartial) column_mask.hide(r0, rows, c0, cols, w.s.data(), kBlockK);
     for (int r = 0; r < rows; ++r) {
       const float rescale = w.softmax[r].update(w.s.data() + int64_t{r} * kBlockK, w.ranges[r]);
       if (rescale != 1.f) {

@@ -1,7 +1,8 @@
 // Random calls of forward() and backward() on host tensors, most of them invalid in one or more
-// ways (sizes, strides, dtypes, windows, scales, offsets, backends): each must either run or throw
-// fusedattn::Error; any other exception fails the test, and a read or write outside a view's
-// buffer is what an ASan build of this suite catches (docs/api.md's rules are what it probes).
+// ways (sizes, strides, dtypes, windows, scales, offsets, tables, column masks, backends): each
+// must either run or throw fusedattn::Error; any other exception fails the test, and a read or
+// write outside a view's buffer is what an ASan build of this suite catches (docs/api.md's rules
+// are what it probes).
 // Every view is backed by a buffer that holds all of its elements, so a call that passes
 // validation may run; a view no buffer could back (a huge size) gets no data, so validation must
 // turn it down.
@@ -167,6 +168,11 @@ void fill(Fuzzer& f, Call& c) {
     a.v = f.view(dtype, {batch, sk, hkv, d}, maybe(40));
     a.out = f.view(dtype, {batch, sq, hq, d}, maybe(40));
     if (f.chance(70)) a.lse = f.view(DType::kFloat32, {batch, hq, maybe(10) ? sq + 1 : sq}, maybe(30));
+  }
+  if (f.chance(20)) {  // a column mask: any int32 bounds are valid, so most of these run
+    const int64_t heads = maybe(20) ? hq + 1 : f.pick<int64_t>({1, hq});
+    o.column_mask = f.view(maybe(10) ? DType::kFloat32 : DType::kInt32,
+                           {batch, heads, maybe(10) ? sk + 1 : sk, maybe(10) ? 3 : f.pick<int64_t>({2, 4})}, maybe(30));
   }
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
   o.causal = f.chance(40);

@@ -50,18 +50,21 @@ def allowed_keys(seqlen_q: int, seqlen_k: int, window_left: int, window_right: i
     return ok
 
 
-def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=torch.float64):
+def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=torch.float64, allowed=None):
     """Plain attention and its gradients in `dtype`, on one dense (batch, seqlen, heads, dim) batch.
 
     Returns out, lse [batch, heads, seqlen_q], dq, dk, dv. Fully masked rows give out = 0, lse = -inf
     and zero gradients. Used in float64 as the reference and in the inputs' dtype as the "plain
-    same-dtype implementation" of the 2x rule.
+    same-dtype implementation" of the 2x rule. `allowed` (bool, broadcastable to [batch, heads,
+    seqlen_q, seqlen_k]) hides more keys on top of the window.
     """
     group = q.shape[2] // k.shape[2]
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, dim)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = (q @ k.transpose(-1, -2)) * scale
     s = s.masked_fill(~allowed_keys(q.shape[2], k.shape[2], window_left, window_right, q.device), -math.inf)
+    if allowed is not None:
+        s = s.masked_fill(~allowed.to(q.device), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     lse_or_zero = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # no -inf - (-inf)
     p = torch.exp(s - lse_or_zero[..., None])

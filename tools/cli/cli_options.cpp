@@ -72,6 +72,15 @@ const std::vector<Flag>& flags() {
          a.window_left = parse_int("window", v.substr(0, comma), -1, std::numeric_limits<int64_t>::max());
          a.window_right = parse_int("window", v.substr(comma + 1), -1, std::numeric_limits<int64_t>::max());
        }},
+      {"documents", "L1,L2,...", "documents of these lengths packed in each sequence (a column mask; cpu)",
+       [](CliArgs& a, std::string_view v) {
+         a.documents.clear();
+         for (size_t at = 0; at <= v.size();) {
+           const size_t comma = std::min(v.find(',', at), v.size());
+           a.documents.push_back(parse_int("documents", v.substr(at, comma - at), 1, kMaxInt));
+           at = comma + 1;
+         }
+       }},
       {"page-size", "N", "K/V read as pages of N rows via a block table (forward; CUDA: N % 128 == 0)",
        [](CliArgs& a, std::string_view v) { a.page_size = parse_int("page-size", v, 1, kMaxInt); }},
       {"dtype", "fp16|bf16|fp32", "element type (default: fp32 on cpu, fp16 on cuda)",
@@ -164,6 +173,16 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   if (c.peers_naive && c.backward)
     throw UsageError("--peers-naive times the forward pass only; drop --backward or --peers-naive");
   c.page_size = a.page_size;
+  c.documents = a.documents;
+  if (!c.documents.empty()) {
+    int64_t total = 0;
+    for (int64_t n : c.documents) total += n;
+    if (!a.seqlen_q && !a.seqlen_k) c.seqlen_q = c.seqlen_k = total;
+    if (total != c.seqlen_q || c.seqlen_k != c.seqlen_q)
+      throw UsageError("--documents: the lengths add up to " + std::to_string(total) +
+                       "; they must fill each sequence, with --seqlen-q and --seqlen-k equal to that sum");
+    if (c.paged()) throw UsageError("--documents: column masks are for dense calls; drop --page-size or --documents");
+  }
   if (c.paged() && c.backward)
     throw UsageError("--page-size: paged K/V is read by the forward only; drop --backward or --page-size");
   if (c.paged() && c.layout != Layout::kBSHD)
@@ -207,8 +226,19 @@ std::string RunConfig::shape_str() const {
 std::string RunConfig::mask_str() const {
   const bool window = window_left >= 0 || window_right >= 0;
   const std::string w = "window(" + std::to_string(window_left) + "," + std::to_string(window_right) + ")";
-  if (causal) return window ? "causal+" + w : "causal";
-  return window ? w : "none";
+  const std::string docs = documents.empty() ? "" : "docs(" + std::to_string(documents.size()) + ")";
+  const std::string base = causal ? (window ? "causal+" + w : "causal") : (window ? w : "");
+  if (base.empty()) return docs.empty() ? "none" : docs;
+  return docs.empty() ? base : base + "+" + docs;
+}
+
+RunConfig::Span RunConfig::document_of(int64_t i) const {
+  int64_t start = 0;
+  for (int64_t n : documents) {
+    if (i < start + n) return {start, start + n};
+    start += n;
+  }
+  return {0, seqlen_k};
 }
 
 std::string RunConfig::kv_str() const { return paged() ? "paged(" + std::to_string(page_size) + ")" : "dense"; }

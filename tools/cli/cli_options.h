@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "fusedattn/attention.h"
 
@@ -42,6 +43,7 @@ struct CliArgs {
   int64_t check_rows = kDefaultCheckRows;
   bool peers_naive = false;
   int64_t page_size = 0;  // 0: K/V dense
+  std::vector<int64_t> documents;  // --documents: lengths of the documents packed in each sequence
   bool help = false;
 };
 
@@ -63,8 +65,17 @@ struct RunConfig {
   // > 0: the forward reads K and V as pages of this many rows through a block table (a
   // variable-length call of batch sequences, as a paged KV cache is read; workload.h).
   int64_t page_size = 0;
+  // Non-empty: each sequence packs documents of these lengths (adding up to seqlen_q = seqlen_k),
+  // and a query row sees only the keys of its own document, on top of causal / the window; the
+  // library gets it as a column mask (Options::column_mask; workload.h).
+  std::vector<int64_t> documents;
 
   bool on_device() const { return backend == Backend::kCUDA; }
+  // The document that holds row (or key) i: [start, end). The whole sequence without --documents.
+  struct Span {
+    int64_t start, end;
+  };
+  Span document_of(int64_t i) const;
   bool paged() const { return page_size > 0; }
   // Rows of K/V per sequence as stored: seqlen_k, rounded up to whole pages when paged.
   int64_t stored_seqlen_k() const;
@@ -75,7 +86,7 @@ struct RunConfig {
   double kv_elements() const;
   // "B1 H8/8 Sq1024 Sk1024 D64"
   std::string shape_str() const;
-  // "none", "causal", "window(128,0)", "causal+window(128,0)"
+  // "none", "causal", "window(128,0)", "causal+window(128,0)", each + "+docs(N)" with documents
   std::string mask_str() const;
   // "dense", or "paged(128)": how K/V are read
   std::string kv_str() const;

@@ -15,11 +15,14 @@ struct KeySpan {
   int64_t size() const { return hi >= lo ? hi - lo + 1 : 0; }
 };
 
+// With --documents, row i also sees only its own document's keys (RunConfig::documents): written
+// from that definition, while the library gets the documents as a column mask.
 inline KeySpan visible_keys(const RunConfig& c, int64_t i) {
   const int64_t diag = i + c.seqlen_k - c.seqlen_q;
   const int64_t right = c.causal ? 0 : c.window_right;
-  const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(diag - c.window_left, 0) : 0;
-  const int64_t hi = right >= 0 ? std::min(diag + right, c.seqlen_k - 1) : c.seqlen_k - 1;
+  const RunConfig::Span doc = c.document_of(i);
+  const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(diag - c.window_left, doc.start) : doc.start;
+  const int64_t hi = right >= 0 ? std::min(diag + right, doc.end - 1) : doc.end - 1;
   return {lo, hi};
 }
 

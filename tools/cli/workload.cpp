@@ -150,6 +150,16 @@ Workload::Workload(const RunConfig& c)
     upload(cu_k, offsets_k);
     upload(block_table, table);
   }
+  if (!c.documents.empty()) {
+    std::vector<int32_t> bounds;  // two intervals of hidden rows per key: before and after its document
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t j = 0; j < c.seqlen_k; ++j) {
+        const RunConfig::Span doc = c.document_of(j);
+        for (const int64_t bound : {int64_t{0}, doc.start, doc.end, c.seqlen_q}) bounds.push_back(static_cast<int32_t>(bound));
+      }
+    column_mask = BackendBuffer(bounds.size() * sizeof(int32_t), c.on_device());
+    column_mask.upload(bounds.data());
+  }
   if (!c.backward) return;
   dout = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
   dq = Operand(c.dtype, c.layout, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.on_device());
@@ -164,6 +174,10 @@ Options Workload::options() const {
   o.window_right = config.window_right;
   o.backend = config.backend;
   o.num_threads = config.threads;
+  if (!config.documents.empty()) {
+    const Device device = config.on_device() ? Device{DeviceType::kCUDA, 0} : Device{DeviceType::kCPU, 0};
+    o.column_mask = TensorView::contiguous(column_mask.data(), DType::kInt32, {config.batch, 1, config.seqlen_k, kDocumentBoundsPerKey}, device);
+  }
   return o;
 }
 
@@ -254,7 +268,7 @@ double attention_flops(const RunConfig& c) {
   constexpr double kBackwardFactor = 2.5;      // five matmuls instead of two
   const double heads = static_cast<double>(c.batch) * c.heads_q;
   double pairs = static_cast<double>(c.seqlen_q) * static_cast<double>(c.seqlen_k);
-  if (c.window_left >= 0 || (!c.causal && c.window_right >= 0)) {
+  if (c.window_left >= 0 || (!c.causal && c.window_right >= 0) || !c.documents.empty()) {
     pairs = 0;
     for (int64_t i = 0; i < c.seqlen_q; ++i) pairs += static_cast<double>(visible_keys(c, i).size());
   } else if (c.causal) {

@@ -88,6 +88,10 @@ struct Workload {
   Operand dout, dq, dk, dv;  // only allocated with --backward
   BackendBuffer workspace;
   BackendBuffer cu_q, cu_k, block_table;  // int32, only with --page-size
+  // int32 [batch, 1, seqlen_k, kDocumentBoundsPerKey], only with --documents: key j of the
+  // document [s, e) hides from query rows [0, s) and [e, seqlen_q) (Options::column_mask).
+  static constexpr int64_t kDocumentBoundsPerKey = 4;
+  BackendBuffer column_mask;
 };
 
 // Floating-point operations of one call by the FlashAttention convention: 4 * B * H * Sq * Sk * D
