@@ -2,15 +2,10 @@
 // kernels: key j of (batch b, mask head) hides itself from one or two intervals of query rows.
 //
 // Which (query block, key block) pairs to skip or to mask comes from a per-block summary of the
-// bounds, written once per call by column_summary.cu (common/column_summary.h) before the attention kernel: for each key
-// block and interval, the least and greatest start and end over the block's keys. From it a
-// block of rows [r0, r1) is
-//   hidden by interval i   when every key's interval covers the rows: max start <= r0, min end >= r1;
-//   untouched by it        when no key's interval reaches them:       min start >= r1 or max end <= r0;
-// and cut (masked element-wise) otherwise. A key with an empty interval (start >= end) enters
-// the summary as start = INT_MAX, end = INT_MIN, so it neither hides a block nor cuts it. Rows
-// hidden only by the union of a key's two intervals count as cut: their scores are masked one
-// by one, which is exact, only not skipped.
+// bounds (the least and greatest start and end of each interval over a block's keys), written
+// once per call before the attention kernel; common/column_summary.h has it and the rules that
+// read it. Here: the forward's walk over the seen key blocks, and the element-wise masks of the
+// blocks a mask cuts.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,23 +17,6 @@
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda {
-
-// Whether a summarised key block is seen by some row of a query block, and whether its scores
-// there need the element-wise mask.
-struct ColumnCover {
-  bool seen, cut;
-};
-
-__device__ __forceinline__ ColumnCover column_cover(const int4* block, int r0, int r1) {
-  bool hidden = false, untouched = true;
-#pragma unroll
-  for (int i = 0; i < kColumnSummaryIntervals; ++i) {
-    const int4 b = block[i];
-    hidden = hidden || (b.y <= r0 && b.z >= r1);
-    untouched = untouched && (b.x >= r1 || b.w <= r0);
-  }
-  return {!hidden, !untouched};
-}
 
 // The next key block a warp visits, going down, and whether the mask cuts it.
 struct ColumnVisit {
@@ -96,30 +74,13 @@ struct ColumnMaskView {
   }
 };
 
-// Query rows [first, end): outside them every key of a block hides from every row, by intervals
-// that reach an end of the sequence (documents: the rows after the block's document).
-struct RowSpan {
-  int first, end;
-};
-
 // The rows of [0, len_q) that some key of block n may be seen by, for the query heads
 // [head0, head0 + heads) (their union; one mask head for all unless the mask is per head).
 __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const ColumnSummary& s, int batch,
                                                       int head0, int heads, int n, int len_q) {
   RowSpan all{len_q, 0};
   for (int h = 0; h < (p.column_mask_per_head ? heads : 1); ++h) {
-    const int4* block = ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryIntervals;
-    RowSpan seen{0, len_q};
-    // Every key hides rows [greatest start, least end) of an interval, where that is not empty;
-    // twice over the intervals, so that one reaching the other's edge counts in either order.
-    for (int pass = 0; pass < 2; ++pass)
-#pragma unroll
-      for (int i = 0; i < kColumnSummaryIntervals; ++i) {
-        const int4 b = block[i];
-        if (b.y >= b.z) continue;
-        if (b.z >= seen.end && b.y < seen.end) seen.end = max(b.y, seen.first);
-        if (b.y <= seen.first && b.z > seen.first) seen.first = min(b.z, seen.end);
-      }
+    const RowSpan seen = column_seen_rows(ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryIntervals, len_q);
     if (seen.first < seen.end) all = {min(all.first, seen.first), max(all.end, seen.end)};
   }
   return all.first < all.end ? all : RowSpan{0, 0};
