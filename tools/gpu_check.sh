@@ -177,7 +177,8 @@ peers=$root/.devbuild/carry/peers.py
 # flash_attn_with_kvcache) or
 # "varlen" (tools/bench_varlen.py, packed batches against FA2's and cuDNN's varlen kernels, fp16
 # and bf16), "documents" (tools/bench_documents.py, packed causal documents under a column mask
-# against the same documents as a varlen batch, fp16, forward and forward + backward);
+# against the same documents as a varlen batch, fp16, forward and forward + backward, at
+# DOCUMENT_HEAD_DIMS, default 64,128);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
@@ -192,7 +193,8 @@ if has peers && [ -f "$peers" ]; then
     elif [ "$run" = documents ]; then
       for pass in forward backward; do
         step "documents-$pass" 250 "documents_$pass.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_documents.py" \
-          $([ $pass = backward ] && echo --backward) --out "$dest/documents_$pass.jsonl"
+          --head-dims "${DOCUMENT_HEAD_DIMS:-64,128}" $([ $pass = backward ] && echo --backward) \
+          --out "$dest/documents_$pass.jsonl"
       done
     elif [ "$run" = decode-varlen ]; then
       step decode-varlen 200 decode_varlen.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \

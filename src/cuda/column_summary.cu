@@ -50,6 +50,8 @@ __global__ void __launch_bounds__(kSummaryThreads)
     const int32_t* m = keys + j * stride.row;
     for (int i = 0; i < intervals; ++i) b[i].add(m[2 * i], m[2 * i + 1]);
   }
+  // A mask of one interval: the second enters as empty (left as it starts, it would hide every row).
+  for (int i = intervals; i < kColumnSummaryIntervals; ++i) b[i].add(0, 0);
   for (Bounds& interval : b) interval.add_lanes();
   if (lane != 0) return;
   int4* block = out + ((static_cast<int64_t>(batch) * gridDim.y + mask_head) * gridDim.x + n) * kColumnSummaryIntervals;
