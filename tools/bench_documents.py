@@ -13,6 +13,8 @@ do_bench median; forward, and forward + backward with --backward):
   ours_varlen      the same varlen call (on Hopper the forward's sm90 kernel)
   causal_portable  the packed sequence under causal alone (the work without skipping; its pairs
                    are not the documents', so only its time is comparable)
+  flex             torch's FlexAttention (torch.compile'd) with the document mask as a block mask:
+                   it skips the blocks the mask hides, the peer for packed documents in PyTorch
   sdpa_mask        torch SDPA with the document mask as a boolean [S, S] tensor (the efficient-
                    attention backend, what torch runs for an arbitrary mask)
 Every provider's output is checked against ours_column (max abs difference) before it is timed.
@@ -35,7 +37,7 @@ import fusedattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
 
-NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "sdpa_mask"]
+NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
 
 
 def document_mask(lens, device):
@@ -79,8 +81,21 @@ def run_case(dist, d, dtype, backward):
             qt, kt, vt = (x[None].transpose(1, 2) for x in (q, k, v))
             return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=keep).transpose(1, 2)[0]
 
+    def flex_provider():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def document_causal(b, h, q_idx, kv_idx):
+            return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+        block_mask = create_block_mask(document_causal, None, None, total, total, device="cuda")
+        compiled = torch.compile(flex_attention)
+
+        def fn():
+            qt, kt, vt = (x[None].transpose(1, 2) for x in (q, k, v))
+            return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
+        return fn
+
     providers = {"ours_column": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
-                 "causal_portable": causal_portable, "sdpa_mask": sdpa_mask}
+                 "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
     flops = 4 * heads * d * pairs(lens, True) * (3.5 if backward else 1.0)  # backward: 2.5x the forward's
@@ -88,6 +103,8 @@ def run_case(dist, d, dtype, backward):
            "backward": backward}
     for name, fn in providers.items():
         try:
+            if name == "flex":
+                fn = flex_provider()
             with torch.no_grad():
                 out = fn()
             row[name + "_maxdiff"] = round((out.float() - reference.float()).abs().max().item(), 4)
@@ -121,14 +138,16 @@ def main():
     dtype = getattr(torch, args.dtype)
     what = "forward + backward" if args.backward else "forward"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
-    print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES) + "  column/varlen_portable")
+    print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
+          + "  column/varlen_portable column/flex")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
             row = run_case(dist, d, dtype, args.backward)
             cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row[n] else '-':>17}" for n in NAMES)
-            ratio = (f"{row['ours_column'] / row['varlen_portable']:.2f}"
-                     if row["ours_column"] and row["varlen_portable"] else "-")
-            print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio:>10}", flush=True)
+            ratio = lambda peer: (f"{row['ours_column'] / row[peer]:.2f}"  # noqa: E731
+                                  if row["ours_column"] and row.get(peer) else "-")
+            print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('varlen_portable'):>22} "
+                  f"{ratio('flex'):>11}", flush=True)
             for n in NAMES:
                 if row.get(n + "_error"):
                     print(f"    {n}: {row[n + '_error']}")
