@@ -43,6 +43,24 @@ struct ColumnMaskView {
     return column_cover(blocks + n * kColumnSummaryIntervals, r0, r1);
   }
 
+  // The highest block in [lo, from] that some row of [r0, r1) sees. Warp-collective: each lane
+  // reads one block's summary, so a run of hidden blocks costs one load per 32 of them; every lane
+  // gets the same answer. All 32 lanes must call it together.
+  __device__ __forceinline__ ColumnVisit next_seen(int from, int lo, int r0, int r1) const {
+    constexpr unsigned kAllLanes = 0xffffffffu;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    for (int base = from; base >= lo; base -= 32) {
+      const int n = base - lane;
+      const ColumnCover c = n >= lo ? cover(n, r0, r1) : ColumnCover{false, false};
+      const unsigned seen = __ballot_sync(kAllLanes, c.seen), cut = __ballot_sync(kAllLanes, c.cut);
+      if (seen != 0) {
+        const int first = __ffs(seen) - 1;  // the lowest lane holds the highest block
+        return {base - first, ((cut >> first) & 1u) != 0};
+      }
+    }
+    return {lo - 1, false};
+  }
+
   // Whether key `key` hides from row `row`; the bounds are read through the read-only cache (the
   // lanes that share a key read the same words).
   struct KeyBounds {
@@ -67,60 +85,6 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
   }
   return all.first < all.end ? all : RowSpan{0, 0};
 }
-
-// The forward's walk down the key blocks some row of a query block sees. It holds the covers of a
-// window of 32 blocks, [base - 31, base], as two bit masks (bit l: block base - l), read by one
-// warp-wide load (each lane one block's summary), so a step loads only once per 32 blocks: a load
-// per step put its latency before every block's scores. The window lives in shared memory, one
-// per warp (kWarps of them): in registers, beside the loop's, it made d32, d96 and d128 spill
-// 4-8 B. Warp-collective, every lane with the same answer, so the warps walk the same blocks
-// without a barrier; all 32 lanes must call it together.
-template <int kWarps>
-struct ColumnWalk {
-  struct Window {
-    int base;  // -1: none yet (blocks are >= 0)
-    unsigned seen, cut;
-  };
-
-  static __device__ __forceinline__ Window& window() {
-    __shared__ Window windows[kWarps];
-    return windows[threadIdx.x / 32];
-  }
-
-  static __device__ __forceinline__ void start() {
-    if (threadIdx.x % 32 == 0) window().base = -1;
-    __syncwarp();
-  }
-
-  static constexpr int kSpan = 32;
-
-  // The window from block `from` down, by a call: inline, its loads and ballots beside the loop's
-  // registers made d32 and d128 spill 12-20 B.
-  static __device__ __noinline__ void load(const ColumnMaskView& mask, int from, int lo, int r0, int r1) {
-    constexpr unsigned kAllLanes = 0xffffffffu;
-    const int n = from - static_cast<int>(threadIdx.x % kSpan);
-    const ColumnCover c = n >= lo ? mask.cover(n, r0, r1) : ColumnCover{false, false};
-    const unsigned seen = __ballot_sync(kAllLanes, c.seen), cut = __ballot_sync(kAllLanes, c.cut);
-    __syncwarp();  // every lane has read the old window
-    if (threadIdx.x % kSpan == 0) window() = {from, seen, cut};
-    __syncwarp();
-  }
-
-  // The highest block in [lo, from] that some row of [r0, r1) sees, or lo - 1.
-  static __device__ __forceinline__ ColumnVisit next(const ColumnMaskView& mask, int from, int lo, int r0, int r1) {
-    while (from >= lo) {
-      if (from > window().base || window().base - from >= kSpan) load(mask, from, lo, r0, r1);
-      const Window here = window();
-      const unsigned ahead = here.seen >> (here.base - from);  // bit l: block from - l
-      if (ahead != 0) {
-        const int n = from - (__ffs(ahead) - 1);
-        return {n, ((here.cut >> (here.base - n)) & 1u) != 0};
-      }
-      from = here.base - kSpan;
-    }
-    return {lo - 1, false};
-  }
-};
 
 // The hidden (key, row) pairs of one thread's accumulator fragment: kKeys keys and kRows rows,
 // whose positions key_at(k) and row_at(r) the kernel's fragment layout gives. Found as bits, a

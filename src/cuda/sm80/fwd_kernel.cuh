@@ -156,11 +156,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   // some row of the CTA sees (warp-uniform, so the warps walk the same blocks without a barrier).
   constexpr bool kColumns = kMask == MaskKind::kColumn;
   const ColumnMaskView columns_here = kColumns ? ColumnMaskView::of(p, columns, batch, head) : ColumnMaskView{};
-  using Walk = ColumnWalk<Cfg::kWarps>;
-  if constexpr (kColumns) Walk::start();
   auto visit_from = [&](int n) -> ColumnVisit {
     if constexpr (kColumns)
-      return Walk::next(columns_here, n, kv.lo, static_cast<int>(i_first), static_cast<int>(i_last) + 1);
+      return columns_here.next_seen(n, kv.lo, static_cast<int>(i_first), static_cast<int>(i_last) + 1);
     else
       return {n, false};
   };
