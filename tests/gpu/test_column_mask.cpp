@@ -102,14 +102,18 @@ TEST_P(GpuColumnMask, WindowsWrittenAsColumns) {
 }
 
 // Query blocks past a document's end skip its key blocks whole; the rest are cut at document
-// boundaries that fall inside blocks.
-TEST_P(GpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
-  FUSEDATTN_REQUIRE_GPU();
+// boundaries that fall inside blocks. Forward and backward, both dtypes, at head_dim.
+void check_packed_documents(int head_dim) {
   for (const DType dtype : kGpuDtypes) {
     Columns m(1, 1, total_length(kDocuments), 1);
-    const MaskedCall mc = packed_documents(kDocuments, 4, 2, GetParam(), m);
+    const MaskedCall mc = packed_documents(kDocuments, 4, 2, head_dim, m);
     FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, dtype));
   }
+}
+
+TEST_P(GpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_packed_documents(GetParam());
 }
 
 TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
@@ -256,11 +260,7 @@ class GpuColumnMaskOtherHeadDims : public ::testing::TestWithParam<int> {};
 
 TEST_P(GpuColumnMaskOtherHeadDims, PackedCausalDocuments) {
   FUSEDATTN_REQUIRE_GPU();
-  for (const DType dtype : kGpuDtypes) {
-    Columns m(1, 1, total_length(kDocuments), 1);
-    const MaskedCall mc = packed_documents(kDocuments, 4, 2, GetParam(), m);
-    FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, dtype));
-  }
+  check_packed_documents(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMaskOtherHeadDims, ::testing::Values(32, 96, 192, 256),
