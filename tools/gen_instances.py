@@ -12,7 +12,9 @@ import pathlib
 HEAD_DIMS = {"sm80": (32, 64, 96, 128, 192, 256), "sm90": (64, 96, 128, 192, 256)}
 DIRECTIONS = {"sm80": ("fwd", "bwd"), "sm90": ("fwd",)}
 ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
-MASK = {"full": "MaskKind::kFull", "window": "MaskKind::kWindow"}
+MASK = {"full": "MaskKind::kFull", "window": "MaskKind::kWindow", "column": "MaskKind::kColumn"}
+# Column masks (FwdParams::column_mask) run on the portable kernels only.
+MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window")}
 
 # The Hopper forward's clustered kernels (fwd_launch.cuh, launch_fwd_maybe_paired): full masks,
 # one per head dim x tile shape it pairs, named by the shape's KV block width.
@@ -48,7 +50,7 @@ def main():
         old.unlink()
     for arch in ("sm80", "sm90"):
         for direction, dtype, head_dim, mask in itertools.product(
-                DIRECTIONS[arch], ELEMENT, HEAD_DIMS[arch], MASK):
+                DIRECTIONS[arch], ELEMENT, HEAD_DIMS[arch], MASKS[arch]):
             name = f"{arch}_{direction}_{dtype}_d{head_dim}_{mask}.cu"
             (out / name).write_text(TEMPLATE.format(
                 arch=arch, direction=direction, element=ELEMENT[dtype], head_dim=head_dim,

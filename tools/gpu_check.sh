@@ -176,7 +176,9 @@ peers=$root/.devbuild/carry/peers.py
 # --decode at DECODE_BATCHES and DECODE_HEAD_DIMS (default 128): ragged caches, packed and through
 # flash_attn_with_kvcache) or
 # "varlen" (tools/bench_varlen.py, packed batches against FA2's and cuDNN's varlen kernels, fp16
-# and bf16);
+# and bf16), "documents" (tools/bench_documents.py, packed causal documents under a column mask
+# against the same documents as a varlen batch, fp16, forward and forward + backward, at
+# DOCUMENT_HEAD_DIMS, default 64,128);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
@@ -187,6 +189,12 @@ if has peers && [ -f "$peers" ]; then
       for vdt in float16 bfloat16; do
         step "varlen-$vdt" 250 "varlen_$vdt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
           --dtype "$vdt" --out "$dest/varlen_$vdt.jsonl"
+      done
+    elif [ "$run" = documents ]; then
+      for pass in forward backward; do
+        step "documents-$pass" 250 "documents_$pass.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_documents.py" \
+          --head-dims "${DOCUMENT_HEAD_DIMS:-64,128}" $([ $pass = backward ] && echo --backward) \
+          --out "$dest/documents_$pass.jsonl"
       done
     elif [ "$run" = decode-varlen ]; then
       step decode-varlen 200 decode_varlen.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_varlen.py" \
@@ -261,6 +269,6 @@ if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
 fi
 [ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
-for f in "$out"/varlen_*.log "$out"/decode_varlen.log; do
+for f in "$out"/varlen_*.log "$out"/decode_varlen.log "$out"/documents_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done

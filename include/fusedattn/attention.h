@@ -50,9 +50,9 @@ struct Options {
   // to it, so a bad table reads wrong pages but never outside k and v. The CUDA backend needs
   // page_size to be a multiple of kCudaPageRows; the CPU backend takes any.
   TensorView block_table;
-  // Column-sparse mask (FlashMask's representation), dense calls only, CPU backend only for now:
-  // int32 [B, Hm, Sk, 2 or 4] in host memory (Hm: 1, shared by every query head, or Hq; its last
-  // dimension contiguous). Key j of batch b hides itself from query rows [m[b,h,j,0], m[b,h,j,1])
+  // Column-sparse mask (FlashMask's representation), dense calls only, on both backends (CUDA:
+  // the portable kernels): int32 [B, Hm, Sk, 2 or 4] on q's device (Hm: 1, shared by every query
+  // head, or Hq; its last dimension contiguous). Key j of batch b hides itself from query rows [m[b,h,j,0], m[b,h,j,1])
   // and, with 4 entries, from rows [m[b,h,j,2], m[b,h,j,3]) too (query rows 0-based; an interval
   // whose start is not below its end hides nothing; bounds past the rows are fine). On top of
   // causal / the window: a key is seen where both allow it. One interval per key gives document

@@ -62,9 +62,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     (batch, 1 or nheads, seqlen_k, 2 or 4) on q's device; key j of batch b hides itself from query
     rows [m[b, h, j, 0], m[b, h, j, 1]) and, with 4 entries, [m[b, h, j, 2], m[b, h, j, 3]), on top
     of causal / window_size (documents packed into one sequence: each key hides from the rows
-    after its document, with causal=True). Forward and backward; the CPU backend only for now
-    (CUDA tensors raise NotImplementedError naming column_mask). Hidden keys' values must be
-    finite, as in flash_attn: a hidden score's weight is 0, and 0 * inf is NaN.
+    after its document, with causal=True). Forward and backward, on CPU and CUDA tensors (on CUDA
+    the portable kernels run it, on Hopper too). Hidden keys' values must be finite, as in
+    flash_attn: a hidden score's weight is 0, and 0 * inf is NaN.
     """
     _reject_unsupported(dropout_p, softcap, alibi_slopes)
     left, right = _window(window_size, causal)

@@ -153,14 +153,12 @@ void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t
   if (batch > 1 && used.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
 }
 
-// column_mask (Options): int32 [batch, 1 or heads_q, seqlen_k, 2 or 4] on a dense call; the CPU
-// backend reads it (the CUDA kernels do not yet). Its entries are row bounds: any value is valid.
-void check_column_mask(const TensorView& m, bool varlen, Backend backend, int64_t batch, int64_t hq, int64_t sk,
-                       const Device& device) {
+// column_mask (Options): int32 [batch, 1 or heads_q, seqlen_k, 2 or 4] on a dense call; both
+// backends read it (on CUDA the portable kernels, Hopper included). Its entries are row bounds:
+// any value is valid.
+void check_column_mask(const TensorView& m, bool varlen, int64_t batch, int64_t hq, int64_t sk, const Device& device) {
   const char* name = "column_mask";
   if (varlen) fail(ErrorCode::kUnsupported, name, "is supported on dense calls only, not with cu_seqlens_q/k");
-  if (backend == Backend::kCUDA)
-    fail(ErrorCode::kUnsupported, name, "the CUDA backend does not read column masks yet; use the CPU backend");
   const std::string want = "an int32 [" + std::to_string(batch) + ", 1 or " + std::to_string(hq) + ", " +
                            std::to_string(sk) + ", 2 or 4] tensor (per key, the bounds of one or two intervals "
                            "of query rows it hides from)";
@@ -307,7 +305,7 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (!opt.seqused_k.empty()) check_seqused_k(opt.seqused_k, varlen, backward, batch, device);
   if (paged) check_block_table_tensor(opt.block_table, batch, device);
   const bool column_masked = !opt.column_mask.empty();
-  if (column_masked) check_column_mask(opt.column_mask, varlen, backend, batch, hq, sk, device);
+  if (column_masked) check_column_mask(opt.column_mask, varlen, batch, hq, sk, device);
   const int64_t page_size = paged ? k.shape[1] : 0, num_pages = paged ? k.shape[0] : 0;
   // Every key row of a paged call lies in some page (key_page clamps into them, so none may be empty).
   if (paged && (page_size < 1 || num_pages < 1))

@@ -42,6 +42,7 @@ struct Entry {
 #define FUSEDATTN_DTYPE_bf16 DType::kBFloat16
 #define FUSEDATTN_MASK_full MaskKind::kFull
 #define FUSEDATTN_MASK_window MaskKind::kWindow
+#define FUSEDATTN_MASK_column MaskKind::kColumn
 #define FUSEDATTN_ARCH_sm80 80
 #define FUSEDATTN_ARCH_sm90 90
 #define FUSEDATTN_FN_fwd(arch, dt, hd, mask) \
@@ -58,7 +59,12 @@ const Entry kTable[] = {
 #include "instance_table.inc"
 };
 
-MaskKind mask_of(const FwdParams& p) { return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull; }
+// Column masks run on the portable kernels only: no sm90 instance has that kind, so find() below
+// sends them to sm80 on Hopper too.
+MaskKind mask_of(const FwdParams& p) {
+  if (p.column_mask != nullptr) return MaskKind::kColumn;
+  return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull;
+}
 
 // The smallest compiled head dim >= the request (head dims run on the next larger instance).
 const Entry* find(int arch, bool backward, const FwdParams& p) {

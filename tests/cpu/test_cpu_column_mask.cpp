@@ -6,46 +6,18 @@
 // backward, fp32 by tolerance and fp16/bf16 by the 2x rule. Then the rejections, by name.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "cpu/cpu_check.h"
+#include "reference/column_mask.h"
 
 namespace fusedattn::testing {
 namespace {
 
 constexpr int kHeadDim = 32;
-
-// [batch, heads, keys, 2 * intervals] int32 bounds: key j of (b, h) hides from query rows
-// [lo, hi) of each of its intervals.
-struct Columns {
-  int64_t batch, heads, keys, intervals;
-  std::vector<int32_t> bounds;
-  Columns(int64_t b, int64_t h, int64_t k, int64_t n)
-      : batch(b), heads(h), keys(k), intervals(n), bounds(static_cast<size_t>(b * h * k * 2 * n), 0) {}
-  void hide(int64_t b, int64_t h, int64_t j, int64_t interval, int64_t lo, int64_t hi) {
-    int32_t* m = &bounds[static_cast<size_t>(((b * heads + h) * keys + j) * 2 * intervals + 2 * interval)];
-    m[0] = static_cast<int32_t>(lo);
-    m[1] = static_cast<int32_t>(hi);
-  }
-  TensorView view() { return TensorView::contiguous(bounds.data(), DType::kInt32, {batch, heads, keys, 2 * intervals}); }
-};
-
-// The window (left, right; -1 unbounded, causal: right 0) of an sq x sk problem, as the query rows
-// each key hides from: key j is seen by rows [j - off - right, j - off + left] (off = sk - sq, the
-// bottom-right alignment), so it hides from the rows before and after them.
-void hide_outside_window(Columns& m, int64_t b, int64_t h, int64_t sq, int64_t sk, int64_t left, int64_t right) {
-  const int64_t off = sk - sq;
-  for (int64_t j = 0; j < sk; ++j) {
-    const int64_t first = right < 0 ? 0 : std::clamp<int64_t>(j - off - right, 0, sq);
-    const int64_t after = left < 0 ? sq : std::clamp<int64_t>(j - off + left + 1, 0, sq);
-    m.hide(b, h, j, 0, 0, first);
-    m.hide(b, h, j, 1, after, sq);
-  }
-}
 
 ForwardArgs masked_forward_args(HostCase& c, Columns& m, bool causal) {
   ForwardArgs a = forward_args(c);
@@ -86,11 +58,7 @@ void check_backward_against(HostCase& c, const ForwardArgs& f, const Problem& tr
   a.dv = c.dv.view();
   backward(a);
   Tensors ref = c.values, plain = c.values;
-  const int64_t row = int64_t{truth.heads_q} * truth.head_dim;
-  for (Tensors* t : {&ref, &plain})
-    for (int64_t b = 0; b < c.problem.batch; ++b)
-      std::fill(t->dout.begin() + (b * c.problem.seqlen_q + hidden_lo) * row,
-                t->dout.begin() + (b * c.problem.seqlen_q + hidden_hi) * row, 0.0);
+  for (Tensors* t : {&ref, &plain}) zero_rows(t->dout, c.problem, truth.head_dim, hidden_lo, hidden_hi);
   reference_backward(truth, ref);
   if (c.dtype != DType::kFloat32) plain_backward(truth, c.dtype, plain);
   const double low = atol_for(c.dtype);
@@ -133,17 +101,12 @@ TEST(CpuColumnMask, WindowsWrittenAsColumnsMatchTheReference) {
 // documents as a variable-length batch: the same rows in the same order.
 TEST(CpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   const std::vector<int64_t> docs = {37, 1, 64, 90, 8};
-  int64_t total = 0;
-  for (int64_t n : docs) total += n;
+  const int64_t total = total_length(docs);
   const Problem call = dense(1, 4, 1, total, total, kHeadDim);
   const Problem truth = with_mask(packed(4, 1, kHeadDim, docs, docs), true, -1, -1);
   for (const DType dtype : kCpuDtypes) {
     Columns m(1, 1, total, 1);
-    int64_t start = 0;
-    for (int64_t n : docs) {
-      for (int64_t j = start; j < start + n; ++j) m.hide(0, 0, j, 0, start + n, total);
-      start += n;
-    }
+    hide_later_documents(m, 0, 0, docs);
     HostCase c = fresh_case(call, dtype);
     check_backward_against(c, check_forward_against(c, m, /*causal=*/true, truth), truth);
   }
@@ -195,11 +158,7 @@ TEST(CpuColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
   const Problem call = dense(2, 2, 1, sq, sk, kHeadDim);
   for (const DType dtype : kCpuDtypes) {
     Columns m(2, 1, sk, 2);
-    for (int64_t b = 0; b < 2; ++b)
-      for (int64_t j = 0; j < sk; ++j) {
-        m.hide(b, 0, j, 0, hi - 10, hi);  // two overlapping pieces, in reverse order
-        m.hide(b, 0, j, 1, lo, hi - 5);
-      }
+    for (int64_t b = 0; b < 2; ++b) hide_rows_from_every_key(m, b, 0, lo, hi);
     HostCase c = fresh_case(call, dtype);
     c.out.poison();
     c.lse.poison();

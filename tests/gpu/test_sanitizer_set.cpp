@@ -3,12 +3,15 @@
 // backward, on whichever forward kernel dispatch picks and again with the Hopper kernel turned off.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <initializer_list>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
+#include "reference/column_mask.h"
 
 namespace fusedattn::testing {
 namespace {
@@ -77,6 +80,38 @@ TEST(GpuSanitizer, PortableKeySplit) {
   used.seqused_k = {2999, 0, 1200};
   for (const Problem& p : {dense(1, 8, 2, 1, 2100, 128), dense(1, 2, 2, 3, 1500, 64), used})
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(p, DType::kFloat16));
+}
+
+// Column masks (the portable kernels, where dispatch sends them): causal documents packed into
+// one sequence, whose later query blocks skip key blocks whole, and a sliding window written as
+// two intervals per key over a GQA call with one mask per query head; forward and backward, each
+// against the reference of what the mask equals.
+TEST(GpuSanitizer, ColumnMaskDocumentsAndTwoIntervals) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::vector<int64_t> docs = {70, 1, 129, 33};
+  const int64_t total = total_length(docs), sq = 150, sk = 190;
+  Columns documents(1, 1, total, 1), window(2, 4, sk, 2);
+  hide_later_documents(documents, 0, 0, docs);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 4; ++h) hide_outside_window(window, b, h, sq, sk, 40, 10);
+  const Problem window_call = dense(2, 4, 2, sq, sk, 64);
+  const std::vector<std::tuple<Problem, Problem, Columns*>> cases = {
+      {with_mask(dense(1, 2, 1, total, total, 64), true, -1, -1), with_mask(packed(2, 1, 64, docs, docs), true, -1, -1),
+       &documents},
+      {window_call, with_mask(window_call, false, 40, 10), &window}};
+  for (const auto& [call, truth, m] : cases) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(call, DType::kFloat16, Layout::kBSHD, rng);
+    DeviceCase dc(c);
+    const DeviceTensor mask(m->bounds);
+    ForwardArgs f = dc.forward_args();
+    f.options.column_mask = mask.view(m->bounds);
+    BackwardArgs b = dc.backward_args();
+    b.options.column_mask = f.options.column_mask;
+    FUSEDATTN_RUN_OR_SKIP(dc.forward(f));
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(b));
+    expect_masked_results(c, truth, {}, atol_for(DType::kFloat16), kLseAtol);
+  }
 }
 
 // Forward checks with slack 0, so nearly every unmasked step fails the sum check: the warps

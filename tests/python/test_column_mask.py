@@ -1,9 +1,9 @@
-"""flash_attn_func's column_mask (FlashMask's column-sparse masks, the CPU backend): key j of batch
-b hides itself from query rows [m[b, h, j, 0], m[b, h, j, 1]) and, with four entries, from rows
-[m[b, h, j, 2], m[b, h, j, 3]), on top of causal / window_size. Outputs, LSE and gradients against
-the float64 reference of the same mask as a dense boolean one (fp32 by tolerance, half precision
-by the 2x rule), rows that every key hides from, the autograd and compile paths, and the
-rejections by name."""
+"""flash_attn_func's column_mask (FlashMask's column-sparse masks, the CPU and CUDA backends): key j
+of batch b hides itself from query rows [m[b, h, j, 0], m[b, h, j, 1]) and, with four entries, from
+rows [m[b, h, j, 2], m[b, h, j, 3]), on top of causal / window_size. Outputs, LSE and gradients
+against the float64 reference of the same mask as a dense boolean one (fp32 by tolerance, half
+precision by the 2x rule), rows that every key hides from, the autograd and compile paths, the
+deterministic CUDA backward, and the rejections by name."""
 from __future__ import annotations
 
 import pytest
@@ -13,13 +13,15 @@ import fusedattn
 from conftest import HAS_CUDA, assert_2x_rule, attention_math, default_scale, randn
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+CUDA_DTYPES = (torch.float16, torch.bfloat16)
+ON_CUDA = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 FP32_ATOL, FP32_RTOL = 2e-5, 1e-4
 
 
 def allowed_by(mask: torch.Tensor, seqlen_q: int) -> torch.Tensor:
     """The dense [batch, 1 or heads, seqlen_q, seqlen_k] view of a column mask: True where seen."""
-    rows = torch.arange(seqlen_q)[None, None, :, None]
-    hidden = torch.zeros(mask.shape[0], mask.shape[1], seqlen_q, mask.shape[2], dtype=torch.bool)
+    rows = torch.arange(seqlen_q, device=mask.device)[None, None, :, None]
+    hidden = torch.zeros(mask.shape[0], mask.shape[1], seqlen_q, mask.shape[2], dtype=torch.bool, device=mask.device)
     for i in range(mask.shape[3] // 2):
         lo, hi = mask[..., 2 * i][:, :, None, :], mask[..., 2 * i + 1][:, :, None, :]
         hidden |= (rows >= lo) & (rows < hi)
@@ -41,8 +43,8 @@ def document_mask(lengths: list[int], heads: int = 1) -> torch.Tensor:
 
 
 def check(q, k, v, mask, causal, window=(-1, -1)):
-    """Ours, forward and backward, against the reference of the dense mask."""
-    dout = randn(*q.shape, dtype=q.dtype, device="cpu")
+    """Ours, forward and backward, against the reference of the dense mask (on q's device)."""
+    dout = randn(*q.shape, dtype=q.dtype, device=q.device)
     qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse, _ = fusedattn.flash_attn_func(qg, kg, vg, causal=causal, window_size=window, return_attn_probs=True,
                                             column_mask=mask)
@@ -121,9 +123,77 @@ def test_rejections_name_column_mask():
         fusedattn.flash_attn_func(q, k, v, column_mask=torch.zeros(2, 1, 16, 2, dtype=torch.int64))
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="the CUDA backend's limit")
-def test_cuda_tensors_raise_naming_column_mask():
-    q, k, v = (randn(1, 16, 2, 64, dtype=torch.float16, device="cuda") for _ in range(3))
-    mask = torch.zeros(1, 1, 16, 2, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="column_mask: the CUDA backend does not read column masks yet"):
+# ---- the CUDA backend: the portable kernels, fp16/bf16 ------------------------------------------
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).split(".")[-1]
+
+
+def cuda_inputs(batch, seqlen_q, seqlen_k, heads, heads_kv, d, dtype):
+    q = randn(batch, seqlen_q, heads, d, dtype=dtype, device="cuda")
+    k, v = (randn(batch, seqlen_k, heads_kv, d, dtype=dtype, device="cuda") for _ in range(2))
+    return q, k, v
+
+
+@ON_CUDA
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("intervals", [1, 2])
+@pytest.mark.parametrize("mask_heads", [1, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cuda_random_masks_match_the_reference(dtype, intervals, mask_heads, causal):
+    """GQA with lengths over several query and key blocks, ragged tails; random bounds cut every
+    tile somewhere."""
+    batch, heads, heads_kv, sq, sk = 2, 4, 2, 333, 590
+    q, k, v = cuda_inputs(batch, sq, sk, heads, heads_kv, 64, dtype)
+    check(q, k, v, random_mask(batch, mask_heads, sq, sk, intervals).cuda(), causal)
+
+
+@ON_CUDA
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_packed_documents(dtype):
+    """Causal documents of varied lengths packed into one GQA sequence (query blocks past a
+    document skip its key blocks whole), then the same documents under a sliding window with one
+    mask per query head."""
+    lengths = [300, 1, 129, 64, 450, 7]
+    total = sum(lengths)
+    q, k, v = cuda_inputs(1, total, total, 4, 2, 64, dtype)
+    check(q, k, v, document_mask(lengths).cuda(), causal=True)
+    check(q, k, v, document_mask(lengths, heads=4).cuda(), causal=False, window=(100, 0))
+
+
+@ON_CUDA
+@pytest.mark.parametrize("dtype", CUDA_DTYPES, ids=dtype_id)
+def test_cuda_rows_that_every_key_hides_from(dtype):
+    """Rows [70, 200) (across query blocks) see no key, by two overlapping intervals in reverse
+    order: out 0, lse -inf, and no gradient flows through them."""
+    sq, sk = 300, 400
+    q, k, v = cuda_inputs(2, sq, sk, 4, 2, 64, dtype)
+    mask = torch.tensor([190, 200, 70, 195], dtype=torch.int32, device="cuda").expand(2, 1, sk, 4).contiguous()
+    out, lse, _ = fusedattn.flash_attn_func(q, k, v, return_attn_probs=True, column_mask=mask)
+    assert torch.equal(out[:, 70:200], torch.zeros_like(out[:, 70:200]))
+    assert torch.all(lse[:, :, 70:200] == float("-inf"))
+    check(q, k, v, mask, causal=False)
+
+
+@ON_CUDA
+def test_cuda_deterministic_backward_is_bit_identical():
+    lengths = [300, 1, 129, 64, 450, 7]
+    total = sum(lengths)
+    q, k, v = cuda_inputs(1, total, total, 4, 2, 64, torch.bfloat16)
+    dout = randn(*q.shape, dtype=q.dtype, device="cuda")
+    mask = document_mask(lengths).cuda()
+    grads = []
+    for _ in range(2):
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        fusedattn.flash_attn_func(qg, kg, vg, causal=True, deterministic=True, column_mask=mask).backward(dout)
+        grads.append((qg.grad, kg.grad, vg.grad))
+    for name, first, second in zip(("dq", "dk", "dv"), *grads):
+        assert torch.equal(first, second), f"{name} differs between two deterministic runs"
+
+
+@ON_CUDA
+def test_cuda_mask_on_the_host_raises_naming_column_mask():
+    q, k, v = cuda_inputs(1, 16, 16, 2, 2, 64, torch.float16)
+    mask = torch.zeros(1, 1, 16, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="column_mask: must be on the same device as q"):
         fusedattn.flash_attn_func(q, k, v, column_mask=mask)

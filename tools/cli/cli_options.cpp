@@ -72,7 +72,7 @@ const std::vector<Flag>& flags() {
          a.window_left = parse_int("window", v.substr(0, comma), -1, std::numeric_limits<int64_t>::max());
          a.window_right = parse_int("window", v.substr(comma + 1), -1, std::numeric_limits<int64_t>::max());
        }},
-      {"documents", "L1,L2,...", "documents of these lengths packed in each sequence (a column mask; cpu)",
+      {"documents", "L1,L2,...", "documents of these lengths packed in each sequence (a column mask)",
        [](CliArgs& a, std::string_view v) {
          a.documents.clear();
          for (size_t at = 0; at <= v.size();) {

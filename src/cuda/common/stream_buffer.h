@@ -1,7 +1,7 @@
 // Device scratch kept per (device, stream) for each of its users, grown on demand and never freed:
 // a CUDA graph captured with one still points at it, and launches on one stream run in order, so
 // they share it. The split forwards keep their parts' rows here (sm90/split_workspace.cu,
-// sm80/fwd_split_combine.cu).
+// sm80/fwd_split_combine.cu), the column-masked forward its mask's summary (sm80/fwd_launch.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,7 +10,7 @@
 
 namespace fusedattn::cuda {
 
-enum class StreamBufferUser { kSm90Split, kSm80KvSplit };
+enum class StreamBufferUser { kSm90Split, kSm80KvSplit, kColumnSummary };
 
 struct StreamBuffer {
   char* base = nullptr;  // null: it would have to grow while the stream is captured into a graph

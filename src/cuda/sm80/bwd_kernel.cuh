@@ -36,6 +36,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/column_mask.cuh"
 #include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
@@ -68,7 +69,7 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace
     const int pair = at.item / kv_blocks;
     return {at.item - pair * kv_blocks, pair % p.heads_kv, pair / p.heads_kv, at.item, at.part, at.parts};
   } else {
-    const GridItem item = grid_item<kMask == MaskKind::kWindow>(schedule_shift);
+    const GridItem item = grid_item<kMask != MaskKind::kFull>(schedule_shift);
     return {item.rank, item.y, item.z, 0, 0, 1};
   }
 }
@@ -113,6 +114,22 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   const int64_t key0 = cta.n * kBlockN;
   if (key0 >= cta.seq.len_k) return;  // varlen grids cover max_seqlen_k
   cta.m_blocks = query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+  // A column mask on top of the window (or of none): the query blocks that rows hidden from every
+  // key of this block leave out, at the ends of the sequence (documents: the rows after the
+  // block's document). Not in deterministic mode, whose ordered dQ adds expect every KV block of
+  // the window at each query block; the hidden blocks are masked whole there.
+  constexpr bool kColumns = kMask == MaskKind::kColumn;
+  if constexpr (kColumns) {
+    if (!p.deterministic && !cta.m_blocks.empty()) {
+      const RowSpan rows =
+          seen_rows_of_group(p, ws.columns, cta.b, cta.kvh * cta.group, cta.group, static_cast<int>(cta.n),
+                             static_cast<int>(cta.seq.len_q));
+      const int64_t first = rows.first / kBlockM, end = ceil_div(int64_t{rows.end}, kBlockM);
+      if (first > cta.m_blocks.begin) cta.m_blocks.begin = first;
+      if (end < cta.m_blocks.end) cta.m_blocks.end = end;
+      if (cta.m_blocks.end < cta.m_blocks.begin) cta.m_blocks.end = cta.m_blocks.begin;
+    }
+  }
   cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
 
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -233,7 +250,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     // The warp's S^T columns, kSliceQueries at a time: each slice's P^T and dS^T are consumed
     // (dV, dK, hand-off) before the next slice's are computed.
     bool needs_mask;
-    if constexpr (kMask == MaskKind::kWindow && T::kMaskRange) {
+    if constexpr (kMask != MaskKind::kFull && T::kMaskRange) {
       // The blocks a window edge cuts are the two ends of the diagonal band: a range of
       // loop-invariant values and two 32-bit compares, not two key_range evaluations in 64 bits.
       // Written here, not before the loop: ptxas hoists it either way, but computed ahead of the
@@ -242,13 +259,26 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       needs_mask = cur.m < static_cast<int>(unmasked.begin) || cur.m >= static_cast<int>(unmasked.end);
     } else {
       needs_mask =
-          block_needs_mask(p, kMask == MaskKind::kWindow, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+          block_needs_mask(p, kMask != MaskKind::kFull, m, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+    }
+    // A query block the column mask hides whole is masked whole (P = 0): it is visited only where
+    // the range above could not leave it out.
+    bool column_cut = false;
+    if constexpr (kColumns) {
+      const int row0 = static_cast<int>(m) * kBlockM;
+      const int rows_end = cta.seq.len_q - row0 < kBlockM ? static_cast<int>(cta.seq.len_q) : row0 + kBlockM;
+      const ColumnCover cover = ColumnMaskView::of(p, ws.columns, cta.b, cur.h).cover(static_cast<int>(cta.n), row0, rows_end);
+      column_cut = cover.cut || !cover.seen;
     }
 #pragma unroll
     for (int slice = 0; slice < kSlices; ++slice) {
       const int q0 = warp_q0 + slice * kSliceQueries;  // first S^T column of this slice
 
       // P^T = exp2(S^T * scale_log2 - lse2), zero outside the mask.
+      HiddenProbabilities<kKeyTiles, kSliceTiles> hidden;
+      if (kColumns && column_cut)
+        hidden.find(p, ColumnMaskView::of(p, ws.columns, cta.b, cur.h), static_cast<int>(key0) + warp_key0 + g,
+                    static_cast<int>(m) * kBlockM + q0 + 2 * t, static_cast<int>(cta.seq.len_k));
       float pt[kKeyTiles][kSliceTiles][4];
       warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, false, kStagedXor>(
           pt, k_frag, smem_k, warp_key0, smem_q, lane_tile, q0);
@@ -264,7 +294,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       // A separate pass over the few blocks that need it: a mask test inside the loop above put a
       // branch between every two exponentials and serialised them.
       if (needs_mask) {
-        const LaneMask mask = lane_mask(p, kMask == MaskKind::kWindow, key0 + warp_key0 + g, m * kBlockM + q0 + 2 * t,
+        const LaneMask mask = lane_mask(p, kMask != MaskKind::kFull, key0 + warp_key0 + g, m * kBlockM + q0 + 2 * t,
                                         cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
         for (int mi = 0; mi < kKeyTiles; ++mi)
@@ -274,6 +304,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
             for (int e = 0; e < 4; ++e)
               if (!mask.visible(mi * kMmaRows + e / 2 * 8, j * kMmaCols + e % 2)) pt[mi][j][e] = 0.f;
       }
+      if (kColumns && column_cut) hidden.apply(pt);
       // dV += P^T dO (this warp's output columns), or hand P^T to the column warps.
       if constexpr (T::kScoresShared && T::kStmatrix)
         store_c_tile_stsm<T::kDsPitch, Element>(smem.pt, smem_pt, lane_ds, pt, warp_key0, q0);

@@ -79,13 +79,18 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
     const dim3 grid(static_cast<unsigned>(plan.ctas(shape.items)));
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);
   } else {
+    BwdWorkspace masked_ws = ws;
+    if constexpr (kMask == MaskKind::kColumn) {
+      static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
+      masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
+    }
     const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
     const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
                                (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
     const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
-    kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
+    kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, masked_ws, shift);
   }
   FUSEDATTN_CHECK_LAUNCH();
 }

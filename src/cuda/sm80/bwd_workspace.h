@@ -16,9 +16,12 @@
 //               parts of that item done (the last one stores dK/dV)
 //   split_acc   fp32 [split items, slot floats]  each split item's dK and dV, summed over its parts
 //           The launcher zeroes the counters and the slots it uses, every call.
+//   columns     int4 [B, mask heads, key blocks, 2]  column-masked calls only: the mask's per-block
+//               summary (common/column_summary.h), sized for the smallest key block, written by
+//               the launcher for its tile's.
 //
-// O(B*H*S) + O(B*H*S*D) bytes, plus O(SMs * block_n * D) for the split; nothing quadratic in the
-// sequence length.
+// O(B*H*S) + O(B*H*S*D) bytes, plus O(SMs * block_n * D) for the split and O(B*H*S_k) for a column
+// mask; nothing quadratic in the sequence length.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include "cuda/common/column_summary.h"
 #include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/sm80/bwd_split.h"
@@ -41,7 +45,7 @@ constexpr std::size_t kBwdBufferAlign = 256;
 struct BwdWorkspaceLayout {
   int64_t rows = 0;      // padded query rows per (b, h)
   int64_t dq_pitch = 0;  // floats per dq_acc row
-  std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0, split_acc = 0, split_count = 0;  // byte offsets
+  std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0, split_acc = 0, split_count = 0, columns = 0;  // byte offsets
   int64_t split_items = 0;      // most split items the slots hold
   int64_t split_acc_floats = 0;  // floats of split_acc
   std::size_t total = 0;
@@ -78,6 +82,10 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
     w.split_acc = at;
     at = round_up(at + static_cast<std::size_t>(w.split_acc_floats) * sizeof(float), kBwdBufferAlign);
   }
+  if (p.column_mask != nullptr) {
+    w.columns = at;
+    at = round_up(at + static_cast<std::size_t>(column_summary_bytes(p, kColumnSummaryMinBlockKeys)), kBwdBufferAlign);
+  }
   w.total = at;
   return w;
 }
@@ -100,6 +108,8 @@ struct BwdWorkspace {
   // The launch's plan, set by the launcher (whole = every item and parts = 1 when unsplit).
   int split_whole = 0;
   int split_parts = 1;
+  int4* column_bounds;    // null unless column-masked: room for the summary
+  ColumnSummary columns;  // the summary over the launched tile's key blocks (the launcher's)
 
   // First padded row of (b, h) in lse2/delta; multiply by dq_pitch for dq_acc.
   FUSEDATTN_HD int64_t row_base(const FwdParams& p, int b, int h) const {
@@ -120,7 +130,11 @@ inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
           split ? reinterpret_cast<float*>(base + w.split_acc) : nullptr,
           split ? reinterpret_cast<int32_t*>(base + w.split_count) : nullptr,
           w.split_items,
-          w.split_acc_floats};
+          w.split_acc_floats,
+          0,
+          1,
+          p.column_mask != nullptr ? reinterpret_cast<int4*>(base + w.columns) : nullptr,
+          ColumnSummary{}};
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -8,12 +8,14 @@
 // so the load of V overlaps Q K^T and the softmax, and the load of the next K overlaps P V. Where
 // the tile has key slices, S = Q K^T and the softmax run slice by slice (each slice's P packed to
 // 16 bits before the next slice's scores exist) and O += P V consumes the slices in order, each
-// after O's rescale for that slice's max.
+// after O's rescale for that slice's max. Under a column mask (MaskKind::kColumn) the walk goes
+// from one seen block to the next, past the blocks the mask hides from every row of the CTA.
 #pragma once
 
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/column_mask.cuh"
 #include "cuda/common/kinds.h"
 #include "cuda/common/mask.cuh"
 #include "cuda/common/schedule.h"
@@ -36,12 +38,13 @@ namespace fusedattn::cuda::sm80 {
 // (OnlineSoftmax::update): probabilities stay below 2^8, far from any overflow.
 constexpr float kRescaleSlack = 8.f;
 
+// A column mask comes on top of a window (or of none: window_left = window_right = -1).
 template <MaskKind kMask>
 using MaskPolicy = std::conditional_t<kMask == MaskKind::kFull, MaskFull, MaskWindow>;
 
-// Grid: x = query block, y = query head, z = batch, issued x-fastest. Without a window the CTA
+// Grid: x = query block, y = query head, z = batch, issued x-fastest. Without a mask the CTA
 // takes exactly that block, so the blocks running together share one (batch, KV head): its K and
-// V are read from HBM once and then hit in L2. With a window the linear block number goes through
+// V are read from HBM once and then hit in L2. With a mask the linear block number goes through
 // the grouped longest-first order of cuda/common/schedule.h (bottom query blocks see the most keys
 // and start first, over a group of heads that share L2), which shortens the tail of a causal launch.
 struct FwdCta {
@@ -50,9 +53,9 @@ struct FwdCta {
 
 template <MaskKind kMask>
 __device__ __forceinline__ FwdCta fwd_cta(int schedule_shift, uint3 block) {
-  constexpr bool kWindow = kMask == MaskKind::kWindow;
-  const GridItem item = grid_item<kWindow>(schedule_shift, block);
-  return {kWindow ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
+  constexpr bool kMasked = kMask != MaskKind::kFull;
+  const GridItem item = grid_item<kMasked>(schedule_shift, block);
+  return {kMasked ? static_cast<int>(gridDim.x) - 1 - item.rank : item.rank, item.y, item.z};
 }
 
 // Where the query rows of the CTA with block index `block` lie. A split launch (fwd_kv_split.h,
@@ -85,7 +88,7 @@ __device__ __forceinline__ BlockRange part_of(BlockRange kv, int part, int parts
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHeadDim>::kMinBlocksPerSm)
     fwd_kernel(const __grid_constant__ FwdParams p, int schedule_shift, TileSteps k_steps, TileSteps v_steps,
-               const __grid_constant__ KvSplit split) {
+               const __grid_constant__ KvSplit split, ColumnSummary columns) {
   using Cfg = FwdConfig<kHeadDim>;
   constexpr int kSlices = Cfg::kSlices;
   using QTile = TileIo<Element, Cfg::kBlockM, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
@@ -149,6 +152,17 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   const int64_t i_first = m0, i_last = m0 + rows_q - 1;
   const BlockRange kv = part_of(mask.kv_blocks(i_first, i_last, kBlockN), rows.part, split.parts);
   const BlockRange uncut = mask.uncut_blocks(i_first, i_last, kBlockN);
+  // The key blocks to visit, from the last down: every block of kv, or under a column mask those
+  // some row of the CTA sees (warp-uniform, so the warps walk the same blocks without a barrier).
+  constexpr bool kColumns = kMask == MaskKind::kColumn;
+  const ColumnMaskView columns_here = kColumns ? ColumnMaskView::of(p, columns, batch, head) : ColumnMaskView{};
+  auto visit_from = [&](int n) -> ColumnVisit {
+    if constexpr (kColumns)
+      return columns_here.next_seen(n, kv.lo, static_cast<int>(i_first), static_cast<int>(i_last) + 1);
+    else
+      return {n, false};
+  };
+  const ColumnVisit first_visit = visit_from(kv.hi - 1);
 
   float o[Cfg::kMTiles][Cfg::kDTiles][4];
 #pragma unroll
@@ -162,9 +176,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   // A negative scale is folded into Q (below) so the softmax may track the max of raw scores.
   const float scale_log2 = fabsf(p.scale_log2);
 
-  if (kv.lo < kv.hi) {
+  if (first_visit.n >= kv.lo) {
     QTile::load_async(smem_q_addr, q, p.q_stride.row, rows_q, p.head_dim, tid);
-    load_kv(smem_k_addr, k_src, p.k_stride.batch, kv.hi - 1);
+    load_kv(smem_k_addr, k_src, p.k_stride.batch, first_visit.n);
     if (p.scale_log2 < 0.f) {
       ptx::cp_async_wait<0>();
       QTile::negate_own_chunks(smem, tid);
@@ -179,7 +193,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
     // the score half of a block to its P V half.
     uint32_t p_frag[kSlices][Cfg::kMTiles][Cfg::kSliceNTiles / 2][4];
     RowCorrection<Cfg::kMTiles> correction[kSlices];
-    auto scores = [&](auto first, int n) {
+    // kFirst: the first block visited, the only one that may end past the sequence (the last
+    // block, unless a column mask hides it).
+    // column_cut: a column mask cuts block n.
+    auto scores = [&](auto first, int n, bool column_cut) {
       constexpr bool kFirst = decltype(first)::value;
       ptx::cp_async_wait<0>();
       __syncthreads();  // K[n] visible to all warps; every warp is done with the previous V
@@ -195,6 +212,10 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         float s[Cfg::kMTiles][Cfg::kSliceNTiles][4];
         gemm_qk<Element, kHeadDim, Cfg::kQkUnroll>(s, lanes, Cfg::kSmemQ + j * kSliceBytes);
         if (cut) mask_cut_block<MaskPolicy<kMask>, kFirst>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
+        if constexpr (kColumns)
+          if (column_cut)
+            hide_column_scores<Cfg::kColumnCall>(s, p, columns_here, static_cast<int>(m0) + warp_row0 + lane / 4,
+                                                 n * kBlockN + j * Cfg::kSliceN + col_in_tile, len_k);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
         else
@@ -205,11 +226,13 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         if (j == 0 && !kFirst) softmax.template rescale_o<Cfg::kSkipUnitRescale>(o, correction[0]);
       }
     };
-    // load_next: whether to start loading K[n - 1] (every block but the last one visited does).
-    auto accumulate = [&](bool load_next, int n) {
+    // load_next: whether a block is visited after n, whose K is loaded now: n - 1, or under a
+    // column mask `next` (n - 1 spelled so, the full and window kernels' registers stay as they
+    // were; passing it as `next` moved them by up to 13).
+    auto accumulate = [&](bool load_next, int n, int next) {
       ptx::cp_async_wait<0>();
       __syncthreads();  // V[n] visible to all warps; every warp is done with K[n]
-      if (load_next) load_whole_kv(smem_k_addr, k_src, p.k_stride.batch, n - 1);
+      if (load_next) load_whole_kv(smem_k_addr, k_src, p.k_stride.batch, kColumns ? next : n - 1);
       if (idle) return;
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) {
@@ -217,24 +240,39 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         gemm_pv<Element>(o, p_frag[j], lanes, Cfg::kSmemQ + Cfg::kSmemKV + j * kSliceBytes);
       }
     };
-    scores(std::true_type{}, kv.hi - 1);
-    if constexpr (Cfg::kPvFirst) {
+    if constexpr (kColumns) {
+      // The seen blocks only: one block's P V, then the next one's scores. The block after next
+      // is found between the two, where P is spent and S not yet computed (found before the P V,
+      // beside P's registers, d32 spilled 4 B).
+      ColumnVisit visit = first_visit, next = visit_from(first_visit.n - 1);
+      scores(std::true_type{}, visit.n, visit.cut);
+      for (;;) {
+        accumulate(next.n >= kv.lo, visit.n, next.n);
+        if (next.n < kv.lo) break;
+        visit = next;
+        next = visit_from(visit.n - 1);
+        scores(std::false_type{}, visit.n, visit.cut);
+      }
+    } else if constexpr (Cfg::kPvFirst) {
+      scores(std::true_type{}, kv.hi - 1, false);
       // The loop runs from one block's P V to the next block's scores, so every block's P V is the
       // loop's one copy of it: the first block's, peeled, started from zero accumulators, and
       // ptxas, seeing O's registers free, loaded V fragments ahead of the softmax and spilled
-      // (d128); a copy for the last block after the loop cost the d256 window row a spill.
+      // (d128); a copy for the last block after the loop cost the d256 window row a spill. (The
+      // column walk's form of this loop, on this one's blocks, spilled d128 again.)
       for (int n = kv.hi - 1;; --n) {
-        accumulate(n > kv.lo, n);
+        accumulate(n > kv.lo, n, n - 1);
         if (n == kv.lo) break;
-        scores(std::false_type{}, n - 1);
+        scores(std::false_type{}, n - 1, false);
       }
     } else {
       // A block's scores and its P V in one iteration: the last slice's softmax and the first
       // slices' P V lie in one basic-block chain, where the scheduler overlaps them.
-      accumulate(kv.hi - 1 > kv.lo, kv.hi - 1);
+      scores(std::true_type{}, kv.hi - 1, false);
+      accumulate(kv.hi - 1 > kv.lo, kv.hi - 1, kv.hi - 2);
       for (int n = kv.hi - 2; n >= kv.lo; --n) {
-        scores(std::false_type{}, n);
-        accumulate(n > kv.lo, n);
+        scores(std::false_type{}, n, false);
+        accumulate(n > kv.lo, n, n - 1);
       }
     }
   }

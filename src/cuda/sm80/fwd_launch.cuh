@@ -6,8 +6,10 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/column_summary.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
+#include "cuda/common/stream_buffer.h"
 #include "cuda/common/env.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/fwd_kv_split.h"
@@ -18,6 +20,20 @@ namespace fusedattn::cuda::sm80 {
 // Without opting in, a block may use at most 48 KiB of dynamic shared memory.
 constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
+
+// The summary of a column-masked call's mask over the kernel's key blocks, in the stream's buffer
+// (the next call on the stream may overwrite it: launches on one stream run in order).
+template <int kBlockN>
+ColumnSummary column_summary_for(const FwdParams& p) {
+  const int64_t bytes = column_summary_bytes(p, kBlockN);
+  const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, static_cast<cudaStream_t>(p.stream), bytes);
+  if (buf.base == nullptr)
+    throw Error(ErrorCode::kUnsupported, "column_mask",
+                "the forward needs " + std::to_string(bytes) +
+                    " bytes of scratch per stream for the mask's block summary, which cannot be allocated while "
+                    "the stream is captured into a CUDA graph; run one call of this size before capturing");
+  return summarize_column_mask(p, kBlockN, reinterpret_cast<int4*>(buf.base));
+}
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
@@ -48,8 +64,9 @@ void run_fwd(const FwdParams& params) {
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
+  const ColumnSummary columns = kMask == MaskKind::kColumn ? column_summary_for<Cfg::kBlockN>(p) : ColumnSummary{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
-                                                          KVTile::steps(p.v_stride.row), split);
+                                                          KVTile::steps(p.v_stride.row), split, columns);
   FUSEDATTN_CHECK_LAUNCH();
   if (split.parts > 1) combine_kv_split(p, split);
 }

@@ -39,6 +39,10 @@ struct FwdTile {
   // scheduler may overlap the last slice's softmax with the first slices' P V (d64: the exp2 of
   // slice 1 interleaved with the HMMAs of slice 0, which the loop's back edge would separate).
   bool pv_first;
+  // Column masks (MaskKind::kColumn): a cut block's hidden scores are found by a call rather than
+  // inline (common/column_mask.cuh, HiddenScores). Inline, d128's scores spilled 76-92 B; by a
+  // call d64 and d96 spilled 4-8 B, which inline they did not (ptxas -v, sm_90).
+  bool column_call;
 };
 
 // Chosen like FA2 for the same register budget: 128 query rows where the O accumulator still
@@ -59,12 +63,12 @@ struct FwdTile {
 // 320 -> 329.
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
-    case 32: return {128, 128, 4, 1, 2, true, true};
-    case 64: return {128, 128, 4, 2, 2, true, false};
-    case 96: return {128, 64, 4, 1, 6, true, true};
-    case 128: return {128, 64, 4, 1, 8, false, true};
-    case 192: return {64, 64, 4, 1, 12, true, true};
-    default: return {64, 64, 4, 1, 16, true, false};  // 256
+    case 32: return {128, 128, 4, 1, 2, true, true, false};
+    case 64: return {128, 128, 4, 2, 2, true, false, false};
+    case 96: return {128, 64, 4, 1, 6, true, true, false};
+    case 128: return {128, 64, 4, 1, 8, false, true, true};
+    case 192: return {64, 64, 4, 1, 12, true, true, false};
+    default: return {64, 64, 4, 1, 16, true, false, false};  // 256
   }
 }
 
@@ -91,6 +95,7 @@ struct FwdConfig {
   static constexpr int kQkUnroll = kTile.qk_unroll;
   static constexpr bool kSkipUnitRescale = kTile.skip_unit_rescale;
   static constexpr bool kPvFirst = kTile.pv_first;
+  static constexpr bool kColumnCall = kTile.column_call;
   static constexpr int kSliceN = kBlockN / kSlices;    // keys per slice
   static constexpr int kSliceNTiles = kSliceN / kMmaN;  // n8 tiles of one slice of S
   static constexpr int kDTiles = kHeadDim / kMmaN;     // n8 tiles of O per warp

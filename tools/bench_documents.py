@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Packed causal documents: a column mask against the same documents as a varlen batch.
+
+Each case packs documents of one of bench_varlen.py's length distributions into one sequence of
+about 16k tokens (model dim 2048, so 2048 / head_dim heads) under a causal document mask: row i
+sees the keys of its own document up to itself. Columns (TFLOP/s of the visible pairs, triton's
+do_bench median; forward, and forward + backward with --backward):
+  ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
+                   each key hides from the rows after its document (the portable kernels)
+  varlen_portable  fusedattn.flash_attn_varlen_func over the documents with
+                   FUSEDATTN_DISABLE_SM90=1: the same kernels given the documents' bounds, what
+                   the mask's skipping should come near
+  ours_varlen      the same varlen call (on Hopper the forward's sm90 kernel)
+  causal_portable  the packed sequence under causal alone (the work without skipping; its pairs
+                   are not the documents', so only its time is comparable)
+  flex             torch's FlexAttention (torch.compile'd) with the document mask as a block mask:
+                   it skips the blocks the mask hides, the peer for packed documents in PyTorch
+  sdpa_mask        torch SDPA with the document mask as a boolean [S, S] tensor (the efficient-
+                   attention backend, what torch runs for an arbitrary mask)
+Every provider's output is checked against ours_column (max abs difference) before it is timed.
+
+  tools/bench_documents.py [--dtype float16] [--head-dims 64,128] [--backward] [--out FILE]
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from triton.testing import do_bench
+
+import fusedattn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
+
+NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+
+
+def document_mask(lens, device):
+    """int32 (1, 1, S, 2): key j of the document [s, e) hides from rows [e, S)."""
+    total = sum(lens)
+    bounds = torch.empty(total, 2, dtype=torch.int32)
+    start = 0
+    for n in lens:
+        bounds[start:start + n, 0] = start + n
+        bounds[start:start + n, 1] = total
+        start += n
+    return bounds.view(1, 1, total, 2).to(device)
+
+
+def run_case(dist, d, dtype, backward):
+    lens = lengths(dist)
+    heads, total, longest = MODEL_DIM // d, sum(lens), max(lens)
+    offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(total, heads, d, dtype=dtype, device="cuda", requires_grad=backward) for _ in range(3))
+    dout = torch.randn(total, heads, d, dtype=dtype, device="cuda")
+    mask = document_mask(lens, "cuda")
+    doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
+    keep = (doc[:, None] == doc[None, :]) & torch.ones(total, total, dtype=torch.bool, device="cuda").tril()
+
+    def ours_column():
+        return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True, column_mask=mask)[0]
+
+    def ours_varlen():
+        return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=True)
+
+    def varlen_portable():
+        with env("FUSEDATTN_DISABLE_SM90", "1"):
+            return ours_varlen()
+
+    def causal_portable():
+        with env("FUSEDATTN_DISABLE_SM90", "1"):
+            return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True)[0]
+
+    def sdpa_mask():
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            qt, kt, vt = (x[None].transpose(1, 2) for x in (q, k, v))
+            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=keep).transpose(1, 2)[0]
+
+    def flex_provider():
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def document_causal(b, h, q_idx, kv_idx):
+            return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+        block_mask = create_block_mask(document_causal, None, None, total, total, device="cuda")
+        compiled = torch.compile(flex_attention)
+
+        def fn():
+            qt, kt, vt = (x[None].transpose(1, 2) for x in (q, k, v))
+            return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
+        return fn
+
+    providers = {"ours_column": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
+                 "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
+    with torch.no_grad():
+        reference = ours_column()
+    flops = 4 * heads * d * pairs(lens, True) * (3.5 if backward else 1.0)  # backward: 2.5x the forward's
+    row = {"dist": dist, "head_dim": d, "dtype": str(dtype).split(".")[-1], "docs": len(lens), "tokens": total,
+           "backward": backward}
+    for name, fn in providers.items():
+        try:
+            if name == "flex":
+                fn = flex_provider()
+            with torch.no_grad():
+                out = fn()
+            row[name + "_maxdiff"] = round((out.float() - reference.float()).abs().max().item(), 4)
+            if name == "causal_portable":
+                row[name + "_maxdiff"] = None  # another mask: no comparison
+
+            def step(fn=fn):
+                if not backward:
+                    with torch.no_grad():
+                        return fn()
+                q.grad = k.grad = v.grad = None
+                fn().backward(dout)
+                return None
+            ms = do_bench(step, warmup=10, rep=100)
+            row[name] = round(flops / ms / 1e9, 1)
+            row[name + "_ms"] = round(ms, 3)
+        except Exception as e:  # noqa: BLE001
+            row[name] = None
+            row[name + "_error"] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="float16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
+    ap.add_argument("--backward", action="store_true", help="time forward + backward (credited 3.5x the pairs)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
+    what = "forward + backward" if args.backward else "forward"
+    print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
+    print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
+          + "  column/varlen_portable column/flex")
+    for dist in args.dists.split(","):
+        for d in (int(x) for x in args.head_dims.split(",")):
+            row = run_case(dist, d, dtype, args.backward)
+            cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row[n] else '-':>17}" for n in NAMES)
+            ratio = lambda peer: (f"{row['ours_column'] / row[peer]:.2f}"  # noqa: E731
+                                  if row["ours_column"] and row.get(peer) else "-")
+            print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('varlen_portable'):>22} "
+                  f"{ratio('flex'):>11}", flush=True)
+            for n in NAMES:
+                if row.get(n + "_error"):
+                    print(f"    {n}: {row[n + '_error']}")
+                elif (row.get(n + "_maxdiff") or 0) > 0.05:
+                    print(f"    {n}: max abs difference to ours_column {row[n + '_maxdiff']}")
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
