@@ -55,6 +55,19 @@ def test_documents_match_their_varlen_batch(dtype):
     torch.testing.assert_close(masked[0], varlen, atol=2e-5, rtol=1e-4)
 
 
+def test_packed_entry_points_take_the_mask():
+    lengths = [7, 11, 14]
+    total, heads, d = sum(lengths), 2, 16
+    qkv = randn(1, total, 3, heads, d, dtype=torch.float32, device="cpu")
+    mask = fusedattn.masks.document_mask([lengths])
+    q, k, v = qkv.unbind(dim=2)
+    want = fusedattn.flash_attn_func(q, k, v, causal=True, column_mask=mask)
+    assert torch.equal(fusedattn.flash_attn_qkvpacked_func(qkv, causal=True, column_mask=mask), want)
+    assert torch.equal(fusedattn.flash_attn_kvpacked_func(q, qkv[:, :, 1:], causal=True, column_mask=mask), want)
+    # And the mask does something here: without it the later documents see the earlier ones.
+    assert not torch.allclose(fusedattn.flash_attn_func(q, k, v, causal=True), want)
+
+
 def test_rejections_name_the_argument():
     with pytest.raises(ValueError, match="lengths"):
         fusedattn.masks.document_mask([[3, 4], [5, 5]])  # 7 and 10 tokens
