@@ -75,6 +75,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """The function transformers calls for attn_implementation="fusedattn"; returns (output, None)."""
     if kwargs.get("softcap"):
         raise NotImplementedError("fusedattn: softcap: logit soft-capping is not implemented")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("fusedattn: s_aux: attention sinks (learned per-head logits) are not implemented")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # transformers' sliding_window counts the current token; flash_attn's window does not.
     window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)

@@ -90,3 +90,15 @@ def test_packed_sequences_stay_apart(device):
         start += n
     # The check can fail: read as one sequence, the later documents see the earlier ones.
     assert not torch.allclose(unpacked[:, 5:16], alone[1], **tolerances(dtype))
+
+
+@pytest.mark.parametrize("kwargs, name", [(dict(softcap=30.0), "softcap"), (dict(s_aux=torch.zeros(4)), "s_aux")])
+def test_unimplemented_arguments_raise_by_name(kwargs, name):
+    """Arguments transformers may pass that the kernels do not implement raise, never vanish."""
+    q = torch.randn(1, 4, 8, 16)
+
+    class Module(torch.nn.Module):
+        is_causal = True
+
+    with pytest.raises(NotImplementedError, match=name):
+        fusedattn.hf.attention_forward(Module(), q, q, q, None, **kwargs)
