@@ -56,8 +56,8 @@ struct Options {
   // [m[b,h,j,0], m[b,h,j,1]) and, with 4 entries, from rows [m[b,h,j,2], m[b,h,j,3]) too (query
   // rows 0-based; an interval whose start is not below its end hides nothing; bounds past the
   // rows are fine). On top of causal / the window: a key is seen where both allow it. One
-  // interval per key gives document masks and prefix-LM masks (with causal); two give e.g. a
-  // shared prefix with causal documents. Forward and backward; key tiles a query block cannot
+  // interval per key gives document masks (with causal) and prefix-LM masks (without); two give
+  // e.g. a shared prefix with causal documents. Forward and backward; key tiles a query block cannot
   // see at all are skipped (docs/api.md says where on CUDA).
   TensorView column_mask;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
