@@ -57,7 +57,11 @@ def _packed_sequences(batch, kwargs):
         cu_q, cu_k, max_q, max_k = given
         return cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
     position_ids = kwargs.get("position_ids")
-    if position_ids is None or batch != 1 or position_ids.shape[-1] == 1:
+    # Only one row of plain positions: multimodal rotary positions (e.g. (3, batch, seqlen)) are
+    # not sequence starts.
+    if position_ids is None or batch != 1 or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return None
+    if position_ids.shape[-1] == 1:
         return None
     positions = position_ids.reshape(-1)
     first = positions.min()
