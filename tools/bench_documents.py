@@ -40,25 +40,13 @@ from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: 
 NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
 
 
-def document_mask(lens, device):
-    """int32 (1, 1, S, 2): key j of the document [s, e) hides from rows [e, S)."""
-    total = sum(lens)
-    bounds = torch.empty(total, 2, dtype=torch.int32)
-    start = 0
-    for n in lens:
-        bounds[start:start + n, 0] = start + n
-        bounds[start:start + n, 1] = total
-        start += n
-    return bounds.view(1, 1, total, 2).to(device)
-
-
 def run_case(dist, d, dtype, backward):
     lens = lengths(dist)
     heads, total, longest = MODEL_DIM // d, sum(lens), max(lens)
     offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(total, heads, d, dtype=dtype, device="cuda", requires_grad=backward) for _ in range(3))
     dout = torch.randn(total, heads, d, dtype=dtype, device="cuda")
-    mask = document_mask(lens, "cuda")
+    mask = fusedattn.masks.document_mask([lens], device="cuda")
     doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
     keep = (doc[:, None] == doc[None, :]) & torch.ones(total, total, dtype=torch.bool, device="cuda").tril()
 

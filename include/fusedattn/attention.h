@@ -52,12 +52,13 @@ struct Options {
   TensorView block_table;
   // Column-sparse mask (FlashMask's representation), dense calls only, on both backends (CUDA:
   // the portable kernels): int32 [B, Hm, Sk, 2 or 4] on q's device (Hm: 1, shared by every query
-  // head, or Hq; its last dimension contiguous). Key j of batch b hides itself from query rows [m[b,h,j,0], m[b,h,j,1])
-  // and, with 4 entries, from rows [m[b,h,j,2], m[b,h,j,3]) too (query rows 0-based; an interval
-  // whose start is not below its end hides nothing; bounds past the rows are fine). On top of
-  // causal / the window: a key is seen where both allow it. One interval per key gives document
-  // masks and prefix-LM masks (with causal); two give e.g. a shared prefix with causal documents.
-  // Forward and backward; key tiles a query block cannot see at all are skipped.
+  // head, or Hq; its last dimension contiguous). Key j of batch b hides itself from query rows
+  // [m[b,h,j,0], m[b,h,j,1]) and, with 4 entries, from rows [m[b,h,j,2], m[b,h,j,3]) too (query
+  // rows 0-based; an interval whose start is not below its end hides nothing; bounds past the
+  // rows are fine). On top of causal / the window: a key is seen where both allow it. One
+  // interval per key gives document masks (with causal) and prefix-LM masks (without); two give
+  // e.g. a shared prefix with causal documents. Forward and backward; key tiles a query block cannot
+  // see at all are skipped (docs/api.md says where on CUDA).
   TensorView column_mask;
   // The last entries of cu_seqlens_q/k as check_cu_seqlens() returned them for these exact
   // contents, or -1. Set (both), forward() and backward() on CUDA tensors skip their own check of

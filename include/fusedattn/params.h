@@ -46,7 +46,7 @@ struct FwdParams {
   int64_t block_table_stride = 0;
   int64_t page_size = 0;
   int64_t num_pages = 0;
-  // Column-sparse mask (Options::column_mask; dense calls, CPU backend): the masked query rows of
+  // Column-sparse mask (Options::column_mask; dense calls, both backends): the masked query rows of
   // key j of batch b, head h are [m[0], m[1]) and, when column_mask_intervals is 2, [m[2], m[3]),
   // where m = column_mask + b * column_mask_stride.batch + (h or 0) * .head + j * .row. Null: none.
   const int32_t* column_mask = nullptr;

@@ -5,7 +5,10 @@
 
 The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}. ring_flash_attn_func
 (fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
+fusedattn.masks builds column masks (flash_attn_func's column_mask) for packed documents and
+prefix-LM attention.
 """
+from . import masks
 from ._ops import ops
 from .context_parallel import ring_flash_attn_func
 from .flash_attn_interface import (
@@ -30,6 +33,7 @@ __all__ = [
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
+    "masks",
     "ops",
     "ring_flash_attn_func",
 ]

@@ -6,8 +6,13 @@
 
 transformers hands the attention function (batch, heads, seqlen, head_dim) tensors and expects
 (batch, seqlen, heads, head_dim) back, which is exactly flash_attn_func's layout seen through a
-transpose view: nothing is copied. Padding masks are handled the way transformers' flash-attention
-path does it: the 2-D mask selects the real tokens, which run as a packed variable-length batch.
+transpose view: nothing is copied. Padding masks and padding-free (packed) batches are handled the
+way transformers' flash-attention path does it: the 2-D mask selects the real tokens, which run as
+a packed variable-length batch; without a mask, sequences packed into one row run as a
+variable-length batch of their own, from the cu_seq_lens_q/k and max_length_q/k keyword arguments
+(DataCollatorWithFlattening(return_flash_attn_kwargs=True)) or else from position_ids that restart
+within the row (each restart begins a sequence; reading them waits for the stream, as in
+transformers).
 """
 from __future__ import annotations
 
@@ -42,12 +47,40 @@ def _padded_attention(query, key, value, padding_mask, scale, causal, window):
     return out.view(batch, seqlen_q, heads, dim)
 
 
+def _packed_sequences(batch, kwargs):
+    """(cu_seqlens_q, cu_seqlens_k, max_q, max_k) of sequences packed into the rows, or None: from
+    transformers' varlen keyword arguments, else from position_ids restarting within one row
+    (transformers' _is_packed_sequence and prepare_fa_kwargs_from_position_ids)."""
+    names = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    given = [kwargs.get(n) for n in names]
+    if all(x is not None for x in given):
+        cu_q, cu_k, max_q, max_k = given
+        return cu_q.to(torch.int32), cu_k.to(torch.int32), int(max_q), int(max_k)
+    position_ids = kwargs.get("position_ids")
+    # Only one row of plain positions: multimodal rotary positions (e.g. (3, batch, seqlen)) are
+    # not sequence starts.
+    if position_ids is None or batch != 1 or position_ids.dim() != 2 or position_ids.shape[0] != 1:
+        return None
+    if position_ids.shape[-1] == 1:
+        return None
+    positions = position_ids.reshape(-1)
+    first = positions.min()
+    if torch.equal(positions, torch.arange(positions.numel(), device=positions.device) + first):
+        return None  # one sequence
+    starts = (positions == first).nonzero().view(-1).to(torch.int32)
+    cu = torch.cat([starts, torch.tensor([positions.numel()], dtype=torch.int32, device=positions.device)])
+    longest = int(cu.diff().max())
+    return cu, cu, longest, longest
+
+
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None, dropout: float = 0.0,
                       sliding_window: Optional[int] = None, is_causal: Optional[bool] = None, **kwargs):
     """The function transformers calls for attn_implementation="fusedattn"; returns (output, None)."""
     if kwargs.get("softcap"):
         raise NotImplementedError("fusedattn: softcap: logit soft-capping is not implemented")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("fusedattn: s_aux: attention sinks (learned per-head logits) are not implemented")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # transformers' sliding_window counts the current token; flash_attn's window does not.
     window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)
@@ -56,7 +89,17 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise NotImplementedError(
             "fusedattn: attention_mask: only 2-D padding masks are supported; register the attention "
             "with fusedattn.hf.register() so transformers builds that kind of mask")
-    if attention_mask is None:
+    packed = _packed_sequences(q.shape[0], kwargs) if attention_mask is None else None
+    if packed is not None:
+        if dropout:
+            raise NotImplementedError("fusedattn: dropout: attention dropout is not implemented")
+        cu_q, cu_k, max_q, max_k = packed
+        batch, seqlen_q, heads, dim = q.shape
+        rows = flash_attn_varlen_func(q.reshape(-1, heads, dim), k.reshape(-1, *k.shape[2:]),
+                                      v.reshape(-1, *v.shape[2:]), cu_q, cu_k, max_q, max_k, softmax_scale=scaling,
+                                      causal=causal, window_size=window)
+        out = rows.view(batch, seqlen_q, heads, dim)
+    elif attention_mask is None:
         out = flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window)
     else:
         if dropout:
