@@ -117,6 +117,17 @@ TEST_P(GpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   check_packed_documents(GetParam());
 }
 
+// Long documents: a query block of the last one sees nothing of the first, a run of more than 32
+// hidden key blocks, so the forward's scan (32 blocks per load) crosses windows before it finds
+// none left; and the backward leaves out the rows after each key block's document.
+TEST_P(GpuColumnMask, LongDocumentsSkipRunsOfBlocks) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::vector<int64_t> docs = {2500, 1, 1900, 99, 700};
+  Columns m(1, 1, total_length(docs), 1);
+  const MaskedCall mc = packed_documents(docs, 2, 1, GetParam(), m);
+  FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, DType::kBFloat16));
+}
+
 TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
   FUSEDATTN_REQUIRE_GPU();
   for (const DType dtype : kGpuDtypes) {
