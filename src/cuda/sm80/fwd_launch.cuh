@@ -26,6 +26,9 @@ constexpr unsigned kMaxGridYZ = 65535;
 template <int kBlockN>
 ColumnSummary column_summary_for(const FwdParams& p) {
   const int64_t bytes = column_summary_bytes(p, kBlockN);
+  // No keys: no block to summarise (the kernel visits none), and no buffer to take; an empty
+  // request would read as a capture's refusal below.
+  if (bytes == 0) return {};
   const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, static_cast<cudaStream_t>(p.stream), bytes);
   if (buf.base == nullptr)
     throw Error(ErrorCode::kUnsupported, "column_mask",
