@@ -160,7 +160,10 @@ fi
 if has cli; then
   step cli 120 cli.log "$build/fusedattn" --backend cuda
   step cli-bwd 120 cli_bwd.log "$build/fusedattn" --backend cuda --backward --causal --dtype bf16
-  tail -n 2 "$out/cli.log" "$out/cli_bwd.log" | tee -a "$summary"
+  # Packed documents (a column mask), forward and backward, checked against float64 on sampled rows.
+  step cli-docs 120 cli_docs.log "$build/fusedattn" --backend cuda --backward --causal --heads 8 --head-dim 128 \
+    --documents 1500,7,700,841
+  tail -n 2 "$out/cli.log" "$out/cli_bwd.log" "$out/cli_docs.log" | tee -a "$summary"
 fi
 
 export PYTHONPATH=$build/python:$root/.devbuild/carry:${PYTHONPATH:-}

@@ -266,6 +266,28 @@ TEST_P(GpuColumnMask, OnTopOfCausalAndSlidingWindows) {
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMask, ::testing::Values(64, 128),
                          [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
 
+// No keys at all (seqlen_k 0, an empty mask): every row is fully masked, forward and backward;
+// the forward has no key block to summarise.
+TEST_P(GpuColumnMask, NoKeysMaskEveryRow) {
+  FUSEDATTN_REQUIRE_GPU();
+  for (const DType dtype : kGpuDtypes) {
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(dense(2, 2, 1, 10, 0, GetParam()), dtype, Layout::kBSHD, rng);
+    DeviceCase dc(c);
+    Columns m(2, 1, 0, 1);
+    const DeviceTensor mask(m.bounds);
+    ForwardArgs f = dc.forward_args();
+    f.options.column_mask = mask.view(m.bounds);
+    FUSEDATTN_RUN_OR_SKIP(dc.forward(f));
+    for (double x : c.out.to_double()) ASSERT_EQ(x, 0.0);
+    for (double x : c.lse.to_double()) ASSERT_EQ(x, -INFINITY);
+    BackwardArgs a = dc.backward_args();
+    a.options.column_mask = f.options.column_mask;
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+    for (double x : c.dq.to_double()) ASSERT_EQ(x, 0.0);
+  }
+}
+
 // The other head dims, where this build compiles them: packed causal documents, forward and
 // backward.
 class GpuColumnMaskOtherHeadDims : public ::testing::TestWithParam<int> {};

@@ -34,6 +34,8 @@ struct ColumnScratch {
   static ColumnScratch of(const FwdParams& p) {
     const auto stream = static_cast<cudaStream_t>(p.stream);
     const int64_t bytes = column_summary_bytes(p, kBlockN);
+    // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
+    if (bytes == 0) return {};
     const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
     ColumnScratch s;
     int4* bounds = reinterpret_cast<int4*>(buf.base);
