@@ -123,6 +123,15 @@ FUSEDATTN_HD int64_t key_page(const FwdParams& p, int b, int64_t j) { return tab
 // whole blocks masks their scores, but must zero their V rows (P V's 0 * NaN is NaN).
 FUSEDATTN_HD bool loads_unwritten_rows(const FwdParams& p) { return p.seqused_k != nullptr || p.block_table != nullptr; }
 
+// Column masks (column_mask set): the mask head that query head h reads (one shared head unless
+// the mask is per head), how many mask heads there are, and key 0's bounds for (batch b, query
+// head h); key j's lie j * column_mask_stride.row further.
+FUSEDATTN_HD int column_mask_head(const FwdParams& p, int h) { return p.column_mask_per_head ? h : 0; }
+FUSEDATTN_HD int column_mask_heads(const FwdParams& p) { return p.column_mask_per_head ? p.heads_q : 1; }
+FUSEDATTN_HD const int32_t* column_mask_keys(const FwdParams& p, int b, int h) {
+  return p.column_mask + b * p.column_mask_stride.batch + column_mask_head(p, h) * p.column_mask_stride.head;
+}
+
 // The keys query row i (0-based within its sequence) may see: [lo, hi], empty when lo > hi.
 // Windows are aligned to the bottom-right corner: row i lines up with key i + len_k - len_q.
 struct KeyRange {

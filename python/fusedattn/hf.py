@@ -81,6 +81,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         raise NotImplementedError("fusedattn: softcap: logit soft-capping is not implemented")
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError("fusedattn: s_aux: attention sinks (learned per-head logits) are not implemented")
+    if dropout:
+        raise NotImplementedError("fusedattn: dropout: attention dropout is not implemented")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # transformers' sliding_window counts the current token; flash_attn's window does not.
     window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)
@@ -91,8 +93,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             "with fusedattn.hf.register() so transformers builds that kind of mask")
     packed = _packed_sequences(q.shape[0], kwargs) if attention_mask is None else None
     if packed is not None:
-        if dropout:
-            raise NotImplementedError("fusedattn: dropout: attention dropout is not implemented")
         cu_q, cu_k, max_q, max_k = packed
         batch, seqlen_q, heads, dim = q.shape
         rows = flash_attn_varlen_func(q.reshape(-1, heads, dim), k.reshape(-1, *k.shape[2:]),
@@ -100,10 +100,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                                       causal=causal, window_size=window)
         out = rows.view(batch, seqlen_q, heads, dim)
     elif attention_mask is None:
-        out = flash_attn_func(q, k, v, dropout_p=dropout, softmax_scale=scaling, causal=causal, window_size=window)
+        out = flash_attn_func(q, k, v, softmax_scale=scaling, causal=causal, window_size=window)
     else:
-        if dropout:
-            raise NotImplementedError("fusedattn: dropout: attention dropout is not implemented")
         out = _padded_attention(q, k, v, attention_mask.bool(), scaling, causal, window)
     return out, None
 

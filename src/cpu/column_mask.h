@@ -21,8 +21,7 @@ class ColumnMask {
   // call has no column mask.
   ColumnMask(const FwdParams& p, int b, int h) {
     if (p.column_mask == nullptr) return;
-    const int head = p.column_mask_per_head ? h : 0;
-    keys_ = p.column_mask + b * p.column_mask_stride.batch + head * p.column_mask_stride.head;
+    keys_ = column_mask_keys(p, b, h);
     key_stride_ = p.column_mask_stride.row;
     intervals_ = p.column_mask_intervals;
   }

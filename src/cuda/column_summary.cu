@@ -59,19 +59,17 @@ __global__ void __launch_bounds__(kSummaryThreads)
     block[i] = make_int4(b[i].least_start, b[i].most_start, b[i].least_end, b[i].most_end);
 }
 
-int mask_heads(const FwdParams& p) { return p.column_mask_per_head ? p.heads_q : 1; }
-
 }  // namespace
 
 int64_t column_summary_bytes(const FwdParams& p, int block_keys) {
-  return ceil_div(p.seqlen_k, block_keys) * mask_heads(p) * p.batch * kColumnSummaryIntervals *
+  return ceil_div(p.seqlen_k, block_keys) * column_mask_heads(p) * p.batch * kColumnSummaryIntervals *
          static_cast<int64_t>(sizeof(int4));
 }
 
 ColumnSummary summarize_column_mask(const FwdParams& p, int block_keys, int4* bounds) {
   const int blocks = static_cast<int>(ceil_div(p.seqlen_k, block_keys));
   if (blocks > 0 && p.batch > 0) {
-    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(mask_heads(p)),
+    const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(column_mask_heads(p)),
                     static_cast<unsigned>(p.batch));
     summarize_kernel<<<grid, kSummaryThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
         p.column_mask, p.column_mask_stride, p.column_mask_intervals, p.seqlen_k, block_keys, bounds);

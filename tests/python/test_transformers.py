@@ -92,7 +92,8 @@ def test_packed_sequences_stay_apart(device):
     assert not torch.allclose(unpacked[:, 5:16], alone[1], **tolerances(dtype))
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(softcap=30.0), "softcap"), (dict(s_aux=torch.zeros(4)), "s_aux")])
+@pytest.mark.parametrize("kwargs, name", [(dict(softcap=30.0), "softcap"), (dict(s_aux=torch.zeros(4)), "s_aux"),
+                                          (dict(dropout=0.1), "dropout")])
 def test_unimplemented_arguments_raise_by_name(kwargs, name):
     """Arguments transformers may pass that the kernels do not implement raise, never vanish."""
     q = torch.randn(1, 4, 8, 16)
