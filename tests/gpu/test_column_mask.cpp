@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -114,6 +115,17 @@ void check_packed_documents(int head_dim) {
 TEST_P(GpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   FUSEDATTN_REQUIRE_GPU();
   check_packed_documents(GetParam());
+}
+
+// Long documents: a query block of the last one sees nothing of the first, a run of more than 32
+// hidden key blocks, so the forward's scan (32 blocks per load) crosses windows before it finds
+// none left; and the backward leaves out the rows after each key block's document.
+TEST_P(GpuColumnMask, LongDocumentsSkipRunsOfBlocks) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::vector<int64_t> docs = {2500, 1, 1900, 99, 700};
+  Columns m(1, 1, total_length(docs), 1);
+  const MaskedCall mc = packed_documents(docs, 2, 1, GetParam(), m);
+  FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, DType::kBFloat16));
 }
 
 TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
@@ -325,6 +337,64 @@ TEST(GpuColumnMaskErrors, HostMaskWithDeviceTensorsIsADeviceMismatch) {
   b.options.column_mask = f.options.column_mask;
   expect_error([&] { forward(f); }, ErrorCode::kDeviceMismatch, "column_mask", "same device as q");
   expect_error([&] { backward(b); }, ErrorCode::kDeviceMismatch, "column_mask", "same device as q");
+}
+
+// Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs do
+// this): the forward's per-stream summary buffer cannot grow during the capture, so the graph
+// allocates the summary itself (stream-ordered). Then, once an eager call on the stream has sized
+// the buffer, a second capture uses the buffer. Every replay must match the reference.
+TEST(GpuColumnMaskGraphs, ForwardCapturedOnAFreshStream) {
+  FUSEDATTN_REQUIRE_GPU();
+  Columns m(1, 1, total_length(kDocuments), 1);
+  const MaskedCall mc = packed_documents(kDocuments, 4, 2, 64, m);
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(mc.call, DType::kFloat16, Layout::kBSHD, rng);
+  DeviceCase dc(c);
+  const DeviceTensor mask(m.bounds);
+  cudaStream_t stream = nullptr;
+  cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  ForwardArgs f = dc.forward_args();
+  f.options.column_mask = mask.view(m.bounds);
+  f.options.stream = stream;
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(mc.truth, ref);
+  plain_forward(mc.truth, c.dtype, plain);
+  for (const bool sized : {false, true}) {
+    SCOPED_TRACE(sized ? "after an eager call" : "on a fresh stream");
+    if (sized) {
+      FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { fusedattn::forward(f); }));
+      cuda_check(cudaStreamSynchronize(stream), "eager call");
+    }
+    cudaGraph_t graph = nullptr;
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    // The capture ends whatever the call does, or the stream would stay captured.
+    SkipReason skip;
+    std::string error;
+    try {
+      skip = run_unless_missing([&] { fusedattn::forward(f); });
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
+    ASSERT_TRUE(error.empty()) << "the captured call threw: " << error;
+    if (skip) GTEST_SKIP() << *skip;
+    cudaGraphExec_t exec = nullptr;
+    cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    constexpr int kReplays = 2;
+    for (int replay = 0; replay < kReplays; ++replay) {
+      dc.out.poison();
+      dc.lse.poison();
+      cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
+      cuda_check(cudaStreamSynchronize(stream), "replay");
+      dc.out.download(c.out);
+      dc.lse.download(c.lse);
+      EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype))) << "out, replay " << replay;
+      EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse, replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -33,10 +33,8 @@ struct ColumnMaskView {
 
   static __device__ __forceinline__ ColumnMaskView of(const FwdParams& p, const ColumnSummary& s, int batch,
                                                       int head) {
-    const int mask_head = p.column_mask_per_head ? head : 0;
-    const int mask_heads = p.column_mask_per_head ? p.heads_q : 1;
-    return {p.column_mask + batch * p.column_mask_stride.batch + mask_head * p.column_mask_stride.head,
-            s.bounds + (static_cast<int64_t>(batch) * mask_heads + mask_head) * s.blocks * kColumnSummaryIntervals};
+    const int64_t mask_head = static_cast<int64_t>(batch) * column_mask_heads(p) + column_mask_head(p, head);
+    return {column_mask_keys(p, batch, head), s.bounds + mask_head * s.blocks * kColumnSummaryIntervals};
   }
 
   __device__ __forceinline__ ColumnCover cover(int n, int r0, int r1) const {

@@ -22,21 +22,35 @@ constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
 
 // The summary of a column-masked call's mask over the kernel's key blocks, in the stream's buffer
-// (the next call on the stream may overwrite it: launches on one stream run in order).
-template <int kBlockN>
-ColumnSummary column_summary_for(const FwdParams& p) {
-  const int64_t bytes = column_summary_bytes(p, kBlockN);
-  // No keys: no block to summarise (the kernel visits none), and no buffer to take; an empty
-  // request would read as a capture's refusal below.
-  if (bytes == 0) return {};
-  const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, static_cast<cudaStream_t>(p.stream), bytes);
-  if (buf.base == nullptr)
-    throw Error(ErrorCode::kUnsupported, "column_mask",
-                "the forward needs " + std::to_string(bytes) +
-                    " bytes of scratch per stream for the mask's block summary, which cannot be allocated while "
-                    "the stream is captured into a CUDA graph; run one call of this size before capturing");
-  return summarize_column_mask(p, kBlockN, reinterpret_cast<int4*>(buf.base));
-}
+// (the next call on the stream may overwrite it: launches on one stream run in order). Where that
+// buffer would have to grow while the stream is captured into a CUDA graph (torch's graphs capture
+// on streams the library may not have seen), a stream-ordered allocation instead, which the graph
+// records and frees itself (`owned`, freed after the kernel by release()).
+struct ColumnScratch {
+  ColumnSummary summary;
+  int4* owned = nullptr;
+
+  template <int kBlockN>
+  static ColumnScratch of(const FwdParams& p) {
+    const auto stream = static_cast<cudaStream_t>(p.stream);
+    const int64_t bytes = column_summary_bytes(p, kBlockN);
+    // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
+    if (bytes == 0) return {};
+    const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
+    ColumnScratch s;
+    int4* bounds = reinterpret_cast<int4*>(buf.base);
+    if (bounds == nullptr) {
+      FUSEDATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&s.owned), static_cast<size_t>(bytes), stream));
+      bounds = s.owned;
+    }
+    s.summary = summarize_column_mask(p, kBlockN, bounds);
+    return s;
+  }
+
+  void release(cudaStream_t stream) const {
+    if (owned != nullptr) FUSEDATTN_CUDA_CHECK(cudaFreeAsync(owned, stream));
+  }
+};
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
@@ -67,10 +81,11 @@ void run_fwd(const FwdParams& params) {
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
-  const ColumnSummary columns = kMask == MaskKind::kColumn ? column_summary_for<Cfg::kBlockN>(p) : ColumnSummary{};
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
-                                                          KVTile::steps(p.v_stride.row), split, columns);
+                                                          KVTile::steps(p.v_stride.row), split, columns.summary);
   FUSEDATTN_CHECK_LAUNCH();
+  columns.release(stream);
   if (split.parts > 1) combine_kv_split(p, split);
 }
 
