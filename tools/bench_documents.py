@@ -7,6 +7,8 @@ sees the keys of its own document up to itself. Columns (TFLOP/s of the visible 
 do_bench median; forward, and forward + backward with --backward):
   ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
                    each key hides from the rows after its document (the portable kernels)
+  column_unordered the same with FUSEDATTN_COLUMN_ORDER=0: the CTAs in the grid's own order
+                   rather than by their work (src/cuda/common/work_order.h)
   varlen_portable  fusedattn.flash_attn_varlen_func over the documents with
                    FUSEDATTN_DISABLE_SM90=1: the same kernels given the documents' bounds, what
                    the mask's skipping should come near
@@ -22,6 +24,8 @@ Every provider's output is checked against ours_column (max abs difference) befo
   tools/bench_documents.py [--dtype float16] [--head-dims 64,128] [--backward] [--out FILE]
 """
 import argparse
+import contextlib
+import functools
 import json
 import math
 import os
@@ -37,7 +41,7 @@ import fusedattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
 
-NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+NAMES = ["ours_column", "column_unordered", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
 
 
 def run_case(dist, d, dtype, backward):
@@ -82,30 +86,34 @@ def run_case(dist, d, dtype, backward):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
+    providers = {"ours_column": ours_column, "column_unordered": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
     flops = 4 * heads * d * pairs(lens, True) * (3.5 if backward else 1.0)  # backward: 2.5x the forward's
     row = {"dist": dist, "head_dim": d, "dtype": str(dtype).split(".")[-1], "docs": len(lens), "tokens": total,
            "backward": backward}
+    # A provider's switch holds over its whole step, the backward too.
+    switches = {"column_unordered": ("FUSEDATTN_COLUMN_ORDER", "0")}
     for name, fn in providers.items():
+        scope = functools.partial(env, *switches[name]) if name in switches else contextlib.nullcontext
         try:
             if name == "flex":
                 fn = flex_provider()
-            with torch.no_grad():
+            with torch.no_grad(), scope():
                 out = fn()
             row[name + "_maxdiff"] = round((out.float() - reference.float()).abs().max().item(), 4)
             if name == "causal_portable":
                 row[name + "_maxdiff"] = None  # another mask: no comparison
 
-            def step(fn=fn):
-                if not backward:
-                    with torch.no_grad():
-                        return fn()
-                q.grad = k.grad = v.grad = None
-                fn().backward(dout)
-                return None
+            def step(fn=fn, scope=scope):
+                with scope():
+                    if not backward:
+                        with torch.no_grad():
+                            return fn()
+                    q.grad = k.grad = v.grad = None
+                    fn().backward(dout)
+                    return None
             ms = do_bench(step, warmup=10, rep=100)
             row[name] = round(flops / ms / 1e9, 1)
             row[name + "_ms"] = round(ms, 3)
@@ -127,7 +135,7 @@ def main():
     what = "forward + backward" if args.backward else "forward"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
     print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
-          + "  column/varlen_portable column/flex")
+          + "  column/varlen_portable column/flex column/unordered")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
             row = run_case(dist, d, dtype, args.backward)
@@ -135,7 +143,7 @@ def main():
             ratio = lambda peer: (f"{row['ours_column'] / row[peer]:.2f}"  # noqa: E731
                                   if row["ours_column"] and row.get(peer) else "-")
             print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('varlen_portable'):>22} "
-                  f"{ratio('flex'):>11}", flush=True)
+                  f"{ratio('flex'):>11} {ratio('column_unordered'):>16}", flush=True)
             for n in NAMES:
                 if row.get(n + "_error"):
                     print(f"    {n}: {row[n + '_error']}")

@@ -1,0 +1,49 @@
+// Longest-first order of a launch's CTAs from a per-item estimate of their work, computed on the
+// device before the launch (work_order.cu), for masks whose work per item only the device knows.
+//
+// Why: a column mask (packed documents) makes a query block's work depend on where it lies in its
+// document, not on its index, so the grouped order of schedule.h (bottom blocks first) starts the
+// longest items of the last group near the end of the launch. On 16k tokens of mixed-length
+// documents the portable forward's SMs idled 29% of the kernel's time (ncu: SM active cycles
+// against elapsed); the varlen batch of the same documents, whose blocks are ordered by their
+// position in a document, idled 4%.
+//
+// The launch's grid is x = row block, y = head, z = batch, as without an order; CTA number
+// x + X * (y + Y * z) takes item order[that number] instead (in the same coding). Ties keep no
+// particular order: each CTA computes its own rows, so results do not depend on it (the
+// deterministic backward's ordered adds do, and take no order).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fusedattn::cuda {
+
+// Work of every item, as estimated by the caller. Items come in groups of `copies` heads that
+// share one estimate (the heads of one mask head): work[(b * groups + g) * blocks + x] is the work
+// of items (x, g * copies + c, b) for every c < copies.
+struct WorkItems {
+  const int* work;
+  int blocks, groups, copies, batch;
+
+  int64_t items() const { return int64_t{blocks} * groups * copies * batch; }
+};
+
+// Writes order[rank] for rank < items.items(): the CTA number of the rank-th item in descending
+// work, on `stream`. Work at or past kWorkOrderBuckets - 1 counts as that much.
+constexpr int kWorkOrderBuckets = 8192;
+void order_by_work(const WorkItems& items, int* order, cudaStream_t stream);
+
+#ifdef __CUDACC__
+// The item a CTA takes: blockIdx through the order, or blockIdx itself without one.
+__device__ __forceinline__ uint3 ordered_block(const int* order, uint3 block) {
+  if (order == nullptr) return block;
+  const unsigned blocks = gridDim.x, heads = gridDim.y;
+  const unsigned item = static_cast<unsigned>(order[block.x + blocks * (block.y + heads * block.z)]);
+  const unsigned pair = item / blocks;
+  return {item - pair * blocks, pair % heads, pair / heads};
+}
+#endif
+
+}  // namespace fusedattn::cuda
