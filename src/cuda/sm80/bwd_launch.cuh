@@ -87,14 +87,15 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
       static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
       // The CTAs' order by their work where they do not all run at once (one per SM); not in
-      // deterministic mode (no room for it there: its ordered dQ adds need the lower KV blocks of
-      // a head first). FUSEDATTN_COLUMN_ORDER as in the forward (fwd_launch.cuh).
+      // deterministic mode (the workspace has no room for it there: its ordered dQ adds need the
+      // lower KV blocks of a head first). FUSEDATTN_COLUMN_ORDER as in the forward (fwd_launch.cuh).
       const int64_t items = kv_blocks * p.heads_kv * p.batch;
       const int64_t resident = device_attribute(cudaDevAttrMultiProcessorCount, p.device.index);
-      if (ws.column_order != nullptr && env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) {
-        order_by_work(backward_column_work(p, masked_ws.columns, T::kBlockM, T::kBlockN, ws.column_work),
-                      ws.column_order, stream);
-        masked_ws.columns.order = ws.column_order;
+      const BwdColumnScratch scratch = bwd_column_scratch(p);
+      if (scratch.order != nullptr && env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) {
+        order_by_work(backward_column_work(p, masked_ws.columns, T::kBlockM, T::kBlockN, scratch.work), scratch.order,
+                      stream);
+        masked_ws.columns.order = scratch.order;
       }
     }
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),

@@ -50,7 +50,7 @@ struct BwdWorkspaceLayout {
   int64_t rows = 0;      // padded query rows per (b, h)
   int64_t dq_pitch = 0;  // floats per dq_acc row
   std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0, split_acc = 0, split_count = 0, columns = 0;  // byte offsets
-  std::size_t column_work = 0, column_order = 0;                                               // byte offsets
+  std::size_t column_work = 0, column_order = 0;  // byte offsets; 0 where absent
   int64_t split_items = 0;      // most split items the slots hold
   int64_t split_acc_floats = 0;  // floats of split_acc
   std::size_t total = 0;
@@ -122,8 +122,6 @@ struct BwdWorkspace {
   int split_whole = 0;
   int split_parts = 1;
   int4* column_bounds;    // null unless column-masked: room for the summary
-  int32_t* column_work;   // null unless column-masked and not deterministic: room for the work
-  int32_t* column_order;  //   and the order (column_work.h)
   ColumnSummary columns;  // the summary over the launched tile's key blocks (the launcher's)
 
   // First padded row of (b, h) in lse2/delta; multiply by dq_pitch for dq_acc.
@@ -149,9 +147,22 @@ inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
           0,
           1,
           p.column_mask != nullptr ? reinterpret_cast<int4*>(base + w.columns) : nullptr,
-          w.column_work > 0 ? reinterpret_cast<int32_t*>(base + w.column_work) : nullptr,
-          w.column_work > 0 ? reinterpret_cast<int32_t*>(base + w.column_order) : nullptr,
           ColumnSummary{}};
+}
+
+// The room for a column-masked launch's work estimates and order (column_work.h), both null
+// unless the call is column-masked and not deterministic. For the launcher only: kept out of the
+// kernels' BwdWorkspace, whose two more pointers made the d192 column backward spill (sm_80 SASS).
+struct BwdColumnScratch {
+  int32_t* work = nullptr;
+  int32_t* order = nullptr;
+};
+
+inline BwdColumnScratch bwd_column_scratch(const BwdParams& p) {
+  const BwdWorkspaceLayout w = bwd_workspace_layout(p);
+  if (w.column_work == 0) return {};
+  auto* base = static_cast<unsigned char*>(p.workspace);
+  return {reinterpret_cast<int32_t*>(base + w.column_work), reinterpret_cast<int32_t*>(base + w.column_order)};
 }
 
 }  // namespace fusedattn::cuda::sm80
