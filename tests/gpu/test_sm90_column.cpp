@@ -145,12 +145,12 @@ TEST_P(GpuSm90ColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   }
 }
 
-// A query tile of the last documents sees nothing of the first: runs of 36 and more hidden
-// 128-key blocks, so the producer's scan (32 blocks per load) counts and walks across chunks
-// with nothing seen in them; a one-token document sits between two long ones.
+// A query tile of the last document sees none of the 35 key blocks before it, so the producer's
+// count (32 blocks per load) crosses a chunk with nothing seen in it; a one-token document sits
+// between two long ones.
 TEST_P(GpuSm90ColumnMask, LongDocumentsSkipRunsOfBlocks) {
   SKIP_UNLESS_HOPPER();
-  const std::vector<int64_t> docs = {4700, 1, 1900, 99, 700};
+  const std::vector<int64_t> docs = {2500, 1, 1900, 99, 700};
   Columns m(1, 1, total_length(docs), 1);
   const MaskedCall mc = packed_documents(docs, 2, 1, GetParam(), m);
   for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_on_hopper(mc, m, dtype));
@@ -177,6 +177,20 @@ TEST_P(GpuSm90ColumnMask, WindowsWrittenAsColumns) {
       FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, w.left, w.right), {}}, m, dtype));
     }
   }
+}
+
+// A sliding window of 100 keys written as columns over 4500 keys of an unmasked call: the
+// window's range is every block, so a tile near the top walks down through a whole chunk of 32
+// hidden blocks (and part of another) before it reaches the blocks it sees, and its last chunk
+// reaches below block 0 (lanes past the range read nothing).
+TEST_P(GpuSm90ColumnMask, SlidingWindowAcrossScanChunks) {
+  SKIP_UNLESS_HOPPER();
+  const int64_t s = 4500;
+  const Problem call = dense(1, 2, 1, s, s, GetParam());
+  Columns m(1, 1, s, 2);
+  hide_outside_window(m, 0, 0, s, s, 100, 0);
+  const DType dtype = GetParam() == kHopperColumnHeadDims[0] ? DType::kFloat16 : DType::kBFloat16;
+  FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 100, 0), {}}, m, dtype));
 }
 
 // Per-head masks: each query head its own window (a GQA call whose groups mix them), so a tile
