@@ -1,0 +1,49 @@
+// Where a column-masked forward keeps its mask's summary (common/column_summary.h) for one launch:
+// the stream's buffer (the next call on the stream may overwrite it: launches on one stream run in
+// order), or, where that buffer would have to grow while the stream is captured into a CUDA graph
+// (torch's graphs capture on streams the library may not have seen), a stream-ordered allocation
+// that the graph records and frees itself (`owned`, freed after the kernel by release()).
+//
+// The Hopper forward uses this one (sm90/fwd_launch.cuh). sm80/fwd_launch.cuh still has its own
+// copy (sm80::ColumnScratch, the same ~30 lines): that file is being changed on another branch,
+// and moving it over to this header is left for after that merge.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/check.cuh"
+#include "cuda/common/column_summary.h"
+#include "cuda/common/stream_buffer.h"
+#include "fusedattn/params.h"
+
+namespace fusedattn::cuda {
+
+struct ColumnSummaryScratch {
+  ColumnSummary summary;
+  int4* owned = nullptr;
+
+  // The summary of p's mask over key blocks of block_keys keys, written on p.stream.
+  static ColumnSummaryScratch of(const FwdParams& p, int block_keys) {
+    const auto stream = static_cast<cudaStream_t>(p.stream);
+    const int64_t bytes = column_summary_bytes(p, block_keys);
+    // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
+    if (bytes == 0) return {};
+    const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
+    ColumnSummaryScratch s;
+    int4* bounds = reinterpret_cast<int4*>(buf.base);
+    if (bounds == nullptr) {
+      FUSEDATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&s.owned), static_cast<size_t>(bytes), stream));
+      bounds = s.owned;
+    }
+    s.summary = summarize_column_mask(p, block_keys, bounds);
+    return s;
+  }
+
+  void release(cudaStream_t stream) const {
+    if (owned != nullptr) FUSEDATTN_CUDA_CHECK(cudaFreeAsync(owned, stream));
+  }
+};
+
+}  // namespace fusedattn::cuda
