@@ -6,11 +6,11 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/column_scratch.h"
 #include "cuda/common/column_summary.h"
 #include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
-#include "cuda/common/stream_buffer.h"
 #include "cuda/common/env.h"
 #include "cuda/common/work_order.h"
 #include "cuda/sm80/column_work.h"
@@ -24,55 +24,23 @@ namespace fusedattn::cuda::sm80 {
 constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
 
-// The summary of a column-masked call's mask over the kernel's key blocks, and where the launch
-// runs more CTAs than fit at once, the CTAs' order by their work (common/work_order.h: without it,
-// mixed-length documents left the SMs idle for much of the launch's end), in the stream's buffer
-// (the next call on the stream may overwrite it: launches on one stream run in order). Where that
-// buffer would have to grow while the stream is captured into a CUDA graph (torch's graphs capture
-// on streams the library may not have seen), a stream-ordered allocation instead, which the graph
-// records and frees itself (`owned`, freed after the kernel by release()).
-// FUSEDATTN_COLUMN_ORDER=1 orders every launch, =0 none (tests, A/B measurements).
-struct ColumnScratch {
-  ColumnSummary summary;
-  void* owned = nullptr;
-
-  // ctas_per_sm: how many of the kernel's CTAs an SM runs at once.
-  template <int kBlockM, int kBlockN>
-  static ColumnScratch of(const FwdParams& p, int ctas_per_sm) {
-    const auto stream = static_cast<cudaStream_t>(p.stream);
-    const int64_t summary_bytes = round_up(column_summary_bytes(p, kBlockN), kScratchAlign);
-    // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
-    if (summary_bytes == 0) return {};
-    const int64_t m_blocks = ceil_div(p.seqlen_q, kBlockM);
-    const int64_t items = m_blocks * p.heads_q * p.batch;
-    const int64_t resident = int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} * ctas_per_sm;
-    const bool ordered = env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident);
-    const int64_t work_bytes = round_up(forward_column_work_entries(p, kBlockM) * int64_t{sizeof(int)}, kScratchAlign);
-    const int64_t bytes = summary_bytes + (ordered ? work_bytes + items * int64_t{sizeof(int)} : 0);
-    const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
-    ColumnScratch s;
-    char* base = buf.base;
-    if (base == nullptr) {
-      FUSEDATTN_CUDA_CHECK(cudaMallocAsync(&s.owned, static_cast<size_t>(bytes), stream));
-      base = static_cast<char*>(s.owned);
-    }
-    s.summary = summarize_column_mask(p, kBlockN, reinterpret_cast<int4*>(base));
-    if (ordered) {
-      int* work = reinterpret_cast<int*>(base + summary_bytes);
-      int* order = reinterpret_cast<int*>(base + summary_bytes + work_bytes);
-      order_by_work(forward_column_work(p, s.summary, kBlockM, kBlockN, work), order, stream);
-      s.summary.order = order;
-    }
-    return s;
+// A column-masked launch's summary, and where it runs more CTAs than fit at once, the CTAs'
+// order by their work (common/work_order.h: without it, mixed-length documents left the SMs idle
+// for much of the launch's end). FUSEDATTN_COLUMN_ORDER=1 orders every launch, =0 none (tests,
+// A/B measurements). ctas_per_sm: how many of the kernel's CTAs an SM runs at once.
+template <int kBlockM, int kBlockN>
+ColumnScratch column_scratch(const FwdParams& p, int ctas_per_sm) {
+  const int64_t items = ceil_div(p.seqlen_q, kBlockM) * p.heads_q * p.batch;
+  const int64_t resident = int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} * ctas_per_sm;
+  if (!env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) return ColumnScratch::of(p, kBlockN);
+  ColumnScratch s = ColumnScratch::of(p, kBlockN, forward_column_work_entries(p, kBlockM), items);
+  if (s.order != nullptr) {  // null without keys: no summary, and no block to visit
+    order_by_work(forward_column_work(p, s.summary, kBlockM, kBlockN, s.work), s.order,
+                  static_cast<cudaStream_t>(p.stream));
+    s.summary.order = s.order;
   }
-
-  void release(cudaStream_t stream) const {
-    if (owned != nullptr) FUSEDATTN_CUDA_CHECK(cudaFreeAsync(owned, stream));
-  }
-
- private:
-  static constexpr int64_t kScratchAlign = 256;  // each part starts on its own cache lines
-};
+  return s;
+}
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
@@ -105,7 +73,7 @@ void run_fwd(const FwdParams& params) {
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
   const ColumnScratch columns =
       kMask == MaskKind::kColumn
-          ? ColumnScratch::of<Cfg::kBlockM, Cfg::kBlockN>(p, Cfg::kMinBlocksPerSm)
+          ? column_scratch<Cfg::kBlockM, Cfg::kBlockN>(p, Cfg::kMinBlocksPerSm)
           : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);

@@ -106,8 +106,9 @@ struct ColumnBlockWalk {
 // Consumer thread: hides (-inf) the scores of key block n that the mask hides, on its wgmma
 // accumulator s (64 x kBlockN, ptx/wgmma.cuh): rows row0 and row0 + 8, keys
 // n * kBlockN + col0 + 8 j + {0, 1}, s[4 j + 2 half + e] the score of row half, key 8 j + e. The
-// hidden pairs are found as bits first (HiddenPairs: a loop over the keys that is not unrolled,
-// each key's bounds read through the read-only cache), then applied.
+// hidden pairs are found as bits first (HiddenPairs: from the block's summary where its keys
+// all hide the same rows, else by a loop over the keys that is not unrolled, each key's bounds
+// read through the read-only cache), then applied.
 template <int kBlockN, int kAcc>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdParams& p, const ColumnMaskView& mask,
                                                    int n, int row0, int col0, int len_k) {
@@ -117,7 +118,7 @@ __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdPa
   const int key0 = n * kBlockN + col0;
   HiddenPairs<kKeys, kRows> pairs;
   pairs.find(
-      p, mask, [key0](int k) { return key0 + k / kKeysPerStep * kKeyStep + k % kKeysPerStep; },
+      p, mask, n, [key0](int k) { return key0 + k / kKeysPerStep * kKeyStep + k % kKeysPerStep; },
       [row0](int r) { return row0 + r * kRowStep; }, len_k);
 #pragma unroll
   for (int k = 0; k < kKeys; ++k)

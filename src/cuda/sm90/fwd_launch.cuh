@@ -256,8 +256,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   kp.trace = trace.buffer(grid);
 #endif
   // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel.
-  const ColumnSummaryScratch columns =
-      kMask == MaskKind::kColumn ? ColumnSummaryScratch::of(p, Cfg::kBlockN) : ColumnSummaryScratch{};
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of(p, Cfg::kBlockN) : ColumnScratch{};
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
