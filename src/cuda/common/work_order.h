@@ -9,7 +9,8 @@
 // position in a document, idled 4%.
 //
 // The launch's grid is x = row block, y = head, z = batch, as without an order; CTA number
-// x + X * (y + Y * z) takes item order[that number] instead (in the same coding). Ties keep no
+// x + X * (y + Y * z) takes item order[that number] instead (in the same coding). A persistent
+// grid (the Hopper forward) takes its n-th work item from order[n]. Ties keep no
 // particular order: each CTA computes its own rows, so results do not depend on it (the
 // deterministic backward's ordered adds do, and take no order).
 #pragma once
@@ -36,13 +37,18 @@ constexpr int kWorkOrderBuckets = 8192;
 void order_by_work(const WorkItems& items, int* order, cudaStream_t stream);
 
 #ifdef __CUDACC__
-// The item a CTA takes: blockIdx through the order, or blockIdx itself without one.
-__device__ __forceinline__ uint3 ordered_block(const int* order, uint3 block) {
-  if (order == nullptr) return block;
-  const unsigned blocks = gridDim.x, heads = gridDim.y;
-  const unsigned item = static_cast<unsigned>(order[block.x + blocks * (block.y + heads * block.z)]);
+// The rank-th item of the order as (block, head, batch), for `blocks` blocks and `heads` heads.
+__device__ __forceinline__ uint3 ordered_item(const int* order, unsigned rank, unsigned blocks, unsigned heads) {
+  const unsigned item = static_cast<unsigned>(order[rank]);
   const unsigned pair = item / blocks;
   return {item - pair * blocks, pair % heads, pair / heads};
+}
+
+// The item a CTA of a grid (x = block, y = head, z = batch) takes: blockIdx through the order,
+// or blockIdx itself without one.
+__device__ __forceinline__ uint3 ordered_block(const int* order, uint3 block) {
+  if (order == nullptr) return block;
+  return ordered_item(order, block.x + gridDim.x * (block.y + gridDim.y * block.z), gridDim.x, gridDim.y);
 }
 #endif
 

@@ -1,5 +1,5 @@
 // The backward's query blocks under a column mask: what a KV block's CTA walks (bwd_kernel.cuh),
-// and what its work estimate counts (column_work.cu).
+// and what its work estimate counts (bwd_column_work.cu).
 #pragma once
 
 #include <cstdint>

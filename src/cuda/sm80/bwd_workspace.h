@@ -36,7 +36,7 @@
 #include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/sm80/bwd_split.h"
-#include "cuda/sm80/column_work.h"
+#include "cuda/sm80/bwd_column_work.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -150,7 +150,7 @@ inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
           ColumnSummary{}};
 }
 
-// The room for a column-masked launch's work estimates and order (column_work.h), both null
+// The room for a column-masked launch's work estimates and order (bwd_column_work.h), both null
 // unless the call is column-masked and not deterministic. For the launcher only: kept out of the
 // kernels' BwdWorkspace, whose two more pointers made the d192 column backward spill (sm_80 SASS).
 struct BwdColumnScratch {

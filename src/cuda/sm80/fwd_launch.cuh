@@ -6,14 +6,11 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
-#include "cuda/common/column_scratch.h"
-#include "cuda/common/column_summary.h"
+#include "cuda/common/column_work.h"
 #include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
 #include "cuda/common/env.h"
-#include "cuda/common/work_order.h"
-#include "cuda/sm80/column_work.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/fwd_kv_split.h"
 #include "fusedattn/error.h"
@@ -23,24 +20,6 @@ namespace fusedattn::cuda::sm80 {
 // Without opting in, a block may use at most 48 KiB of dynamic shared memory.
 constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
-
-// A column-masked launch's summary, and where it runs more CTAs than fit at once, the CTAs'
-// order by their work (common/work_order.h: without it, mixed-length documents left the SMs idle
-// for much of the launch's end). FUSEDATTN_COLUMN_ORDER=1 orders every launch, =0 none (tests,
-// A/B measurements). ctas_per_sm: how many of the kernel's CTAs an SM runs at once.
-template <int kBlockM, int kBlockN>
-ColumnScratch column_scratch(const FwdParams& p, int ctas_per_sm) {
-  const int64_t items = ceil_div(p.seqlen_q, kBlockM) * p.heads_q * p.batch;
-  const int64_t resident = int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} * ctas_per_sm;
-  if (!env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) return ColumnScratch::of(p, kBlockN);
-  ColumnScratch s = ColumnScratch::of(p, kBlockN, forward_column_work_entries(p, kBlockM), items);
-  if (s.order != nullptr) {  // null without keys: no summary, and no block to visit
-    order_by_work(forward_column_work(p, s.summary, kBlockM, kBlockN, s.work), s.order,
-                  static_cast<cudaStream_t>(p.stream));
-    s.summary.order = s.order;
-  }
-  return s;
-}
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
@@ -73,7 +52,9 @@ void run_fwd(const FwdParams& params) {
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
   const ColumnScratch columns =
       kMask == MaskKind::kColumn
-          ? column_scratch<Cfg::kBlockM, Cfg::kBlockN>(p, Cfg::kMinBlocksPerSm)
+          ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN,
+                                   int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} *
+                                       Cfg::kMinBlocksPerSm)
           : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);

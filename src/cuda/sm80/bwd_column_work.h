@@ -1,7 +1,7 @@
-// The work of each CTA of a column-masked portable launch, estimated on the device from the
+// The work of each CTA of a column-masked portable backward, estimated on the device from the
 // mask's summary (common/column_summary.h) before the launch, from which the launch takes its CTA
-// order (common/work_order.h; column_work.cu). The estimates count blocks by the rules the
-// kernels walk by, so an item's rank follows what it will do.
+// order (common/work_order.h; bwd_column_work.cu). The estimate counts blocks by the rule the
+// kernel walks by, so an item's rank follows what it will do. (The forwards': common/column_work.h.)
 #pragma once
 
 #include <cstdint>
@@ -11,13 +11,6 @@
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
-
-// Forward: per query block of block_m rows, the key blocks (of block_n keys, the summary's) it
-// visits: those of its window's range that some row of the block sees. One entry per (query
-// block, mask head, batch), shared by the query heads of that mask head; written into `work`
-// (forward_column_work_entries ints) on p.stream.
-int64_t forward_column_work_entries(const FwdParams& p, int block_m);
-WorkItems forward_column_work(const FwdParams& p, const ColumnSummary& s, int block_m, int block_n, int* work);
 
 // Backward (not in deterministic mode, which takes no order): per KV block of block_n keys, the
 // query blocks of block_m rows it visits for each query head of its group (bwd_column.cuh's
