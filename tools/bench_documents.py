@@ -8,6 +8,8 @@ do_bench median; forward, and forward + backward with --backward):
   ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
                    each key hides from the rows after its document (on Hopper the forward's sm90
                    kernel at d64/d128, else the portable kernels)
+  column_unordered the same with FUSEDATTN_COLUMN_ORDER=0: the CTAs (tiles) in the grid's own
+                   order rather than by their work (src/cuda/common/work_order.h)
   column_portable  the same on the portable kernels (FUSEDATTN_DISABLE_SM90=1)
   portable_unordered  and with FUSEDATTN_COLUMN_ORDER=0: the CTAs in the grid's own order rather
                    than by their work (src/cuda/common/work_order.h)
@@ -43,7 +45,7 @@ import fusedattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
 
-NAMES = ["ours_column", "column_portable", "portable_unordered", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+NAMES = ["ours_column", "column_unordered", "column_portable", "portable_unordered", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
 
 
 @contextlib.contextmanager
@@ -97,7 +99,8 @@ def run_case(dist, d, dtype, backward):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "column_portable": ours_column, "portable_unordered": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
+    providers = {"ours_column": ours_column, "column_unordered": ours_column, "column_portable": ours_column,
+                 "portable_unordered": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
@@ -105,7 +108,8 @@ def run_case(dist, d, dtype, backward):
     row = {"dist": dist, "head_dim": d, "dtype": str(dtype).split(".")[-1], "docs": len(lens), "tokens": total,
            "backward": backward}
     # A provider's switches hold over its whole step, the backward too.
-    switches = {"column_portable": [("FUSEDATTN_DISABLE_SM90", "1")],
+    switches = {"column_unordered": [("FUSEDATTN_COLUMN_ORDER", "0")],
+                "column_portable": [("FUSEDATTN_DISABLE_SM90", "1")],
                 "portable_unordered": [("FUSEDATTN_DISABLE_SM90", "1"), ("FUSEDATTN_COLUMN_ORDER", "0")]}
     for name, fn in providers.items():
         scope = functools.partial(settings, switches.get(name, []))
@@ -147,7 +151,7 @@ def main():
     what = "forward + backward" if args.backward else "forward"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
     print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
-          + "  column/ours_varlen column/flex portable/varlen_portable portable/unordered")
+          + "  column/ours_varlen column/flex column/unordered portable/varlen_portable portable/unordered")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
             row = run_case(dist, d, dtype, args.backward)
@@ -155,7 +159,8 @@ def main():
             ratio = lambda ours, peer: (f"{row[ours] / row[peer]:.2f}"  # noqa: E731
                                         if row.get(ours) and row.get(peer) else "-")
             print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('ours_column', 'ours_varlen'):>18} "
-                  f"{ratio('ours_column', 'flex'):>11} {ratio('column_portable', 'varlen_portable'):>24} "
+                  f"{ratio('ours_column', 'flex'):>11} {ratio('ours_column', 'column_unordered'):>16} "
+                  f"{ratio('column_portable', 'varlen_portable'):>24} "
                   f"{ratio('column_portable', 'portable_unordered'):>19}", flush=True)
             for n in NAMES:
                 if row.get(n + "_error"):

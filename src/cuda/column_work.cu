@@ -47,15 +47,14 @@ WorkItems forward_column_work(const FwdParams& p, const ColumnSummary& s, int bl
 
 }  // namespace
 
-ColumnScratch forward_column_scratch(const FwdParams& p, int block_m, int block_n, int64_t resident) {
+ColumnScratch forward_column_scratch(const FwdParams& p, int block_m, int block_n, int64_t resident, int group_shift) {
   const int64_t items = ceil_div(p.seqlen_q, block_m) * p.heads_q * p.batch;
   if (!env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) return ColumnScratch::of(p, block_n);
   ColumnScratch s = ColumnScratch::of(p, block_n, forward_column_work_entries(p, block_m), items);
-  if (s.order != nullptr) {  // null without keys: no summary, and no block to visit
-    order_by_work(forward_column_work(p, s.summary, block_m, block_n, s.work), s.order,
-                  static_cast<cudaStream_t>(p.stream));
+  // No order without keys (no summary, and no block to visit).
+  if (s.order != nullptr && order_by_work(forward_column_work(p, s.summary, block_m, block_n, s.work), group_shift,
+                                          s.order, static_cast<cudaStream_t>(p.stream)))
     s.summary.order = s.order;
-  }
   return s;
 }
 

@@ -1,9 +1,12 @@
-// Longest-first order of a launch's items (common/work_order.h): a counting sort by work in one
-// CTA, the work clamped into a bucket per value. The items number a few thousand in the launches
-// that order them (query blocks times heads), so one CTA's passes over them cost microseconds.
+// The order of a launch's items by work within their L2 groups (common/work_order.h): a counting
+// sort in one CTA, by (group, work) buckets. The items number a few thousand in the launches that
+// order them (query or key blocks times heads), so one CTA's passes over them cost microseconds.
 #include "cuda/common/work_order.h"
 
+#include <limits>
+
 #include "cuda/common/check.cuh"
+#include "cuda/common/int_math.h"
 
 namespace fusedattn::cuda {
 namespace {
@@ -14,12 +17,9 @@ constexpr int kOrderWarps = kOrderThreads / kWarpLanes;
 constexpr int kBucketsPerThread = kWorkOrderBuckets / kOrderThreads;
 static_assert(kWorkOrderBuckets % kOrderThreads == 0, "each thread scans a whole run of buckets");
 
-__device__ __forceinline__ int bucket_of(int work) {
-  return work < 0 ? 0 : (work < kWorkOrderBuckets ? work : kWorkOrderBuckets - 1);
-}
-
 // Turns the per-thread totals into exclusive prefix sums over the threads (in thread order).
 __device__ int exclusive_scan(int total, int* warp_totals) {
+  static_assert(kOrderWarps == kWarpLanes, "the scan's second level is one warp");
   const int lane = static_cast<int>(threadIdx.x) % kWarpLanes, warp = static_cast<int>(threadIdx.x) / kWarpLanes;
   int inclusive = total;
   for (int offset = 1; offset < kWarpLanes; offset *= 2) {
@@ -29,7 +29,7 @@ __device__ int exclusive_scan(int total, int* warp_totals) {
   if (lane == kWarpLanes - 1) warp_totals[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    int warps = warp_totals[lane];  // kOrderWarps == kWarpLanes
+    int warps = warp_totals[lane];
     for (int offset = 1; offset < kWarpLanes; offset *= 2) {
       const int below = __shfl_up_sync(0xffffffffu, warps, offset);
       if (lane >= offset) warps += below;
@@ -40,45 +40,61 @@ __device__ int exclusive_scan(int total, int* warp_totals) {
   return inclusive - total + (warp > 0 ? warp_totals[warp - 1] : 0);
 }
 
-__global__ void __launch_bounds__(kOrderThreads) order_kernel(WorkItems items, int* order) {
-  static_assert(kOrderWarps == kWarpLanes, "the scan's second level is one warp");
+// Item i (the CTA number x + blocks * pair) goes to bucket group * span + (span - 1 - work): the
+// buckets in ascending order are the items' order.
+struct Buckets {
+  WorkItems items;
+  int group_shift, span;
+
+  // 32-bit: order_by_work takes fewer than 2^31 items.
+  __device__ int of(int i) const {
+    const int pair = i / items.blocks, x = i - pair * items.blocks;
+    const int heads = items.groups * items.copies;
+    const int b = pair / heads, head = pair - b * heads;
+    const int work = items.work[(b * items.groups + head / items.copies) * items.blocks + x];
+    const int group = pair >> group_shift;
+    const int most = span - 1, clamped = work < 0 ? 0 : (work < most ? work : most);
+    const int bucket = group < kWorkOrderBuckets / span ? group * span + (most - clamped) : kWorkOrderBuckets - 1;
+    return bucket;
+  }
+};
+
+__global__ void __launch_bounds__(kOrderThreads) order_kernel(Buckets buckets, int* order) {
   __shared__ int bucket_start[kWorkOrderBuckets];
   __shared__ int warp_totals[kOrderWarps];
   const int tid = static_cast<int>(threadIdx.x);
-  const int64_t entries = int64_t{items.blocks} * items.groups * items.batch;
+  const int items = static_cast<int>(buckets.items.items());
   for (int w = tid; w < kWorkOrderBuckets; w += kOrderThreads) bucket_start[w] = 0;
   __syncthreads();
-  for (int64_t e = tid; e < entries; e += kOrderThreads) atomicAdd(&bucket_start[bucket_of(items.work[e])], items.copies);
+  for (int i = tid; i < items; i += kOrderThreads) atomicAdd(&bucket_start[buckets.of(i)], 1);
   __syncthreads();
-  // Descending work: thread t owns the buckets kWorkOrderBuckets - 1 - (t * kBucketsPerThread + i).
+  // Thread t owns buckets [t * kBucketsPerThread, (t + 1) * kBucketsPerThread).
   int counts[kBucketsPerThread], total = 0;
-  for (int i = 0; i < kBucketsPerThread; ++i) {
-    counts[i] = bucket_start[kWorkOrderBuckets - 1 - (tid * kBucketsPerThread + i)];
-    total += counts[i];
+#pragma unroll
+  for (int j = 0; j < kBucketsPerThread; ++j) {
+    counts[j] = bucket_start[tid * kBucketsPerThread + j];
+    total += counts[j];
   }
   int start = exclusive_scan(total, warp_totals);
-  for (int i = 0; i < kBucketsPerThread; ++i) {
-    bucket_start[kWorkOrderBuckets - 1 - (tid * kBucketsPerThread + i)] = start;
-    start += counts[i];
+#pragma unroll
+  for (int j = 0; j < kBucketsPerThread; ++j) {
+    bucket_start[tid * kBucketsPerThread + j] = start;
+    start += counts[j];
   }
   __syncthreads();
-  const int heads = items.groups * items.copies;
-  for (int64_t e = tid; e < entries; e += kOrderThreads) {
-    const int x = static_cast<int>(e % items.blocks);
-    const int64_t pair = e / items.blocks;  // b * groups + g
-    const int g = static_cast<int>(pair % items.groups), b = static_cast<int>(pair / items.groups);
-    const int rank = atomicAdd(&bucket_start[bucket_of(items.work[e])], items.copies);
-    for (int c = 0; c < items.copies; ++c)
-      order[rank + c] = x + items.blocks * (g * items.copies + c + heads * b);
-  }
+  for (int i = tid; i < items; i += kOrderThreads) order[atomicAdd(&bucket_start[buckets.of(i)], 1)] = i;
 }
 
 }  // namespace
 
-void order_by_work(const WorkItems& items, int* order, cudaStream_t stream) {
-  if (items.items() == 0) return;
-  order_kernel<<<1, kOrderThreads, 0, stream>>>(items, order);
+bool order_by_work(const WorkItems& items, int group_shift, int* order, cudaStream_t stream) {
+  if (items.items() == 0 || items.items() > std::numeric_limits<int>::max()) return false;
+  const int64_t pairs = int64_t{items.groups} * items.copies * items.batch;
+  const int64_t groups = ceil_div(pairs, int64_t{1} << group_shift);
+  const int span = groups < kWorkOrderBuckets ? static_cast<int>(kWorkOrderBuckets / groups) : 1;
+  order_kernel<<<1, kOrderThreads, 0, stream>>>(Buckets{items, group_shift, span}, order);
   FUSEDATTN_CHECK_LAUNCH();
+  return true;
 }
 
 }  // namespace fusedattn::cuda

@@ -17,9 +17,11 @@
 
 namespace fusedattn::cuda {
 
-// resident: how many of the launch's CTAs run at once (a persistent grid's size). The items are
-// the (query block, head, batch) triples; order[rank] codes the rank-th longest as
+// resident: how many of the launch's CTAs run at once (a persistent grid's size); group_shift:
+// the launch's L2 groups of (head, batch) pairs (schedule.h), which the order keeps. The items are
+// the (query block, head, batch) triples; order[rank] codes the rank-th as
 // block + blocks * (head + heads * batch).
-ColumnScratch forward_column_scratch(const FwdParams& p, int block_m, int block_n, int64_t resident);
+ColumnScratch forward_column_scratch(const FwdParams& p, int block_m, int block_n, int64_t resident,
+                                     int group_shift);
 
 }  // namespace fusedattn::cuda

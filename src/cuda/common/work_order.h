@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "fusedattn/params.h"  // FUSEDATTN_HD
+
 namespace fusedattn::cuda {
 
 // Work of every item, as estimated by the caller. Items come in groups of `copies` heads that
@@ -28,13 +30,19 @@ struct WorkItems {
   const int* work;
   int blocks, groups, copies, batch;
 
-  int64_t items() const { return int64_t{blocks} * groups * copies * batch; }
+  FUSEDATTN_HD int64_t items() const { return int64_t{blocks} * groups * copies * batch; }
 };
 
-// Writes order[rank] for rank < items.items(): the CTA number of the rank-th item in descending
-// work, on `stream`. Work at or past kWorkOrderBuckets - 1 counts as that much.
+// Writes order[rank] for rank < items.items(): the CTA number of the rank-th item, on `stream`;
+// false (nothing written) for no items or 2^31 or more.
+// The items keep the L2 groups of schedule.h: (head, batch) pairs in groups of 2^group_shift
+// (pair = head + heads * batch), group by group, and longest first within a group, so the CTAs
+// running together still share their group's K/V in L2. (Longest first over every pair at once
+// lost the Hopper forward 20-30% on equal documents, H200: docs/hopper.md, session 50.) Work is
+// counted in buckets of one block, up to as many as the groups leave of kWorkOrderBuckets; longer
+// work counts as the longest bucket.
 constexpr int kWorkOrderBuckets = 8192;
-void order_by_work(const WorkItems& items, int* order, cudaStream_t stream);
+bool order_by_work(const WorkItems& items, int group_shift, int* order, cudaStream_t stream);
 
 #ifdef __CUDACC__
 // The rank-th item of the order as (block, head, batch), for `blocks` blocks and `heads` heads.

@@ -83,6 +83,9 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
   } else {
     BwdWorkspace masked_ws = ws;
     const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
+    const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
+                               (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
+    const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
     if constexpr (kMask == MaskKind::kColumn) {
       static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
@@ -92,17 +95,13 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
       const int64_t items = kv_blocks * p.heads_kv * p.batch;
       const int64_t resident = device_attribute(cudaDevAttrMultiProcessorCount, p.device.index);
       const BwdColumnScratch scratch = bwd_column_scratch(p);
-      if (scratch.order != nullptr && env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident)) {
-        order_by_work(backward_column_work(p, masked_ws.columns, T::kBlockM, T::kBlockN, scratch.work), scratch.order,
-                      stream);
+      if (scratch.order != nullptr && env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident) &&
+          order_by_work(backward_column_work(p, masked_ws.columns, T::kBlockM, T::kBlockN, scratch.work), shift,
+                        scratch.order, stream))
         masked_ws.columns.order = scratch.order;
-      }
     }
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
-    const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
-                               (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
-    const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, masked_ws, shift);
   }
   FUSEDATTN_CHECK_LAUNCH();

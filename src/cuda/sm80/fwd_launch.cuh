@@ -54,7 +54,8 @@ void run_fwd(const FwdParams& params) {
       kMask == MaskKind::kColumn
           ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN,
                                    int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} *
-                                       Cfg::kMinBlocksPerSm)
+                                       Cfg::kMinBlocksPerSm,
+                                   schedule_shift)
           : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);
