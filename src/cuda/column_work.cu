@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(kWarpLanes)
   const int r0 = m * block_m, r1 = min(r0 + block_m, static_cast<int>(p.seqlen_q));
   const cuda::BlockRange kv = MaskWindow(p, p.seqlen_q, p.seqlen_k).kv_blocks(r0, r1 - 1, block_n);
   const int64_t entry = (static_cast<int64_t>(batch) * gridDim.y + mask_head) * gridDim.x + m;
-  const int4* blocks = s.bounds + (static_cast<int64_t>(batch) * gridDim.y + mask_head) * s.blocks * kColumnSummaryIntervals;
+  const int4* blocks =
+      s.bounds + (static_cast<int64_t>(batch) * gridDim.y + mask_head) * s.blocks * kColumnSummaryIntervals;
   int seen = 0;
   for (int n = kv.lo + lane; n < kv.hi; n += kWarpLanes)
     seen += column_cover(blocks + n * kColumnSummaryIntervals, r0, r1).seen ? 1 : 0;

@@ -295,7 +295,8 @@ std::string column_case_name(const ::testing::TestParamInfo<ColumnCase>& info) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMask,
-                         ::testing::Values(ColumnCase{64, ColumnPath::kDefault}, ColumnCase{64, ColumnPath::kPortableOrdered},
+                         ::testing::Values(ColumnCase{64, ColumnPath::kDefault},
+                                           ColumnCase{64, ColumnPath::kPortableOrdered},
                                            ColumnCase{64, ColumnPath::kPortableUnordered},
                                            ColumnCase{128, ColumnPath::kDefault},
                                            ColumnCase{128, ColumnPath::kPortableOrdered},

@@ -322,7 +322,8 @@ TEST(GpuSm90ColumnMaskPlan, SwitchAndOtherHeadDimsStayPortable) {
   }
   for (const int d : {32, 96, 192, 256}) {
     try {
-      const cuda::FwdChoice choice = cuda::choose_forward(column_params(dense(1, 2, 2, 300, 300, d), DType::kFloat16, m), 9, 0);
+      const FwdParams params = column_params(dense(1, 2, 2, 300, 300, d), DType::kFloat16, m);
+      const cuda::FwdChoice choice = cuda::choose_forward(params, 9, 0);
       if (std::string(choice.arch) == "sm90") {
         bool hopper_instance = false;
         for (const int h : kHopperColumnHeadDims) hopper_instance = hopper_instance || choice.instance_head_dim == h;

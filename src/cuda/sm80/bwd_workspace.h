@@ -93,8 +93,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
     if (!p.deterministic) {
       const int64_t blocks = ceil_div(p.seqlen_k, kColumnSummaryMinBlockKeys);
       w.column_work = at;
-      at = round_up(at + static_cast<std::size_t>(backward_column_work_entries(p, kColumnSummaryMinBlockKeys)) * sizeof(int32_t),
-                    kBwdBufferAlign);
+      const auto entries = static_cast<std::size_t>(backward_column_work_entries(p, kColumnSummaryMinBlockKeys));
+      at = round_up(at + entries * sizeof(int32_t), kBwdBufferAlign);
       w.column_order = at;
       at = round_up(at + static_cast<std::size_t>(blocks * p.heads_kv * p.batch) * sizeof(int32_t), kBwdBufferAlign);
     }

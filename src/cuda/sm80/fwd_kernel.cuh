@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   softmax.finalize(inv_sum, lse);
   // The epilogue's coordinates come from the block and thread index read again (ptx/sync.cuh) rather
   // than from the prologue's values held across the mainloop, where d128 has no registers to spare.
-  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here(), split.parts, columns.order);
+  const FwdRows out_rows =
+      FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here(), split.parts, columns.order);
   const int out_tid = ptx::thread_index_here(), out_lane = out_tid % kWarpSize;
   const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
   const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);

@@ -45,7 +45,8 @@ struct ColumnProducer {
     WorkTile t = scheduler.tile_at(index, Scheduler::kShareStart);
     if (params.columns.order != nullptr && scheduler.is_valid(t)) {
       const uint3 item = ordered_item(params.columns.order, static_cast<unsigned>(index),
-                                      static_cast<unsigned>(params.num_m_blocks), static_cast<unsigned>(params.p.heads_q));
+                                      static_cast<unsigned>(params.num_m_blocks),
+                                      static_cast<unsigned>(params.p.heads_q));
       t.first_row = static_cast<int>(item.x) * Cfg::kBlockM;
       t.head = static_cast<int>(item.y);
       t.batch = static_cast<int>(item.z);

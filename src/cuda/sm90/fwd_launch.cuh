@@ -259,7 +259,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // and where there are more tiles than CTAs, the tiles' order by their work (the producer takes
   // its n-th tile from it: column_producer.cuh).
   const ColumnScratch columns =
-      kMask == MaskKind::kColumn ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN, grid, kp.schedule_shift) : ColumnScratch{};
+      kMask == MaskKind::kColumn ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN, grid, kp.schedule_shift)
+                                 : ColumnScratch{};
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));

@@ -1,6 +1,7 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
-// registers; one elected thread, or under a column mask its first warp: column_producer.cuh); warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many
-// registers), each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
+// registers; one elected thread, or under a column mask its first warp: column_producer.cuh);
+// warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many registers),
+// each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
 // and announces each one in shared memory ahead of its Q (tile_full, tile_announcement.cuh);
 // consecutive tiles take the announcement slots and the Q buffers in turn (TileRing; rings like
 // the K/V stages, the Q ring of depth features.q_buffers).
