@@ -6,7 +6,13 @@ about 16k tokens (model dim 2048, so 2048 / head_dim heads) under a causal docum
 sees the keys of its own document up to itself. Columns (TFLOP/s of the visible pairs, triton's
 do_bench median; forward, and forward + backward with --backward):
   ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
-                   each key hides from the rows after its document (the portable kernels)
+                   each key hides from the rows after its document (on Hopper the forward's sm90
+                   kernel at d64/d128, else the portable kernels)
+  column_unordered the same with FUSEDATTN_COLUMN_ORDER=0: the CTAs (tiles) in the grid's own
+                   order rather than by their work (src/cuda/common/work_order.h)
+  column_portable  the same on the portable kernels (FUSEDATTN_DISABLE_SM90=1)
+  portable_unordered  and with FUSEDATTN_COLUMN_ORDER=0: the CTAs in the grid's own order rather
+                   than by their work (src/cuda/common/work_order.h)
   varlen_portable  fusedattn.flash_attn_varlen_func over the documents with
                    FUSEDATTN_DISABLE_SM90=1: the same kernels given the documents' bounds, what
                    the mask's skipping should come near
@@ -22,6 +28,8 @@ Every provider's output is checked against ours_column (max abs difference) befo
   tools/bench_documents.py [--dtype float16] [--head-dims 64,128] [--backward] [--out FILE]
 """
 import argparse
+import contextlib
+import functools
 import json
 import math
 import os
@@ -37,7 +45,16 @@ import fusedattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
 
-NAMES = ["ours_column", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+NAMES = ["ours_column", "column_unordered", "column_portable", "portable_unordered", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+
+
+@contextlib.contextmanager
+def settings(pairs):
+    """Environment switches (name, value) for the scope."""
+    with contextlib.ExitStack() as stack:
+        for name, value in pairs:
+            stack.enter_context(env(name, value))
+        yield
 
 
 def run_case(dist, d, dtype, backward):
@@ -82,30 +99,37 @@ def run_case(dist, d, dtype, backward):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
+    providers = {"ours_column": ours_column, "column_unordered": ours_column, "column_portable": ours_column,
+                 "portable_unordered": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
     flops = 4 * heads * d * pairs(lens, True) * (3.5 if backward else 1.0)  # backward: 2.5x the forward's
     row = {"dist": dist, "head_dim": d, "dtype": str(dtype).split(".")[-1], "docs": len(lens), "tokens": total,
            "backward": backward}
+    # A provider's switches hold over its whole step, the backward too.
+    switches = {"column_unordered": [("FUSEDATTN_COLUMN_ORDER", "0")],
+                "column_portable": [("FUSEDATTN_DISABLE_SM90", "1")],
+                "portable_unordered": [("FUSEDATTN_DISABLE_SM90", "1"), ("FUSEDATTN_COLUMN_ORDER", "0")]}
     for name, fn in providers.items():
+        scope = functools.partial(settings, switches.get(name, []))
         try:
             if name == "flex":
                 fn = flex_provider()
-            with torch.no_grad():
+            with torch.no_grad(), scope():
                 out = fn()
             row[name + "_maxdiff"] = round((out.float() - reference.float()).abs().max().item(), 4)
             if name == "causal_portable":
                 row[name + "_maxdiff"] = None  # another mask: no comparison
 
-            def step(fn=fn):
-                if not backward:
-                    with torch.no_grad():
-                        return fn()
-                q.grad = k.grad = v.grad = None
-                fn().backward(dout)
-                return None
+            def step(fn=fn, scope=scope):
+                with scope():
+                    if not backward:
+                        with torch.no_grad():
+                            return fn()
+                    q.grad = k.grad = v.grad = None
+                    fn().backward(dout)
+                    return None
             ms = do_bench(step, warmup=10, rep=100)
             row[name] = round(flops / ms / 1e9, 1)
             row[name + "_ms"] = round(ms, 3)
@@ -127,15 +151,17 @@ def main():
     what = "forward + backward" if args.backward else "forward"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
     print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
-          + "  column/varlen_portable column/flex")
+          + "  column/ours_varlen column/flex column/unordered portable/varlen_portable portable/unordered")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
             row = run_case(dist, d, dtype, args.backward)
             cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row[n] else '-':>17}" for n in NAMES)
-            ratio = lambda peer: (f"{row['ours_column'] / row[peer]:.2f}"  # noqa: E731
-                                  if row["ours_column"] and row.get(peer) else "-")
-            print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('varlen_portable'):>22} "
-                  f"{ratio('flex'):>11}", flush=True)
+            ratio = lambda ours, peer: (f"{row[ours] / row[peer]:.2f}"  # noqa: E731
+                                        if row.get(ours) and row.get(peer) else "-")
+            print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('ours_column', 'ours_varlen'):>18} "
+                  f"{ratio('ours_column', 'flex'):>11} {ratio('ours_column', 'column_unordered'):>16} "
+                  f"{ratio('column_portable', 'varlen_portable'):>24} "
+                  f"{ratio('column_portable', 'portable_unordered'):>19}", flush=True)
             for n in NAMES:
                 if row.get(n + "_error"):
                     print(f"    {n}: {row[n + '_error']}")

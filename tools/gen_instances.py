@@ -13,8 +13,10 @@ HEAD_DIMS = {"sm80": (32, 64, 96, 128, 192, 256), "sm90": (64, 96, 128, 192, 256
 DIRECTIONS = {"sm80": ("fwd", "bwd"), "sm90": ("fwd",)}
 ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MASK = {"full": "MaskKind::kFull", "window": "MaskKind::kWindow", "column": "MaskKind::kColumn"}
-# Column masks (FwdParams::column_mask) run on the portable kernels only.
-MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window")}
+MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "column")}
+# Column masks (FwdParams::column_mask) on Hopper: the forward at the head dims whose tile is 128 x
+# 128 (src/cuda/sm90/column_mask.cuh); the others, and the backward, run the portable kernels.
+MASK_HEAD_DIMS = {("sm90", "column"): (64, 128)}
 
 # The Hopper forward's clustered kernels (fwd_launch.cuh, launch_fwd_maybe_paired): full masks,
 # one per head dim x tile shape it pairs, named by the shape's KV block width.
@@ -51,6 +53,8 @@ def main():
     for arch in ("sm80", "sm90"):
         for direction, dtype, head_dim, mask in itertools.product(
                 DIRECTIONS[arch], ELEMENT, HEAD_DIMS[arch], MASKS[arch]):
+            if head_dim not in MASK_HEAD_DIMS.get((arch, mask), (head_dim,)):
+                continue
             name = f"{arch}_{direction}_{dtype}_d{head_dim}_{mask}.cu"
             (out / name).write_text(TEMPLATE.format(
                 arch=arch, direction=direction, element=ELEMENT[dtype], head_dim=head_dim,

@@ -154,7 +154,7 @@ void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t
 }
 
 // column_mask (Options): int32 [batch, 1 or heads_q, seqlen_k, 2 or 4] on a dense call; both
-// backends read it (on CUDA the portable kernels, Hopper included). Its entries are row bounds:
+// backends read it (on CUDA the portable kernels, and the Hopper forward at d64/d128). Its entries are row bounds:
 // any value is valid.
 void check_column_mask(const TensorView& m, bool varlen, int64_t batch, int64_t hq, int64_t sk, const Device& device) {
   const char* name = "column_mask";

@@ -59,8 +59,6 @@ const Entry kTable[] = {
 #include "instance_table.inc"
 };
 
-// Column masks run on the portable kernels only: no sm90 instance has that kind, so find() below
-// sends them to sm80 on Hopper too.
 MaskKind mask_of(const FwdParams& p) {
   if (p.column_mask != nullptr) return MaskKind::kColumn;
   return p.is_masked() ? MaskKind::kWindow : MaskKind::kFull;
@@ -120,6 +118,15 @@ bool sm90_clears_unused_rows(const FwdParams& p) {
   return !loads_unwritten_rows(p) || p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
 }
 
+// Column masks have Hopper instances at some head dims only (tools/gen_instances.py: d64, d128):
+// a column-masked call takes one where it is the instance the portable kernels would run too, and
+// the other head dims stay portable rather than run on a larger Hopper tile. Column masks come
+// only with dense calls (the API rejects varlen ones), so no paged K/V or seqused_k reaches here.
+bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* portable) {
+  if (mask_of(p) != MaskKind::kColumn) return true;
+  return portable == nullptr || portable->head_dim == sm90.head_dim;
+}
+
 }  // namespace
 
 FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
@@ -127,9 +134,11 @@ FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
     throw Error(ErrorCode::kUnsupported, "device",
                 "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
                     std::to_string(cc_minor));
+  const Entry* portable = find(80, false, p);
   if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p) && sm90_clears_unused_rows(p))
-    if (const Entry* e = find(90, false, p)) return {e->fwd, "sm90", e->head_dim};
-  if (const Entry* e = find(80, false, p)) return {e->fwd, "sm80", e->head_dim};
+    if (const Entry* e = find(90, false, p); e && sm90_runs_head_dim(p, *e, portable))
+      return {e->fwd, "sm90", e->head_dim};
+  if (const Entry* e = portable) return {e->fwd, "sm80", e->head_dim};
   no_instance(p, "forward");
 }
 

@@ -1,6 +1,6 @@
-// Column-sparse masks (Options::column_mask) on the CUDA backend, through the public API. The
-// portable forward and backward kernels read them (dispatch sends column-masked calls there on
-// Hopper too); each mask is checked against the float64 reference of what it is known to equal:
+// Column-sparse masks (Options::column_mask) on the CUDA backend, through the public API: the
+// portable forward and backward kernels, and on Hopper the sm90 forward where it has the head dim
+// (ColumnPath); each mask is checked against the float64 reference of what it is known to equal:
 // windows written as columns, packed causal documents as their variable-length batch (whole key
 // blocks skipped), per-head masks (each head against the reference of its own mask), rows hidden
 // from every key (out 0, lse -inf, no gradient), and masks on top of causal and of a sliding
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpu/gpu_check.h"
+#include "gpu/scoped_env.h"
 #include "reference/column_mask.h"
 
 namespace fusedattn::testing {
@@ -74,8 +75,29 @@ MaskedCall packed_documents(const std::vector<int64_t>& docs, int heads_q, int h
           with_mask(packed(heads_q, heads_kv, d, docs, docs), true, -1, -1), {}};
 }
 
+// Which kernels a case runs. On Hopper the forward takes the sm90 kernel at the head dims it has
+// a column instance for (test_sm90_column.cpp checks that plan); the portable kernels then run
+// only the backward, so each case also runs with the portable forward forced. The portable
+// launches order their CTAs by work where a launch exceeds one wave (work_order.h); these tests'
+// launches are smaller, so the order is forced on and off.
+enum class ColumnPath { kDefault, kPortableOrdered, kPortableUnordered };
+
+struct ColumnCase {
+  int head_dim;
+  ColumnPath path;
+};
+
 // The tests for the head dims most models use; each skips where this build lacks its instance.
-class GpuColumnMask : public ::testing::TestWithParam<int> {};
+class GpuColumnMask : public ::testing::TestWithParam<ColumnCase> {
+ protected:
+  GpuColumnMask()
+      : portable_("FUSEDATTN_DISABLE_SM90", GetParam().path == ColumnPath::kDefault ? "0" : "1"),
+        order_("FUSEDATTN_COLUMN_ORDER", GetParam().path == ColumnPath::kPortableUnordered ? "0" : "1") {}
+  static int head_dim() { return GetParam().head_dim; }
+
+ private:
+  ScopedEnv portable_, order_;
+};
 
 // Causal (square, and Sq != Sk both ways: with more queries than keys the leading rows see no key)
 // and sliding windows, written as two intervals per key. One mask head shared by every query head
@@ -93,7 +115,7 @@ TEST_P(GpuColumnMask, WindowsWrittenAsColumns) {
     for (const DType dtype : kGpuDtypes) {
       const int64_t mask_heads = turn++ % 2 == 0 ? 1 : 4;
       SCOPED_TRACE("mask heads " + std::to_string(mask_heads));
-      const Problem call = dense(2, 4, 2, w.sq, w.sk, GetParam());
+      const Problem call = dense(2, 4, 2, w.sq, w.sk, head_dim());
       Columns m(2, mask_heads, w.sk, 2);
       for (int64_t b = 0; b < 2; ++b)
         for (int64_t h = 0; h < mask_heads; ++h) hide_outside_window(m, b, h, w.sq, w.sk, w.left, w.right);
@@ -114,7 +136,7 @@ void check_packed_documents(int head_dim) {
 
 TEST_P(GpuColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   FUSEDATTN_REQUIRE_GPU();
-  check_packed_documents(GetParam());
+  check_packed_documents(head_dim());
 }
 
 // Long documents: a query block of the last one sees nothing of the first, a run of more than 32
@@ -124,7 +146,7 @@ TEST_P(GpuColumnMask, LongDocumentsSkipRunsOfBlocks) {
   FUSEDATTN_REQUIRE_GPU();
   const std::vector<int64_t> docs = {2500, 1, 1900, 99, 700};
   Columns m(1, 1, total_length(docs), 1);
-  const MaskedCall mc = packed_documents(docs, 2, 1, GetParam(), m);
+  const MaskedCall mc = packed_documents(docs, 2, 1, head_dim(), m);
   FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, DType::kBFloat16));
 }
 
@@ -132,7 +154,7 @@ TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
   FUSEDATTN_REQUIRE_GPU();
   for (const DType dtype : kGpuDtypes) {
     Columns m(1, 1, total_length(kDocuments), 1);
-    const MaskedCall mc = packed_documents(kDocuments, 4, 2, GetParam(), m);
+    const MaskedCall mc = packed_documents(kDocuments, 4, 2, head_dim(), m);
     FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, dtype, /*deterministic=*/true));
   }
 }
@@ -152,7 +174,7 @@ std::vector<size_t> heads_of_parity(size_t size, int64_t heads, int64_t inner, i
 // dv, and the two shares add up to the call's (dk and dv sum both parities over a group).
 TEST_P(GpuColumnMask, EachHeadReadsItsOwnMask) {
   FUSEDATTN_REQUIRE_GPU();
-  const int d = GetParam();
+  const int d = head_dim();
   constexpr int kHeads = 4;
   const int64_t s = 517;
   const Problem call = dense(1, kHeads, 2, s, s, d);
@@ -215,7 +237,7 @@ TEST_P(GpuColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
   FUSEDATTN_REQUIRE_GPU();
   const int64_t sq = 500, sk = 700;
   const HiddenRows hidden{100, 333};
-  const Problem call = dense(2, 2, 1, sq, sk, GetParam());
+  const Problem call = dense(2, 2, 1, sq, sk, head_dim());
   for (const DType dtype : kGpuDtypes) {
     Columns m(2, 1, sk, 2);
     for (int64_t b = 0; b < 2; ++b) hide_rows_from_every_key(m, b, 0, hidden.lo, hidden.hi);
@@ -229,7 +251,7 @@ TEST_P(GpuColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
 // the variable-length batch of the documents with that window.
 TEST_P(GpuColumnMask, OnTopOfCausalAndSlidingWindows) {
   FUSEDATTN_REQUIRE_GPU();
-  const int d = GetParam();
+  const int d = head_dim();
   struct Layered {
     int64_t sq, sk;
     bool causal;
@@ -263,8 +285,23 @@ TEST_P(GpuColumnMask, OnTopOfCausalAndSlidingWindows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMask, ::testing::Values(64, 128),
-                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
+std::string column_case_name(const ::testing::TestParamInfo<ColumnCase>& info) {
+  const std::string d = "d" + std::to_string(info.param.head_dim);
+  switch (info.param.path) {
+    case ColumnPath::kPortableOrdered: return d + "_portable_ordered";
+    case ColumnPath::kPortableUnordered: return d + "_portable_unordered";
+    default: return d;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMask,
+                         ::testing::Values(ColumnCase{64, ColumnPath::kDefault},
+                                           ColumnCase{64, ColumnPath::kPortableOrdered},
+                                           ColumnCase{64, ColumnPath::kPortableUnordered},
+                                           ColumnCase{128, ColumnPath::kDefault},
+                                           ColumnCase{128, ColumnPath::kPortableOrdered},
+                                           ColumnCase{128, ColumnPath::kPortableUnordered}),
+                         column_case_name);
 
 // No keys at all (seqlen_k 0, an empty mask): every row is fully masked, forward and backward;
 // the forward has no key block to summarise.
@@ -272,7 +309,7 @@ TEST_P(GpuColumnMask, NoKeysMaskEveryRow) {
   FUSEDATTN_REQUIRE_GPU();
   for (const DType dtype : kGpuDtypes) {
     std::mt19937_64 rng = fresh_rng();
-    HostCase c = make_case(dense(2, 2, 1, 10, 0, GetParam()), dtype, Layout::kBSHD, rng);
+    HostCase c = make_case(dense(2, 2, 1, 10, 0, head_dim()), dtype, Layout::kBSHD, rng);
     DeviceCase dc(c);
     Columns m(2, 1, 0, 1);
     const DeviceTensor mask(m.bounds);
@@ -294,7 +331,11 @@ class GpuColumnMaskOtherHeadDims : public ::testing::TestWithParam<int> {};
 
 TEST_P(GpuColumnMaskOtherHeadDims, PackedCausalDocuments) {
   FUSEDATTN_REQUIRE_GPU();
-  check_packed_documents(GetParam());
+  for (const char* ordered : {"0", "1"}) {
+    SCOPED_TRACE(std::string("FUSEDATTN_COLUMN_ORDER=") + ordered);
+    const ScopedEnv order("FUSEDATTN_COLUMN_ORDER", ordered);
+    check_packed_documents(GetParam());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMaskOtherHeadDims, ::testing::Values(32, 96, 192, 256),

@@ -100,9 +100,29 @@ struct HiddenPairs {
 
   uint32_t words[kWords];  // word w, bit j * kRows + r: key w * kKeysPerWord + j hides from row r
 
+  // The keys lie in key block `block` of the mask's summary.
   template <typename KeyAt, typename RowAt>
-  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, KeyAt key_at, RowAt row_at,
-                                       int len_k) {
+  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, KeyAt key_at,
+                                       RowAt row_at, int len_k) {
+    // Where every key of the block hides the same rows (its least and greatest bounds agree: keys
+    // of one document), no key's own bounds are read: the rows' bits, found once, go to each key.
+    const int4* summary = mask.blocks + block * kColumnSummaryIntervals;
+    const int4 first = __ldg(summary), second = __ldg(summary + 1);
+    if (first.x == first.y && first.z == first.w && second.x == second.y && second.z == second.w) {
+      const ColumnMaskView::KeyBounds b{first.x, first.z, second.x, second.z};
+      uint32_t rows = 0;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) rows |= static_cast<uint32_t>(b.hides(row_at(r))) << r;
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) {
+        uint32_t hidden = 0;
+#pragma unroll
+        for (int j = 0; j < kKeysPerWord && w * kKeysPerWord + j < kKeys; ++j)
+          if (key_at(w * kKeysPerWord + j) < len_k) hidden |= rows << (j * kRows);
+        words[w] = hidden;
+      }
+      return;
+    }
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       uint32_t hidden = 0;
@@ -119,9 +139,9 @@ struct HiddenPairs {
   }
 
   template <typename KeyAt, typename RowAt>
-  __device__ __noinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, KeyAt key_at,
+  __device__ __noinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block, KeyAt key_at,
                                             RowAt row_at, int len_k) {
-    find(p, mask, key_at, row_at, len_k);
+    find(p, mask, block, key_at, row_at, len_k);
   }
 
   __device__ __forceinline__ bool hidden(int k, int r) const {
@@ -133,16 +153,17 @@ struct HiddenPairs {
 // s[mt][nt][2 * h + e] is row row0 + 16 mt + 8 h, key col0 + 8 nt + e. Hidden scores become -inf.
 template <bool kByCall, int kMTiles, int kNTiles>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kMTiles][kNTiles][4], const FwdParams& p,
-                                                   const ColumnMaskView& mask, int row0, int col0, int len_k) {
+                                                   const ColumnMaskView& mask, int block, int row0, int col0,
+                                                   int len_k) {
   constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8;
   // Key k is (nt, e) = (k / 2, k % 2), row r is (mt, h) = (r / 2, r % 2).
   auto key_at = [col0](int k) { return col0 + k / 2 * kTileCols + k % 2; };
   auto row_at = [row0](int r) { return row0 + r / 2 * kTileRows + r % 2 * kHalfRows; };
   HiddenPairs<2 * kNTiles, 2 * kMTiles> pairs;
   if constexpr (kByCall)
-    pairs.find_by_call(p, mask, key_at, row_at, len_k);
+    pairs.find_by_call(p, mask, block, key_at, row_at, len_k);
   else
-    pairs.find(p, mask, key_at, row_at, len_k);
+    pairs.find(p, mask, block, key_at, row_at, len_k);
 #pragma unroll
   for (int k = 0; k < 2 * kNTiles; ++k)
 #pragma unroll
@@ -158,10 +179,11 @@ struct HiddenProbabilities {
   static constexpr int kTileKeys = 16, kHalfKeys = 8, kTileRows = 8;
   HiddenPairs<2 * kKeyTiles, 2 * kRowTiles> pairs;
 
-  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int key0, int row0, int len_k) {
+  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, int key0, int row0,
+                                       int len_k) {
     // Key k is (mi, e / 2) = (k / 2, k % 2), row r is (j, e % 2) = (r / 2, r % 2).
     pairs.find(
-        p, mask, [key0](int k) { return key0 + k / 2 * kTileKeys + k % 2 * kHalfKeys; },
+        p, mask, block, [key0](int k) { return key0 + k / 2 * kTileKeys + k % 2 * kHalfKeys; },
         [row0](int r) { return row0 + r / 2 * kTileRows + r % 2; }, len_k);
   }
 

@@ -20,7 +20,8 @@ constexpr int kColumnSummaryMinBlockKeys = 16;
 // [kColumnSummaryIntervals] int4 of (least start, greatest start, least end, greatest end).
 struct ColumnSummary {
   const int4* bounds = nullptr;
-  int blocks = 0;  // key blocks per (batch, mask head)
+  int blocks = 0;             // key blocks per (batch, mask head)
+  const int* order = nullptr;  // the CTAs' order (common/work_order.h), or null for the grid's own
 };
 
 // How the kernels read one block's summary (host and device, so the tests can check the rules

@@ -7,8 +7,9 @@ namespace fusedattn::cuda {
 // kFull: no mask except the sequence-length boundary. kWindow: causal and sliding windows (causal
 // is window_right = 0), bottom-right aligned; the kernel skips KV blocks outside the window and
 // masks element-wise only on the blocks the window's edges cut. kColumn: a column-sparse mask
-// (FwdParams::column_mask) on top of an optional window, in the portable kernels only; the key
-// blocks it hides are skipped from a per-block summary of its bounds (common/column_mask.cuh).
+// (FwdParams::column_mask) on top of an optional window, in the portable kernels and the Hopper
+// forward (d64/d128, sm90/column_mask.cuh); the key blocks it hides are skipped from a per-block
+// summary of its bounds (common/column_mask.cuh).
 enum class MaskKind { kFull, kWindow, kColumn };
 
 }  // namespace fusedattn::cuda

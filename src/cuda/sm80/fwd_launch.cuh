@@ -6,10 +6,10 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
-#include "cuda/common/column_summary.h"
+#include "cuda/common/column_work.h"
+#include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
-#include "cuda/common/stream_buffer.h"
 #include "cuda/common/env.h"
 #include "cuda/sm80/fwd_kernel.cuh"
 #include "cuda/sm80/fwd_kv_split.h"
@@ -20,37 +20,6 @@ namespace fusedattn::cuda::sm80 {
 // Without opting in, a block may use at most 48 KiB of dynamic shared memory.
 constexpr int kDefaultDynamicSmemBytes = 48 * 1024;
 constexpr unsigned kMaxGridYZ = 65535;
-
-// The summary of a column-masked call's mask over the kernel's key blocks, in the stream's buffer
-// (the next call on the stream may overwrite it: launches on one stream run in order). Where that
-// buffer would have to grow while the stream is captured into a CUDA graph (torch's graphs capture
-// on streams the library may not have seen), a stream-ordered allocation instead, which the graph
-// records and frees itself (`owned`, freed after the kernel by release()).
-struct ColumnScratch {
-  ColumnSummary summary;
-  int4* owned = nullptr;
-
-  template <int kBlockN>
-  static ColumnScratch of(const FwdParams& p) {
-    const auto stream = static_cast<cudaStream_t>(p.stream);
-    const int64_t bytes = column_summary_bytes(p, kBlockN);
-    // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
-    if (bytes == 0) return {};
-    const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
-    ColumnScratch s;
-    int4* bounds = reinterpret_cast<int4*>(buf.base);
-    if (bounds == nullptr) {
-      FUSEDATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&s.owned), static_cast<size_t>(bytes), stream));
-      bounds = s.owned;
-    }
-    s.summary = summarize_column_mask(p, kBlockN, bounds);
-    return s;
-  }
-
-  void release(cudaStream_t stream) const {
-    if (owned != nullptr) FUSEDATTN_CUDA_CHECK(cudaFreeAsync(owned, stream));
-  }
-};
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
@@ -81,7 +50,13 @@ void run_fwd(const FwdParams& params) {
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
-  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
+  const ColumnScratch columns =
+      kMask == MaskKind::kColumn
+          ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN,
+                                   int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} *
+                                       Cfg::kMinBlocksPerSm,
+                                   schedule_shift)
+          : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);
   FUSEDATTN_CHECK_LAUNCH();

@@ -6,15 +6,20 @@
 // together with the P V of the current one, so the softmax of block n-1 runs while the tensor
 // cores finish P V of block n. With `pingpong` the two warpgroups take turns issuing, so one's
 // softmax hides under the other's GEMMs.
+// Under a column mask (MaskKind::kColumn) the loop takes the tile's seen blocks only, which the
+// announcement counts; each block's index and cut bit come with its K stage (ColumnTag,
+// column_mask.cuh), read once its K has landed, and a block's `n` below is then that tag.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/element.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/column_mask.cuh"
 #include "cuda/sm90/kernel_params.h"
 #include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/named_barriers.h"
@@ -162,13 +167,17 @@ struct Consumer {
   }
 
   using Mask = TileMask<kMask, kBlockM, kBlockN>;
+  // Registers per consumer thread (setmaxnreg, kernel.cuh): fewer under a column mask, whose
+  // producer takes more (tile_config.h, kColumnProducerRegisters).
+  static constexpr int kRegisters =
+      kMask == MaskKind::kColumn ? Cfg::kColumnConsumerRegisters : Cfg::kConsumerRegisters;
   // Registers of S, P and O, which the overlapped loop holds throughout.
   static constexpr int kSinglePAccumulators = kSAcc + kPRegs + kOAcc;
   // Whether the overlapped loop is compiled at all: beside its accumulators it needs 32 registers
   // (the 192-row tile runs on that); with 24 (two CTAs per SM, kD64Pair) ptxas serialises every
   // wgmma of the kernel, so there the launch turns the overlap off (features.overlap).
   static constexpr int kOverlapHeadroomRegisters = 32;
-  static constexpr bool kOverlaps = Cfg::kConsumerRegisters - kSinglePAccumulators >= kOverlapHeadroomRegisters;
+  static constexpr bool kOverlaps = kRegisters - kSinglePAccumulators >= kOverlapHeadroomRegisters;
   // Whether the loop without the overlap skips the blocks a slice does not see (as the overlapped
   // one does): only where it is the only loop (kD64Pair). In the overlapping tiles it is the
   // switch-off path, which computes those blocks fully masked instead: skipping there serialised
@@ -189,7 +198,7 @@ struct Consumer {
   // with one and keep two.
   static constexpr int kMaskedOnePMinKeys = 128;
   static constexpr bool kDoubleP =
-      Cfg::kConsumerRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters &&
+      kRegisters - (kSinglePAccumulators + kPRegs) >= kMaskHeadroomRegisters &&
       !(kMask != MaskKind::kFull && kBlockN >= kMaskedOnePMinKeys && kMaskedOneP);
   static constexpr int kPBuffers = kDoubleP ? 2 : 1;
   static constexpr int kAccumulatorRegisters = kSinglePAccumulators + (kPBuffers - 1) * kPRegs;
@@ -197,7 +206,7 @@ struct Consumer {
   // registers per thread (d128: 160 of accumulators with one P buffer, d256: 188) it fits;
   // with 160 (the 192-row d64 tile: 128 of accumulators) its row bounds and compares spilled, so
   // there the cut blocks wait for P V first.
-  static constexpr bool kMaskBesidePV = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
+  static constexpr bool kMaskBesidePV = kRegisters - kAccumulatorRegisters >= kMaskHeadroomRegisters;
   // Whether the unmasked step's sum check writes the probabilities over S (rebased from them when
   // a row moved, S computed again on overflow: OnlineSoftmax::update_in_place_unless_moved) rather
   // than into the second P buffer with S kept for update(). With one P buffer it must. With two,
@@ -215,7 +224,7 @@ struct Consumer {
   // written by its lane 0 and read back in the blocks that need them, and the epilogue looks the
   // tile up again: carried at 160 registers, they spilled.
   static constexpr int kCarryHeadroomRegisters = 48;
-  static constexpr bool kCarryTileState = Cfg::kConsumerRegisters - kAccumulatorRegisters >= kCarryHeadroomRegisters;
+  static constexpr bool kCarryTileState = kRegisters - kAccumulatorRegisters >= kCarryHeadroomRegisters;
   MaskedSlice carried_slice;  // kCarryTileState only
 
   __device__ __forceinline__ const MaskedSlice& slice() const {
@@ -233,20 +242,57 @@ struct Consumer {
     }
   }
 
-  __device__ __forceinline__ bool cuts(int n) const { return Mask::cuts(slice().uncut, n); }
+  // Column masks: this thread's (batch, query head)'s mask, set per tile; the other kinds hold
+  // nothing here.
+  static constexpr bool kColumns = kMask == MaskKind::kColumn;
+  struct NoColumnMask {};
+  [[no_unique_address]] std::conditional_t<kColumns, ColumnMaskView, NoColumnMask> column_mask;
+
+  // Block n's index: n itself, or under a column mask the index in n's tag.
+  __device__ __forceinline__ static int block_index(int n) {
+    if constexpr (kColumns) return ColumnTag::block(n);
+    else return n;
+  }
+
+  // Whether block n needs the element-wise mask: the window cuts it, or (column masks) the tag says
+  // the column mask does.
+  __device__ __forceinline__ bool cuts(int n) const {
+    if constexpr (kColumns) return ColumnTag::cut(n) || Mask::cuts(slice().uncut, block_index(n));
+    else return Mask::cuts(slice().uncut, n);
+  }
+
+  // The block the loop takes at kv as the mask steps name it: the loop's own n, or under a column
+  // mask the stage's tag, read once its K has landed (the caller's later wait for it then passes at
+  // once) and before this warp gives the K back (the producer rewrites the tag only after that).
+  __device__ __forceinline__ int block_at(int n, const KVRing& kv, const KVPipeline<Storage>& pipe) const {
+    if constexpr (kColumns) {
+      pipe.consumer_wait_k(kv);
+      return read_column_tag(smem.column_tag[kv.k().stage()], lane);
+    } else {
+      return n;
+    }
+  }
 
   // Masks block n of S (or a narrow block's first columns) outside this thread's two rows' keys.
+  // Under a column mask the window's mask first, then the column mask's where the tag says it cuts.
   template <int kAcc>
   __device__ __forceinline__ void apply_mask(float (&s)[kAcc], int n) const {
     const MaskedSlice& facts = slice();
     const Mask mask{params.p, params.packing, facts.len_q, facts.len_k};
     const int64_t row0 = int64_t{facts.first_row} + warp * 16 + lane / 4;
+    const int block = block_index(n);
     if (mask.left_bounded()) {
       const typename Mask::Bounds rows[2] = {mask.bounds_of_row(row0), mask.bounds_of_row(row0 + 8)};
-      Mask::apply(s, n, rows, 2 * (lane % 4));
+      Mask::apply(s, block, rows, 2 * (lane % 4));
     } else {
       const int row_hi[2] = {mask.right_bound_of_row(row0), mask.right_bound_of_row(row0 + 8)};
-      Mask::apply_right(s, n, row_hi, 2 * (lane % 4));
+      Mask::apply_right(s, block, row_hi, 2 * (lane % 4));
+    }
+    if constexpr (kColumns) {
+      // Rows are query positions (column masks run unpacked) and int32 like the keys.
+      if (ColumnTag::cut(n))
+        hide_column_scores<kBlockN>(s, params.p, column_mask, block, static_cast<int>(row0), 2 * (lane % 4),
+                                    facts.len_k);
     }
   }
 
@@ -310,7 +356,8 @@ struct Consumer {
   // (GEMM turns, which the launcher keeps on). Dispatch sends here only tiles whose warpgroups all
   // read every block, so that first one is warpgroup 0 (cuda/dispatch.cu, sm90_clears_unused_rows).
   __device__ __forceinline__ void clear_unused_v_rows(int n, const KVRing& kv, const KVPipeline<Storage>& pipe) const {
-    if (!loads_unwritten_rows(params.p) || warpgroup != 0) return;
+    // Column masks run dense calls only, whose maps zero-fill (and whose n is a tag here).
+    if (kColumns || !loads_unwritten_rows(params.p) || warpgroup != 0) return;
     const int used = slice().len_k - n * kBlockN;
     if (used >= kBlockN) return;
     pipe.consumer_wait_v(kv);  // the TMA has written the block (waiting again later passes at once)
@@ -445,6 +492,13 @@ struct Consumer {
   __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
                                           RowCorrection& correction, int n_next, KVRing& kv,
                                           const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
+    if constexpr (kColumns) {
+      // The cut bit comes with the next block's K, so the step is chosen only once that K has
+      // landed (overlapped_step waits for it before its turn too, so no turn waits longer).
+      KVRing next = kv;
+      next.advance(params.features);
+      n_next = block_at(n_next, next, pipe);
+    }
     if (!Mask::kCutsOnlyFirstBlock && cuts(n_next))
       overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
     else
@@ -548,6 +602,7 @@ struct Consumer {
     const KVPipeline<Storage> pipe{smem};
     const KVBlockRange blocks = t.blocks;
     publish_slice(t.slice);
+    if constexpr (kColumns) column_mask = ColumnMaskView::of(params.p, params.columns, t.tile.batch, t.tile.head);
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
     softmax.reset();
@@ -592,8 +647,9 @@ struct Consumer {
     uint32_t p[kPRegs];
     RowCorrection correction;
     for (int n = Mask::first_block(mine); Mask::block_in_loop(mine, n); n = Mask::next_block(n)) {
+      const int block = block_at(n, kv, pipe);
       qk_alone(s, kv, turns, pipe, pending);
-      softmax_step(s, n, correction);
+      softmax_step(s, block, correction);
       apply_correction(o, correction);
       convert_p(s, p);
       clear_unused_v_rows(n, kv, pipe);
@@ -628,6 +684,7 @@ struct Consumer {
                                               RowCorrection& correction, const KVRing& kv,
                                               const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                               PendingStore& pending) {
+    n = block_at(n, kv, pipe);
     wait_q();
 #ifdef FUSEDATTN_SM90_TRACE
     pipe.consumer_wait_k(kv);  // the trace build's own wait, for the stamp (qk_alone's then passes at once)

@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/column_work.h"
 #include "cuda/common/device.h"
 #include "cuda/common/env.h"
 #include "cuda/common/kinds.h"
@@ -224,6 +225,13 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   kp.tma_o = make_grouped_tensor_map(view(p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
+  if constexpr (kMask == MaskKind::kColumn) {
+    // The column producer reads a tile head as a query head and K/V rows as a dense batch's
+    // (column_producer.cuh); dispatch and tiled_rows keep the rest away.
+    if (rows.packing.shift != 0 || loads_unwritten_rows(p) || varlen)
+      throw Error(ErrorCode::kRuntime, "column_mask",
+                  "the Hopper column-mask kernel runs dense calls without GQA packing only");
+  }
   SplitWorkspace workspace;
   if (work.split.split()) {
     // A split pair's two query blocks take a slot each (TileScheduler::tile_at).
@@ -247,9 +255,17 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const TraceSink trace(stream);
   kp.trace = trace.buffer(grid);
 #endif
+  // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel,
+  // and where there are more tiles than CTAs, the tiles' order by their work (the producer takes
+  // its n-th tile from it: column_producer.cuh).
+  const ColumnScratch columns =
+      kMask == MaskKind::kColumn ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN, grid, kp.schedule_shift)
+                                 : ColumnScratch{};
+  kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
+  columns.release(stream);
 #ifdef FUSEDATTN_SM90_TRACE
   trace.write();
 #endif
@@ -278,7 +294,9 @@ template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
-  if constexpr (kHeadDim == 64) {
+  // Column masks run d64's 128 x 128 tile only (fwd_split.h, d64_tile): the others' slices skip
+  // blocks, which the column walk does not (column_mask.cuh).
+  if constexpr (kHeadDim == 64 && kMask != MaskKind::kColumn) {
     switch (d64_tile(kMask, rows.rows, keys_per_row(p), loads_unwritten_rows(p))) {
       case D64Tile::kTall: launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms); return;
       case D64Tile::kPair: launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms); return;

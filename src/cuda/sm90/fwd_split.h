@@ -115,8 +115,10 @@ enum class D64Tile { kTable, kTall, kPair };
 
 // row_keys: the most keys one query row sees (keys_per_row); clears_v: a launch that zeroes
 // unused V rows (loads_unwritten_rows: seqused_k or paged K/V).
+// Column masks take the 128-row table tile whatever is forced: the column walk is per tile, and
+// the pair and tall tiles' slices skip blocks of their own (sm90/column_mask.cuh).
 inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys, bool clears_v) {
-  if (clears_v) return D64Tile::kTable;
+  if (clears_v || mask == MaskKind::kColumn) return D64Tile::kTable;
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");
   const std::string forced = v ? v : "";
   if (forced == "pair") return D64Tile::kPair;
@@ -274,6 +276,9 @@ inline TileShape fwd_tile_shape(const FwdParams& p, int instance_head_dim, MaskK
 // tiles' bound, varlen_tile_bound).
 inline TiledRows tiled_rows(const FwdParams& p, int instance_head_dim, MaskKind mask, int64_t sm_count) {
   const TiledRows unpacked = tiled_rows(p, 0);
+  // Column masks never pack, even where forced: a tile's rows would be several query heads, whose
+  // masks (column_mask_per_head) may differ, and the column walk reads one head's per tile.
+  if (mask == MaskKind::kColumn) return unpacked;
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   if (group <= 1 || (group & (group - 1)) != 0 || kWarpgroupRows % group != 0) return unpacked;
   if (p.seqlen_q * group >= kMaxTiledRows) return unpacked;

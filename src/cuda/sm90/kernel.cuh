@@ -1,6 +1,7 @@
 // The Hopper forward kernel shell: it only splits roles. Warpgroup 0 produces (TMA loads, few
-// registers); warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many
-// registers), each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
+// registers; one elected thread, or under a column mask its first warp: column_producer.cuh);
+// warpgroups 1 .. Cfg::kConsumerWarpgroups consume (wgmma + softmax + epilogue, many registers),
+// each owning 64 rows of every query tile. The producer picks the tiles (tile_scheduler.cuh)
 // and announces each one in shared memory ahead of its Q (tile_full, tile_announcement.cuh);
 // consecutive tiles take the announcement slots and the Q buffers in turn (TileRing; rings like
 // the K/V stages, the Q ring of depth features.q_buffers).
@@ -11,6 +12,7 @@
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/column_producer.cuh"
 #include "cuda/sm90/consumer.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -71,10 +73,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   if constexpr (Cfg::kClusterCtas > 1) ptx::cluster_sync();
 
   if (warpgroup == 0) {
-    ptx::setmaxnreg_dec<kProducerRegisters>();
-    if (warp == 0 && ptx::elect_one_sync()) Producer<Element, Cfg, kMask>{params, smem}.run();
+    ptx::setmaxnreg_dec<kMask == MaskKind::kColumn ? kColumnProducerRegisters : kProducerRegisters>();
+    if constexpr (kMask == MaskKind::kColumn) {
+      // The column walk reads the mask's summary a warp at a time (column_producer.cuh).
+      if (warp == 0) ColumnProducer<Element, Cfg, kMask>{params, smem}.run(lane);
+    } else if (warp == 0 && ptx::elect_one_sync()) {
+      Producer<Element, Cfg, kMask>{params, smem}.run();
+    }
   } else {
-    ptx::setmaxnreg_inc<Cfg::kConsumerRegisters>();
+    ptx::setmaxnreg_inc<Consumer<Element, Cfg, kMask>::kRegisters>();
     const int consumer = warpgroup - 1;
     const WarpgroupTurns turns{params.features.pingpong, consumer, Cfg::kConsumerWarpgroups};
     // Warpgroup 0 issues first: the last warpgroup hands it the first turn. That leaves one

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/column_summary.h"
 #include "cuda/common/tail_shares.h"
 #include "cuda/sm90/row_packing.h"
 #include "cuda/sm90/trace.h"
@@ -96,6 +97,9 @@ struct KernelParams {
   SplitParams split;
   Features features;
   DescriptorHighWords desc_high;  // every field ptx::desc_high_word(ptx::kSwizzleAtomBytes)
+  // MaskKind::kColumn: the mask's summary over kBlockN-key blocks (sm90/column_mask.cuh), which
+  // the launcher writes on the stream before the kernel; empty for the other kinds.
+  ColumnSummary columns;
 #ifdef FUSEDATTN_SM90_TRACE
   TraceBuffer trace;  // the tile-boundary trace's stamps (trace.cuh); only in a trace build
 #endif

@@ -98,9 +98,11 @@ struct TileMask {
   // sees the block's first 64 keys. The consumer then computes S, the mask and the softmax on
   // the first kNarrowKeys columns only (a wgmma of half the width) and gives P zeros beyond.
   // Masked launches only: a full mask's last block is narrow only where len_k % kBlockN is in
-  // (0, kBlockN / 2], which the common lengths never are.
+  // (0, kBlockN / 2], which the common lengths never are. Not under column masks: a tile's first
+  // block there is its highest seen one, not the window's (sm90/column_mask.cuh).
   static constexpr int kNarrowKeys = kBlockN / 2;
-  static constexpr bool kNarrowsFirstBlock = kMask != MaskKind::kFull && kNarrowKeys % 8 == 0 && !kAscending;
+  static constexpr bool kNarrowsFirstBlock =
+      kMask != MaskKind::kFull && kMask != MaskKind::kColumn && kNarrowKeys % 8 == 0 && !kAscending;
 
   // Whether only the first block a slice takes can be cut. Under a full mask only the sequence end
   // cuts, and only the tile's highest block, which every loop takes first (a split tile's last

@@ -42,6 +42,9 @@ struct SharedStorage {
   uint64_t o_read[Cfg::kStages][2];
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
   int split_last[kMaxConsumerWarpgroups];  // per warpgroup: it drew its split tile's last ticket (SplitCombine)
+  // MaskKind::kColumn: per K stage, its block's index and the column mask's cut bit
+  // (sm90/column_mask.cuh, ColumnTag). Last, so the other kinds' fields keep their offsets.
+  int column_tag[Cfg::kStages];
 };
 
 template <typename Element, class Cfg>

@@ -101,6 +101,10 @@ constexpr int kMaxConsumerWarpgroups = 3;  // named barriers are laid out for th
 constexpr int kAnnouncementSlots = 2;
 constexpr int kRegisterFileSize = 65536;
 constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
+// Under a column mask the producer warp also walks each tile's key blocks through the mask's
+// summary (sm90/column_producer.cuh): on 24 registers that spilled 44-200 B, on 32 still 48-60 B
+// (d64/d128), on 40 nothing. Its consumers take what is left (232 in the 128 x 128 tiles).
+constexpr int kColumnProducerRegisters = 40;
 constexpr int kMaxRegistersPerThread = 256;
 constexpr int kRegisterGranule = 8;  // setmaxnreg counts are multiples of 8
 
@@ -114,9 +118,9 @@ constexpr int launch_registers(int threads, int ctas_per_sm) {
 // What the consumers get after setmaxnreg: what the CTA started with less the producer's share,
 // evenly and rounded down to setmaxnreg's granule (setmaxnreg moves registers within a CTA only).
 // One CTA per SM: 2 consumer warpgroups 240, 3: 160; two CTAs per SM with 2: 104.
-constexpr int consumer_registers(int consumer_warpgroups, int ctas_per_sm) {
+constexpr int consumer_registers(int consumer_warpgroups, int ctas_per_sm, int producer_registers = kProducerRegisters) {
   const int threads = (1 + consumer_warpgroups) * kWarpgroupThreads;
-  const int pool = launch_registers(threads, ctas_per_sm) * threads - kWarpgroupThreads * kProducerRegisters;
+  const int pool = launch_registers(threads, ctas_per_sm) * threads - kWarpgroupThreads * producer_registers;
   const int per_thread = pool / (consumer_warpgroups * kWarpgroupThreads) / kRegisterGranule * kRegisterGranule;
   return per_thread < kMaxRegistersPerThread ? per_thread : kMaxRegistersPerThread;
 }
@@ -151,6 +155,9 @@ struct KernelConfig {
   static constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;  // producer + consumers
   static constexpr int kConsumerWarps = kConsumerWarpgroups * kWarpsPerWarpgroup;
   static constexpr int kConsumerRegisters = consumer_registers(kConsumerWarpgroups, kCtasPerSm);
+  // Beside the column-mask producer (kColumnProducerRegisters).
+  static constexpr int kColumnConsumerRegisters =
+      consumer_registers(kConsumerWarpgroups, kCtasPerSm, kColumnProducerRegisters);
   // A tile row of kHeadDim elements is stored as "slabs" of 128 bytes each, so every slab is a
   // plain 128B-swizzled [rows x 64] tile the TMA box and wgmma agree on. A head dim that is not a
   // multiple of 64 (d96) fills its last slab half: the TMA box past the tensor's columns
