@@ -1,6 +1,6 @@
 // Column-sparse masks (Options::column_mask) on the CUDA backend, through the public API: the
 // portable forward and backward kernels, and on Hopper the sm90 forward where it has the head dim
-// (ColumnPath); each mask is checked against the float64 reference of what it is known to equal:
+// (ColumnPath; test_sm90_column.cpp asserts that plan); each mask is checked against the float64 reference of what it is known to equal:
 // windows written as columns, packed causal documents as their variable-length batch (whole key
 // blocks skipped), per-head masks (each head against the reference of its own mask), rows hidden
 // from every key (out 0, lse -inf, no gradient), and masks on top of causal and of a sliding
@@ -29,14 +29,6 @@ const std::vector<int64_t> kDocuments = {300, 1, 129, 64, 450, 7};
 
 constexpr int kDeterminismRuns = 2;
 
-// A dense call with its own causal / window, and `truth`: a problem over the same values in the
-// same canonical order that the reference runs (a window, or the variable-length batch of packed
-// documents), and the rows the mask hides from every key.
-struct MaskedCall {
-  Problem call, truth;
-  HiddenRows hidden;
-};
-
 // Runs mc.call forward and backward with column mask m (uploaded to the device) and checks it
 // against mc.truth; with `deterministic`, the backward runs kDeterminismRuns times and must give
 // the same bytes.
@@ -64,15 +56,6 @@ SkipReason check_masked(const MaskedCall& mc, Columns& m, DType dtype, bool dete
   }
   expect_masked_results(c, mc.truth, mc.hidden, atol_for(dtype), kLseAtol);
   return std::nullopt;
-}
-
-// Causal documents packed into one sequence, written into m (one mask head, shared by every
-// query head): the causal call, and the variable-length batch of the documents.
-MaskedCall packed_documents(const std::vector<int64_t>& docs, int heads_q, int heads_kv, int d, Columns& m) {
-  const int64_t total = total_length(docs);
-  hide_later_documents(m, 0, 0, docs);
-  return {with_mask(dense(1, heads_q, heads_kv, total, total, d), true, -1, -1),
-          with_mask(packed(heads_q, heads_kv, d, docs, docs), true, -1, -1), {}};
 }
 
 // Which kernels a case runs. On Hopper the forward takes the sm90 kernel at the head dims it has

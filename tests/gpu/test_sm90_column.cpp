@@ -1,14 +1,11 @@
 // Column-sparse masks (Options::column_mask) on the Hopper forward kernel (MaskKind::kColumn,
-// src/cuda/sm90/column_mask.cuh), through the public API. Every case first asserts that dispatch
-// sends the call to the sm90 instance, on the 128 x 128 tile without GQA packing (the plan the
-// launch makes), then runs it and checks out and lse against the float64 reference of what the
-// mask is known to equal: packed causal documents as their variable-length batch (whole key
-// blocks skipped, runs of hidden blocks longer than the producer's 32-block scan), windows
-// written as columns, per-head masks (each head against its own mask's reference), rows hidden
-// from every key (out 0, lse -inf), and masks on top of causal and of a sliding window. Lengths
-// are not multiples of the tile, with Sq != Sk both ways; fp16 and bf16 by the 2x rule, fresh
-// inputs, outputs poisoned before every run. The backward of these calls is the portable one
-// (tests/gpu/test_column_mask.cpp); here only the forward is checked. Skips off Hopper.
+// src/cuda/sm90/column_mask.cuh): that dispatch sends column-masked calls there, on the 128 x 128
+// tile without GQA packing (the plan the launch makes), and not where it must not. The cases of
+// tests/gpu/test_column_mask.cpp run on this kernel on Hopper (their default path, forward and
+// backward); the ones here assert the plan before they run: packed causal documents as their
+// variable-length batch, and a sliding window whose walk crosses the producer's 32-block scan
+// chunks. Forward only, fp16 and bf16 by the 2x rule, fresh inputs, outputs poisoned before every
+// run. Skips off Hopper.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,13 +33,6 @@ constexpr int kHopperColumnTileRows = 128, kHopperColumnTileKeys = 128;
 // Causal documents of varied lengths: one row, rows fewer than a block, a block's worth, and
 // documents that cross several blocks, so query tiles meet keys of one, two or many documents.
 const std::vector<int64_t> kDocuments = {300, 1, 129, 64, 450, 7};
-
-// A dense call with its own causal / window, the problem over the same values whose reference it
-// must equal, and the rows the mask hides from every key.
-struct MaskedCall {
-  Problem call, truth;
-  HiddenRows hidden;
-};
 
 // The params dispatch sees for `call` with mask m (its values are not read).
 FwdParams column_params(const Problem& call, DType dtype, const Columns& m) {
@@ -74,15 +64,8 @@ std::string hopper_plan_problem(const Problem& call, DType dtype, const Columns&
 // 2x rule; hidden rows exactly out 0 and lse -inf.
 void expect_forward_results(const HostCase& c, const Problem& truth, HiddenRows hidden) {
   const Problem& call = c.problem;
-  Tensors ref = c.values, plain = c.values;
-  reference_forward(truth, ref);
-  plain_forward(truth, c.dtype, plain);
-  for (Tensors* t : {&ref, &plain}) {
-    zero_rows(t->out, call, call.head_dim, hidden.lo, hidden.hi);
-    for (int64_t bh = 0; bh < int64_t{call.batch} * call.heads_q; ++bh)
-      std::fill(t->lse.begin() + bh * call.seqlen_q + hidden.lo, t->lse.begin() + bh * call.seqlen_q + hidden.hi,
-                -INFINITY);
-  }
+  Tensors ref, plain;
+  masked_forward_references(c, truth, hidden, ref, plain);
   const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
   EXPECT_TRUE(obeys_2x_rule(out, plain.out, ref.out, atol_for(c.dtype))) << "out";
   EXPECT_TRUE(obeys_2x_rule(lse, plain.lse, ref.lse, kLseAtol)) << "lse";
@@ -125,15 +108,6 @@ SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype) {
   return std::nullopt;
 }
 
-// Causal documents packed into one sequence (one mask head shared by every query head): the
-// causal call, and the variable-length batch of the documents.
-MaskedCall packed_documents(const std::vector<int64_t>& docs, int heads_q, int heads_kv, int d, Columns& m) {
-  const int64_t total = total_length(docs);
-  hide_later_documents(m, 0, 0, docs);
-  return {with_mask(dense(1, heads_q, heads_kv, total, total, d), true, -1, -1),
-          with_mask(packed(heads_q, heads_kv, d, docs, docs), true, -1, -1), {}};
-}
-
 class GpuSm90ColumnMask : public ::testing::TestWithParam<int> {};
 
 // GQA (4 query heads on 2 KV heads: unpacked all the same), both dtypes.
@@ -142,40 +116,6 @@ TEST_P(GpuSm90ColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   for (const DType dtype : kGpuDtypes) {
     Columns m(1, 1, total_length(kDocuments), 1);
     FUSEDATTN_RUN_OR_SKIP(check_on_hopper(packed_documents(kDocuments, 4, 2, GetParam(), m), m, dtype));
-  }
-}
-
-// A query tile of the last document sees none of the 35 key blocks before it, so the producer's
-// count (32 blocks per load) crosses a chunk with nothing seen in it; a one-token document sits
-// between two long ones.
-TEST_P(GpuSm90ColumnMask, LongDocumentsSkipRunsOfBlocks) {
-  SKIP_UNLESS_HOPPER();
-  const std::vector<int64_t> docs = {2500, 1, 1900, 99, 700};
-  Columns m(1, 1, total_length(docs), 1);
-  const MaskedCall mc = packed_documents(docs, 2, 1, GetParam(), m);
-  for (const DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_on_hopper(mc, m, dtype));
-}
-
-// Causal (square, and Sq != Sk both ways: with more queries than keys the leading rows see no key)
-// and sliding windows written as two intervals per key, on an unmasked call. One mask head
-// shared by every query head and one per query head take turns.
-TEST_P(GpuSm90ColumnMask, WindowsWrittenAsColumns) {
-  SKIP_UNLESS_HOPPER();
-  struct Window {
-    int64_t sq, sk, left, right;
-  };
-  int turn = 0;
-  for (const Window& w : {Window{577, 577, -1, 0}, Window{301, 1100, -1, 0}, Window{1000, 257, -1, 0},
-                          Window{700, 700, 150, 30}, Window{450, 900, 200, 0}, Window{390, 520, -1, 70}}) {
-    for (const DType dtype : kGpuDtypes) {
-      const int64_t mask_heads = turn++ % 2 == 0 ? 1 : 4;
-      SCOPED_TRACE("mask heads " + std::to_string(mask_heads));
-      const Problem call = dense(2, 4, 2, w.sq, w.sk, GetParam());
-      Columns m(2, mask_heads, w.sk, 2);
-      for (int64_t b = 0; b < 2; ++b)
-        for (int64_t h = 0; h < mask_heads; ++h) hide_outside_window(m, b, h, w.sq, w.sk, w.left, w.right);
-      FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, w.left, w.right), {}}, m, dtype));
-    }
   }
 }
 
@@ -191,116 +131,6 @@ TEST_P(GpuSm90ColumnMask, SlidingWindowAcrossScanChunks) {
   hide_outside_window(m, 0, 0, s, s, 100, 0);
   const DType dtype = GetParam() == kHopperColumnHeadDims[0] ? DType::kFloat16 : DType::kBFloat16;
   FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 100, 0), {}}, m, dtype));
-}
-
-// Per-head masks: each query head its own window (a GQA call whose groups mix them), so a tile
-// that read another head's mask would see the wrong keys. Each head is checked against the
-// reference of its own window, on the same values.
-TEST_P(GpuSm90ColumnMask, EachHeadReadsItsOwnMask) {
-  SKIP_UNLESS_HOPPER();
-  constexpr int kHeads = 4;
-  struct Window {
-    int64_t left, right;
-  };
-  const Window windows[kHeads] = {{-1, 0}, {-1, -1}, {100, 0}, {40, 200}};
-  const int64_t sq = 517, sk = 645;
-  const Problem call = dense(1, kHeads, 2, sq, sk, GetParam());
-  for (const DType dtype : kGpuDtypes) {
-    SCOPED_TRACE(call.str() + " " + dtype_name(dtype));
-    Columns m(1, kHeads, sk, 2);
-    for (int64_t h = 0; h < kHeads; ++h) hide_outside_window(m, 0, h, sq, sk, windows[h].left, windows[h].right);
-    const std::string off_hopper = hopper_plan_problem(call, dtype, m);
-    if (!off_hopper.empty()) GTEST_SKIP() << "not on the Hopper column kernel: " << off_hopper;
-    std::mt19937_64 rng = fresh_rng();
-    HostCase c = make_case(call, dtype, Layout::kBSHD, rng, kDefaultStddev, /*with_backward=*/false);
-    DeviceCase dc(c);
-    const DeviceTensor mask(m.bounds);
-    ForwardArgs f = dc.forward_args();
-    f.options.column_mask = mask.view(m.bounds);
-    FUSEDATTN_RUN_OR_SKIP(dc.forward(f));
-    const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
-    const int64_t d = GetParam();
-    for (int64_t h = 0; h < kHeads; ++h) {
-      SCOPED_TRACE("head " + std::to_string(h));
-      const Problem truth = with_mask(call, false, windows[h].left, windows[h].right);
-      Tensors ref = c.values, plain = c.values;
-      reference_forward(truth, ref);
-      plain_forward(truth, dtype, plain);
-      // Head h's elements: out [sq, heads, d], lse [heads, sq].
-      std::vector<double> got_out, want_out, plain_out, got_lse, want_lse, plain_lse;
-      for (int64_t i = 0; i < sq; ++i)
-        for (int64_t e = 0; e < d; ++e) {
-          const size_t at = static_cast<size_t>((i * kHeads + h) * d + e);
-          got_out.push_back(out[at]);
-          want_out.push_back(ref.out[at]);
-          plain_out.push_back(plain.out[at]);
-        }
-      for (int64_t i = 0; i < sq; ++i) {
-        const size_t at = static_cast<size_t>(h * sq + i);
-        got_lse.push_back(lse[at]);
-        want_lse.push_back(ref.lse[at]);
-        plain_lse.push_back(plain.lse[at]);
-      }
-      EXPECT_TRUE(obeys_2x_rule(got_out, plain_out, want_out, atol_for(dtype))) << "out";
-      EXPECT_TRUE(obeys_2x_rule(got_lse, plain_lse, want_lse, kLseAtol)) << "lse";
-    }
-  }
-}
-
-// Every key hides from rows [100, 333), which start inside a query tile and end inside another:
-// out 0 and lse -inf there, and the other rows as if those were not there. Tiles of hidden rows
-// only see no block at all (the announcement's count is 0).
-TEST_P(GpuSm90ColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
-  SKIP_UNLESS_HOPPER();
-  const int64_t sq = 500, sk = 700;
-  const HiddenRows hidden{100, 333};
-  const Problem call = dense(2, 2, 1, sq, sk, GetParam());
-  for (const DType dtype : kGpuDtypes) {
-    Columns m(2, 1, sk, 2);
-    for (int64_t b = 0; b < 2; ++b) hide_rows_from_every_key(m, b, 0, hidden.lo, hidden.hi);
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, call, hidden}, m, dtype));
-  }
-}
-
-// A column mask on top of the call's causal mask and of its sliding window: a key is seen where
-// both allow it, so each call equals the window that intersects them (blocks cut by the window,
-// by the mask, or by both). Then documents with a window on top: each key hides from the rows
-// before and after its document (two intervals), which is the documents' variable-length batch
-// with that window.
-TEST_P(GpuSm90ColumnMask, OnTopOfCausalAndSlidingWindows) {
-  SKIP_UNLESS_HOPPER();
-  const int d = GetParam();
-  struct Layered {
-    int64_t sq, sk;
-    bool causal;
-    int64_t call_left, call_right, mask_left, mask_right, left, right;  // left, right: the intersection
-  };
-  int turn = 0;
-  for (const Layered& l :
-       {Layered{611, 800, true, -1, -1, 90, -1, 90, 0}, Layered{800, 611, true, -1, -1, 90, -1, 90, 0},
-        Layered{650, 650, false, 300, 40, 80, -1, 80, 40}, Layered{420, 700, false, 60, -1, -1, 0, 60, 0}}) {
-    const Problem call = with_mask(dense(2, 4, 2, l.sq, l.sk, d), l.causal, l.call_left, l.call_right);
-    const Problem truth = with_mask(dense(2, 4, 2, l.sq, l.sk, d), false, l.left, l.right);
-    const DType dtype = kGpuDtypes[turn++ % 2];
-    Columns m(2, 1, l.sk, 2);
-    for (int64_t b = 0; b < 2; ++b) hide_outside_window(m, b, 0, l.sq, l.sk, l.mask_left, l.mask_right);
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, truth, {}}, m, dtype));
-  }
-  const int64_t total = total_length(kDocuments);
-  for (const DType dtype : kGpuDtypes) {
-    Columns m(1, 1, total, 2);
-    int64_t start = 0;
-    for (const int64_t n : kDocuments) {
-      for (int64_t j = start; j < start + n; ++j) {
-        m.hide(0, 0, j, 0, 0, start);
-        m.hide(0, 0, j, 1, start + n, total);
-      }
-      start += n;
-    }
-    const MaskedCall mc{with_mask(dense(1, 4, 2, total, total, d), false, 100, 20),
-                        with_mask(packed(4, 2, d, kDocuments, kDocuments), false, 100, 20), {}};
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper(mc, m, dtype));
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuSm90ColumnMask, ::testing::ValuesIn(kHopperColumnHeadDims),

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/problems.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -86,16 +87,34 @@ struct HiddenRows {
   int64_t lo = 0, hi = 0;
 };
 
-// The backend's results in c (a dense call with a column mask, run forward and backward) under
-// the 2x rule against the reference of `truth`, a problem over the same values in the same
-// canonical order. Hidden rows must give out 0, lse -inf and dq 0 (exactly; the 2x rule's slack
-// would let a near-zero pass), and their dout is zeroed for the reference's gradients.
-inline void expect_masked_results(const HostCase& c, const Problem& truth, HiddenRows hidden, double atol,
-                                  double lse_atol) {
+// A dense call with its own causal / window, and `truth`: a problem over the same values in the
+// same canonical order that the reference runs (a window, or the variable-length batch of packed
+// documents), and the rows the mask hides from every key.
+struct MaskedCall {
+  Problem call, truth;
+  HiddenRows hidden;
+};
+
+// Causal documents packed into one sequence, written into m (one mask head, shared by every
+// query head): the causal call, and the variable-length batch of the documents.
+inline MaskedCall packed_documents(const std::vector<int64_t>& docs, int heads_q, int heads_kv, int d, Columns& m) {
+  const int64_t total = total_length(docs);
+  hide_later_documents(m, 0, 0, docs);
+  return {with_mask(dense(1, heads_q, heads_kv, total, total, d), true, -1, -1),
+          with_mask(packed(heads_q, heads_kv, d, docs, docs), true, -1, -1), {}};
+}
+
+// The float64 reference (ref) and the plain same-dtype implementation (plain) of `truth`'s forward
+// on c's values, for c (a dense call with a column mask): the rows the mask hides from every key
+// set to out 0 and lse -inf, and their dout zeroed for the gradients (where c has one: a
+// forward-only case has none).
+inline void masked_forward_references(const HostCase& c, const Problem& truth, HiddenRows hidden, Tensors& ref,
+                                      Tensors& plain) {
   const Problem& call = c.problem;
-  const std::string name = call.str() + " " + dtype_name(c.dtype) + " with a column mask";
-  Tensors ref = c.values, plain = c.values;
-  for (Tensors* t : {&ref, &plain}) zero_rows(t->dout, call, call.head_dim, hidden.lo, hidden.hi);
+  ref = c.values;
+  plain = c.values;
+  for (Tensors* t : {&ref, &plain})
+    if (!t->dout.empty()) zero_rows(t->dout, call, call.head_dim, hidden.lo, hidden.hi);
   reference_forward(truth, ref);
   plain_forward(truth, c.dtype, plain);
   for (Tensors* t : {&ref, &plain}) {
@@ -104,6 +123,18 @@ inline void expect_masked_results(const HostCase& c, const Problem& truth, Hidde
       std::fill(t->lse.begin() + bh * call.seqlen_q + hidden.lo, t->lse.begin() + bh * call.seqlen_q + hidden.hi,
                 -INFINITY);
   }
+}
+
+// The backend's results in c (a dense call with a column mask, run forward and backward) under
+// the 2x rule against the reference of `truth`, a problem over the same values in the same
+// canonical order. Hidden rows must give out 0, lse -inf and dq 0 (exactly; the 2x rule's slack
+// would let a near-zero pass), and their dout is zeroed for the reference's gradients.
+inline void expect_masked_results(const HostCase& c, const Problem& truth, HiddenRows hidden, double atol,
+                                  double lse_atol) {
+  const Problem& call = c.problem;
+  const std::string name = call.str() + " " + dtype_name(c.dtype) + " with a column mask";
+  Tensors ref, plain;
+  masked_forward_references(c, truth, hidden, ref, plain);
   const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
   EXPECT_TRUE(obeys_2x_rule(out, plain.out, ref.out, atol)) << "out of " << name;
   EXPECT_TRUE(obeys_2x_rule(lse, plain.lse, ref.lse, lse_atol)) << "lse of " << name;
