@@ -1,12 +1,14 @@
-// Longest-first order of a launch's CTAs from a per-item estimate of their work, computed on the
-// device before the launch (work_order.cu), for masks whose work per item only the device knows.
+// An order of a launch's CTAs by a per-item estimate of their work (longest first within the
+// launch's L2 groups), computed on the device before the launch (work_order.cu), for masks whose
+// work per item only the device knows.
 //
 // Why: a column mask (packed documents) makes a query block's work depend on where it lies in its
-// document, not on its index, so the grouped order of schedule.h (bottom blocks first) starts the
-// longest items of the last group near the end of the launch. On 16k tokens of mixed-length
-// documents the portable forward's SMs idled 29% of the kernel's time (ncu: SM active cycles
-// against elapsed); the varlen batch of the same documents, whose blocks are ordered by their
-// position in a document, idled 4%.
+// document, not on its index, so the grouped order of schedule.h (bottom blocks first) can start
+// long items near the end of the launch. Measured (H200, 16k tokens of packed documents,
+// docs/perf.md forty-seventh session): while cut blocks were masked key by key, the query blocks
+// straddling a document boundary ran long, the portable forward's SMs idled 29% of the kernel
+// (ncu) and this order bought 1.40x on mixed documents; since cut blocks inside one document are
+// masked from the summary it is even to +4%.
 //
 // The launch's grid is x = row block, y = head, z = batch, as without an order; CTA number
 // x + X * (y + Y * z) takes item order[that number] instead (in the same coding). A persistent
