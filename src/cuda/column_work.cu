@@ -3,6 +3,7 @@
 #include "cuda/common/column_work.h"
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/column_mask.cuh"
 #include "cuda/common/env.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/mask.cuh"
@@ -21,11 +22,10 @@ __global__ void __launch_bounds__(kWarpLanes)
   const int r0 = m * block_m, r1 = min(r0 + block_m, static_cast<int>(p.seqlen_q));
   const cuda::BlockRange kv = MaskWindow(p, p.seqlen_q, p.seqlen_k).kv_blocks(r0, r1 - 1, block_n);
   const int64_t entry = (static_cast<int64_t>(batch) * gridDim.y + mask_head) * gridDim.x + m;
-  const int4* blocks =
-      s.bounds + (static_cast<int64_t>(batch) * gridDim.y + mask_head) * s.blocks * kColumnSummaryIntervals;
+  // Mask head h is query head h (per-head masks) or 0 (shared), which column_mask_head keeps.
+  const ColumnMaskView mask = ColumnMaskView::of(p, s, batch, mask_head);
   int seen = 0;
-  for (int n = kv.lo + lane; n < kv.hi; n += kWarpLanes)
-    seen += column_cover(blocks + n * kColumnSummaryIntervals, r0, r1).seen ? 1 : 0;
+  for (int n = kv.lo + lane; n < kv.hi; n += kWarpLanes) seen += mask.cover(n, r0, r1).seen ? 1 : 0;
   for (int offset = kWarpLanes / 2; offset > 0; offset /= 2) seen += __shfl_xor_sync(0xffffffffu, seen, offset);
   if (lane == 0) work[entry] = seen;
 }
