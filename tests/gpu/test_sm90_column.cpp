@@ -8,8 +8,6 @@
 // run. Skips off Hopper.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <cstdint>
 #include <string>
@@ -63,20 +61,10 @@ std::string hopper_plan_problem(const Problem& call, DType dtype, const Columns&
 // Forward only: out and lse of c (run with a column mask) against the reference of `truth` by the
 // 2x rule; hidden rows exactly out 0 and lse -inf.
 void expect_forward_results(const HostCase& c, const Problem& truth, HiddenRows hidden) {
-  const Problem& call = c.problem;
   Tensors ref, plain;
   masked_forward_references(c, truth, hidden, ref, plain);
-  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
-  EXPECT_TRUE(obeys_2x_rule(out, plain.out, ref.out, atol_for(c.dtype))) << "out";
-  EXPECT_TRUE(obeys_2x_rule(lse, plain.lse, ref.lse, kLseAtol)) << "lse";
-  const int64_t row = int64_t{call.heads_q} * call.head_dim;
-  for (int64_t b = 0; b < call.batch; ++b)
-    for (int64_t i = hidden.lo; i < hidden.hi; ++i) {
-      for (int64_t h = 0; h < call.heads_q; ++h)
-        ASSERT_EQ(lse[(b * call.heads_q + h) * call.seqlen_q + i], -INFINITY) << "lse of hidden row " << i;
-      for (int64_t e = (b * call.seqlen_q + i) * row; e < (b * call.seqlen_q + i + 1) * row; ++e)
-        ASSERT_EQ(out[e], 0.0) << "out of hidden row " << i;
-    }
+  expect_masked_forward(c, ref, plain, hidden, atol_for(c.dtype), kLseAtol,
+                        c.problem.str() + " " + dtype_name(c.dtype) + " on the Hopper kernel");
 }
 
 // Runs mc.call's forward with mask m (after asserting it takes the Hopper kernel) and checks it.

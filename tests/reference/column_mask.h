@@ -125,6 +125,26 @@ inline void masked_forward_references(const HostCase& c, const Problem& truth, H
   }
 }
 
+// The forward's results in c (a dense call with a column mask) under the 2x rule against ref and
+// plain (masked_forward_references); the rows the mask hides from every key must give out 0 and
+// lse -inf exactly (the 2x rule's slack would let a near-zero pass).
+inline void expect_masked_forward(const HostCase& c, const Tensors& ref, const Tensors& plain, HiddenRows hidden,
+                                  double atol, double lse_atol, const std::string& name) {
+  const Problem& call = c.problem;
+  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+  EXPECT_TRUE(obeys_2x_rule(out, plain.out, ref.out, atol)) << "out of " << name;
+  EXPECT_TRUE(obeys_2x_rule(lse, plain.lse, ref.lse, lse_atol)) << "lse of " << name;
+  const int64_t row = int64_t{call.heads_q} * call.head_dim;
+  for (int64_t b = 0; b < call.batch; ++b)
+    for (int64_t i = hidden.lo; i < hidden.hi; ++i) {
+      for (int64_t h = 0; h < call.heads_q; ++h)
+        ASSERT_EQ(lse[(b * call.heads_q + h) * call.seqlen_q + i], -INFINITY)
+            << "lse of hidden row " << i << " of " << name;
+      for (int64_t e = (b * call.seqlen_q + i) * row; e < (b * call.seqlen_q + i + 1) * row; ++e)
+        ASSERT_EQ(out[e], 0.0) << "out of hidden row " << i << " of " << name;
+    }
+}
+
 // The backend's results in c (a dense call with a column mask, run forward and backward) under
 // the 2x rule against the reference of `truth`, a problem over the same values in the same
 // canonical order. Hidden rows must give out 0, lse -inf and dq 0 (exactly; the 2x rule's slack
@@ -135,9 +155,7 @@ inline void expect_masked_results(const HostCase& c, const Problem& truth, Hidde
   const std::string name = call.str() + " " + dtype_name(c.dtype) + " with a column mask";
   Tensors ref, plain;
   masked_forward_references(c, truth, hidden, ref, plain);
-  const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
-  EXPECT_TRUE(obeys_2x_rule(out, plain.out, ref.out, atol)) << "out of " << name;
-  EXPECT_TRUE(obeys_2x_rule(lse, plain.lse, ref.lse, lse_atol)) << "lse of " << name;
+  expect_masked_forward(c, ref, plain, hidden, atol, lse_atol, name);
   reference_backward(truth, ref);
   plain_backward(truth, c.dtype, plain);
   const std::vector<double> dq = c.dq.to_double();
@@ -146,15 +164,9 @@ inline void expect_masked_results(const HostCase& c, const Problem& truth, Hidde
   EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv of " << name;
   const int64_t row = int64_t{call.heads_q} * call.head_dim;
   for (int64_t b = 0; b < call.batch; ++b)
-    for (int64_t i = hidden.lo; i < hidden.hi; ++i) {
-      for (int64_t h = 0; h < call.heads_q; ++h)
-        ASSERT_EQ(lse[(b * call.heads_q + h) * call.seqlen_q + i], -INFINITY)
-            << "lse of hidden row " << i << " of " << name;
-      for (int64_t e = (b * call.seqlen_q + i) * row; e < (b * call.seqlen_q + i + 1) * row; ++e) {
-        ASSERT_EQ(out[e], 0.0) << "out of hidden row " << i << " of " << name;
+    for (int64_t i = hidden.lo; i < hidden.hi; ++i)
+      for (int64_t e = (b * call.seqlen_q + i) * row; e < (b * call.seqlen_q + i + 1) * row; ++e)
         ASSERT_EQ(dq[e], 0.0) << "dq of hidden row " << i << " of " << name;
-      }
-    }
 }
 
 }  // namespace fusedattn::testing
