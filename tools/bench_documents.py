@@ -8,11 +8,7 @@ do_bench median; forward, and forward + backward with --backward):
   ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
                    each key hides from the rows after its document (on Hopper the forward's sm90
                    kernel at d64/d128, else the portable kernels)
-  column_unordered the same with FUSEDATTN_COLUMN_ORDER=0: the CTAs (tiles) in the grid's own
-                   order rather than by their work (src/cuda/common/work_order.h)
   column_portable  the same on the portable kernels (FUSEDATTN_DISABLE_SM90=1)
-  portable_unordered  and with FUSEDATTN_COLUMN_ORDER=0: the CTAs in the grid's own order rather
-                   than by their work (src/cuda/common/work_order.h)
   varlen_portable  fusedattn.flash_attn_varlen_func over the documents with
                    FUSEDATTN_DISABLE_SM90=1: the same kernels given the documents' bounds, what
                    the mask's skipping should come near
@@ -45,7 +41,12 @@ import fusedattn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
 
-NAMES = ["ours_column", "column_unordered", "column_portable", "portable_unordered", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+# Skewed lengths: one long document before (or after) many short ones, so the grid's own order
+# (the last rows first) runs the long document's heavy query blocks last (or first). Here an order
+# of the CTAs by their work was tried and dropped (docs/hopper.md, session 51). Not among
+# bench_varlen's distributions: a varlen batch orders its tiles by sequence.
+SKEWED = {"long-first": [12288] + [64] * 64, "long-last": [64] * 64 + [12288]}
+NAMES = ["ours_column", "column_portable", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
 
 
 @contextlib.contextmanager
@@ -57,8 +58,8 @@ def settings(pairs):
         yield
 
 
-def run_case(dist, d, dtype, backward):
-    lens = lengths(dist)
+def run_case(dist, d, dtype, backward, names):
+    lens = SKEWED[dist] if dist in SKEWED else lengths(dist)
     heads, total, longest = MODEL_DIM // d, sum(lens), max(lens)
     offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     q, k, v = (torch.randn(total, heads, d, dtype=dtype, device="cuda", requires_grad=backward) for _ in range(3))
@@ -99,8 +100,8 @@ def run_case(dist, d, dtype, backward):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "column_unordered": ours_column, "column_portable": ours_column,
-                 "portable_unordered": ours_column, "varlen_portable": varlen_portable, "ours_varlen": ours_varlen,
+    providers = {"ours_column": ours_column, "column_portable": ours_column, "varlen_portable": varlen_portable,
+                 "ours_varlen": ours_varlen,
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
@@ -108,10 +109,10 @@ def run_case(dist, d, dtype, backward):
     row = {"dist": dist, "head_dim": d, "dtype": str(dtype).split(".")[-1], "docs": len(lens), "tokens": total,
            "backward": backward}
     # A provider's switches hold over its whole step, the backward too.
-    switches = {"column_unordered": [("FUSEDATTN_COLUMN_ORDER", "0")],
-                "column_portable": [("FUSEDATTN_DISABLE_SM90", "1")],
-                "portable_unordered": [("FUSEDATTN_DISABLE_SM90", "1"), ("FUSEDATTN_COLUMN_ORDER", "0")]}
+    switches = {"column_portable": [("FUSEDATTN_DISABLE_SM90", "1")]}
     for name, fn in providers.items():
+        if name not in names:
+            continue
         scope = functools.partial(settings, switches.get(name, []))
         try:
             if name == "flex":
@@ -143,25 +144,31 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--head-dims", default="64,128")
-    ap.add_argument("--dists", default=",".join(DISTRIBUTIONS))
+    ap.add_argument("--dists", default=",".join(DISTRIBUTIONS),
+                    help=f"of {', '.join(list(DISTRIBUTIONS) + list(SKEWED))}")
+    ap.add_argument("--providers", default=",".join(NAMES), help="the columns to time (ours_column always runs: the reference)")
     ap.add_argument("--backward", action="store_true", help="time forward + backward (credited 3.5x the pairs)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    names = args.providers.split(",")
+    unknown = [n for n in names if n not in NAMES]
+    if unknown:
+        ap.error(f"--providers: unknown {', '.join(unknown)}; known: {', '.join(NAMES)}")
     dtype = getattr(torch, args.dtype)
     what = "forward + backward" if args.backward else "forward"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}: TFLOP/s of the documents' pairs (ms)")
     print(f"{'dist':>12} {'d':>4} {'docs':>4} " + " ".join(f"{n:>17}" for n in NAMES)
-          + "  column/ours_varlen column/flex column/unordered portable/varlen_portable portable/unordered")
+          + "  column/ours_varlen column/flex portable/varlen_portable")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
-            row = run_case(dist, d, dtype, args.backward)
-            cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row[n] else '-':>17}" for n in NAMES)
+            row = run_case(dist, d, dtype, args.backward, names)
+            cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row.get(n) else '-':>17}"
+                             for n in NAMES)
             ratio = lambda ours, peer: (f"{row[ours] / row[peer]:.2f}"  # noqa: E731
                                         if row.get(ours) and row.get(peer) else "-")
             print(f"{dist:>12} {d:>4} {row['docs']:>4} {cells}  {ratio('ours_column', 'ours_varlen'):>18} "
-                  f"{ratio('ours_column', 'flex'):>11} {ratio('ours_column', 'column_unordered'):>16} "
-                  f"{ratio('column_portable', 'varlen_portable'):>24} "
-                  f"{ratio('column_portable', 'portable_unordered'):>19}", flush=True)
+                  f"{ratio('ours_column', 'flex'):>11} {ratio('column_portable', 'varlen_portable'):>24}",
+                  flush=True)
             for n in NAMES:
                 if row.get(n + "_error"):
                     print(f"    {n}: {row[n + '_error']}")

@@ -1,6 +1,6 @@
 // Column-sparse masks (Options::column_mask) on the CUDA backend, through the public API: the
 // portable forward and backward kernels, and on Hopper the sm90 forward where it has the head dim
-// (ColumnPath; test_sm90_column.cpp asserts that plan); each mask is checked against the float64 reference of what it is known to equal:
+// (ColumnCase; test_sm90_column.cpp asserts that plan); each mask is checked against the float64 reference of what it is known to equal:
 // windows written as columns, packed causal documents as their variable-length batch (whole key
 // blocks skipped), per-head masks (each head against the reference of its own mask), rows hidden
 // from every key (out 0, lse -inf, no gradient), and masks on top of causal and of a sliding
@@ -58,28 +58,22 @@ SkipReason check_masked(const MaskedCall& mc, Columns& m, DType dtype, bool dete
   return std::nullopt;
 }
 
-// Which kernels a case runs. On Hopper the forward takes the sm90 kernel at the head dims it has
-// a column instance for (test_sm90_column.cpp checks that plan); the portable kernels then run
-// only the backward, so each case also runs with the portable forward forced. The portable
-// launches order their CTAs by work where a launch exceeds one wave (work_order.h); these tests'
-// launches are smaller, so the order is forced on and off.
-enum class ColumnPath { kDefault, kPortableOrdered, kPortableUnordered };
-
+// On Hopper the forward takes the sm90 kernel at the head dims it has a column instance for
+// (test_sm90_column.cpp asserts that plan) and the portable kernels run only the backward, so each
+// case also runs with the portable forward forced.
 struct ColumnCase {
   int head_dim;
-  ColumnPath path;
+  bool portable;
 };
 
 // The tests for the head dims most models use; each skips where this build lacks its instance.
 class GpuColumnMask : public ::testing::TestWithParam<ColumnCase> {
  protected:
-  GpuColumnMask()
-      : portable_("FUSEDATTN_DISABLE_SM90", GetParam().path == ColumnPath::kDefault ? "0" : "1"),
-        order_("FUSEDATTN_COLUMN_ORDER", GetParam().path == ColumnPath::kPortableUnordered ? "0" : "1") {}
+  GpuColumnMask() : portable_("FUSEDATTN_DISABLE_SM90", GetParam().portable ? "1" : "0") {}
   static int head_dim() { return GetParam().head_dim; }
 
  private:
-  ScopedEnv portable_, order_;
+  ScopedEnv portable_;
 };
 
 // Causal (square, and Sq != Sk both ways: with more queries than keys the leading rows see no key)
@@ -269,21 +263,12 @@ TEST_P(GpuColumnMask, OnTopOfCausalAndSlidingWindows) {
 }
 
 std::string column_case_name(const ::testing::TestParamInfo<ColumnCase>& info) {
-  const std::string d = "d" + std::to_string(info.param.head_dim);
-  switch (info.param.path) {
-    case ColumnPath::kPortableOrdered: return d + "_portable_ordered";
-    case ColumnPath::kPortableUnordered: return d + "_portable_unordered";
-    default: return d;
-  }
+  return "d" + std::to_string(info.param.head_dim) + (info.param.portable ? "_portable" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMask,
-                         ::testing::Values(ColumnCase{64, ColumnPath::kDefault},
-                                           ColumnCase{64, ColumnPath::kPortableOrdered},
-                                           ColumnCase{64, ColumnPath::kPortableUnordered},
-                                           ColumnCase{128, ColumnPath::kDefault},
-                                           ColumnCase{128, ColumnPath::kPortableOrdered},
-                                           ColumnCase{128, ColumnPath::kPortableUnordered}),
+                         ::testing::Values(ColumnCase{64, false}, ColumnCase{64, true}, ColumnCase{128, false},
+                                           ColumnCase{128, true}),
                          column_case_name);
 
 // No keys at all (seqlen_k 0, an empty mask): every row is fully masked, forward and backward;
@@ -314,11 +299,7 @@ class GpuColumnMaskOtherHeadDims : public ::testing::TestWithParam<int> {};
 
 TEST_P(GpuColumnMaskOtherHeadDims, PackedCausalDocuments) {
   FUSEDATTN_REQUIRE_GPU();
-  for (const char* ordered : {"0", "1"}) {
-    SCOPED_TRACE(std::string("FUSEDATTN_COLUMN_ORDER=") + ordered);
-    const ScopedEnv order("FUSEDATTN_COLUMN_ORDER", ordered);
-    check_packed_documents(GetParam());
-  }
+  check_packed_documents(GetParam());
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMaskOtherHeadDims, ::testing::Values(32, 96, 192, 256),

@@ -99,8 +99,6 @@ TEST(GpuSanitizer, ColumnMaskDocumentsAndTwoIntervals) {
       {with_mask(dense(1, 2, 1, total, total, 64), true, -1, -1), with_mask(packed(2, 1, 64, docs, docs), true, -1, -1),
        &documents},
       {window_call, with_mask(window_call, false, 40, 10), &window}};
-  // The forward's CTA order by work (work_order.h), forced: these launches are under a wave.
-  const ScopedEnv ordered("FUSEDATTN_COLUMN_ORDER", "1");
   for (const auto& [call, truth, m] : cases) {
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(call, DType::kFloat16, Layout::kBSHD, rng);

@@ -20,8 +20,7 @@ constexpr int kColumnSummaryMinBlockKeys = 16;
 // [kColumnSummaryIntervals] int4 of (least start, greatest start, least end, greatest end).
 struct ColumnSummary {
   const int4* bounds = nullptr;
-  int blocks = 0;             // key blocks per (batch, mask head)
-  const int* order = nullptr;  // the CTAs' order (common/work_order.h), or null for the grid's own
+  int blocks = 0;  // key blocks per (batch, mask head)
 };
 
 // How the kernels read one block's summary (host and device, so the tests can check the rules

@@ -40,11 +40,9 @@
 #include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
-#include "cuda/common/work_order.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/smem.cuh"
-#include "cuda/sm80/bwd_column.cuh"
 #include "cuda/sm80/bwd_mask.h"
 #include "cuda/sm80/bwd_shared.cuh"
 #include "cuda/sm80/bwd_split.cuh"
@@ -61,8 +59,7 @@ namespace fusedattn::cuda::sm80 {
 // of cuda/common/schedule.h: KV block 0 (under a causal mask the one most queries see) of every
 // (batch, KV head) of a group first, over a group whose Q/dO/dQ share the L2, which shortens the
 // tail of a causal launch. Either way the lower KV blocks of a head start first, which the
-// deterministic mode's ordered dQ adds rely on. (A column-masked launch may take an order by work
-// instead, only where it is not deterministic.)
+// deterministic mode's ordered dQ adds rely on.
 
 template <MaskKind kMask, bool kSplit, int kBlockN>
 __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace& ws, int schedule_shift) {
@@ -72,12 +69,6 @@ __device__ __forceinline__ BwdCta bwd_cta(const BwdParams& p, const BwdWorkspace
     const int pair = at.item / kv_blocks;
     return {at.item - pair * kv_blocks, pair % p.heads_kv, pair / p.heads_kv, at.item, at.part, at.parts};
   } else {
-    // A column-masked launch of more than one wave, not deterministic: the order its launcher
-    // computed from each block's work (common/work_order.h).
-    if (kMask == MaskKind::kColumn && ws.columns.order != nullptr) {
-      const uint3 item = ordered_block(ws.columns.order, blockIdx);
-      return {static_cast<int>(item.x), static_cast<int>(item.y), static_cast<int>(item.z), 0, 0, 1};
-    }
     const GridItem item = grid_item<kMask != MaskKind::kFull>(schedule_shift);
     return {item.rank, item.y, item.z, 0, 0, 1};
   }
@@ -129,10 +120,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   // the window at each query block; the hidden blocks are masked whole there.
   constexpr bool kColumns = kMask == MaskKind::kColumn;
   if constexpr (kColumns) {
-    if (!p.deterministic)
-      cta.m_blocks = backward_column_blocks(p, ws.columns, cta.b, cta.kvh * cta.group, cta.group,
-                                            static_cast<int>(cta.n), cta.m_blocks, kBlockM,
-                                            static_cast<int>(cta.seq.len_q));
+    if (!p.deterministic && !cta.m_blocks.empty()) {
+      const RowSpan rows =
+          seen_rows_of_group(p, ws.columns, cta.b, cta.kvh * cta.group, cta.group, static_cast<int>(cta.n),
+                             static_cast<int>(cta.seq.len_q));
+      const int64_t first = rows.first / kBlockM, end = ceil_div(int64_t{rows.end}, kBlockM);
+      if (first > cta.m_blocks.begin) cta.m_blocks.begin = first;
+      if (end < cta.m_blocks.end) cta.m_blocks.end = end;
+      if (cta.m_blocks.end < cta.m_blocks.begin) cta.m_blocks.end = cta.m_blocks.begin;
+    }
   }
   cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
 

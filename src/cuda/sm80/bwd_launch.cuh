@@ -21,11 +21,9 @@
 
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
-#include "cuda/common/env.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
-#include "cuda/common/work_order.h"
 #include "cuda/sm80/bwd_aux.h"
 #include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/bwd_split.h"
@@ -82,26 +80,16 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, split_ws, 0);
   } else {
     BwdWorkspace masked_ws = ws;
-    const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
-    const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
-                               (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
-    const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
     if constexpr (kMask == MaskKind::kColumn) {
       static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
-      // The CTAs' order by their work where they do not all run at once (one per SM); not in
-      // deterministic mode (the workspace has no room for it there: its ordered dQ adds need the
-      // lower KV blocks of a head first). FUSEDATTN_COLUMN_ORDER as in the forward (fwd_launch.cuh).
-      const int64_t items = kv_blocks * p.heads_kv * p.batch;
-      const int64_t resident = device_attribute(cudaDevAttrMultiProcessorCount, p.device.index);
-      const BwdColumnScratch scratch = bwd_column_scratch(p);
-      if (scratch.order != nullptr && env_switch_or("FUSEDATTN_COLUMN_ORDER", items > resident) &&
-          order_by_work(backward_column_work(p, masked_ws.columns, T::kBlockM, T::kBlockN, scratch.work), shift,
-                        scratch.order, stream))
-        masked_ws.columns.order = scratch.order;
     }
+    const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
                     static_cast<unsigned>(p.batch));
+    const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
+                               (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
+    const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
     kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, masked_ws, shift);
   }
   FUSEDATTN_CHECK_LAUNCH();

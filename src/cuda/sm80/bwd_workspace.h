@@ -19,9 +19,6 @@
 //   columns     int4 [B, mask heads, key blocks, 2]  column-masked calls only: the mask's per-block
 //               summary (common/column_summary.h), sized for the smallest key block, written by
 //               the launcher for its tile's.
-//   column_work  int32 [key blocks, KV heads or 1, B], column_order int32 [key blocks, KV heads, B]
-//               column-masked calls that are not deterministic only: each CTA's work and the
-//               launch's order by it (common/work_order.h), when the launch exceeds one wave.
 //
 // O(B*H*S) + O(B*H*S*D) bytes, plus O(SMs * block_n * D) for the split and O(B*H*S_k) for a column
 // mask; nothing quadratic in the sequence length.
@@ -36,7 +33,6 @@
 #include "cuda/common/device.h"
 #include "cuda/common/int_math.h"
 #include "cuda/sm80/bwd_split.h"
-#include "cuda/sm80/bwd_column_work.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -50,7 +46,6 @@ struct BwdWorkspaceLayout {
   int64_t rows = 0;      // padded query rows per (b, h)
   int64_t dq_pitch = 0;  // floats per dq_acc row
   std::size_t lse2 = 0, delta = 0, dq_acc = 0, dq_sem = 0, split_acc = 0, split_count = 0, columns = 0;  // byte offsets
-  std::size_t column_work = 0, column_order = 0;  // byte offsets; 0 where absent
   int64_t split_items = 0;      // most split items the slots hold
   int64_t split_acc_floats = 0;  // floats of split_acc
   std::size_t total = 0;
@@ -90,14 +85,6 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& p) {
   if (p.column_mask != nullptr) {
     w.columns = at;
     at = round_up(at + static_cast<std::size_t>(column_summary_bytes(p, kColumnSummaryMinBlockKeys)), kBwdBufferAlign);
-    if (!p.deterministic) {
-      const int64_t blocks = ceil_div(p.seqlen_k, kColumnSummaryMinBlockKeys);
-      w.column_work = at;
-      const auto entries = static_cast<std::size_t>(backward_column_work_entries(p, kColumnSummaryMinBlockKeys));
-      at = round_up(at + entries * sizeof(int32_t), kBwdBufferAlign);
-      w.column_order = at;
-      at = round_up(at + static_cast<std::size_t>(blocks * p.heads_kv * p.batch) * sizeof(int32_t), kBwdBufferAlign);
-    }
   }
   w.total = at;
   return w;
@@ -148,21 +135,6 @@ inline BwdWorkspace bwd_workspace_view(const BwdParams& p) {
           1,
           p.column_mask != nullptr ? reinterpret_cast<int4*>(base + w.columns) : nullptr,
           ColumnSummary{}};
-}
-
-// The room for a column-masked launch's work estimates and order (bwd_column_work.h), both null
-// unless the call is column-masked and not deterministic. For the launcher only: kept out of the
-// kernels' BwdWorkspace, whose two more pointers made the d192 column backward spill (sm_80 SASS).
-struct BwdColumnScratch {
-  int32_t* work = nullptr;
-  int32_t* order = nullptr;
-};
-
-inline BwdColumnScratch bwd_column_scratch(const BwdParams& p) {
-  const BwdWorkspaceLayout w = bwd_workspace_layout(p);
-  if (w.column_work == 0) return {};
-  auto* base = static_cast<unsigned char*>(p.workspace);
-  return {reinterpret_cast<int32_t*>(base + w.column_work), reinterpret_cast<int32_t*>(base + w.column_order)};
 }
 
 }  // namespace fusedattn::cuda::sm80

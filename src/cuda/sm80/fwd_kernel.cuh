@@ -21,7 +21,6 @@
 #include "cuda/common/schedule.h"
 #include "cuda/common/softmax.cuh"
 #include "cuda/common/tail_split.h"
-#include "cuda/common/work_order.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/sync.cuh"
@@ -48,8 +47,6 @@ using MaskPolicy = std::conditional_t<kMask == MaskKind::kFull, MaskFull, MaskWi
 // V are read from HBM once and then hit in L2. With a mask the linear block number goes through
 // the grouped longest-first order of cuda/common/schedule.h (bottom query blocks see the most keys
 // and start first, over a group of heads that share L2), which shortens the tail of a causal launch.
-// A column-masked launch of more than one wave takes the order its launcher computed from each
-// block's work instead (a block's place in its document, not its index, sets that).
 struct FwdCta {
   int m_block, head, batch;
 };
@@ -70,19 +67,11 @@ struct FwdRows {
   int64_t q_row0;  // the block's first row in the packed tensor: seq.q_start + m0
   int part;        // which part of the key blocks (0 unless split)
 
-  // order: a column-masked launch's CTA order by work (common/work_order.h), or null.
   template <MaskKind kMask, int kBlockM>
-  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block, int parts,
-                                               const int* order) {
+  static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block, int parts) {
     const int part = static_cast<int>(block.x) % parts;
     block.x /= parts;
-    FwdCta cta;
-    if (kMask == MaskKind::kColumn && order != nullptr) {
-      const uint3 item = ordered_block(order, block);
-      cta = {static_cast<int>(item.x), static_cast<int>(item.y), static_cast<int>(item.z)};
-    } else {
-      cta = fwd_cta<kMask>(schedule_shift, block);
-    }
+    const FwdCta cta = fwd_cta<kMask>(schedule_shift, block);
     const SeqInfo seq = seq_info(p, cta.batch);
     const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
     return {cta.batch, cta.head, seq, m0, seq.q_start + m0, part};
@@ -114,7 +103,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
 
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int warp_row0 = warp * Cfg::kWarpRows;
-  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx, split.parts, columns.order);
+  const FwdRows rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, blockIdx, split.parts);
   const int batch = rows.batch, head = rows.head;
   const SeqInfo seq = rows.seq;
   const int64_t m0 = rows.m0;
@@ -292,8 +281,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   softmax.finalize(inv_sum, lse);
   // The epilogue's coordinates come from the block and thread index read again (ptx/sync.cuh) rather
   // than from the prologue's values held across the mainloop, where d128 has no registers to spare.
-  const FwdRows out_rows =
-      FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here(), split.parts, columns.order);
+  const FwdRows out_rows = FwdRows::of<kMask, kBlockM>(p, schedule_shift, ptx::block_index_here(), split.parts);
   const int out_tid = ptx::thread_index_here(), out_lane = out_tid % kWarpSize;
   const int out_warp_row0 = out_tid / kWarpSize * Cfg::kWarpRows;
   const int out_rows_q = rows_inside<kBlockM>(out_rows.seq.len_q - out_rows.m0);

@@ -6,8 +6,7 @@
 #include <string>
 
 #include "cuda/common/check.cuh"
-#include "cuda/common/column_work.h"
-#include "cuda/common/device.h"
+#include "cuda/common/column_scratch.h"
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
 #include "cuda/common/env.h"
@@ -50,13 +49,7 @@ void run_fwd(const FwdParams& params) {
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
-  const ColumnScratch columns =
-      kMask == MaskKind::kColumn
-          ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN,
-                                   int64_t{device_attribute(cudaDevAttrMultiProcessorCount, p.device.index)} *
-                                       Cfg::kMinBlocksPerSm,
-                                   schedule_shift)
-          : ColumnScratch{};
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of(p, Cfg::kBlockN) : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);
   FUSEDATTN_CHECK_LAUNCH();

@@ -12,7 +12,6 @@
 // warpgroup Q slots and O staged in K/V (d256 only), the narrow first block.
 #pragma once
 
-#include "cuda/common/work_order.h"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/column_mask.cuh"
@@ -39,26 +38,11 @@ struct ColumnProducer {
   const KernelParams& params;
   Storage& smem;
 
-  // Work item `index`'s tile: the scheduler's, or where the launcher ordered the items by their
-  // work (common/column_work.h), the item the order puts at that rank.
-  __device__ __forceinline__ WorkTile tile_at(const Scheduler& scheduler, int index) const {
-    WorkTile t = scheduler.tile_at(index, Scheduler::kShareStart);
-    if (params.columns.order != nullptr && scheduler.is_valid(t)) {
-      const uint3 item = ordered_item(params.columns.order, static_cast<unsigned>(index),
-                                      static_cast<unsigned>(params.num_m_blocks),
-                                      static_cast<unsigned>(params.p.heads_q));
-      t.first_row = static_cast<int>(item.x) * Cfg::kBlockM;
-      t.head = static_cast<int>(item.y);
-      t.batch = static_cast<int>(item.z);
-    }
-    return t;
-  }
-
   // The CTA's next tile of a dense batch: lane 0 fetches (one atomic for the warp), every lane
   // decodes it.
-  __device__ __forceinline__ WorkTile next_tile(const Scheduler& scheduler, int index, int lane) const {
+  __device__ __forceinline__ static WorkTile next_tile(const Scheduler& scheduler, int index, int lane) {
     const int fetched = lane == 0 ? scheduler.fetch(index) : 0;
-    return tile_at(scheduler, __shfl_sync(0xffffffffu, fetched, 0));
+    return scheduler.tile_at(__shfl_sync(0xffffffffu, fetched, 0), Scheduler::kShareStart);
   }
 
   // All 32 lanes of the producer warp.
@@ -96,7 +80,7 @@ struct ColumnProducer {
     };
     constexpr std::integral_constant<int, 0> kK{};
     constexpr std::integral_constant<int, 1> kV{};
-    for (WorkTile t = tile_at(scheduler, static_cast<int>(blockIdx.x));; t = next_tile(scheduler, t.index, lane)) {
+    for (WorkTile t = scheduler.first();; t = next_tile(scheduler, t.index, lane)) {
       const bool valid = scheduler.is_valid(t);
       const Mask mask{p, params.packing, t.len_q, t.len_k};
       // The window's blocks, of them those the column mask leaves some row of the tile: counted

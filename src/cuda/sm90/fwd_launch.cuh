@@ -11,7 +11,7 @@
 #include <cstdlib>
 
 #include "cuda/common/check.cuh"
-#include "cuda/common/column_work.h"
+#include "cuda/common/column_scratch.h"
 #include "cuda/common/device.h"
 #include "cuda/common/env.h"
 #include "cuda/common/kinds.h"
@@ -255,12 +255,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const TraceSink trace(stream);
   kp.trace = trace.buffer(grid);
 #endif
-  // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel,
-  // and where there are more tiles than CTAs, the tiles' order by their work (the producer takes
-  // its n-th tile from it: column_producer.cuh).
-  const ColumnScratch columns =
-      kMask == MaskKind::kColumn ? forward_column_scratch(p, Cfg::kBlockM, Cfg::kBlockN, grid, kp.schedule_shift)
-                                 : ColumnScratch{};
+  // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel.
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of(p, Cfg::kBlockN) : ColumnScratch{};
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
