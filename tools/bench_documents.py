@@ -21,7 +21,8 @@ do_bench median; forward, and forward + backward with --backward):
                    attention backend, what torch runs for an arbitrary mask)
 Every provider's output is checked against ours_column (max abs difference) before it is timed.
 
-  tools/bench_documents.py [--dtype float16] [--head-dims 64,128] [--backward] [--out FILE]
+  tools/bench_documents.py [--dtype float16] [--head-dims 64,128] [--dists ...] [--providers ...]
+                           [--backward] [--kernels] [--out FILE]
 """
 import argparse
 import contextlib
@@ -34,6 +35,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import fusedattn
@@ -58,7 +60,21 @@ def settings(pairs):
         yield
 
 
-def run_case(dist, d, dtype, backward, names):
+def kernel_times(step, repeats=10, top=6):
+    """The device time of one step, per kernel (torch.profiler): a gap between the step's
+    do_bench time and its kernels' sum is host time the GPU waited for."""
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    rows = sorted(((e.self_device_time_total / repeats, e.count / repeats, e.key) for e in prof.key_averages()
+                   if e.self_device_time_total > 0), reverse=True)
+    return [(round(t, 1), round(n, 1), key[:90]) for t, n, key in rows[:top]], round(sum(t for t, _, _ in rows), 1)
+
+
+def run_case(dist, d, dtype, backward, names, kernels=False):
     lens = SKEWED[dist] if dist in SKEWED else lengths(dist)
     heads, total, longest = MODEL_DIM // d, sum(lens), max(lens)
     offsets = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
@@ -134,6 +150,8 @@ def run_case(dist, d, dtype, backward, names):
             ms = do_bench(step, warmup=10, rep=100)
             row[name] = round(flops / ms / 1e9, 1)
             row[name + "_ms"] = round(ms, 3)
+            if kernels:
+                row[name + "_kernels"], row[name + "_kernel_us"] = kernel_times(step)
         except Exception as e:  # noqa: BLE001
             row[name] = None
             row[name + "_error"] = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
@@ -148,6 +166,8 @@ def main():
                     help=f"of {', '.join(list(DISTRIBUTIONS) + list(SKEWED))}")
     ap.add_argument("--providers", default=",".join(NAMES), help="the columns to time (ours_column always runs: the reference)")
     ap.add_argument("--backward", action="store_true", help="time forward + backward (credited 3.5x the pairs)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each provider's device time per kernel (torch.profiler) against its do_bench time")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     names = args.providers.split(",")
@@ -161,7 +181,7 @@ def main():
           + "  column/ours_varlen column/flex portable/varlen_portable")
     for dist in args.dists.split(","):
         for d in (int(x) for x in args.head_dims.split(",")):
-            row = run_case(dist, d, dtype, args.backward, names)
+            row = run_case(dist, d, dtype, args.backward, names, args.kernels)
             cells = " ".join(f"{str(row[n]) + ' (' + str(row[n + '_ms']) + ')' if row.get(n) else '-':>17}"
                              for n in NAMES)
             ratio = lambda ours, peer: (f"{row[ours] / row[peer]:.2f}"  # noqa: E731
@@ -170,6 +190,10 @@ def main():
                   f"{ratio('ours_column', 'flex'):>11} {ratio('column_portable', 'varlen_portable'):>24}",
                   flush=True)
             for n in NAMES:
+                if row.get(n + "_kernels"):
+                    print(f"    {n}: {row[n + '_ms'] * 1000:.0f} us a step, {row[n + '_kernel_us']} us in kernels:")
+                    for t, count, key in row[n + "_kernels"]:
+                        print(f"      {t:9.1f} us  x{count:<4} {key}")
                 if row.get(n + "_error"):
                     print(f"    {n}: {row[n + '_error']}")
                 elif (row.get(n + "_maxdiff") or 0) > 0.05:

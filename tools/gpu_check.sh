@@ -182,7 +182,8 @@ peers=$root/.devbuild/carry/peers.py
 # and bf16), "documents" (tools/bench_documents.py, packed causal documents under a column mask
 # against the same documents as a varlen batch, fp16, forward and forward + backward, at
 # DOCUMENT_HEAD_DIMS, default 64,128; DOCUMENT_DISTS and DOCUMENT_PROVIDERS pick its cases and
-# columns, default all of bench_varlen's distributions and every column);
+# columns, default all of bench_varlen's distributions and every column; DOCUMENT_KERNELS=1 adds
+# each column's device time per kernel);
 # their JSON lines go straight to $dest so a call cut short still returns what was measured.
 peer_runs=${PEER_RUNS:-float16,float16-sm80,bfloat16}
 if has peers && [ -f "$peers" ]; then
@@ -198,7 +199,7 @@ if has peers && [ -f "$peers" ]; then
       for pass in forward backward; do
         step "documents-$pass" 250 "documents_$pass.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_documents.py" \
           --head-dims "${DOCUMENT_HEAD_DIMS:-64,128}" $([ $pass = backward ] && echo --backward) \
-          ${DOCUMENT_DISTS:+--dists "$DOCUMENT_DISTS"} ${DOCUMENT_PROVIDERS:+--providers "$DOCUMENT_PROVIDERS"} \
+          ${DOCUMENT_DISTS:+--dists "$DOCUMENT_DISTS"} ${DOCUMENT_PROVIDERS:+--providers "$DOCUMENT_PROVIDERS"} ${DOCUMENT_KERNELS:+--kernels} \
           --out "$dest/documents_$pass.jsonl"
       done
     elif [ "$run" = decode-varlen ]; then

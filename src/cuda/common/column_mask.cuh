@@ -62,7 +62,7 @@ struct ColumnMaskView {
   // Whether key `key` hides from row `row`; the bounds are read through the read-only cache (the
   // lanes that share a key read the same words).
   struct KeyBounds {
-    int s0, e0, s1, e1;
+    int s0 = 0, e0 = 0, s1 = 0, e1 = 0;  // empty intervals by default
     __device__ __forceinline__ bool hides(int row) const { return (row >= s0 && row < e0) || (row >= s1 && row < e1); }
   };
   __device__ __forceinline__ KeyBounds bounds(const FwdParams& p, int key) const {
@@ -100,10 +100,13 @@ struct HiddenPairs {
 
   uint32_t words[kWords];  // word w, bit j * kRows + r: key w * kKeysPerWord + j hides from row r
 
-  // The keys lie in key block `block` of the mask's summary.
-  template <typename KeyAt, typename RowAt>
+  // The keys lie in key block `block` of the mask's summary. kInFlight: how many keys' bounds the
+  // loop loads at once (each load waits for the L1 at least; where registers allow, a few in flight
+  // share that wait).
+  template <int kInFlight = 1, typename KeyAt, typename RowAt>
   __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, KeyAt key_at,
                                        RowAt row_at, int len_k) {
+    static_assert(kInFlight >= 1 && kKeysPerWord % kInFlight == 0, "a word's keys in whole batches");
     // Where every key of the block hides the same rows (its least and greatest bounds agree: keys
     // of one document), no key's own bounds are read: the rows' bits, found once, go to each key.
     const int4* summary = mask.blocks + block * kColumnSummaryIntervals;
@@ -127,12 +130,19 @@ struct HiddenPairs {
     for (int w = 0; w < kWords; ++w) {
       uint32_t hidden = 0;
 #pragma unroll 1
-      for (int j = 0; j < kKeysPerWord && w * kKeysPerWord + j < kKeys; ++j) {
-        const int key = key_at(w * kKeysPerWord + j);
-        if (key >= len_k) continue;
-        const ColumnMaskView::KeyBounds b = mask.bounds(p, key);
+      for (int j0 = 0; j0 < kKeysPerWord && w * kKeysPerWord + j0 < kKeys; j0 += kInFlight) {
+        ColumnMaskView::KeyBounds b[kInFlight];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) hidden |= static_cast<uint32_t>(b.hides(row_at(r))) << (j * kRows + r);
+        for (int i = 0; i < kInFlight; ++i) {
+          const int k = w * kKeysPerWord + j0 + i;
+          const int key = k < kKeys ? key_at(k) : len_k;
+          b[i] = key < len_k ? mask.bounds(p, key) : ColumnMaskView::KeyBounds{};  // none: hides no row
+        }
+#pragma unroll
+        for (int i = 0; i < kInFlight; ++i)
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+            hidden |= static_cast<uint32_t>(b[i].hides(row_at(r))) << ((j0 + i) * kRows + r);
       }
       words[w] = hidden;
     }

@@ -107,8 +107,13 @@ struct ColumnBlockWalk {
 // accumulator s (64 x kBlockN, ptx/wgmma.cuh): rows row0 and row0 + 8, keys
 // n * kBlockN + col0 + 8 j + {0, 1}, s[4 j + 2 half + e] the score of row half, key 8 j + e. The
 // hidden pairs are found as bits first (HiddenPairs: from the block's summary where its keys
-// all hide the same rows, else by a loop over the keys that is not unrolled, each key's bounds
-// read through the read-only cache), then applied.
+// all hide the same rows, else by a loop over the keys, kColumnBoundsInFlight keys' bounds read
+// at once through the read-only cache), then applied.
+// Keys whose bounds a consumer thread loads at once in a cut block's loop (HiddenPairs::find):
+// one at a time, the loop's serial L1 waits took half of the kernel's stall samples on short
+// documents (ncu, d64, 32-512-token documents; docs/hopper.md, session 51).
+constexpr int kColumnBoundsInFlight = 4;
+
 template <int kBlockN, int kAcc>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdParams& p, const ColumnMaskView& mask,
                                                    int n, int row0, int col0, int len_k) {
@@ -117,7 +122,7 @@ __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdPa
   static_assert(kAcc == kBlockN / 2, "a whole block's accumulator (no narrow block under column masks)");
   const int key0 = n * kBlockN + col0;
   HiddenPairs<kKeys, kRows> pairs;
-  pairs.find(
+  pairs.template find<kColumnBoundsInFlight>(
       p, mask, n, [key0](int k) { return key0 + k / kKeysPerStep * kKeyStep + k % kKeysPerStep; },
       [row0](int r) { return row0 + r * kRowStep; }, len_k);
 #pragma unroll
