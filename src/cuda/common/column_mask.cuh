@@ -86,8 +86,9 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
 
 // The hidden (key, row) pairs of one thread's accumulator fragment: kKeys keys and kRows rows,
 // whose positions key_at(k) and row_at(r) the kernel's fragment layout gives. Found as bits, a
-// word per few keys, in a loop over the keys that is not unrolled, then applied: unrolled, every
-// key's bounds were loaded at once beside the fragment's registers. find_by_call() is the same
+// word per few keys, in a loop over the keys that is not unrolled (a few keys' bounds per
+// iteration where the caller has the registers), then applied: unrolled, every key's bounds were
+// loaded at once beside the fragment's registers. find_by_call() is the same
 // search as a call, for tiles where even the loop spills inline (the call saves a few registers on
 // its stack, on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to
 // the sequence-end mask (their bounds do not exist).

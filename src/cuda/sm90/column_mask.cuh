@@ -103,17 +103,17 @@ struct ColumnBlockWalk {
   }
 };
 
+// Keys whose bounds a consumer thread loads at once in a cut block's loop (HiddenPairs::find):
+// one at a time, the loop's serial L1 waits took half of the kernel's stall samples on short
+// documents (ncu, d64, 32-512-token documents; docs/hopper.md, session 51).
+constexpr int kColumnBoundsInFlight = 4;
+
 // Consumer thread: hides (-inf) the scores of key block n that the mask hides, on its wgmma
 // accumulator s (64 x kBlockN, ptx/wgmma.cuh): rows row0 and row0 + 8, keys
 // n * kBlockN + col0 + 8 j + {0, 1}, s[4 j + 2 half + e] the score of row half, key 8 j + e. The
 // hidden pairs are found as bits first (HiddenPairs: from the block's summary where its keys
 // all hide the same rows, else by a loop over the keys, kColumnBoundsInFlight keys' bounds read
 // at once through the read-only cache), then applied.
-// Keys whose bounds a consumer thread loads at once in a cut block's loop (HiddenPairs::find):
-// one at a time, the loop's serial L1 waits took half of the kernel's stall samples on short
-// documents (ncu, d64, 32-512-token documents; docs/hopper.md, session 51).
-constexpr int kColumnBoundsInFlight = 4;
-
 template <int kBlockN, int kAcc>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdParams& p, const ColumnMaskView& mask,
                                                    int n, int row0, int col0, int len_k) {
