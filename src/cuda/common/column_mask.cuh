@@ -162,9 +162,7 @@ struct HiddenPairs {
 
 // The forward's S accumulators, mma.m16n8k16 C fragments (as apply_mask in common/mask.cuh):
 // s[mt][nt][2 * h + e] is row row0 + 16 mt + 8 h, key col0 + 8 nt + e. Hidden scores become -inf.
-// kInFlight: keys whose bounds the search loads at once (HiddenPairs::find), where the tile's
-// registers allow more than one.
-template <bool kByCall, int kInFlight, int kMTiles, int kNTiles>
+template <bool kByCall, int kMTiles, int kNTiles>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kMTiles][kNTiles][4], const FwdParams& p,
                                                    const ColumnMaskView& mask, int block, int row0, int col0,
                                                    int len_k) {
@@ -176,7 +174,7 @@ __device__ __forceinline__ void hide_column_scores(float (&s)[kMTiles][kNTiles][
   if constexpr (kByCall)
     pairs.find_by_call(p, mask, block, key_at, row_at, len_k);
   else
-    pairs.template find<kInFlight>(p, mask, block, key_at, row_at, len_k);
+    pairs.find(p, mask, block, key_at, row_at, len_k);
 #pragma unroll
   for (int k = 0; k < 2 * kNTiles; ++k)
 #pragma unroll

@@ -43,11 +43,6 @@ struct FwdTile {
   // inline (common/column_mask.cuh, HiddenScores). Inline, d128's scores spilled 76-92 B; by a
   // call d64 and d96 spilled 4-8 B, which inline they did not (ptxas -v, sm_90).
   bool column_call;
-  // Column masks: keys whose bounds a cut block's search loads at once (HiddenPairs::find; one
-  // at a time its L1 waits are serial, half the Hopper kernel's stall samples on short documents:
-  // docs/hopper.md, session 51). Four where ptxas -v shows no spill with them (sm_80 and sm_90:
-  // d32, d64, d192, d256); d96 spilled 8 B with two; d128 searches by a call.
-  int column_bounds_in_flight = 1;
 };
 
 // Chosen like FA2 for the same register budget: 128 query rows where the O accumulator still
@@ -68,12 +63,12 @@ struct FwdTile {
 // 320 -> 329.
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
-    case 32: return {128, 128, 4, 1, 2, true, true, false, 4};
-    case 64: return {128, 128, 4, 2, 2, true, false, false, 4};
+    case 32: return {128, 128, 4, 1, 2, true, true, false};
+    case 64: return {128, 128, 4, 2, 2, true, false, false};
     case 96: return {128, 64, 4, 1, 6, true, true, false};
     case 128: return {128, 64, 4, 1, 8, false, true, true};
-    case 192: return {64, 64, 4, 1, 12, true, true, false, 4};
-    default: return {64, 64, 4, 1, 16, true, false, false, 4};  // 256
+    case 192: return {64, 64, 4, 1, 12, true, true, false};
+    default: return {64, 64, 4, 1, 16, true, false, false};  // 256
   }
 }
 
@@ -101,7 +96,6 @@ struct FwdConfig {
   static constexpr bool kSkipUnitRescale = kTile.skip_unit_rescale;
   static constexpr bool kPvFirst = kTile.pv_first;
   static constexpr bool kColumnCall = kTile.column_call;
-  static constexpr int kColumnBoundsInFlight = kTile.column_bounds_in_flight;
   static constexpr int kSliceN = kBlockN / kSlices;    // keys per slice
   static constexpr int kSliceNTiles = kSliceN / kMmaN;  // n8 tiles of one slice of S
   static constexpr int kDTiles = kHeadDim / kMmaN;     // n8 tiles of O per warp
