@@ -35,13 +35,13 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 import fusedattn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_varlen import DISTRIBUTIONS, MODEL_DIM, env, lengths, pairs  # noqa: E402
+from kernel_times import kernel_rows  # noqa: E402
 
 # Skewed lengths: one long document before (or after) many short ones, so the grid's own order
 # (the last rows first) runs the long document's heavy query blocks last (or first). Here an order
@@ -60,17 +60,12 @@ def settings(pairs):
         yield
 
 
-def kernel_times(step, repeats=10, top=6):
-    """The device time of one step, per kernel (torch.profiler): a gap between the step's
+def kernel_times(step, top=6):
+    """The device time of one step, per kernel (kernel_times.py): a gap between the step's
     do_bench time and its kernels' sum is host time the GPU waited for."""
     step()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(repeats):
-            step()
-        torch.cuda.synchronize()
-    rows = sorted(((e.self_device_time_total / repeats, e.count / repeats, e.key) for e in prof.key_averages()
-                   if e.self_device_time_total > 0), reverse=True)
+    rows = kernel_rows(step)
     return [(round(t, 1), round(n, 1), key[:90]) for t, n, key in rows[:top]], round(sum(t for t, _, _ in rows), 1)
 
 

@@ -17,9 +17,18 @@ import math
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from bench_points import expand_points, parse_point, peers
-
 WARMUP, REPEATS = 5, 10
+
+
+def kernel_rows(call, repeats=REPEATS):
+    """Each kernel's device time in one call (torch.profiler, averaged over `repeats` calls):
+    [(us per call, launches per call, kernel name)], longest first. Warm the call up first."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            call()
+        torch.cuda.synchronize()
+    return sorted(((e.self_device_time_total / repeats, e.count / repeats, e.key) for e in prof.key_averages()
+                   if e.self_device_time_total > 0), reverse=True)
 
 
 def main():
@@ -30,6 +39,7 @@ def main():
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--top", type=int, default=9, help="the longest kernels printed per call")
     args = ap.parse_args()
+    from bench_points import expand_points, parse_point, peers  # peers.py: .devbuild/carry on the path
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     for text in expand_points(args.points):
@@ -51,14 +61,10 @@ def main():
                 for _ in range(WARMUP):
                     call()
                 torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(REPEATS):
-                        call()
-                    torch.cuda.synchronize()
-            rows = [(e.self_device_time_total / REPEATS, e.key) for e in prof.key_averages() if e.self_device_time_total > 0]
-            total = sum(t for t, _ in rows)
+                rows = kernel_rows(call)
+            total = sum(t for t, _, _ in rows)
             print(f"{text} {name}: {total:.0f} us -> {flop / total / 1e6:.1f} TFLOP/s")
-            for t, key in sorted(rows, reverse=True)[:args.top]:
+            for t, _, key in rows[:args.top]:
                 print(f"   {t:9.1f} us  {key[:80]}")
             del q, k, v
             torch.cuda.empty_cache()
