@@ -11,7 +11,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -305,43 +304,31 @@ TEST_P(GpuColumnMaskOtherHeadDims, PackedCausalDocuments) {
 INSTANTIATE_TEST_SUITE_P(HeadDims, GpuColumnMaskOtherHeadDims, ::testing::Values(32, 96, 192, 256),
                          [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
 
-// A valid dense case on the device, held by pointer: the DeviceCase refers to the HostCase.
-struct OnDevice {
-  std::unique_ptr<HostCase> c;
-  std::unique_ptr<DeviceCase> dc;
-};
-
-OnDevice on_device(const Problem& p) {
+// The forward and the backward of a valid fp16 case p, given `mask` as their column mask: each
+// must throw `code` naming column_mask, with `what` in its message.
+void expect_rejected(const Problem& p, const TensorView& mask, ErrorCode code, const char* what) {
   std::mt19937_64 rng = fresh_rng();
-  OnDevice v;
-  v.c = std::make_unique<HostCase>(make_case(p, DType::kFloat16, Layout::kBSHD, rng));
-  v.dc = std::make_unique<DeviceCase>(*v.c);
-  return v;
+  HostCase c = make_case(p, DType::kFloat16, Layout::kBSHD, rng);
+  DeviceCase dc(c);
+  ForwardArgs f = dc.forward_args();
+  f.options.column_mask = mask;
+  BackwardArgs b = dc.backward_args();
+  b.options.column_mask = mask;
+  expect_error([&] { forward(f); }, code, "column_mask", what);
+  expect_error([&] { backward(b); }, code, "column_mask", what);
 }
 
 TEST(GpuColumnMaskErrors, VarlenCallsAreRejectedByName) {
   FUSEDATTN_REQUIRE_GPU();
-  OnDevice v = on_device(packed(2, 1, 64, {5, 7}, {5, 7}));
   Columns m(2, 1, 7, 1);
   const DeviceTensor mask(m.bounds);
-  ForwardArgs f = v.dc->forward_args();
-  f.options.column_mask = mask.view(m.bounds);
-  BackwardArgs b = v.dc->backward_args();
-  b.options.column_mask = f.options.column_mask;
-  expect_error([&] { forward(f); }, ErrorCode::kUnsupported, "column_mask", "dense calls only");
-  expect_error([&] { backward(b); }, ErrorCode::kUnsupported, "column_mask", "dense calls only");
+  expect_rejected(packed(2, 1, 64, {5, 7}, {5, 7}), mask.view(m.bounds), ErrorCode::kUnsupported, "dense calls only");
 }
 
 TEST(GpuColumnMaskErrors, HostMaskWithDeviceTensorsIsADeviceMismatch) {
   FUSEDATTN_REQUIRE_GPU();
-  OnDevice v = on_device(dense(2, 4, 2, 40, 50, 64));
   Columns m(2, 1, 50, 1);
-  ForwardArgs f = v.dc->forward_args();
-  f.options.column_mask = m.view();
-  BackwardArgs b = v.dc->backward_args();
-  b.options.column_mask = f.options.column_mask;
-  expect_error([&] { forward(f); }, ErrorCode::kDeviceMismatch, "column_mask", "same device as q");
-  expect_error([&] { backward(b); }, ErrorCode::kDeviceMismatch, "column_mask", "same device as q");
+  expect_rejected(dense(2, 4, 2, 40, 50, 64), m.view(), ErrorCode::kDeviceMismatch, "same device as q");
 }
 
 // Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs do
