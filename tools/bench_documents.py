@@ -159,7 +159,8 @@ def main():
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--dists", default=",".join(DISTRIBUTIONS),
                     help=f"of {', '.join(list(DISTRIBUTIONS) + list(SKEWED))}")
-    ap.add_argument("--providers", default=",".join(NAMES), help="the columns to time (ours_column always runs: the reference)")
+    ap.add_argument("--providers", default=",".join(NAMES),
+                    help="the columns to time (ours_column always runs: the reference)")
     ap.add_argument("--backward", action="store_true", help="time forward + backward (credited 3.5x the pairs)")
     ap.add_argument("--kernels", action="store_true",
                     help="also each provider's device time per kernel (torch.profiler) against its do_bench time")

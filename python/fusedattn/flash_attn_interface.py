@@ -63,8 +63,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     rows [m[b, h, j, 0], m[b, h, j, 1]) and, with 4 entries, [m[b, h, j, 2], m[b, h, j, 3]), on top
     of causal / window_size (documents packed into one sequence: each key hides from the rows
     after its document, with causal=True). Forward and backward, on CPU and CUDA tensors (on CUDA
-    the portable kernels run it, but for the forward on Hopper at head dims 64 and 128). Hidden keys' values must be finite, as in
-    flash_attn: a hidden score's weight is 0, and 0 * inf is NaN.
+    the portable kernels run it, but for the forward on Hopper at head dims 64 and 128). Hidden
+    keys' values must be finite, as in flash_attn: a hidden score's weight is 0, and 0 * inf is
+    NaN.
     """
     _reject_unsupported(dropout_p, softcap, alibi_slopes)
     left, right = _window(window_size, causal)

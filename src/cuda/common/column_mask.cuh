@@ -1,5 +1,6 @@
-// Column-sparse masks (FwdParams::column_mask, FlashMask's representation) in the portable CUDA
-// kernels: key j of (batch b, mask head) hides itself from one or two intervals of query rows.
+// Column-sparse masks (FwdParams::column_mask, FlashMask's representation) in the CUDA kernels
+// (the portable ones; the Hopper forward through sm90/column_mask.cuh): key j of (batch b, mask
+// head) hides itself from one or two intervals of query rows.
 //
 // Which (query block, key block) pairs to skip or to mask comes from a per-block summary of the
 // bounds (the least and greatest start and end of each interval over a block's keys), written

@@ -1,7 +1,7 @@
 // Device scratch kept per (device, stream) for each of its users, grown on demand and never freed:
 // a CUDA graph captured with one still points at it, and launches on one stream run in order, so
 // they share it. The split forwards keep their parts' rows here (sm90/split_workspace.cu,
-// sm80/fwd_split_combine.cu), the column-masked forward its mask's summary (sm80/fwd_launch.cuh).
+// sm80/fwd_split_combine.cu), the column-masked forwards their mask's summary (common/column_scratch.h).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -40,7 +40,7 @@ struct FwdTile {
   // slice 1 interleaved with the HMMAs of slice 0, which the loop's back edge would separate).
   bool pv_first;
   // Column masks (MaskKind::kColumn): a cut block's hidden scores are found by a call rather than
-  // inline (common/column_mask.cuh, HiddenScores). Inline, d128's scores spilled 76-92 B; by a
+  // inline (common/column_mask.cuh, HiddenPairs::find_by_call). Inline, d128's scores spilled 76-92 B; by a
   // call d64 and d96 spilled 4-8 B, which inline they did not (ptxas -v, sm_90).
   bool column_call;
 };

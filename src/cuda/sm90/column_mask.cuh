@@ -59,8 +59,8 @@ struct ColumnBlockWalk {
   unsigned seen = 0;  // the chunk's seen blocks not yet taken, a bit per lane
   unsigned cut = 0;   // the chunk's blocks that the mask cuts
 
-  // column_cover's rule (common/column_summary.h), one interval's int4 at a time: the producer
-  // runs on 24 registers, and both intervals' loads in flight at once spilled.
+  // column_cover's rule (common/column_summary.h), one interval's int4 at a time: on the producer
+  // warp's few registers (kColumnProducerRegisters) both intervals' loads in flight at once spilled.
   __device__ __forceinline__ ColumnCover cover(int n) const {
     const int4* block = mask.blocks + n * kColumnSummaryIntervals;
     bool hidden = false, untouched = true;

@@ -85,7 +85,7 @@ struct ColumnProducer {
       const Mask mask{p, params.packing, t.len_q, t.len_k};
       // The window's blocks, of them those the column mask leaves some row of the tile: counted
       // before the announcement is made, so that it is built and published in one go (its words
-      // live across nothing else: the producer runs on 24 registers).
+      // live across nothing else: the producer warp has few registers, kColumnProducerRegisters).
       ColumnBlockWalk walk{};
       int seen = 0;
       if (valid) {
