@@ -30,9 +30,11 @@ ours_seqused_portable (the same on the portable kernels, FUSEDATTN_DISABLE_SM90=
 fa2_kvcache (the FA2 varlen kernel over the caches with seqused_k, as flash_attn's kvcache call
 runs it); then the same keys in shuffled pages of PAGE_ROWS rows read through a block table:
 ours_paged (flash_attn_varlen_func with block_table; the library reads the offsets and the table's
-entries in use on the host at each call), ours_paged_portable (the same on the portable forward,
-FUSEDATTN_SM90_PAGED=0), ours_paged_kvcache (flash_attn_with_kvcache with block_table, which
-reads the lengths and the table's entries in use on the host) and fa2_paged (the FA2 varlen kernel
+entries in use on the host at each call), ours_paged_device (the same with check_on_device: a
+kernel after the attention checks them instead), ours_paged_portable (the same on the portable
+forward, FUSEDATTN_SM90_PAGED=0), ours_paged_kvcache (flash_attn_with_kvcache with block_table,
+which reads nothing on the host for these CUDA lengths and checks the table on the device) and
+fa2_paged (the FA2 varlen kernel
 with block_table, where this torch passes one: torch 2.11's _flash_attention_forward takes none).
 """
 import argparse
@@ -170,7 +172,8 @@ def report(row, names, against, out):
 
 
 DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
-                "fa2_kvcache", "ours_paged", "ours_paged_portable", "ours_paged_kvcache", "fa2_paged"]
+                "fa2_kvcache", "ours_paged", "ours_paged_device", "ours_paged_portable", "ours_paged_kvcache",
+                "fa2_paged"]
 # Pages of the paged columns: FA2's paged kernel needs a multiple of 256 rows (ours: of 128, kCudaPageRows).
 PAGE_ROWS = 256
 
@@ -255,6 +258,10 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return fusedattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, causal=True,
                                                 block_table=table)
 
+    def ours_paged_device():  # the same, its offsets and table checked by a kernel after it
+        return fusedattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, causal=True,
+                                                block_table=table, check_on_device=True)
+
     def ours_paged_portable():
         with env("FUSEDATTN_SM90_PAGED", "0"):
             return ours_paged()
@@ -271,7 +278,8 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
     for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
-                                       fa2_kvcache, ours_paged, ours_paged_portable, ours_paged_kvcache, fa2_paged)):
+                                       fa2_kvcache, ours_paged, ours_paged_device, ours_paged_portable,
+                                       ours_paged_kvcache, fa2_paged)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)

@@ -67,6 +67,16 @@ struct Options {
   // are always checked, and then must end at these values.
   int64_t checked_rows_q = -1;
   int64_t checked_rows_k = -1;
+  // Variable-length CUDA calls: check the offsets (and block_table's entries in use) on the
+  // device instead of reading them on the host, so the call never waits for the stream. A kernel
+  // after the attention kernels does the host check's checks (the table's entries against each
+  // sequence's used keys, seqused_k applied); a fault poisons the call's outputs (out and lse, or
+  // dq, dk and dv) with NaN and is recorded for check_device_errors(), which throws it. The
+  // kernels stay inside the tensors whatever the offsets hold. Implied while the call's stream is
+  // being captured into a CUDA graph (a host read cannot be captured), and then checked_rows_q/k
+  // are not used: each replay checks the offsets the tensors hold then. Dense calls have no
+  // offsets to check; the CPU backend reads host offsets and checks them at once, as always.
+  bool check_on_device = false;
   Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides
   void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream
   int num_threads = 0;               // CPU backend threads; 0 = hardware concurrency
@@ -106,6 +116,18 @@ void backward(const BackwardArgs& args);
 // max_seqlen_q/k.
 int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows,
                          void* stream = nullptr);
+
+// Waits for the CUDA device, then throws the first fault the device check of offsets
+// (Options::check_on_device, CUDA graph captures) found on it since the last call, as the host
+// check would have named it (kInvalidArgument or kShapeMismatch, naming cu_seqlens_q/k,
+// max_seqlen_q/k or block_table), and forgets it. Returns when there was none. Not while a stream
+// of the device is being captured. A CPU device has nothing to check.
+void check_device_errors(const Device& device);
+
+// Whether `stream` (a cudaStream_t; null: the default stream) of a CUDA device is being captured
+// into a CUDA graph, where variable-length calls check their offsets on the device
+// (Options::check_on_device). False for a CPU device.
+bool stream_capturing(const Device& device, void* stream);
 
 // Bytes of scratch the chosen backend needs for this backward call (0 for the CPU backend).
 std::size_t backward_workspace_bytes(const BackwardArgs& args);

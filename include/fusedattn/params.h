@@ -44,6 +44,7 @@ struct FwdParams {
   // starts index no rows then. Null: K/V rows are packed or dense as usual.
   const int32_t* block_table = nullptr;
   int64_t block_table_stride = 0;
+  int64_t block_table_cols = 0;  // entries per sequence's row: a sequence's keys reach no further
   int64_t page_size = 0;
   int64_t num_pages = 0;
   // Column-sparse mask (Options::column_mask; dense calls, both backends): the masked query rows of
@@ -54,9 +55,15 @@ struct FwdParams {
   int column_mask_intervals = 0;  // 1 or 2
   bool column_mask_per_head = false;  // false: one mask head shared by every query head
   // Varlen only: the packed rows the sequences use, cu_seqlens_q/k[batch] (validation reads them);
-  // rows past these (a packed tensor may be longer) are never read.
+  // rows past these (a packed tensor may be longer) are never read. Offsets checked on the device
+  // (offsets_on_device) are not read on the host: these are then the packed tensors' rows (paged
+  // keys: the int32 range), and seq_info() keeps every sequence inside them whatever the offsets.
   int64_t varlen_rows_q = 0;
   int64_t varlen_rows_k = 0;
+  // Varlen CUDA calls only: the offsets (and the table's entries in use) are checked by a kernel
+  // after the attention kernels, which records the first fault (check_device_errors()) and
+  // poisons the call's outputs with NaN (Options::check_on_device; CUDA graph captures).
+  bool offsets_on_device = false;
 
   float scale = 0.f;       // softmax scale
   float scale_log2 = 0.f;  // scale * log2(e): kernels use exp2
@@ -101,17 +108,44 @@ FUSEDATTN_HD int64_t used_keys(const FwdParams& p, int b, int64_t rows) {
   return used < 0 ? 0 : (used < rows ? used : rows);
 }
 
+FUSEDATTN_HD int64_t clamp_to(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x < hi ? x : hi); }
+
+// Sequence b's rows of a packed tensor: [start, end) from its offsets, kept inside [0, rows] and
+// never ending before they start. Offsets that passed their check are unchanged by this; others
+// (checked on the device, or changed since their check) can then make no kernel read or write
+// outside the tensor.
+struct PackedRange {
+  int64_t start, end;
+};
+FUSEDATTN_HD PackedRange packed_range(const int32_t* cu_seqlens, int b, int64_t rows) {
+  const int64_t start = clamp_to(cu_seqlens[b], 0, rows);
+  return {start, clamp_to(cu_seqlens[b + 1], start, rows)};
+}
+
+// The most keys sequence b may have: max_seqlen_k, and for paged K/V what its table row reaches.
+FUSEDATTN_HD int64_t key_bound(const FwdParams& p) {
+  if (p.block_table == nullptr) return p.seqlen_k;
+  const int64_t reach = p.block_table_cols * p.page_size;
+  return reach < p.seqlen_k ? reach : p.seqlen_k;
+}
+
 // cu_seqlens (and seqused_k) must be readable where this runs (host memory for the CPU backend).
+// A sequence longer than max_seqlen_q/k (never after the host's check) is cut to it, so that no
+// grid or workspace sized by the maxima is overrun.
 FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.seqlen_k};
-  const int64_t q0 = p.cu_seqlens_q[b], k0 = p.cu_seqlens_k[b];
-  return {q0, k0, p.cu_seqlens_q[b + 1] - q0, used_keys(p, b, p.cu_seqlens_k[b + 1] - k0)};
+  const PackedRange q = packed_range(p.cu_seqlens_q, b, p.varlen_rows_q);
+  const PackedRange k = packed_range(p.cu_seqlens_k, b, p.varlen_rows_k);
+  const int64_t len_q = q.end - q.start < p.seqlen_q ? q.end - q.start : p.seqlen_q;
+  const int64_t bound = key_bound(p);
+  return {q.start, k.start, len_q, used_keys(p, b, k.end - k.start < bound ? k.end - k.start : bound)};
 }
 
 // Paged K/V (block_table set): the page in column `column` of sequence b's table row, and the
 // page holding its key j. An entry outside [0, num_pages) is clamped into it: validation checks
-// the pages a sequence's keys reach unless the caller vouched for the offsets
-// (Options::checked_rows_q/k), and no table may make a backend read outside k and v.
+// the pages a sequence's keys reach on the host, unless the caller vouched for the offsets
+// (Options::checked_rows_q/k) or the device checks them (offsets_on_device), and no table may
+// make a backend read outside k and v. seq_info() keeps a sequence's keys within its row.
 FUSEDATTN_HD int64_t table_page(const FwdParams& p, int b, int64_t column) {
   const int64_t page = p.block_table[b * p.block_table_stride + column];
   return page < 0 ? 0 : (page < p.num_pages ? page : p.num_pages - 1);

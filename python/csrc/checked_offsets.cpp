@@ -41,6 +41,9 @@ bool still_holds(const CheckedTensor& c, const at::Tensor& cu, int64_t max_seqle
 
 int64_t checked_rows(const at::Tensor& cu, const TensorView& view, bool keys, int64_t max_seqlen, int64_t packed_rows,
                      void* stream) {
+  // Under a CUDA graph capture nothing may wait for the stream: the library then checks the
+  // offsets on the device at every replay (Options::check_on_device).
+  if (stream_capturing(view.device, stream)) return -1;
   // Inference tensors (torch.inference_mode) have no version counter: checked every call.
   if (cu.is_inference()) return check_cu_seqlens(view, keys, max_seqlen, packed_rows, stream);
   const c10::TensorImpl* key = cu.unsafeGetTensorImpl();

@@ -143,7 +143,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
                                               int64_t window_left, int64_t window_right,
                                               bool /*deterministic: read by autograd only*/,
                                               const std::optional<at::Tensor>& seqused_k,
-                                              const std::optional<at::Tensor>& block_table, int64_t checked_rows_k) {
+                                              const std::optional<at::Tensor>& block_table, int64_t checked_rows_k,
+                                              bool check_on_device) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
     if (block_table)
@@ -152,6 +153,7 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
       expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
+    options.check_on_device = check_on_device;
     if (checked_rows_k >= 0 && !block_table)
       throw Error(ErrorCode::kInvalidArgument, "checked_rows_k",
                   "is for paged calls (block_table); unpaged offsets are checked once per tensor version");
@@ -166,6 +168,8 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
         set_checked_rows_q(options, cu_seqlens_q, q.size(0));
         options.checked_rows_k = checked_rows_k;
       }
+    } else if (check_on_device) {
+      set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);  // read by the device check
     } else {
       set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     }
@@ -204,8 +208,19 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "varlen_fwd(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, "
       "int max_seqlen_k, float? softmax_scale, bool causal, int window_left, int window_right, "
-      "bool deterministic=False, Tensor? seqused_k=None, Tensor? block_table=None, int checked_rows_k=-1) -> "
-      "(Tensor out, Tensor softmax_lse)");
+      "bool deterministic=False, Tensor? seqused_k=None, Tensor? block_table=None, int checked_rows_k=-1, "
+      "bool check_on_device=False) -> (Tensor out, Tensor softmax_lse)");
+  // Options::check_on_device's faults, raised (fusedattn::check_device_errors); waits for the device.
+  m.def("check_device_errors(Device device) -> ()", [](const c10::Device& device) {
+    translate_errors([&] {
+      Device d;
+      if (device.is_cuda()) {
+        d.type = DeviceType::kCUDA;
+        d.index = device.index();  // the Python caller resolves "cuda" to the current device
+      }
+      check_device_errors(d);
+    });
+  });
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "

@@ -13,6 +13,7 @@ from ._ops import ops
 from .context_parallel import ring_flash_attn_func
 from .flash_attn_interface import (
     attention,
+    check_device_errors,
     flash_attn_func,
     flash_attn_kvpacked_func,
     flash_attn_qkvpacked_func,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention",
+    "check_device_errors",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

@@ -49,7 +49,7 @@ def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, determi
 @torch.library.register_fake("fusedattn::varlen_fwd")
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                      window_left, window_right, deterministic=False, seqused_k=None, block_table=None,
-                     checked_rows_k=-1):
+                     checked_rows_k=-1, check_on_device=False):
     return torch.empty_like(q), _varlen_lse(q)
 
 
@@ -91,7 +91,7 @@ def _fwd_backward(ctx, dout, _dlse):
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, deterministic, seqused_k, block_table, _checked_rows_k) = inputs
+     window_right, deterministic, seqused_k, block_table, _checked_rows_k, _check_on_device) = inputs
     out, softmax_lse = output
     # The argument the backward cannot take, if any (flash_attn's backward takes neither).
     ctx.forward_only = "block_table" if block_table is not None else "seqused_k" if seqused_k is not None else None
@@ -110,7 +110,7 @@ def _varlen_fwd_backward(ctx, dout, _dlse):
     q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = ops.varlen_bwd(_last_dim_contiguous(dout), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
                                 *ctx.seqlen_args, *ctx.mask_args)
-    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("fusedattn::fwd", _fwd_backward, setup_context=_fwd_setup_context)

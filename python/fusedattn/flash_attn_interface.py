@@ -94,7 +94,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                            alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
-                           seqused_k=None):
+                           seqused_k=None, check_on_device=False):
     """Attention over packed variable-length sequences: q (total_q, nheads, headdim), k/v
     (total_k, nheads_k, headdim); sequence b holds rows cu_seqlens[b]:cu_seqlens[b + 1].
 
@@ -114,13 +114,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     reach names a block of the pools; entries past them are never read (-1 is fine). Forward
     only, as in flash_attn: gradients through a paged call raise NotImplementedError.
 
+    check_on_device (keyword only, CUDA): nothing is read on the host, so the call never waits for
+    the stream; a kernel after the attention checks the offsets (and the table's entries each
+    sequence's used keys reach) and, on a fault, fills out and softmax_lse with NaN and records the
+    fault, which fusedattn.check_device_errors() raises as the host check would have. Calls
+    captured in a CUDA graph always check this way (a host read cannot be captured): each replay
+    checks the offsets and table the tensors hold then.
+
     Returns out (like q), or (out, softmax_lse [nheads, total_q] float32, None).
     """
     _reject_unsupported(dropout_p, softcap, alibi_slopes)
     left, right = _window(window_size, causal)
     out, lse = ops.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                              softmax_scale, causal, left, right, deterministic, seqused_k, block_table)
+                              softmax_scale, causal, left, right, deterministic, seqused_k, block_table,
+                              check_on_device=check_on_device)
     return _result(out, lse, return_attn_probs)
+
+
+def check_device_errors(device=None) -> None:
+    """Raises the first fault that the device check of variable-length offsets (check_on_device,
+    or any varlen call captured in a CUDA graph) found on `device` (default: the current CUDA
+    device) since the last call, as the host check would have named it (ValueError naming
+    cu_seqlens_q/k, max_seqlen_q/k or block_table), and forgets it. Waits for the device; not to
+    be called while one of its streams is being captured."""
+    device = torch.device("cuda") if device is None else torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    ops.check_device_errors(device)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -312,16 +332,18 @@ def _kernels_read_pages(device: torch.device, page_size: int) -> bool:
 
 
 def _decode_varlen(q, k, v, cu_k: torch.Tensor, max_seqlen_k: int, softmax_scale, causal: bool, left: int,
-                   right: int, return_softmax_lse: bool, seqused_k=None, block_table=None, checked_rows_k=-1):
+                   right: int, return_softmax_lse: bool, seqused_k=None, block_table=None, checked_rows_k=-1,
+                   check_on_device=False):
     """One variable-length call for flash_attn_with_kvcache: q (batch, seqlen_q, nheads, headdim)
-    as batch sequences of seqlen_q rows over k/v's keys (cu_k, seqused_k, block_table as in
-    flash_attn_varlen_func; checked_rows_k: the rows cu_k spans, where this module has checked cu_k
-    and the table's entries in use, so the library reads neither again); out and softmax_lse back
-    in the kvcache shapes."""
+    as batch sequences of seqlen_q rows over k/v's keys (cu_k, seqused_k, block_table,
+    check_on_device as in flash_attn_varlen_func; checked_rows_k: the rows cu_k spans, where this
+    module has checked cu_k and the table's entries in use, so the library reads neither again);
+    out and softmax_lse back in the kvcache shapes."""
     batch, seqlen_q = q.shape[0], q.shape[1]
     cu_q = _strided_offsets(seqlen_q, seqlen_q, batch, q.device)
     out, lse = ops.varlen_fwd(q.reshape(batch * seqlen_q, *q.shape[2:]), k, v, cu_q, cu_k, seqlen_q, max_seqlen_k,
-                              softmax_scale, causal, left, right, False, seqused_k, block_table, checked_rows_k)
+                              softmax_scale, causal, left, right, False, seqused_k, block_table, checked_rows_k,
+                              check_on_device)
     out = out.reshape(batch, seqlen_q, *out.shape[1:])
     if not return_softmax_lse:
         return out
@@ -382,6 +404,23 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
                                    window_size=window_size, return_softmax_lse=return_softmax_lse)
 
 
+def _paged_decode_on_device(q, k_cache, v_cache, table: torch.Tensor, cache_seqlens: torch.Tensor, capacity: int,
+                            softmax_scale, causal, window_size, return_softmax_lse):
+    """flash_attn_with_kvcache over paged caches the kernels read in place, with no new tokens and
+    the lengths a CUDA tensor: one variable-length call that reads nothing on the host. Each
+    sequence's offsets span the table row's capacity; its keys are its first cache_seqlens[b]
+    positions (seqused_k, clamped to [0, capacity]); the device checks the table's entries those
+    keys reach (check_on_device)."""
+    batch = q.shape[0]
+    used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
+        cache_seqlens.clamp(0, capacity).to(torch.int32)
+    entries = table if table.stride(-1) == 1 else table.contiguous()  # rows of contiguous entries
+    cu_k = _strided_offsets(capacity, capacity, batch, q.device)
+    left, right = _window(window_size, causal)
+    return _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
+                          return_softmax_lse, seqused_k=used, block_table=entries, check_on_device=True)
+
+
 @torch.no_grad()
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
@@ -419,7 +458,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     block_table). Other CUDA page sizes (vLLM's 16, say) have each sequence's pages gathered into a
     contiguous copy that the kernels attend over: a pass over the pages in use per call. Either
     way the lengths and the table are read on the host (a wait for the stream): every page a
-    sequence's keys reach must name a block of the pools; pages past them are never read.
+    sequence's keys reach must name a block of the pools; pages past them are never read. Except
+    for decoding without new tokens over pages the CUDA kernels read in place, with cache_seqlens a
+    CUDA tensor: then nothing is read on the host (so the call can be captured in a CUDA graph),
+    each length is clamped to [0, the table row's positions], and the device checks the entries
+    the keys reach; a bad one fills the output with NaN and is raised by
+    fusedattn.check_device_errors() (flash_attn_varlen_func's check_on_device).
     cache_batch_idx (int32, batch): sequence b reads and appends to cache row cache_batch_idx[b]
     of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the same path (one page of
     seqlen_cache positions per sequence, so read in place on the CPU and for CUDA seqlen_cache a
@@ -471,6 +515,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                          f"({k_cache.dtype}, {v_cache.dtype})")
     _check_rotary(rotary_cos, rotary_sin, q, new)
     if table is not None:
+        # Decoding over lengths the device keeps, from pages read in place: nothing on the host.
+        if new == 0 and table_name == "block_table" and isinstance(cache_seqlens, torch.Tensor) and \
+                cache_seqlens.is_cuda and batch > 0 and _kernels_read_pages(q.device, k_cache.shape[1]):
+            _check_lengths_tensor(cache_seqlens, batch, q.device)
+            return _paged_decode_on_device(q, k_cache, v_cache, table, cache_seqlens, capacity, softmax_scale,
+                                           causal, window_size, return_softmax_lse)
         lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
         return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
                               rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)

@@ -34,6 +34,16 @@ int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_se
   return detail::check_offsets(cu_seqlens, keys, max_seqlen, packed_rows, stream);
 }
 
+void check_device_errors(const Device& device) {
+  if (device.type != DeviceType::kCUDA) return;
+  OffsetsFault fault;
+  if (cuda::take_offsets_fault(device.index, fault)) throw detail::fault_error(fault);
+}
+
+bool stream_capturing(const Device& device, void* stream) {
+  return device.type == DeviceType::kCUDA && cuda::stream_capturing(device.index, stream);
+}
+
 std::size_t backward_workspace_bytes(const BackwardArgs& args) {
   BwdParams params;
   Backend backend;

@@ -11,6 +11,38 @@
 #include "cuda/cuda_backend.h"
 
 namespace fusedattn::detail {
+
+Error fault_error(const OffsetsFault& f) {
+  const std::string cu = f.keys ? "cu_seqlens_k" : "cu_seqlens_q";
+  const std::string seq = "sequence " + std::to_string(f.sequence);
+  const auto entry = [](int64_t i, int64_t v) { return "entry " + std::to_string(i) + " (" + std::to_string(v) + ")"; };
+  switch (static_cast<OffsetsFaultKind>(f.kind)) {
+    case OffsetsFaultKind::kFirstNotZero:
+      return Error(ErrorCode::kInvalidArgument, cu, "must start at 0, got " + std::to_string(f.value));
+    case OffsetsFaultKind::kDecreasing:
+      return Error(ErrorCode::kInvalidArgument, cu,
+                   "must be non-decreasing; " + entry(f.entry, f.value) + " is below " + entry(f.entry - 1, f.bound));
+    case OffsetsFaultKind::kPastRows:
+      return Error(ErrorCode::kShapeMismatch, cu,
+                   entry(f.entry, f.value) + " exceeds the packed tensor's " + std::to_string(f.bound) + " rows");
+    case OffsetsFaultKind::kTooLong:
+      return Error(ErrorCode::kInvalidArgument, f.keys ? "max_seqlen_k" : "max_seqlen_q",
+                   "is " + std::to_string(f.bound) + " but " + seq + " has length " + std::to_string(f.value));
+    case OffsetsFaultKind::kPagesPastTable:
+      return Error(ErrorCode::kShapeMismatch, "block_table",
+                   seq + " has " + std::to_string(f.value) + " keys, which need " +
+                       std::to_string((f.value + f.detail - 1) / f.detail) + " pages of " + std::to_string(f.detail) +
+                       " rows; the table has " + std::to_string(f.bound) + " columns");
+    case OffsetsFaultKind::kPageOutside:
+      return Error(ErrorCode::kInvalidArgument, "block_table",
+                   "entry [" + std::to_string(f.sequence) + ", " + std::to_string(f.entry) + "] is " +
+                       std::to_string(f.value) + "; " + seq + "'s keys reach it, so it must name a page in [0, " +
+                       std::to_string(f.bound) + ")");
+    case OffsetsFaultKind::kNone: break;
+  }
+  return Error(ErrorCode::kRuntime, cu, "unknown fault kind " + std::to_string(f.kind));
+}
+
 namespace {
 
 [[noreturn]] void fail(ErrorCode code, const std::string& arg, const std::string& msg) {
@@ -98,32 +130,30 @@ OperandStrides strides_of(const TensorView& t, bool varlen) {
   return {t.stride[0], t.stride[1], t.stride[2]};
 }
 
+[[noreturn]] void fail_with(OffsetsFaultKind kind, bool keys, int64_t sequence, int64_t entry, int64_t value,
+                            int64_t bound, int64_t detail = 0) {
+  throw fault_error({static_cast<int32_t>(kind), keys ? 1 : 0, sequence, entry, value, bound, detail});
+}
+
 // Reads cu_seqlens (copying it to the host for CUDA tensors) and checks it: starts at 0, never
 // decreases, no sequence longer than the declared maximum, no offset past the packed rows.
 // Returns the last offset: the packed rows the sequences use.
 // `host_out`, when given, receives the offsets.
-int64_t check_cu_seqlens(const TensorView& cu, const char* name, int64_t batch, int64_t total, int64_t max_len,
-                         const char* max_name, Backend backend, const Device& device, void* stream,
+int64_t check_cu_seqlens(const TensorView& cu, bool keys, int64_t batch, int64_t total, int64_t max_len,
+                         Backend backend, const Device& device, void* stream,
                          std::vector<int32_t>* host_out = nullptr) {
   std::vector<int32_t> host(static_cast<size_t>(batch + 1));
   if (backend == Backend::kCUDA)
     cuda::copy_to_host(host.data(), cu.data, host.size() * sizeof(int32_t), device.index, stream);
   else
     for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<const int32_t*>(cu.data)[i];
-  if (host[0] != 0) fail(ErrorCode::kInvalidArgument, name, "must start at 0, got " + std::to_string(host[0]));
+  if (host[0] != 0) fail_with(OffsetsFaultKind::kFirstNotZero, keys, 0, 0, host[0], 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = int64_t{host[b + 1]} - host[b];
-    if (len < 0)
-      fail(ErrorCode::kInvalidArgument, name,
-           "must be non-decreasing; entry " + std::to_string(b + 1) + " (" + std::to_string(host[b + 1]) +
-               ") is below entry " + std::to_string(b) + " (" + std::to_string(host[b]) + ")");
-    if (len > max_len)
-      fail(ErrorCode::kInvalidArgument, max_name,
-           "is " + std::to_string(max_len) + " but sequence " + std::to_string(b) + " has length " + std::to_string(len));
+    if (len < 0) fail_with(OffsetsFaultKind::kDecreasing, keys, b, b + 1, host[b + 1], host[b]);
+    if (len > max_len) fail_with(OffsetsFaultKind::kTooLong, keys, b, b + 1, len, max_len);
   }
-  if (host[batch] > total)
-    fail(ErrorCode::kShapeMismatch, name,
-         "last entry " + std::to_string(host[batch]) + " exceeds the packed tensor's " + std::to_string(total) + " rows");
+  if (host[batch] > total) fail_with(OffsetsFaultKind::kPastRows, keys, batch - 1, batch, host[batch], total);
   const int64_t rows = host[batch];
   if (host_out) *host_out = std::move(host);
   return rows;
@@ -202,11 +232,7 @@ void check_block_table_pages(const TensorView& table, const std::vector<int32_t>
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t len = int64_t{offsets[b + 1]} - offsets[b];
     pages[b] = (len + page_size - 1) / page_size;
-    if (pages[b] > cols)
-      fail(ErrorCode::kShapeMismatch, "block_table",
-           "sequence " + std::to_string(b) + " has " + std::to_string(len) + " keys, which need " +
-               std::to_string(pages[b]) + " pages of " + std::to_string(page_size) + " rows; the table has " +
-               std::to_string(cols) + " columns");
+    if (pages[b] > cols) fail_with(OffsetsFaultKind::kPagesPastTable, true, b, 0, len, cols, page_size);
     reached = std::max(reached, pages[b]);
   }
   if (reached == 0) return;
@@ -220,11 +246,7 @@ void check_block_table_pages(const TensorView& table, const std::vector<int32_t>
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t j = 0; j < pages[b]; ++j) {
       const int32_t page = host[static_cast<size_t>(b * reached + j)];
-      if (page < 0 || page >= num_pages)
-        fail(ErrorCode::kInvalidArgument, "block_table",
-             "entry [" + std::to_string(b) + ", " + std::to_string(j) + "] is " + std::to_string(page) +
-                 "; sequence " + std::to_string(b) + "'s keys reach it, so it must name a page in [0, " +
-                 std::to_string(num_pages) + ")");
+      if (page < 0 || page >= num_pages) fail_with(OffsetsFaultKind::kPageOutside, true, b, j, page, num_pages);
     }
 }
 
@@ -408,7 +430,17 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     // sequence longer than it would run past the kernels' bounds), and the rows the caller gave
     // must be theirs.
     const bool caller_checked = opt.checked_rows_q >= 0 && opt.checked_rows_k >= 0;
-    if (caller_checked && backend == Backend::kCUDA) {
+    const bool on_device = backend == Backend::kCUDA &&
+                           (opt.check_on_device || cuda::stream_capturing(device.index, opt.stream));
+    if (on_device) {
+      // Nothing read here: the kernels keep each sequence inside the packed tensors (offsets are
+      // int32, so paged keys' offsets reach at most its range), and the device check after them
+      // does the host's checks (Options::check_on_device).
+      constexpr int64_t kOffsetRange = std::numeric_limits<int32_t>::max();
+      p.varlen_rows_q = std::min(q.shape[0], kOffsetRange);
+      p.varlen_rows_k = paged ? kOffsetRange : std::min(k.shape[0], kOffsetRange);
+      p.offsets_on_device = true;
+    } else if (caller_checked && backend == Backend::kCUDA) {
       // Checked by the caller: only what needs no read of the offsets.
       const auto within = [](int64_t rows, const char* name, int64_t packed_rows, const char* tensor) {
         if (rows > packed_rows)
@@ -421,12 +453,12 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
       // Paged keys are rows of pages, not of k: their offsets' rows bound nothing in k.
       p.varlen_rows_k = paged ? opt.checked_rows_k : within(opt.checked_rows_k, "checked_rows_k", k.shape[0], "k");
     } else {
-      p.varlen_rows_q = check_cu_seqlens(opt.cu_seqlens_q, "cu_seqlens_q", batch, q.shape[0], sq, "max_seqlen_q",
-                                         backend, device, opt.stream);
+      p.varlen_rows_q =
+          check_cu_seqlens(opt.cu_seqlens_q, /*keys=*/false, batch, q.shape[0], sq, backend, device, opt.stream);
       std::vector<int32_t> offsets_k;
-      p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, "cu_seqlens_k", batch,
-                                         paged ? std::numeric_limits<int64_t>::max() : k.shape[0], sk, "max_seqlen_k",
-                                         backend, device, opt.stream, &offsets_k);
+      p.varlen_rows_k = check_cu_seqlens(opt.cu_seqlens_k, /*keys=*/true, batch,
+                                         paged ? std::numeric_limits<int64_t>::max() : k.shape[0], sk, backend,
+                                         device, opt.stream, &offsets_k);
       if (paged)
         check_block_table_pages(opt.block_table, offsets_k, page_size, num_pages, backend, device, opt.stream);
       if (caller_checked) {
@@ -446,6 +478,7 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     if (paged) {
       p.block_table = static_cast<const int32_t*>(opt.block_table.data);
       p.block_table_stride = table_row_stride(opt.block_table);
+      p.block_table_cols = opt.block_table.shape[1];
       p.page_size = page_size;
       p.num_pages = num_pages;
     }
@@ -484,7 +517,7 @@ int64_t check_offsets(const TensorView& cu, bool keys, int64_t max_seqlen, int64
   check_cu_tensor(cu, name, cu.device);
   if (max_seqlen < 0) fail(ErrorCode::kInvalidArgument, max_name, "must be >= 0");
   const Backend backend = choose_backend(Backend::kAuto, cu.device);
-  return check_cu_seqlens(cu, name, cu.shape[0] - 1, packed_rows, max_seqlen, max_name, backend, cu.device, stream);
+  return check_cu_seqlens(cu, keys, cu.shape[0] - 1, packed_rows, max_seqlen, backend, cu.device, stream);
 }
 
 bool make_fwd_params(const ForwardArgs& a, FwdParams& p, Backend& backend) {

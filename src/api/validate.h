@@ -3,7 +3,9 @@
 // except cu_seqlens, which is read (copied to the host for a CUDA call) to check monotonicity.
 #pragma once
 
+#include "cuda/offsets_fault.h"
 #include "fusedattn/attention.h"
+#include "fusedattn/error.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::detail {
@@ -14,6 +16,10 @@ Backend choose_backend(Backend requested, const Device& device);
 // Returns false when the call is a valid no-op (zero batch, zero heads or zero query rows).
 bool make_fwd_params(const ForwardArgs& args, FwdParams& params, Backend& backend);
 bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backend);
+
+// A fault of offsets or a paged table, found on the host or on the device, as the error naming
+// the argument at fault.
+Error fault_error(const OffsetsFault& fault);
 
 // fusedattn::check_cu_seqlens (attention.h).
 int64_t check_offsets(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows, void* stream);

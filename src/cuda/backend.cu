@@ -6,6 +6,7 @@
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
 #include "cuda/dispatch.h"
+#include "cuda/offsets_check.h"
 #include "cuda/sm80/bwd_workspace.h"
 
 namespace fusedattn::cuda {
@@ -65,12 +66,26 @@ void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::s
   FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+bool stream_capturing(int index, void* stream) {
+  DeviceGuard guard(index);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+bool take_offsets_fault(int index, OffsetsFault& fault) {
+  DeviceGuard guard(index);
+  FUSEDATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  return take_offsets_fault(fault);
+}
+
 void forward(const FwdParams& params) {
   DeviceGuard guard(params.device.index);
   int major = 0, minor = 0;
   compute_capability(params.device.index, major, minor);
   choose_forward(params, major, minor).fn(params);
   FUSEDATTN_CHECK_LAUNCH();
+  if (params.offsets_on_device) check_offsets_on_device(params);
 }
 
 std::size_t backward_workspace_bytes(const BwdParams& params) { return sm80::bwd_workspace_bytes(params); }
@@ -97,6 +112,7 @@ void backward(const BwdParams& params) {
   try {
     fn(p);
     FUSEDATTN_CHECK_LAUNCH();
+    if (p.offsets_on_device) check_offsets_on_device(p);
   } catch (...) {
     if (owned) cudaFreeAsync(owned, stream);
     throw;

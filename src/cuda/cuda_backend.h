@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/offsets_fault.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda {
@@ -22,6 +23,12 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes, int device_inde
 // waits (used to validate a block table's entries in use).
 void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::size_t rows, std::size_t src_pitch,
                        int device_index, void* stream);
+
+// Whether `stream` of the device is being captured into a CUDA graph (no host read may wait on it).
+bool stream_capturing(int device_index, void* stream);
+// Waits for the device, then returns (and forgets) the first fault the device check of offsets
+// recorded there since the last call (offsets_check.h); false when there was none.
+bool take_offsets_fault(int device_index, OffsetsFault& fault);
 
 void forward(const FwdParams& params);
 std::size_t backward_workspace_bytes(const BwdParams& params);

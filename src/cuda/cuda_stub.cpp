@@ -18,6 +18,8 @@ bool supports_head_dim(int) { return false; }
 std::string supported_head_dims() { return "none (no CUDA backend in this build)"; }
 void copy_to_host(void*, const void*, std::size_t, int, void*) { unavailable(); }
 void copy_rows_to_host(void*, const void*, std::size_t, std::size_t, std::size_t, int, void*) { unavailable(); }
+bool stream_capturing(int, void*) { unavailable(); }
+bool take_offsets_fault(int, OffsetsFault&) { unavailable(); }
 void forward(const FwdParams&) { unavailable(); }
 std::size_t backward_workspace_bytes(const BwdParams&) { unavailable(); }
 void backward(const BwdParams&) { unavailable(); }

@@ -14,26 +14,12 @@
 #include <vector>
 
 #include "gpu/gpu_check.h"
+#include "gpu/gpu_paged.h"
 #include "gpu/scoped_env.h"
 #include "gpu/sm90_plan.h"
-#include "reference/paged.h"
 
 namespace fusedattn::testing {
 namespace {
-
-// The pages of a case on the device, and the case's forward through them.
-struct DevicePaged {
-  PagedKV& host;
-  DeviceTensor k, v, table;
-  explicit DevicePaged(PagedKV& paged) : host(paged), k(paged.k), v(paged.v), table(paged.table) {}
-  ForwardArgs args(const DeviceCase& dc) const {
-    ForwardArgs a = dc.forward_args();
-    a.k = k.view(host.k);
-    a.v = v.view(host.v);
-    a.options.block_table = table.view(host.table);
-    return a;
-  }
-};
 
 // Which kernels a check runs: the portable forward for both calls, or what dispatch picks (on
 // Hopper the Hopper kernel reads the pages, FUSEDATTN_SM90_PAGED).

@@ -167,18 +167,20 @@ class TileScheduler {
   // `first` (the item's tile >= first); past the last sequence, an item that is_valid() rejects.
   __device__ WorkTile varlen_tile_at(int index, int from, int b, int first) const {
     const ItemTile it = item_tile(index, from);
-    int q_start = p_.cu_seqlens_q[b], q_end = 0, m_blocks = 0;
+    // Each sequence's rows as seq_info() bounds them (params.h): inside the packed rows, at most
+    // max_seqlen_q of them, whatever offsets the device check will find at fault.
+    int q_start = static_cast<int>(packed_range(p_.cu_seqlens_q, b, p_.varlen_rows_q).start), q_end = 0, m_blocks = 0;
     for (;; ++b) {
       if (b >= p_.batch) return {.index = plan_.items(), .batch = b, .part = kWholeTile, .batch_first = first};
-      q_end = p_.cu_seqlens_q[b + 1];
-      m_blocks = static_cast<int>(ceil_div(packing_.rows(int64_t{q_end - q_start}), block_m_));
+      q_end = static_cast<int>(clamp_to(p_.cu_seqlens_q[b + 1], q_start, p_.varlen_rows_q));
+      m_blocks = static_cast<int>(ceil_div(packing_.rows(len_q(q_start, q_end)), block_m_));
       if (it.tile < first + heads_ * m_blocks) break;
       first += heads_ * m_blocks;
       q_start = q_end;
     }
     const ScheduledItem item = scheduled_item({m_blocks, order_.shift}, it.tile - first);
     const int m_block = m_blocks - 1 - item.rank;
-    const int k_start = p_.cu_seqlens_k[b];
+    const PackedRange keys = packed_range(p_.cu_seqlens_k, b, p_.varlen_rows_k);
     return {.index = index,
             .first_row = m_block * block_m_,
             .head = item.pair,
@@ -186,9 +188,9 @@ class TileScheduler {
             .part = it.part,
             .slot = it.slot,
             .q_start = q_start,
-            .k_start = k_start,
-            .len_q = q_end - q_start,
-            .len_k = static_cast<int>(used_keys(p_, b, p_.cu_seqlens_k[b + 1] - k_start)),
+            .k_start = static_cast<int>(keys.start),
+            .len_q = static_cast<int>(len_q(q_start, q_end)),
+            .len_k = static_cast<int>(used_keys(p_, b, min(keys.end - keys.start, key_bound(p_)))),
             .batch_first = first,
             .step_lo = it.step_lo,
             .step_hi = it.step_hi};
@@ -204,6 +206,8 @@ class TileScheduler {
   const FwdParams& p_;
 
   __device__ bool varlen() const { return p_.cu_seqlens_q != nullptr; }
+  // A sequence's query rows [q_start, q_end), cut to max_seqlen_q as seq_info() cuts them.
+  __device__ int64_t len_q(int q_start, int q_end) const { return min(int64_t{q_end - q_start}, p_.seqlen_q); }
 };
 
 }  // namespace fusedattn::cuda::sm90
