@@ -26,7 +26,8 @@ struct FwdParams {
   float* lse = nullptr;  // may be null: the caller did not ask for it
   OperandStrides q_stride, k_stride, v_stride, o_stride;
   int64_t lse_batch_stride = 0;  // 0 for varlen (rows are then indexed by cu_seqlens_q)
-  int64_t lse_head_stride = 0;   // the row stride of lse is always 1
+  int64_t lse_head_stride = 0;
+  int64_t lse_row_stride = 1;    // 1 but in a grouped decode view (decode_groups_as_rows)
 
   DType dtype = DType::kFloat16;
   int batch = 0;     // number of sequences
@@ -64,6 +65,13 @@ struct FwdParams {
   // after the attention kernels, which records the first fault (check_device_errors()) and
   // poisons the call's outputs with NaN (Options::check_on_device; CUDA graph captures).
   bool offsets_on_device = false;
+
+  // A variable-length decode viewed as rows (decode_groups_as_rows with strided rows): each
+  // packed query row holds view_group rows of the view, its query heads of one KV head. The
+  // packed row a sequence starts at then steps q and o by q/o_packed_row_stride, and its rows in
+  // the view by q/o_stride.row (the query head stride). 1 and unused otherwise.
+  int view_group = 1;
+  int64_t q_packed_row_stride = 0, o_packed_row_stride = 0;
 
   float scale = 0.f;       // softmax scale
   float scale_log2 = 0.f;  // scale * log2(e): kernels use exp2
@@ -136,7 +144,8 @@ FUSEDATTN_HD SeqInfo seq_info(const FwdParams& p, int b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, p.seqlen_q, p.seqlen_k};
   const PackedRange q = packed_range(p.cu_seqlens_q, b, p.varlen_rows_q);
   const PackedRange k = packed_range(p.cu_seqlens_k, b, p.varlen_rows_k);
-  const int64_t len_q = q.end - q.start < p.seqlen_q ? q.end - q.start : p.seqlen_q;
+  const int64_t rows_q = (q.end - q.start) * p.view_group;
+  const int64_t len_q = rows_q < p.seqlen_q ? rows_q : p.seqlen_q;
   const int64_t bound = key_bound(p);
   return {q.start, k.start, len_q, used_keys(p, b, k.end - k.start < bound ? k.end - k.start : bound)};
 }
@@ -197,15 +206,19 @@ inline void fold_unbounded_window(FwdParams& p) {
 // is, each of the g heads reads the whole K/V of its KV head, so the group's K/V is read g times.
 // Viewed as g rows of one head (a group's query heads are consecutive, so the head stride steps
 // from row to row), it is read once. Exact where every row sees the same keys: a full mask,
-// which a causal mask of one query row folds into (fold_unbounded_window). The backends index
-// the LSE's rows with stride 1, so the view needs heads 1 apart there too (a [B, H, 1] LSE).
-// FlashAttention-2 swaps the same way for its decode. The backends' forwards apply it (the CPU
-// backend, the portable CUDA kernels); anything else is returned as it is.
-inline FwdParams decode_groups_as_rows(const FwdParams& p) {
+// which a causal mask of one query row folds into (fold_unbounded_window). FlashAttention-2
+// swaps the same way for its dense decode. The backends' forwards apply it (the CPU backend, the
+// portable CUDA kernels); anything else is returned as it is.
+// A backend that reads q/o_row_offset, lse_row_stride and view_group (strided_rows: the portable
+// CUDA forward) also takes any LSE layout and variable-length batches of at most one query row
+// per sequence (max_seqlen_q 1: decode steps over ragged or paged caches); the others need a
+// dense batch whose LSE heads are 1 apart (a [B, H, 1] LSE), so that its rows are.
+inline FwdParams decode_groups_as_rows(const FwdParams& p, bool strided_rows = false) {
   const bool dense = p.cu_seqlens_q == nullptr;
   const int group = p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1;
   const bool lse_fits = p.lse == nullptr || p.lse_head_stride == 1;
-  if (!dense || p.seqlen_q != 1 || group <= 1 || p.is_masked() || !lse_fits) return p;
+  if (p.seqlen_q != 1 || group <= 1 || p.is_masked()) return p;
+  if (!strided_rows && (!dense || !lse_fits)) return p;
   FwdParams rows = p;
   rows.seqlen_q = group;
   rows.heads_q = p.heads_kv;
@@ -213,8 +226,27 @@ inline FwdParams decode_groups_as_rows(const FwdParams& p) {
   rows.q_stride.head = p.q_stride.head * group;
   rows.o_stride.row = p.o_stride.head;
   rows.o_stride.head = p.o_stride.head * group;
+  rows.lse_row_stride = p.lse_head_stride;
   rows.lse_head_stride = p.lse_head_stride * group;
+  if (!dense) {
+    rows.view_group = group;
+    rows.q_packed_row_stride = p.q_stride.row;
+    rows.o_packed_row_stride = p.o_stride.row;
+  }
   return rows;
+}
+
+// Where row m of a sequence starting at packed row q_start (0 for dense batches) lies in q and o
+// (elements from the batch's start), and in the LSE (from its head's start), under the grouped
+// decode view or not.
+FUSEDATTN_HD int64_t q_row_offset(const FwdParams& p, int64_t q_start, int64_t m) {
+  return q_start * (p.view_group > 1 ? p.q_packed_row_stride : p.q_stride.row) + m * p.q_stride.row;
+}
+FUSEDATTN_HD int64_t o_row_offset(const FwdParams& p, int64_t q_start, int64_t m) {
+  return q_start * (p.view_group > 1 ? p.o_packed_row_stride : p.o_stride.row) + m * p.o_stride.row;
+}
+FUSEDATTN_HD int64_t lse_row_offset(const FwdParams& p, int64_t q_start, int64_t m) {
+  return q_start + m * p.lse_row_stride;
 }
 
 }  // namespace fusedattn

@@ -56,19 +56,23 @@ SkipReason check_paged_gpu(Problem pr, DType dtype, int64_t page_size, Path path
 
 // Ragged sequences (one without keys, one inside its first page, one ending inside its last),
 // GQA, causal and window masks, seqused_k; decodes long enough for the key split (parts written
-// to the workspace and combined); pages of one block and of several; head dims 64 / 128 / 256
-// (KV blocks of 128, 64 and 64 keys).
+// to the workspace and combined), one of them a decode step of at most one query per sequence
+// (the portable forward reads its grouped heads as rows, decode_groups_as_rows); pages of one
+// block and of several; head dims 64 / 128 / 256 (KV blocks of 128, 64 and 64 keys).
 TEST(GpuPaged, MatchesReferenceAndPackedCall) {
   FUSEDATTN_REQUIRE_GPU();
   for (const int d : {64, 128, 256}) {
     const Problem ragged = packed(4, 2, d, {3, 40, 1, 70}, {300, 0, 100, 700});
     Problem used = packed(8, 2, d, {1, 1, 4}, {2000, 260, 900});
     used.seqused_k = {1999, 0, 700};
+    Problem step = packed(8, 2, d, {1, 0, 1, 1}, {2000, 300, 0, 900});
+    step.seqused_k = {1999, 300, 0, 640};
     for (const DType dtype : kGpuDtypes) {
       FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(ragged, dtype, kCudaPageRows));
       FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(ragged, true, -1, -1), dtype, 2 * kCudaPageRows));
       FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(ragged, false, 90, 10), dtype, kCudaPageRows));
       FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(used, dtype, 2 * kCudaPageRows));
+      FUSEDATTN_RUN_OR_SKIP(check_paged_gpu(with_mask(step, true, -1, -1), dtype, kCudaPageRows));
     }
   }
 }

@@ -43,8 +43,8 @@ __device__ __forceinline__ void stage_o(Element* smem_o, const float (&o)[kMTile
 
 // One quad lane (t == 0) per row writes the LSE of rows g and g + 8 of each m16 tile.
 template <int kMTiles>
-__device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[kMTiles][2], int warp_row0,
-                                          int valid_rows, int lane) {
+__device__ __forceinline__ void store_lse(float* lse_rows, int64_t row_stride, const float (&lse)[kMTiles][2],
+                                          int warp_row0, int valid_rows, int lane) {
   constexpr int kTileM = 16, kHalf = 8;
   if (lse_rows == nullptr || lane % 4 != 0) return;
 #pragma unroll
@@ -52,7 +52,7 @@ __device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[kM
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = warp_row0 + mt * kTileM + h * kHalf + lane / 4;
-      if (row < valid_rows) lse_rows[row] = lse[mt][h];
+      if (row < valid_rows) lse_rows[row * row_stride] = lse[mt][h];
     }
 }
 

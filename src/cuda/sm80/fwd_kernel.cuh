@@ -64,8 +64,7 @@ struct FwdRows {
   int batch, head;
   SeqInfo seq;
   int64_t m0;  // the block's first row within its sequence; the CTA has no work if m0 >= seq.len_q
-  int64_t q_row0;  // the block's first row in the packed tensor: seq.q_start + m0
-  int part;        // which part of the key blocks (0 unless split)
+  int part;    // which part of the key blocks (0 unless split)
 
   template <MaskKind kMask, int kBlockM>
   static __device__ __forceinline__ FwdRows of(const FwdParams& p, int schedule_shift, uint3 block, int parts) {
@@ -74,7 +73,7 @@ struct FwdRows {
     const FwdCta cta = fwd_cta<kMask>(schedule_shift, block);
     const SeqInfo seq = seq_info(p, cta.batch);
     const int64_t m0 = static_cast<int64_t>(cta.m_block) * kBlockM;
-    return {cta.batch, cta.head, seq, m0, seq.q_start + m0, part};
+    return {cta.batch, cta.head, seq, m0, part};
   }
 };
 
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   const bool idle = warp_row0 >= rows_q;
   const int kv_head = head / (p.heads_q / p.heads_kv);  // GQA/MQA: heads of a group share K, V
 
-  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + rows.q_row0 * p.q_stride.row +
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_stride.batch + q_row_offset(p, seq.q_start, m0) +
                      head * p.q_stride.head;
   // Paged K/V (FwdParams::block_table): the sources start at page 0's first row, and block n's
   // page comes from the table (a page holds a whole number of blocks: kCudaPageRows).
@@ -288,7 +287,8 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   if (split.parts > 1) {
     // A part's rows go to the workspace in fp32; the combine kernel writes O and LSE.
     const bool varlen = p.cu_seqlens_q != nullptr;
-    const int64_t row0 = (varlen ? 0 : out_rows.batch * p.seqlen_q) + out_rows.q_row0;
+    const int64_t row0 =
+        (varlen ? out_rows.seq.q_start * p.view_group : out_rows.batch * p.seqlen_q) + out_rows.m0;
     store_part(split, split.slot(out_rows.part, out_rows.head, row0), o, inv_sum, lse, out_warp_row0, out_rows_q,
                out_lane);
     return;
@@ -298,12 +298,13 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
   __syncthreads();
   stage_o<Element, Cfg::kPitch>(smem_q, o, inv_sum, out_warp_row0, out_lane);
   __syncthreads();
-  Element* out = static_cast<Element*>(p.o) + out_rows.batch * p.o_stride.batch + out_rows.q_row0 * p.o_stride.row +
-                 out_rows.head * p.o_stride.head;
+  Element* out = static_cast<Element*>(p.o) + out_rows.batch * p.o_stride.batch +
+                 o_row_offset(p, out_rows.seq.q_start, out_rows.m0) + out_rows.head * p.o_stride.head;
   QTile::store(out, p.o_stride.row, smem, out_rows_q, p.head_dim, out_tid);
   if (p.lse != nullptr)
-    store_lse(p.lse + out_rows.batch * p.lse_batch_stride + out_rows.head * p.lse_head_stride + out_rows.q_row0, lse,
-              out_warp_row0, out_rows_q, out_lane);
+    store_lse(p.lse + out_rows.batch * p.lse_batch_stride + out_rows.head * p.lse_head_stride +
+                  lse_row_offset(p, out_rows.seq.q_start, out_rows.m0),
+              p.lse_row_stride, lse, out_warp_row0, out_rows_q, out_lane);
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -17,7 +17,8 @@
 namespace fusedattn::cuda::sm80 {
 
 // The workspace of a split launch. Row r of head h (r: b * seqlen_q + i for dense batches, the
-// packed row for variable-length ones) of part p sits at ((p * heads_q + h) * rows + r).
+// packed row times view_group plus i for variable-length ones, FwdParams::view_group) of part p
+// sits at ((p * heads_q + h) * rows + r).
 struct KvSplit {
   int parts = 1;
   int heads = 0;         // heads_q

@@ -23,8 +23,11 @@ constexpr unsigned kMaxGridYZ = 65535;
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
   using Cfg = FwdConfig<kHeadDim>;
-  // FUSEDATTN_SM80_DECODE_ROWS=0 runs a grouped decode head by head (A/B measurements).
-  const FwdParams p = env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true) ? decode_groups_as_rows(params) : params;
+  // FUSEDATTN_SM80_DECODE_ROWS=0 runs a grouped decode head by head (A/B measurements). This
+  // kernel reads the view's strided rows, so it takes it for ragged and paged decodes too.
+  const FwdParams p = env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true)
+                          ? decode_groups_as_rows(params, /*strided_rows=*/true)
+                          : params;
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
   if (static_cast<unsigned>(p.heads_q) > kMaxGridYZ || static_cast<unsigned>(p.batch) > kMaxGridYZ)
     throw Error(ErrorCode::kUnsupported, "q",

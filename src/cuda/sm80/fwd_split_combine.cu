@@ -59,9 +59,14 @@ __global__ void __launch_bounds__(kCombineWarps* kWarpSize)
   const bool empty = sum == 0.f;
   const float inv = empty ? 0.f : 1.f / sum;
 
+  // The kernel's workspace row (fwd_kernel.cuh): batch * seqlen_q + i for dense batches, the
+  // sequence's first packed row times view_group plus i for variable-length ones.
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t batch = varlen ? 0 : row / p.seqlen_q, i = varlen ? row : row % p.seqlen_q;
-  Element* out = static_cast<Element*>(p.o) + batch * p.o_stride.batch + i * p.o_stride.row + head * p.o_stride.head;
+  const int64_t per = varlen ? p.view_group : p.seqlen_q;
+  const int64_t first = row / per, i = row % per;
+  const int64_t batch = varlen ? 0 : first, q_start = varlen ? first : 0;
+  Element* out = static_cast<Element*>(p.o) + batch * p.o_stride.batch + o_row_offset(p, q_start, i) +
+                 head * p.o_stride.head;
 #pragma unroll
   for (int j = 0; j < kMaxPairsPerLane; ++j) {
     const int col = kPairCols * (lane + j * kWarpSize);
@@ -69,7 +74,8 @@ __global__ void __launch_bounds__(kCombineWarps* kWarpSize)
     *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(acc[j].x * inv, acc[j].y * inv);
   }
   if (p.lse != nullptr && lane == 0)
-    p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + i] = empty ? -INFINITY : ref + logf(sum);
+    p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + lse_row_offset(p, q_start, i)] =
+        empty ? -INFINITY : ref + logf(sum);
 }
 
 }  // namespace
@@ -81,7 +87,7 @@ KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_c
   split.parts = kv_split_parts(ctas, p.seqlen_k, slots);
   if (split.parts == 1) return {};
   split.heads = p.heads_q;
-  split.rows = p.cu_seqlens_q != nullptr ? p.varlen_rows_q : p.batch * p.seqlen_q;
+  split.rows = p.cu_seqlens_q != nullptr ? p.varlen_rows_q * p.view_group : p.batch * p.seqlen_q;
   split.o_cols = o_cols;
 
   constexpr int64_t kAlignFloats = 32;  // O rows start 128 bytes in (float2 stores)
