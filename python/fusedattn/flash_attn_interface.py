@@ -136,7 +136,10 @@ def check_device_errors(device=None) -> None:
     or any varlen call captured in a CUDA graph) found on `device` (default: the current CUDA
     device) since the last call, as the host check would have named it (ValueError naming
     cu_seqlens_q/k, max_seqlen_q/k or block_table), and forgets it. Waits for the device; not to
-    be called while one of its streams is being captured."""
+    be called while one of its streams is being captured. A CPU device, or no device given where
+    torch sees no GPU, has nothing to check."""
+    if device is None and not torch.cuda.is_available():
+        return
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

@@ -95,3 +95,16 @@ def test_float32_on_cuda_is_unsupported():
     with pytest.raises(NotImplementedError, match="fp32"):
         fusedattn.flash_attn_func(q, k, v)
 
+
+
+def test_check_device_errors_has_nothing_to_check_on_the_cpu():
+    """The device check of offsets is the CUDA backend's: a CPU device (and, without a GPU, the
+    default) returns at once; varlen calls on the CPU check their offsets when called."""
+    assert fusedattn.check_device_errors("cpu") is None
+    if not HAS_CUDA:
+        assert fusedattn.check_device_errors() is None
+    q, k, v = (randn(5, 2, 64, dtype=torch.float32, device="cpu") for _ in range(3))
+    bad = torch.tensor([0, 3, 2, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q: must be non-decreasing; entry 2 \(2\) is below entry 1 \(3\)"):
+        fusedattn.flash_attn_varlen_func(q, k, v, bad, torch.tensor([0, 1, 2, 5], dtype=torch.int32), 3, 3,
+                                         check_on_device=True)
