@@ -28,13 +28,21 @@ read -r -a values <<< "${AB_VALUES:-1 0}"
 [ ${#values[@]} -eq 2 ] || { echo "AB_VALUES needs two values, got '${AB_VALUES:-}'" >&2; exit 2; }
 runs=$dest/ab_runs_$switch.txt
 : > "$runs"
-config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
+# AB_SM90=OFF leaves the Hopper kernels out of both builds (an A/B of the portable kernels, whose
+# builds then take about half the time).
+config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90="${AB_SM90:-ON}" -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
         -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=OFF)
 # AB_BASE_SOURCE=dir builds the second value from another source tree (e.g. main's, unpacked from
 # `git archive`), so a branch's kernels can be timed against main's with the same switch unused.
 source_of() { [ "$1" = "${values[1]}" ] && [ -n "${AB_BASE_SOURCE:-}" ] && echo "$AB_BASE_SOURCE" || echo "$root"; }
 for v in "${values[@]}"; do
+  # A build folder configured from another source tree (an earlier AB_BASE_SOURCE) cannot be
+  # reconfigured: CMake refuses, and the old binary would be timed instead.
+  cache=$root/build-ab$v/CMakeCache.txt
+  if [ -f "$cache" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$(source_of "$v")" "$cache"; then
+    rm -rf "$root/build-ab$v"
+  fi
   (cmake -S "$(source_of "$v")" -B "$root/build-ab$v" "${config[@]}" -DCMAKE_CUDA_FLAGS="-D$switch=$v" > "$dest/ab_configure$v.log" 2>&1 &&
      cmake --build "$root/build-ab$v" -j "$jobs" --target fusedattn_cli > "$dest/ab_build$v.log" 2>&1
    echo "build $switch=$v: rc $?") &
