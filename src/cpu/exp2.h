@@ -1,6 +1,7 @@
-// exp2 for the softmax, in a scalar and a 4-wide form: libm's exp2f is an opaque call that keeps
-// every softmax loop scalar, and without -ffast-math (which the project forbids) GCC will not
-// if-convert the selects of a scalar version inside a loop, so the vector form is spelled out.
+// exp2 for the softmax, in a scalar and a vector (simd.h) form: libm's exp2f is an opaque call
+// that keeps every softmax loop scalar, and without -ffast-math (which the project forbids) GCC
+// will not if-convert the selects of a scalar version inside a loop, so the vector form is
+// spelled out.
 #pragma once
 
 #include <bit>
@@ -31,7 +32,7 @@ inline constexpr int kMantBits = 23;
 
 // 2^x for x <= 127: about 1 ulp on [-126, 127]; exactly 0 below -126 (so -inf gives 0, which is
 // what masked scores need); +inf above 127; NaN stays NaN. Softmax callers only pass x <= ~0.
-inline float exp2_approx(float x) {
+FUSEDATTN_CPU_INLINE float exp2_approx(float x) {
   using namespace exp2_detail;
   // The clamps compare with `<`/`>` so a NaN x falls through unchanged.
   float xc = x < static_cast<float>(kMinExponent) ? static_cast<float>(kMinExponent) : x;
@@ -56,7 +57,7 @@ inline float exp2_approx(float x) {
 }
 
 // The same function on kVecWidth lanes; each lane gives exactly what exp2_approx(float) gives.
-inline Vec exp2_approx(Vec x) {
+FUSEDATTN_CPU_INLINE Vec exp2_approx(Vec x) {
   using namespace exp2_detail;
   typedef uint32_t UVec __attribute__((vector_size(sizeof(Vec))));
   const Vec lo = broadcast(static_cast<float>(kMinExponent)), hi = broadcast(static_cast<float>(kMaxExponent));
@@ -76,7 +77,7 @@ inline Vec exp2_approx(Vec x) {
 }
 
 // x[j] = exp2(x[j] * mul - sub) for j < n.
-inline void exp2_scaled(float* x, int n, float mul, float sub) {
+FUSEDATTN_CPU_INLINE void exp2_scaled(float* x, int n, float mul, float sub) {
   const Vec vmul = broadcast(mul), vsub = broadcast(sub);
   int j = 0;
   for (; j + kVecWidth <= n; j += kVecWidth) store_vec(x + j, exp2_approx(load_vec(x + j) * vmul - vsub));

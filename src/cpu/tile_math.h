@@ -1,5 +1,5 @@
 // The dense loops of the CPU backend on contiguous float tiles. The three tile products are
-// register-blocked on 4-wide vectors (simd.h) along contiguous rows, so no product is a
+// register-blocked on 8-wide vectors (simd.h) along contiguous rows, so no product is a
 // horizontal reduction; the row reductions use a fixed set of lanes. Every sum is folded in a
 // fixed order, so results are identical run to run and thread to thread.
 //
@@ -33,12 +33,12 @@ inline int round_up(int n, int multiple) { return (n + multiple - 1) / multiple 
 
 namespace detail {
 template <int kRows>
-inline void score_pass(const float* a, int dim, const float* bt, int ldb, int j, float* s, int lds) {
+FUSEDATTN_CPU_INLINE void score_pass(const float* a, int dim, const float* bt, int ldb, int j, float* s, int lds) {
   Vec acc[kRows][2] = {};
   for (int d = 0; d < dim; ++d) {
     const Vec b0 = load_vec(bt + int64_t{d} * ldb + j), b1 = load_vec(bt + int64_t{d} * ldb + j + kVecWidth);
     for (int i = 0; i < kRows; ++i) {
-      const Vec x = broadcast(a[int64_t{i} * dim + d]);
+      const float x = a[int64_t{i} * dim + d];
       acc[i][0] += x * b0;
       acc[i][1] += x * b1;
     }
@@ -52,20 +52,19 @@ inline void score_pass(const float* a, int dim, const float* bt, int ldb, int j,
 // c[0, n) += sum of w * src[0, n) over the terms `for_each_term` yields as (w, src), folded in
 // the order yielded: the same association as the plain loop, just with c held in registers.
 template <class Terms>
-inline void fold_terms(float* c, int n, const Terms& for_each_term) {
+FUSEDATTN_CPU_INLINE void fold_terms(float* c, int n, const Terms& for_each_term) {
   int d = 0;
   for (; d + kChunk <= n; d += kChunk) {
     Vec acc[kChunkVecs];
     for (int v = 0; v < kChunkVecs; ++v) acc[v] = load_vec(c + d + v * kVecWidth);
     for_each_term([&](float w, const float* src) {
-      const Vec wv = broadcast(w);
-      for (int v = 0; v < kChunkVecs; ++v) acc[v] += wv * load_vec(src + d + v * kVecWidth);
+      for (int v = 0; v < kChunkVecs; ++v) acc[v] += w * load_vec(src + d + v * kVecWidth);
     });
     for (int v = 0; v < kChunkVecs; ++v) store_vec(c + d + v * kVecWidth, acc[v]);
   }
   for (; d + kVecWidth <= n; d += kVecWidth) {
     Vec acc = load_vec(c + d);
-    for_each_term([&](float w, const float* src) { acc += broadcast(w) * load_vec(src + d); });
+    for_each_term([&](float w, const float* src) { acc += w * load_vec(src + d); });
     store_vec(c + d, acc);
   }
   for (; d < n; ++d) {
@@ -80,8 +79,8 @@ inline void fold_terms(float* c, int n, const Terms& for_each_term) {
 // (S = Q K^T with K pre-transposed, or dP = dO V^T with V pre-transposed.) Columns are computed
 // in passes of kColsPerPass, so ldb and lds must be >= round_up(cols, kColsPerPass); the extra
 // columns read whatever bt holds there and their scores are never used.
-inline void matmul_transposed_b(const float* a, int rows, int dim, const float* bt, int ldb, int cols, float* s,
-                                int lds) {
+FUSEDATTN_CPU_INLINE void matmul_transposed_b(const float* a, int rows, int dim, const float* bt, int ldb, int cols,
+                                               float* s, int lds) {
   const int cols_padded = round_up(cols, kColsPerPass);
   int r = 0;
   for (; r + kRowsPerPass <= rows; r += kRowsPerPass)
@@ -94,8 +93,8 @@ inline void matmul_transposed_b(const float* a, int rows, int dim, const float* 
 
 // c[r * dim + :] += sum_{j in ranges[r]} p[r * ldp + j] * b[j * dim + :], keys folded in order.
 // (O += P V, dQ += dS K.)
-inline void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int rows, const float* b, int dim,
-                          float* c) {
+FUSEDATTN_CPU_INLINE void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int rows, const float* b,
+                                         int dim, float* c) {
   for (int r = 0; r < rows; ++r) {
     const float* pr = p + int64_t{r} * ldp;
     const ColRange range = ranges[r];
@@ -107,8 +106,8 @@ inline void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int r
 
 // c[j * dim + :] += sum_{r : j in ranges[r]} p[r * ldp + j] * a[r * dim + :] for j < cols, rows
 // folded in order. (dV += P^T dO, dK += dS^T Q.)
-inline void accumulate_ptb(const float* p, int ldp, const ColRange* ranges, int rows, const float* a, int dim,
-                           int cols, float* c) {
+FUSEDATTN_CPU_INLINE void accumulate_ptb(const float* p, int ldp, const ColRange* ranges, int rows, const float* a,
+                                          int dim, int cols, float* c) {
   for (int j = 0; j < cols; ++j) {
     detail::fold_terms(c + int64_t{j} * dim, dim, [&](auto&& term) {
       for (int r = 0; r < rows; ++r)
@@ -118,7 +117,7 @@ inline void accumulate_ptb(const float* p, int ldp, const ColRange* ranges, int 
 }
 
 // Fixed-lane sum of x[0, n): the same association for the same n, whatever the thread.
-inline float lane_sum(const float* x, int n) {
+FUSEDATTN_CPU_INLINE float lane_sum(const float* x, int n) {
   float acc[kLanes] = {};
   int j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -130,7 +129,7 @@ inline float lane_sum(const float* x, int n) {
 }
 
 // sum_d x[d] * y[d], with the lanes of lane_sum.
-inline float lane_dot(const float* x, const float* y, int n) {
+FUSEDATTN_CPU_INLINE float lane_dot(const float* x, const float* y, int n) {
   float acc[kLanes] = {};
   int j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -143,7 +142,7 @@ inline float lane_dot(const float* x, const float* y, int n) {
 
 // max(init, x[0, n)), skipping NaNs (`v > acc` is false for them). A NaN score still poisons its
 // row, through exp2(NaN - max) in the softmax; skipping it here only keeps the max finite.
-inline float lane_max(const float* x, int n, float init) {
+FUSEDATTN_CPU_INLINE float lane_max(const float* x, int n, float init) {
   float acc[kLanes];
   for (float& a : acc) a = init;
   int j = 0;
