@@ -3,7 +3,8 @@
 // so the build needs no -march flag yet the hot loops keep accumulators in registers (the
 // auto-vectoriser does not register-block the tile products by itself). 8 rather than 4 lanes:
 // the CPU forward and backward ran 1.5-1.6x faster on an AVX-512 EPYC (docs/perf.md, forty-ninth
-// session).
+// session). The baseline clone (x86-64 without AVX2) has half the registers for them; its speed
+// was not measured.
 #pragma once
 
 #include <cstring>
