@@ -41,17 +41,19 @@ bool still_holds(const CheckedTensor& c, const at::Tensor& cu, int64_t max_seqle
 
 int64_t checked_rows(const at::Tensor& cu, const TensorView& view, bool keys, int64_t max_seqlen, int64_t packed_rows,
                      void* stream) {
-  // Under a CUDA graph capture nothing may wait for the stream: the library then checks the
-  // offsets on the device at every replay (Options::check_on_device).
-  if (stream_capturing(view.device, stream)) return -1;
+  // Under a CUDA graph capture nothing may wait for the stream, so the offsets are not read: -1,
+  // and the library checks them on the device at every replay (Options::check_on_device). Asked
+  // only where a read would follow; a remembered result needs none.
+  const auto unreadable = [&] { return stream_capturing(view.device, stream); };
   // Inference tensors (torch.inference_mode) have no version counter: checked every call.
-  if (cu.is_inference()) return check_cu_seqlens(view, keys, max_seqlen, packed_rows, stream);
+  if (cu.is_inference()) return unreadable() ? -1 : check_cu_seqlens(view, keys, max_seqlen, packed_rows, stream);
   const c10::TensorImpl* key = cu.unsafeGetTensorImpl();
   {
     const std::lock_guard<std::mutex> lock(table_mutex);
     const auto it = table().find(key);
     if (it != table().end() && still_holds(it->second, cu, max_seqlen, packed_rows)) return it->second.last;
   }
+  if (unreadable()) return -1;
   const int64_t last = check_cu_seqlens(view, keys, max_seqlen, packed_rows, stream);  // throws when bad
   const std::lock_guard<std::mutex> lock(table_mutex);
   auto& entries = table();

@@ -17,8 +17,8 @@ namespace fusedattn::torch_binding {
 
 // Fills options.checked_rows_q/k for options.cu_seqlens_q/k (already set, from these tensors),
 // checking each through fusedattn::check_cu_seqlens unless this tensor, at its current version,
-// data pointer and shape, passed that check for the same max_seqlen and packed rows before, or
-// the stream is being captured (then -1: unchecked).
+// data pointer and shape, passed that check for the same max_seqlen and packed rows before. One
+// that did not, while the stream is being captured, is left unchecked (-1) rather than read.
 void set_checked_rows(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                       int64_t packed_rows_q, int64_t packed_rows_k);
 

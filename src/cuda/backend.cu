@@ -68,9 +68,7 @@ void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::s
 
 bool stream_capturing(int index, void* stream) {
   DeviceGuard guard(index);
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status));
-  return status != cudaStreamCaptureStatusNone;
+  return capturing(static_cast<cudaStream_t>(stream));
 }
 
 bool take_offsets_fault(int index, OffsetsFault& fault) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 
 namespace fusedattn::cuda {
 
@@ -22,9 +23,7 @@ StreamBuffer stream_buffer(StreamBufferUser user, cudaStream_t stream, int64_t b
   const std::lock_guard<std::mutex> lock(mutex);
   Buffer& buf = buffers[{user, device, stream}];
   if (buf.bytes >= bytes) return {buf.base, false};
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return {};
+  if (capturing(stream)) return {};
   char* grown = nullptr;
   FUSEDATTN_CUDA_CHECK(cudaMalloc(&grown, bytes));
   if (buf.base != nullptr) retired.push_back(buf.base);

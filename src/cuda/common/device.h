@@ -2,6 +2,8 @@
 // the launchers decide with (a tile row's shared memory, the persistent grid's size, the
 // schedule's share of the L2).
 // The driver answers these from its own table; no synchronisation, so a per-launch query is cheap.
+// Also whether a stream is being captured into a CUDA graph, where no allocation or host read
+// may happen.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +22,12 @@ inline int current_device_attribute(cudaDeviceAttr attribute) {
   int device = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
   return device_attribute(attribute, device);
+}
+
+inline bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
 }
 
 }  // namespace fusedattn::cuda

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "cuda/common/check.cuh"
+#include "cuda/common/device.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -20,9 +21,7 @@ int* tile_counter(cudaStream_t stream) {
   if (found != counters.end()) return found->second;
   // cudaMalloc is not allowed while the stream is being captured into a CUDA graph (torch's
   // CUDA graphs, torch.compile's "reduce-overhead"): the caller then schedules statically.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  if (capturing(stream)) return nullptr;
   int* counter = nullptr;
   FUSEDATTN_CUDA_CHECK(cudaMalloc(&counter, sizeof(int)));
   FUSEDATTN_CUDA_CHECK(cudaMemsetAsync(counter, 0, sizeof(int), stream));
