@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "gpu/missing_instance.h"
 #include "gpu/scoped_env.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
@@ -103,14 +104,8 @@ void check_backward(const GpuCase& gc) {
       grads[i]->poison();
       dgrads[i]->upload();
     }
-    // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do
-    // (gpu_util.h's run_unless_missing, whose DeviceTensor this file does not share).
-    try {
-      backward(a);
-    } catch (const Error& e) {
-      if (e.code() == ErrorCode::kUnsupported && e.argument() == "head_dim") GTEST_SKIP() << e.what();
-      throw;
-    }
+    // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do.
+    FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { backward(a); }));
     cuda_ok(cudaDeviceSynchronize());
     for (int i = 0; i < 3; ++i) dgrads[i]->download();
     if (run == 0) {
