@@ -396,7 +396,7 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
         v_cache[blocks, positions % page] = v
     if in_place:
         cu_k = ends.to(device=q.device, dtype=torch.int32)
-        entries = table if table.stride(-1) == 1 else table.contiguous()  # rows of contiguous entries
+        entries = _contiguous_rows(table)
         return _decode_varlen(q, k_cache, v_cache, cu_k, max(visible, default=0), softmax_scale, causal, left, right,
                               return_softmax_lse, block_table=entries, checked_rows_k=int(ends[-1]))
     # Pages past a sequence's keys may name any block: they are read as block 0 and never attended.
@@ -407,6 +407,19 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
                                    window_size=window_size, return_softmax_lse=return_softmax_lse)
 
 
+def _device_lengths(cache_seqlens: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A CUDA cache_seqlens as the kernels' seqused_k, unread on the host: int32 as it is (the
+    kernels clamp each count to its sequence's rows), wider integers clamped to [0, capacity] first."""
+    if cache_seqlens.dtype == torch.int32:
+        return cache_seqlens.contiguous()
+    return cache_seqlens.clamp(0, capacity).to(torch.int32)
+
+
+def _contiguous_rows(table: torch.Tensor) -> torch.Tensor:
+    """A block table whose rows' entries are contiguous (any row stride), as the kernels read it."""
+    return table if table.stride(-1) == 1 else table.contiguous()
+
+
 def _paged_decode_on_device(q, k_cache, v_cache, table: torch.Tensor, cache_seqlens: torch.Tensor, capacity: int,
                             softmax_scale, causal, window_size, return_softmax_lse):
     """flash_attn_with_kvcache over paged caches the kernels read in place, with no new tokens and
@@ -415,9 +428,8 @@ def _paged_decode_on_device(q, k_cache, v_cache, table: torch.Tensor, cache_seql
     positions (seqused_k, clamped to [0, capacity]); the device checks the table's entries those
     keys reach (check_on_device)."""
     batch = q.shape[0]
-    used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
-        cache_seqlens.clamp(0, capacity).to(torch.int32)
-    entries = table if table.stride(-1) == 1 else table.contiguous()  # rows of contiguous entries
+    used = _device_lengths(cache_seqlens, capacity)
+    entries = _contiguous_rows(table)
     cu_k = _strided_offsets(capacity, capacity, batch, q.device)
     left, right = _window(window_size, causal)
     return _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
@@ -517,19 +529,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
     _check_rotary(rotary_cos, rotary_sin, q, new)
+    # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
+    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
+        cache_leftpad is None
     if table is not None:
-        # Decoding over lengths the device keeps, from pages read in place: nothing on the host.
-        if new == 0 and table_name == "block_table" and isinstance(cache_seqlens, torch.Tensor) and \
-                cache_seqlens.is_cuda and batch > 0 and _kernels_read_pages(q.device, k_cache.shape[1]):
+        # ... and from pages the kernels read in place, which the device checks too.
+        if on_device and table_name == "block_table" and batch > 0 and \
+                _kernels_read_pages(q.device, k_cache.shape[1]):
             _check_lengths_tensor(cache_seqlens, batch, q.device)
             return _paged_decode_on_device(q, k_cache, v_cache, table, cache_seqlens, capacity, softmax_scale,
                                            causal, window_size, return_softmax_lse)
         lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
         return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
                               rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
-    # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
-    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
-        cache_leftpad is None
     if on_device:
         _check_lengths_tensor(cache_seqlens, batch, q.device)
         lengths = None
@@ -570,9 +582,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         offsets = [b * k_pitch + a - first for b, a in enumerate(pads)] + [end]
         cu_k = torch.tensor(offsets, dtype=torch.int32, device=q.device)
         rows_k = max(stop - begin for begin, stop in zip(offsets, offsets[1:]))
-    if on_device:  # the kernels clamp int32 counts to the rows; wider integers are clamped first
-        used = cache_seqlens.contiguous() if cache_seqlens.dtype == torch.int32 else \
-            cache_seqlens.clamp(0, k_cache.shape[1]).to(torch.int32)
+    if on_device:
+        used = _device_lengths(cache_seqlens, k_cache.shape[1])
     else:
         used = torch.tensor([n + new - a for n, a in zip(lengths, pads)], dtype=torch.int32, device=q.device)
     return _decode_varlen(q, k_rows, v_rows, cu_k, rows_k, softmax_scale, causal, left, right, return_softmax_lse,
