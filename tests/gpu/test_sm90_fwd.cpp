@@ -868,6 +868,9 @@ TEST(Sm90Fwd, GraphCaptureOnAFreshStream) {
       c.lse.poison();
       check(cudaMemcpy(o.ptr, c.out.data(), o.bytes, cudaMemcpyHostToDevice), "poison out");
       check(cudaMemcpy(lse.ptr, c.lse.data(), lse.bytes, cudaMemcpyHostToDevice), "poison lse");
+      // A copy from pageable memory may return before its DMA has landed, on the legacy stream,
+      // which `stream` does not wait for.
+      check(cudaDeviceSynchronize(), "poison");
       check(cudaGraphLaunch(exec, stream), "graph launch");
       check(cudaStreamSynchronize(stream), "replay");
       o.copy_to(c.out);
