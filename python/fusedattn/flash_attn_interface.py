@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import _device_faults
 from ._ops import ops
 
 # flash_attn's "no limit" for either side of window_size.
@@ -135,15 +136,18 @@ def check_device_errors(device=None) -> None:
     """Raises the first fault that the device check of variable-length offsets (check_on_device,
     or any varlen call captured in a CUDA graph) found on `device` (default: the current CUDA
     device) since the last call, as the host check would have named it (ValueError naming
-    cu_seqlens_q/k, max_seqlen_q/k or block_table), and forgets it. Waits for the device; not to
-    be called while one of its streams is being captured. A CPU device, or no device given where
-    torch sees no GPU, has nothing to check."""
+    cu_seqlens_q/k, max_seqlen_q/k or block_table), and forgets it; then, on a later call, the
+    first that flash_attn_with_kvcache's checks on the device found (cache_seqlens,
+    cache_batch_idx, rotary_cos: see there). Waits for the device; not to be called while one of
+    its streams is being captured. No device given where torch sees no GPU has nothing to check."""
     if device is None and not torch.cuda.is_available():
         return
     device = torch.device("cuda") if device is None else torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    ops.check_device_errors(device)
+    if device.type == "cuda":
+        ops.check_device_errors(device)
+    _device_faults.raise_recorded(device)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -188,8 +192,7 @@ def _cache_lengths(cache_seqlens, batch: int, new: int, capacity: int, device) -
         raise ValueError(f"fusedattn: cache_seqlens: must be an int or a tensor, got {type(cache_seqlens).__name__}")
     for b, n in enumerate(lengths):
         if n < 0 or n + new > capacity:
-            raise ValueError(f"fusedattn: cache_seqlens: sequence {b} holds {n} tokens; with the {new} new ones it "
-                             f"must fit the cache's {capacity} positions")
+            raise ValueError(_device_faults.capacity_message(b, n, new, capacity))
     return lengths
 
 
@@ -269,22 +272,79 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: to
     return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
+def _rotary_reach(q, k, masked: bool) -> int:
+    """How far past a sequence's length the rotary tables are read: its last new key, or under a
+    mask its last query row."""
+    return max(k.shape[1] - 1, q.shape[1] - 1 if masked else 0)
+
+
+def _rotate_new_tokens(q, k, starts: torch.Tensor, rotary_cos, rotary_sin, interleaved: bool, masked: bool):
+    """q and k rotated (rotary_cos given) by flash_attn's rule: k at positions starts[b] + j, q's
+    rows at the same positions under a mask (masked), else all of q at starts[b]; positions must be
+    inside the tables."""
+    if rotary_cos is None:
+        return q, k
+    new, seqlen_q = k.shape[1], q.shape[1]
+    q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
+    positions = starts[:, None] + torch.arange(new, device=q.device)
+    return (_rotate(q, rotary_cos, rotary_sin, q_positions, interleaved),
+            _rotate(k, rotary_cos, rotary_sin, positions, interleaved))
+
+
 def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interleaved: bool, masked: bool):
     """The new tokens' cache positions (batch, seqlen_new): lengths[b] + j; and q and k rotated
-    (rotary_cos given) by flash_attn's rule: k at those positions, q's rows at the same positions
-    under a mask (masked), else all of q at lengths[b]. Checks the tables reach the last one."""
-    new, seqlen_q = k.shape[1], q.shape[1]
+    (_rotate_new_tokens). Checks the tables reach the last position read."""
     starts = torch.tensor(lengths, device=q.device)
-    positions = starts[:, None] + torch.arange(new, device=q.device)
     if rotary_cos is not None:
-        last = max(lengths) + max(new - 1, seqlen_q - 1 if masked else 0)
+        last = max(lengths) + _rotary_reach(q, k, masked)
         if last >= rotary_cos.shape[0]:
-            raise ValueError(f"fusedattn: rotary_cos: its {rotary_cos.shape[0]} positions end before position "
-                             f"{last}, which the new tokens reach")
-        q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
-        q = _rotate(q, rotary_cos, rotary_sin, q_positions, interleaved)
-        k = _rotate(k, rotary_cos, rotary_sin, positions, interleaved)
-    return q, k, positions
+            raise ValueError(_device_faults.rotary_message(rotary_cos.shape[0], last))
+    q, k = _rotate_new_tokens(q, k, starts, rotary_cos, rotary_sin, interleaved, masked)
+    return q, k, starts[:, None] + torch.arange(k.shape[1], device=q.device)
+
+
+def _place_new_tokens_on_device(q, k, lengths: torch.Tensor, capacity: int, rotary_cos, rotary_sin,
+                                interleaved: bool, masked: bool, faults: _device_faults.Faults):
+    """_place_new_tokens with the lengths (int64, batch) on the device: the checks go to `faults`
+    and into `fits` (bool, batch: the sequences whose new tokens are written and attended); a
+    sequence that fails one is placed at position 0 and rotated inside the tables instead."""
+    new = k.shape[1]
+    fits = (lengths >= 0) & (lengths <= capacity - new)
+    faults.add(_device_faults.CAPACITY, ~fits, lengths, capacity, new)
+    starts = torch.where(fits, lengths, 0)
+    if rotary_cos is not None:
+        last = starts + _rotary_reach(q, k, masked)
+        inside = last < rotary_cos.shape[0]
+        faults.add(_device_faults.ROTARY, ~inside, last.max().expand_as(last), rotary_cos.shape[0])
+        fits = fits & inside
+        starts = torch.where(inside, starts, 0)
+    q, k = _rotate_new_tokens(q, k, starts, rotary_cos, rotary_sin, interleaved, masked)
+    return q, k, starts[:, None] + torch.arange(new, device=q.device), fits
+
+
+def _write_new_tokens(cache: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor, values: torch.Tensor,
+                      written: torch.Tensor) -> None:
+    """cache[i0, i1] = values where written (all (batch, seqlen_new)), with no read on the host: an
+    entry not written is pointed at the first one written, with its value (one value written twice
+    to one place), or where none is, at cache[0, 0] with that element's own value."""
+    first = written.flatten().int().argmax().view(1)  # index_select: no host read of the index
+    anything = written.any()
+    stand_in = [torch.where(anything, i.flatten().index_select(0, first)[0], 0) for i in (i0, i1)]
+    stand_in_value = torch.where(anything, values.flatten(0, 1).index_select(0, first)[0], cache[0, 0])
+    cache[torch.where(written, i0, stand_in[0]), torch.where(written, i1, stand_in[1])] = \
+        torch.where(written[..., None, None], values, stand_in_value)
+
+
+def _nan_where_failed(result, fits: Optional[torch.Tensor]):
+    """out (batch, seqlen_q, heads, dim), or (out, lse (batch, heads, seqlen_q)), with NaN in the
+    rows of the sequences that failed a check on the device (fits false)."""
+    if fits is None:
+        return result
+    nan = float("nan")
+    if isinstance(result, tuple):
+        out, lse = result
+        return torch.where(fits[:, None, None, None], out, nan), torch.where(fits[:, None, None], lse, nan)
+    return torch.where(fits[:, None, None, None], result, nan)
 
 
 def _check_int32(t, name: str, fits, expected: str, device) -> None:
@@ -362,8 +422,7 @@ def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_
     outside = in_use & ((host < 0) | (host >= num_blocks))
     if bool(outside.any()):
         b, i = (int(x) for x in outside.nonzero()[0])  # the first in row-major order
-        raise ValueError(f"fusedattn: {name}: sequence {b}'s page {i} (positions {i * page}..{(i + 1) * page - 1}) "
-                         f"names block {int(host[b, i])}, outside the caches' {num_blocks}")
+        raise ValueError(_device_faults.page_outside_message(name, b, i, int(host[b, i]), page, num_blocks))
 
 
 def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str, lengths: list[int], rotary_cos,
@@ -407,6 +466,11 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
                                    window_size=window_size, return_softmax_lse=return_softmax_lse)
 
 
+def _lengths_on_device(cache_seqlens) -> bool:
+    """Whether flash_attn_with_kvcache leaves cache_seqlens unread on the host: a CUDA tensor."""
+    return isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
+
+
 def _device_lengths(cache_seqlens: torch.Tensor, capacity: int) -> torch.Tensor:
     """A CUDA cache_seqlens as the kernels' seqused_k, unread on the host: int32 as it is (the
     kernels clamp each count to its sequence's rows), wider integers clamped to [0, capacity] first."""
@@ -420,20 +484,44 @@ def _contiguous_rows(table: torch.Tensor) -> torch.Tensor:
     return table if table.stride(-1) == 1 else table.contiguous()
 
 
-def _paged_decode_on_device(q, k_cache, v_cache, table: torch.Tensor, cache_seqlens: torch.Tensor, capacity: int,
-                            softmax_scale, causal, window_size, return_softmax_lse):
-    """flash_attn_with_kvcache over paged caches the kernels read in place, with no new tokens and
-    the lengths a CUDA tensor: one variable-length call that reads nothing on the host. Each
-    sequence's offsets span the table row's capacity; its keys are its first cache_seqlens[b]
-    positions (seqused_k, clamped to [0, capacity]); the device checks the table's entries those
-    keys reach (check_on_device)."""
-    batch = q.shape[0]
-    used = _device_lengths(cache_seqlens, capacity)
-    entries = _contiguous_rows(table)
-    cu_k = _strided_offsets(capacity, capacity, batch, q.device)
+def _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str,
+                             cache_seqlens: torch.Tensor, capacity: int, rotary_cos, rotary_sin,
+                             rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
+    """flash_attn_with_kvcache over paged caches the kernels read in place (table: block_table, or
+    cache_batch_idx as one page per sequence), with the lengths a CUDA tensor: one variable-length
+    call, and nothing read on the host. Each sequence's offsets span the table row's capacity; its
+    keys are its first cache_seqlens[b] (+ seqlen_new) positions (seqused_k). The device checks the
+    table's entries those keys reach (check_on_device). Without new tokens the lengths are clamped
+    to [0, capacity]; with them they are checked, as are cache_batch_idx's rows and the rotary
+    tables' reach, by _device_faults' rules: a sequence that fails is not written and reads NaN."""
+    batch, page, blocks = q.shape[0], k_cache.shape[1], k_cache.shape[0]
     left, right = _window(window_size, causal)
-    return _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
-                          return_softmax_lse, seqused_k=used, block_table=entries, check_on_device=True)
+    faults, fits = _device_faults.Faults(), None
+    if k is None:
+        used = _device_lengths(cache_seqlens, capacity)
+    else:
+        q, k, positions, fits = _place_new_tokens_on_device(q, k, cache_seqlens.long(), capacity, rotary_cos,
+                                                            rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
+                                                            faults)
+    if table_name == "cache_batch_idx":
+        # Checked here, not by the library's check of the table, which would name block_table.
+        row_inside = (table[:, 0] >= 0) & (table[:, 0] < blocks)
+        has_keys = (used > 0) if k is None else torch.ones_like(row_inside)
+        faults.add(_device_faults.CACHE_ROW, has_keys & ~row_inside, table[:, 0], blocks, page)
+        fits = (row_inside | ~has_keys) if fits is None else fits & row_inside
+        table = torch.where(row_inside[:, None], table, 0)
+    if k is not None:
+        pages = table.gather(1, positions // page)
+        written = fits[:, None] & (pages >= 0) & (pages < blocks)  # a bad entry is the library's fault
+        for cache, values in ((k_cache, k), (v_cache, v)):
+            _write_new_tokens(cache, pages, positions % page, values, written)
+        used = torch.where(fits, cache_seqlens.long() + k.shape[1], 0).to(torch.int32)
+    faults.record()
+    cu_k = _strided_offsets(capacity, capacity, batch, q.device)
+    result = _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
+                            return_softmax_lse, seqused_k=used, block_table=_contiguous_rows(table),
+                            check_on_device=True)
+    return _nan_where_failed(result, fits)
 
 
 @torch.no_grad()
@@ -460,10 +548,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Caches filled to one length run as a plain call on views of them, others as one
     variable-length call over the caches' rows with a key count per sequence (seqused_k); nothing
-    is copied. A CUDA tensor cache_seqlens without new tokens goes to the kernels as it is, never
-    read on the host (no wait for the stream): each length is then clamped to [0, seqlen_cache],
-    as seqused_k's are, not checked. With new tokens, or on the CPU, it is read on the host and
-    checked first (a length outside [0, seqlen_cache - seqlen_new] raises).
+    is copied. An int or CPU cache_seqlens is checked on the host first: a length outside [0,
+    seqlen_cache - seqlen_new] raises. A CUDA tensor cache_seqlens is never read on the host (no
+    wait for the stream, so a decode step can be captured in a CUDA graph). Without new tokens each
+    length is then clamped to [0, seqlen_cache], as seqused_k's are, not checked. With them the
+    device makes the host's checks (the lengths, cache_batch_idx's rows, the rotary tables'
+    reach): a sequence that fails one is not written and its out and softmax_lse rows are NaN, and
+    fusedattn.check_device_errors() raises the call's first fault in the host check's words.
 
     Paged caches: with block_table (int32, batch x max_blocks_per_seq), k_cache and v_cache are
     (num_blocks, page_block_size, nheads_k, headdim) pools, sequence b's position p in block
@@ -471,19 +562,18 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     are written into their pages; then, on the CPU and for CUDA page sizes that are a multiple of
     128, one variable-length call reads the pages through the table (flash_attn_varlen_func's
     block_table). Other CUDA page sizes (vLLM's 16, say) have each sequence's pages gathered into a
-    contiguous copy that the kernels attend over: a pass over the pages in use per call. Either
-    way the lengths and the table are read on the host (a wait for the stream): every page a
-    sequence's keys reach must name a block of the pools; pages past them are never read. Except
-    for decoding without new tokens over pages the CUDA kernels read in place, with cache_seqlens a
-    CUDA tensor: then nothing is read on the host (so the call can be captured in a CUDA graph),
-    each length is clamped to [0, the table row's positions], and the device checks the entries
-    the keys reach; a bad one fills the output with NaN and is raised by
-    fusedattn.check_device_errors() (flash_attn_varlen_func's check_on_device).
+    contiguous copy that the kernels attend over: a pass over the pages in use per call. Every
+    page a sequence's keys reach must name a block of the pools; pages past them are never read.
+    The lengths and the table are read on the host to check that (a wait for the stream), except
+    over pages the CUDA kernels read in place with cache_seqlens a CUDA tensor: then nothing is
+    read on the host, the lengths are treated as above (a length without new tokens clamped to [0,
+    the table row's positions]) and the device checks the entries the keys reach; a bad one fills
+    the output with NaN and is raised by fusedattn.check_device_errors() (flash_attn_varlen_func's
+    check_on_device). A new token whose page names no block is not written.
     cache_batch_idx (int32, batch): sequence b reads and appends to cache row cache_batch_idx[b]
     of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the same path (one page of
     seqlen_cache positions per sequence, so read in place on the CPU and for CUDA seqlen_cache a
-    multiple of 128, else copied), with the same host read; not with block_table, as in
-    flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
+    multiple of 128, else copied), with the same reads; not with block_table, as in flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
     cache_leftpad[b] (at most cache_seqlens[b]), so it attends over positions cache_leftpad[b] ..
     cache_seqlens[b] + seqlen_new - 1, its masks aligned to that range's end; the new tokens still
     go at cache_seqlens[b], rotated at those absolute positions. It reads the lengths on the host,
@@ -529,24 +619,23 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
     _check_rotary(rotary_cos, rotary_sin, q, new)
-    # Decoding over lengths the device keeps: nothing to write, so nothing on the host needs them.
-    on_device = new == 0 and isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
-        cache_leftpad is None
+    # Lengths the device keeps are not read on the host: the device checks them (no wait for the
+    # stream, so the call can be captured in a CUDA graph).
+    on_device = _lengths_on_device(cache_seqlens) and cache_leftpad is None and batch > 0
+    if on_device:
+        _check_lengths_tensor(cache_seqlens, batch, q.device)
+        if new > capacity:  # no length would do
+            raise ValueError(f"fusedattn: k: its {new} new tokens exceed the cache's {capacity} positions")
     if table is not None:
-        # ... and from pages the kernels read in place, which the device checks too.
-        if on_device and table_name == "block_table" and batch > 0 and \
-                _kernels_read_pages(q.device, k_cache.shape[1]):
-            _check_lengths_tensor(cache_seqlens, batch, q.device)
-            return _paged_decode_on_device(q, k_cache, v_cache, table, cache_seqlens, capacity, softmax_scale,
-                                           causal, window_size, return_softmax_lse)
+        # ... where the kernels read the pages in place; the device checks the table too.
+        if on_device and _kernels_read_pages(q.device, k_cache.shape[1]):
+            return _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table, table_name, cache_seqlens, capacity,
+                                            rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal,
+                                            window_size, return_softmax_lse)
         lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
         return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
                               rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
-    if on_device:
-        _check_lengths_tensor(cache_seqlens, batch, q.device)
-        lengths = None
-    else:
-        lengths = _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
+    lengths = None if on_device else _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
     pads = [0] * batch if cache_leftpad is None else _leftpad_starts(cache_leftpad, lengths, q.device)
     if batch == 0:
         out = q.new_zeros(q.shape[:3] + v_cache.shape[3:])
@@ -558,7 +647,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_rows, v_pitch = _rows_of(v_cache, "v_cache")
         if v_pitch != k_pitch:
             raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
-    if new > 0:
+    fits = None  # on the device: the sequences that pass its checks (_place_new_tokens_on_device)
+    if new > 0 and on_device:
+        faults = _device_faults.Faults()
+        q, k, positions, fits = _place_new_tokens_on_device(q, k, cache_seqlens.long(), k_cache.shape[1], rotary_cos,
+                                                            rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
+                                                            faults)
+        rows = torch.arange(batch, device=q.device)[:, None].expand_as(positions)
+        for cache, values in ((k_cache, k), (v_cache, v)):
+            _write_new_tokens(cache, rows, positions, values, fits[:, None].expand_as(positions))
+        faults.record()
+    elif new > 0:
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
                                             left >= 0 or right >= 0)
         rows = torch.arange(batch, device=q.device)[:, None]
@@ -582,12 +681,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         offsets = [b * k_pitch + a - first for b, a in enumerate(pads)] + [end]
         cu_k = torch.tensor(offsets, dtype=torch.int32, device=q.device)
         rows_k = max(stop - begin for begin, stop in zip(offsets, offsets[1:]))
-    if on_device:
+    if fits is not None:
+        used = torch.where(fits, cache_seqlens.long() + new, 0).to(torch.int32)
+    elif on_device:
         used = _device_lengths(cache_seqlens, k_cache.shape[1])
     else:
         used = torch.tensor([n + new - a for n, a in zip(lengths, pads)], dtype=torch.int32, device=q.device)
-    return _decode_varlen(q, k_rows, v_rows, cu_k, rows_k, softmax_scale, causal, left, right, return_softmax_lse,
-                          seqused_k=used)
+    return _nan_where_failed(_decode_varlen(q, k_rows, v_rows, cu_k, rows_k, softmax_scale, causal, left, right,
+                                            return_softmax_lse, seqused_k=used), fits)
 
 
 def attention(q, k, v, causal=False, sm_scale=None):

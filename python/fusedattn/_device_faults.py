@@ -1,0 +1,83 @@
+"""Faults that flash_attn_with_kvcache finds on the device, where its lengths are never read on the
+host (a CUDA cache_seqlens, so that a decode step can be captured in a CUDA graph).
+
+The host path checks the lengths, cache_batch_idx and the rotary tables' reach before it writes;
+the device path makes the same checks with tensor operations. A sequence that fails one is not
+written and its outputs are NaN; the call's first fault is kept per device (unless one is kept
+already) until fusedattn.check_device_errors() raises it in the host check's words. The words live
+here, for both paths. Faults in the offsets and the block table are the library's own
+(check_on_device).
+"""
+from __future__ import annotations
+
+import torch
+
+# Fault kinds, in the order the host path checks them: a call keeps the first kind it finds, at
+# its first sequence.
+CAPACITY = 1   # a sequence's length and new tokens pass the cache's positions
+CACHE_ROW = 2  # cache_batch_idx names no row of the caches (for a sequence with keys)
+ROTARY = 3     # the rotary tables end before a position the new tokens reach
+_FIELDS = 5    # kind, sequence, value, bound, detail
+
+_records: dict[torch.device, torch.Tensor] = {}
+
+
+def capacity_message(sequence: int, length: int, new: int, capacity: int) -> str:
+    return (f"fusedattn: cache_seqlens: sequence {sequence} holds {length} tokens; with the {new} new ones it must "
+            f"fit the cache's {capacity} positions")
+
+
+def page_outside_message(name: str, sequence: int, page: int, block: int, page_size: int, num_blocks: int) -> str:
+    return (f"fusedattn: {name}: sequence {sequence}'s page {page} (positions {page * page_size}.."
+            f"{(page + 1) * page_size - 1}) names block {block}, outside the caches' {num_blocks}")
+
+
+def rotary_message(positions: int, last: int) -> str:
+    return (f"fusedattn: rotary_cos: its {positions} positions end before position {last}, which the new tokens "
+            "reach")
+
+
+class Faults:
+    """The checks of one call: each a kind, the sequences that fail it (bool, batch) and the value
+    its message names for each; bound and detail complete the message."""
+
+    def __init__(self) -> None:
+        self._checks: list[tuple[int, torch.Tensor, torch.Tensor, int, int]] = []
+
+    def add(self, kind: int, failed: torch.Tensor, value: torch.Tensor, bound: int, detail: int = 0) -> None:
+        self._checks.append((kind, failed, value.long(), bound, detail))
+
+    def record(self) -> None:
+        """Keeps the first check's first failing sequence on its device, unless a fault is kept
+        there already: tensor operations only, nothing read on the host."""
+        if not self._checks:
+            return
+        device = self._checks[0][1].device
+        kept = _records.get(device)
+        if kept is None:
+            kept = _records[device] = torch.zeros(_FIELDS, dtype=torch.int64, device=device)
+        found = torch.zeros_like(kept)
+        # The host path's first check last, so that it wins.
+        for kind, failed, value, bound, detail in sorted(self._checks, key=lambda check: check[0], reverse=True):
+            sequence = failed.int().argmax().view(1)
+            row = torch.cat((sequence.new_full((1,), kind), sequence, value.index_select(0, sequence),
+                             sequence.new_full((1,), bound), sequence.new_full((1,), detail)))
+            found = torch.where(failed.any(), row, found)
+        kept.copy_(torch.where(kept[0] != 0, kept, found))
+
+
+def raise_recorded(device: torch.device) -> None:
+    """Raises the fault kept on `device` (a ValueError in the host check's words) and forgets it.
+    Reads it on the host: waits for the device."""
+    kept = _records.get(device)
+    if kept is None:
+        return
+    kind, sequence, value, bound, detail = kept.tolist()
+    if kind == 0:
+        return
+    kept.zero_()
+    if kind == CAPACITY:
+        raise ValueError(capacity_message(sequence, value, detail, bound))
+    if kind == CACHE_ROW:
+        raise ValueError(page_outside_message("cache_batch_idx", sequence, 0, value, detail, bound))
+    raise ValueError(rotary_message(bound, value))

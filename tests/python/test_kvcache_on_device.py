@@ -1,0 +1,220 @@
+"""flash_attn_with_kvcache with the lengths left on the device (a CUDA cache_seqlens): new tokens
+appended and attended, unpaged, over block tables and through cache_batch_idx, with no read on the
+host; the host path's checks made on the device (a failing sequence is not written, reads NaN, and
+fusedattn.check_device_errors() raises the host path's words); a decode step that appends, captured
+in a CUDA graph. On the CPU the same code runs with the CPU lengths treated as device lengths."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusedattn
+from conftest import DEVICES, DTYPES, HAS_CUDA, randn
+from fusedattn import flash_attn_interface
+from test_device_checks import capture
+from test_kvcache import CUDA_PAGE_ROWS, caches, check_against_reference, paged, rotary_tables, unpaged
+
+KINDS = ["unpaged", "block_table", "cache_batch_idx"]
+
+
+def lengths_on_device(monkeypatch, on_device: bool) -> None:
+    """Makes flash_attn_with_kvcache take the device path for any tensor of lengths (on_device),
+    or the host path for every one."""
+    monkeypatch.setattr(flash_attn_interface, "_lengths_on_device",
+                        lambda t: on_device and isinstance(t, torch.Tensor))
+
+
+class Case:
+    """A decode step that appends `new` tokens: caches of `capacity` positions per sequence, stored
+    as `kind` says (KINDS), with fresh values everywhere."""
+
+    def __init__(self, device, kind, lengths, new=2, capacity=CUDA_PAGE_ROWS * 2, rotary=False, causal=True):
+        self.device, self.kind, self.new, self.capacity, self.causal = device, kind, new, capacity, causal
+        self.dtype = DTYPES[device][-1]
+        batch, hq, hkv, d = len(lengths), 4, 2, 64
+        self.lengths = torch.tensor(lengths, dtype=torch.int32, device=device)
+        logical = caches(batch, capacity, hkv, d, self.dtype, device)
+        self.kwargs = {}
+        if kind == "block_table":
+            k_pool, v_pool, table = paged(*logical, CUDA_PAGE_ROWS)
+            self.k_cache, self.v_cache, self.kwargs["block_table"] = k_pool, v_pool, table
+        elif kind == "cache_batch_idx":  # more cache rows than sequences, read in another order
+            rows = caches(batch + 2, capacity, hkv, d, self.dtype, device)
+            self.k_cache, self.v_cache = rows
+            self.kwargs["cache_batch_idx"] = torch.randperm(batch + 2, device=device)[:batch].to(torch.int32)
+        else:
+            self.k_cache, self.v_cache = logical
+        self.q = randn(batch, new, hq, d, dtype=self.dtype, device=device)
+        self.k, self.v = (randn(batch, new, hkv, d, dtype=self.dtype, device=device) for _ in range(2))
+        if rotary:
+            self.kwargs["rotary_cos"], self.kwargs["rotary_sin"] = rotary_tables(capacity, 32, self.dtype, device)
+
+    def fresh_caches(self):
+        return self.k_cache.clone(), self.v_cache.clone()
+
+    def run(self, k_cache, v_cache, lengths=None):
+        return fusedattn.flash_attn_with_kvcache(
+            self.q, k_cache, v_cache, self.k, self.v,
+            cache_seqlens=self.lengths if lengths is None else lengths, causal=self.causal,
+            return_softmax_lse=True, **self.kwargs)
+
+    def logical(self, cache, sequences=None):
+        """The sequences' cache positions (len(sequences), capacity, heads, dim) in the stored
+        caches (default: every sequence's)."""
+        sequences = list(range(self.q.shape[0])) if sequences is None else sequences
+        if self.kind == "block_table":
+            return unpaged(cache, self.kwargs["block_table"][sequences], self.capacity)
+        if self.kind == "cache_batch_idx":
+            return cache[self.kwargs["cache_batch_idx"][sequences].long()]
+        return cache[sequences]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rotary", [False, True], ids=["plain", "rotary"])
+def test_appends_as_the_host_path_does(device, kind, rotary, monkeypatch):
+    """The caches written bit for bit as by the host path (which reads the lengths first), and
+    attention over each sequence's keys as the reference says; ragged lengths, one empty sequence
+    and one that fills its cache."""
+    case = Case(device, kind, [5, 0, CUDA_PAGE_ROWS + 3, 2 * CUDA_PAGE_ROWS - 2], rotary=rotary)
+    lengths_on_device(monkeypatch, False)
+    host_k, host_v = case.fresh_caches()
+    case.run(host_k, host_v)
+    lengths_on_device(monkeypatch, True)
+    k_cache, v_cache = case.fresh_caches()
+    out, lse = case.run(k_cache, v_cache)
+    assert torch.equal(k_cache, host_k) and torch.equal(v_cache, host_v), "caches written otherwise"
+    q = case.q
+    if rotary:  # the reference attends with the query rows rotated as the call rotated them
+        starts = case.lengths.long()
+        q, _ = flash_attn_interface._rotate_new_tokens(q, case.k, starts, case.kwargs["rotary_cos"],
+                                                       case.kwargs["rotary_sin"], True, True)
+    visible = [n + case.new for n in case.lengths.tolist()]
+    check_against_reference(q, case.logical(k_cache), case.logical(v_cache), visible, out, lse, True, (-1, -1))
+    fusedattn.check_device_errors(device)
+
+
+FAULTS = {
+    # name: (lengths, fault on the table side, the words of the host path's error)
+    "past_capacity": ([3, 2 * CUDA_PAGE_ROWS - 1, 7], None, "cache_seqlens: sequence 1 holds 255 tokens"),
+    "negative": ([3, 4, -1], None, "cache_seqlens: sequence 2 holds -1 tokens"),
+    "cache_row": ([3, 4, 5], "cache_batch_idx", "cache_batch_idx: sequence 1's page 0"),
+    "rotary": ([3, 4, 2 * CUDA_PAGE_ROWS - 2], "rotary", "rotary_cos: its 200 positions end before position 255"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_failing_sequence_is_not_written_reads_nan_and_is_raised(device, fault, monkeypatch):
+    """The host path raises before it writes; the device path writes and attends the other
+    sequences, leaves the failing one's cache as it was and its outputs NaN, and keeps the fault
+    for check_device_errors, which raises it once in the host path's words."""
+    lengths, side, words = FAULTS[fault]
+    kind = "cache_batch_idx" if side == "cache_batch_idx" else "unpaged"
+    case = Case(device, kind, lengths, rotary=side == "rotary")
+    if side == "cache_batch_idx":
+        case.kwargs["cache_batch_idx"][1] = case.k_cache.shape[0]
+    if side == "rotary":  # tables that end before the last sequence's new tokens
+        case.kwargs["rotary_cos"], case.kwargs["rotary_sin"] = rotary_tables(200, 32, case.dtype, device)
+    lengths_on_device(monkeypatch, False)
+    with pytest.raises(ValueError) as host:
+        case.run(*case.fresh_caches())
+    assert words in str(host.value)
+    lengths_on_device(monkeypatch, True)
+    k_cache, v_cache = case.fresh_caches()
+    out, lse = case.run(k_cache, v_cache)
+    failed = {"past_capacity": 1, "negative": 2, "cache_row": 1, "rotary": 2}[fault]
+    assert out[failed].isnan().all() and lse[failed].isnan().all()
+    others = [b for b in range(len(lengths)) if b != failed]
+    if side == "cache_batch_idx":  # sequence 1 names no row: every row but the others' is as it was
+        written_rows = case.kwargs["cache_batch_idx"][others].long()
+        untouched = [r for r in range(case.k_cache.shape[0]) if r not in written_rows.tolist()]
+        assert torch.equal(k_cache[untouched], case.k_cache[untouched])
+    else:
+        assert torch.equal(k_cache[failed], case.k_cache[failed]) and torch.equal(v_cache[failed], case.v_cache[failed])
+    q = case.q[others]
+    if side == "rotary":
+        q, _ = flash_attn_interface._rotate_new_tokens(q, case.k[others], case.lengths[others].long(),
+                                                       case.kwargs["rotary_cos"], case.kwargs["rotary_sin"], True, True)
+    check_against_reference(q, case.logical(k_cache, others), case.logical(v_cache, others),
+                            [lengths[b] + case.new for b in others], out[others], lse[others], True, (-1, -1))
+    with pytest.raises(ValueError) as found:
+        fusedattn.check_device_errors(device)
+    assert str(found.value) == str(host.value)
+    fusedattn.check_device_errors(device)  # raised once
+
+
+def test_the_first_check_of_the_host_path_is_raised(monkeypatch):
+    """Several faults in one call (a cache row past the caches, then a length past them) and in a
+    later call: check_device_errors raises the host path's first, the one found first."""
+    lengths_on_device(monkeypatch, True)
+    case = Case("cpu", "cache_batch_idx", [3, 4, 2 * CUDA_PAGE_ROWS])
+    case.kwargs["cache_batch_idx"][0] = -1
+    case.run(*case.fresh_caches())
+    case.run(*case.fresh_caches(), lengths=torch.tensor([-5, 0, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cache_seqlens: sequence 2 holds 256 tokens"):
+        fusedattn.check_device_errors("cpu")
+    fusedattn.check_device_errors("cpu")
+
+
+def test_more_new_tokens_than_positions_are_refused_on_the_host(monkeypatch):
+    lengths_on_device(monkeypatch, True)
+    case = Case("cpu", "unpaged", [0, 0], new=5, capacity=4)
+    with pytest.raises(ValueError, match="k: its 5 new tokens exceed the cache's 4 positions"):
+        case.run(*case.fresh_caches())
+
+
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="lengths on a GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_cuda_lengths_with_new_tokens_are_not_read_on_the_host(kind):
+    """torch's sync debug mode turns any host read into an error: appending reads nothing."""
+    case = Case("cuda", kind, [5, 0, 9], rotary=True)
+    case.run(*case.fresh_caches())  # warm-up: the offsets the call makes once
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            case.lengths.tolist()  # the mode catches the host read the call must not make
+        k_cache, v_cache = case.fresh_caches()
+        out, lse = case.run(k_cache, v_cache)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    check_against_reference(*_rotated_reference_inputs(case, k_cache, v_cache), out, lse, True, (-1, -1))
+
+
+def _rotated_reference_inputs(case, k_cache, v_cache):
+    q, _ = flash_attn_interface._rotate_new_tokens(case.q, case.k, case.lengths.long(), case.kwargs["rotary_cos"],
+                                                   case.kwargs["rotary_sin"], True, True)
+    return q, case.logical(k_cache), case.logical(v_cache), [n + case.new for n in case.lengths.tolist()]
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_decode_step_that_appends_is_captured_and_replayed(kind):
+    """One token appended per sequence and attended, captured once; each replay appends at the
+    lengths the tensor holds then, as the eager call on the same caches does, and a replay with a
+    length past the cache raises its fault afterwards."""
+    case = Case("cuda", kind, [5, 0, 9], new=1, causal=False)
+    k_cache, v_cache = case.fresh_caches()
+    graph, (out, lse) = capture(lambda: case.run(k_cache, v_cache))
+    for lengths in ([7, 1, 200], [0, 255, 128]):
+        case.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
+        case.q.copy_(randn(*case.q.shape, dtype=case.dtype, device="cuda"))
+        case.k.copy_(randn(*case.k.shape, dtype=case.dtype, device="cuda"))
+        eager_k, eager_v = k_cache.clone(), v_cache.clone()
+        eager = case.run(eager_k, eager_v)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v), "the replay wrote otherwise"
+        assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
+        check_against_reference(case.q, case.logical(k_cache), case.logical(v_cache), [n + 1 for n in lengths],
+                                out, lse, False, (-1, -1))
+    fusedattn.check_device_errors()
+    case.lengths.copy_(torch.tensor([3, 2 * CUDA_PAGE_ROWS, 3], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out[1].isnan().all() and not out[0].isnan().any()
+    with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 256 tokens"):
+        fusedattn.check_device_errors()
