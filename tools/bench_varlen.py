@@ -35,7 +35,11 @@ kernel after the attention checks them instead), ours_paged_portable (the same o
 forward, FUSEDATTN_SM90_PAGED=0), ours_paged_kvcache (flash_attn_with_kvcache with block_table,
 which reads nothing on the host for these CUDA lengths and checks the table on the device) and
 fa2_paged (the FA2 varlen kernel
-with block_table, where this torch passes one: torch 2.11's _flash_attention_forward takes none).
+with block_table, where this torch passes one: torch 2.11's _flash_attention_forward takes none);
+last, ours_kvcache_append (flash_attn_with_kvcache on the padded caches with the step's tokens as
+new keys and values, appended at cache_seqlens - queries: the same keys written again, checked and
+written on the device, no host read since session 53) and ours_kvcache_append_host (the same with
+the lengths read and checked on the host first, as every appending call did before).
 """
 import argparse
 import contextlib
@@ -51,6 +55,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from triton.testing import do_bench
 
 import fusedattn
+from fusedattn import flash_attn_interface
 
 TOKENS, MODEL_DIM = 16384, 2048
 # name -> (low, high) of uniform lengths, or a fixed length
@@ -173,7 +178,7 @@ def report(row, names, against, out):
 
 DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
                 "fa2_kvcache", "ours_paged", "ours_paged_device", "ours_paged_portable", "ours_paged_kvcache",
-                "fa2_paged"]
+                "fa2_paged", "ours_kvcache_append", "ours_kvcache_append_host"]
 # Pages of the paged columns: FA2's paged kernel needs a multiple of 256 rows (ours: of 128, kCudaPageRows).
 PAGE_ROWS = 256
 
@@ -274,12 +279,30 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return torch.ops.aten._flash_attention_forward(q, k_pages, v_pages, cu_q, cu_k, max_q, max_k, 0.0, True, False,
                                                        scale=1.0 / math.sqrt(d), block_table=table)[0]
 
+    # The step's tokens appended: each sequence's last `queries` keys written again where they are.
+    before = cache_seqlens - queries
+    rows = torch.arange(batch, device="cuda")[:, None]
+    positions = before.long()[:, None] + torch.arange(queries, device="cuda")
+    k_new, v_new = k_cache[rows, positions], v_cache[rows, positions]
+
+    def ours_kvcache_append():
+        return fusedattn.flash_attn_with_kvcache(q_dense, k_cache, v_cache, k_new, v_new, cache_seqlens=before,
+                                                 causal=True).reshape(q.shape)
+
+    def ours_kvcache_append_host():
+        on_device = flash_attn_interface._lengths_on_device
+        flash_attn_interface._lengths_on_device = lambda t: False
+        try:
+            return ours_kvcache_append()
+        finally:
+            flash_attn_interface._lengths_on_device = on_device
+
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
     for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
                                        fa2_kvcache, ours_paged, ours_paged_device, ours_paged_portable,
-                                       ours_paged_kvcache, fa2_paged)):
+                                       ours_paged_kvcache, fa2_paged, ours_kvcache_append, ours_kvcache_append_host)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)

@@ -425,20 +425,20 @@ def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_
         raise ValueError(_device_faults.page_outside_message(name, b, i, int(host[b, i]), page, num_blocks))
 
 
-def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str, lengths: list[int], rotary_cos,
-                   rotary_sin, rotary_interleaved: bool, softmax_scale, causal, window_size, return_softmax_lse):
+def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: str, lengths: list[int],
+                   in_place: bool, rotary_cos, rotary_sin, rotary_interleaved: bool, softmax_scale, causal,
+                   window_size, return_softmax_lse):
     """flash_attn_with_kvcache over paged caches (table: block_table, or cache_batch_idx as one
     page per sequence, int32; lengths checked): the new tokens are written into their pages,
     then one variable-length call reads the pages through the table where the kernels can
-    (_kernels_read_pages), else each sequence's pages are gathered into one contiguous copy, which
-    the unpaged call attends over."""
+    (in_place: _kernels_read_pages), else each sequence's pages are gathered into one contiguous
+    copy, which the unpaged call attends over."""
     page, new = k_cache.shape[1], 0 if k is None else k.shape[1]
     visible = [n + new for n in lengths]
     # Only the pages that some sequence's keys reach are checked, read and copied (a table sized
     # for the longest context costs nothing past them).
     table = table[:, :max([-(-n // page) for n in visible] + [1])]
     _check_pages_in_use(table, visible, page, k_cache.shape[0], table_name)
-    in_place = _kernels_read_pages(q.device, page)
     # Sequence b's keys are its first visible[b] positions, from its pages; the offsets give only
     # the counts. Both they and the table's entries in use are checked here, on the host, so the
     # library is told (checked_rows_k) and reads neither again.
@@ -573,7 +573,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_batch_idx (int32, batch): sequence b reads and appends to cache row cache_batch_idx[b]
     of caches (batch_cache, seqlen_cache, nheads_k, headdim), through the same path (one page of
     seqlen_cache positions per sequence, so read in place on the CPU and for CUDA seqlen_cache a
-    multiple of 128, else copied), with the same reads; not with block_table, as in flash_attn. cache_leftpad (int32, batch): sequence b's keys start at cache position
+    multiple of 128, else copied), with the same reads; not with block_table, as in flash_attn.
+    cache_leftpad (int32, batch): sequence b's keys start at cache position
     cache_leftpad[b] (at most cache_seqlens[b]), so it attends over positions cache_leftpad[b] ..
     cache_seqlens[b] + seqlen_new - 1, its masks aligned to that range's end; the new tokens still
     go at cache_seqlens[b], rotated at those absolute positions. It reads the lengths on the host,
@@ -628,13 +629,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError(f"fusedattn: k: its {new} new tokens exceed the cache's {capacity} positions")
     if table is not None:
         # ... where the kernels read the pages in place; the device checks the table too.
-        if on_device and _kernels_read_pages(q.device, k_cache.shape[1]):
+        in_place = _kernels_read_pages(q.device, k_cache.shape[1])
+        if on_device and in_place:
             return _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table, table_name, cache_seqlens, capacity,
                                             rotary_cos, rotary_sin, rotary_interleaved, softmax_scale, causal,
                                             window_size, return_softmax_lse)
         lengths = _cache_lengths(cache_seqlens, batch, new, capacity, q.device)
-        return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, rotary_cos, rotary_sin,
-                              rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
+        return _paged_kvcache(q, k_cache, v_cache, k, v, table, table_name, lengths, in_place, rotary_cos,
+                              rotary_sin, rotary_interleaved, softmax_scale, causal, window_size, return_softmax_lse)
     lengths = None if on_device else _cache_lengths(cache_seqlens, batch, new, k_cache.shape[1], q.device)
     pads = [0] * batch if cache_leftpad is None else _leftpad_starts(cache_leftpad, lengths, q.device)
     if batch == 0:
