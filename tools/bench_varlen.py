@@ -37,9 +37,10 @@ which reads nothing on the host for these CUDA lengths and checks the table on t
 fa2_paged (the FA2 varlen kernel
 with block_table, where this torch passes one: torch 2.11's _flash_attention_forward takes none);
 last, ours_kvcache_append (flash_attn_with_kvcache on the padded caches with the step's tokens as
-new keys and values, appended at cache_seqlens - queries: the same keys written again, checked and
-written on the device, no host read since session 53) and ours_kvcache_append_host (the same with
-the lengths read and checked on the host first, as every appending call did before).
+new keys and values, appended at cache_seqlens - queries: the same keys written again; an eager
+call reads and checks the lengths on the host first), ours_kvcache_append_device (the same with
+the checks and writes made on the device, as a captured call makes them: forced eager) and
+ours_kvcache_append_graph (the call captured in a CUDA graph once, each step one replay).
 """
 import argparse
 import contextlib
@@ -178,7 +179,7 @@ def report(row, names, against, out):
 
 DECODE_NAMES = ["ours", "ours_unpacked", "fa2_varlen", "ours_kvcache", "ours_seqused", "ours_seqused_portable",
                 "fa2_kvcache", "ours_paged", "ours_paged_device", "ours_paged_portable", "ours_paged_kvcache",
-                "fa2_paged", "ours_kvcache_append", "ours_kvcache_append_host"]
+                "fa2_paged", "ours_kvcache_append", "ours_kvcache_append_device", "ours_kvcache_append_graph"]
 # Pages of the paged columns: FA2's paged kernel needs a multiple of 256 rows (ours: of 128, kCudaPageRows).
 PAGE_ROWS = 256
 
@@ -203,6 +204,20 @@ def paged_copy(k, v, lens_k, page, rng):
                 dst[block, :rows] = src[start + j * page:start + j * page + rows]
         start += n
     return pool[0], pool[1], table.to(k.device)
+
+
+def capture(fn):
+    """fn() captured into a CUDA graph after a warm-up on a side stream (torch's recipe): the graph
+    and the output its replays write."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
 
 
 def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8, d=128):
@@ -289,20 +304,27 @@ def run_decode(batch, queries, cache_lo, cache_hi, dtype, heads_q=32, heads_kv=8
         return fusedattn.flash_attn_with_kvcache(q_dense, k_cache, v_cache, k_new, v_new, cache_seqlens=before,
                                                  causal=True).reshape(q.shape)
 
-    def ours_kvcache_append_host():
-        on_device = flash_attn_interface._lengths_on_device
-        flash_attn_interface._lengths_on_device = lambda t: False
+    def ours_kvcache_append_device():
+        rule = flash_attn_interface._lengths_on_device
+        flash_attn_interface._lengths_on_device = lambda t, checked: True
         try:
             return ours_kvcache_append()
         finally:
-            flash_attn_interface._lengths_on_device = on_device
+            flash_attn_interface._lengths_on_device = rule
+
+    graph, graph_out = capture(ours_kvcache_append)
+
+    def ours_kvcache_append_graph():
+        graph.replay()
+        return graph_out
 
     reference = ours_unpacked()
     row = {"decode_batch": batch, "queries": queries, "cache_lens": [cache_lo, cache_hi], "head_dim": d,
            "heads": [heads_q, heads_kv], "dtype": str(dtype).split(".")[-1]}
     for name, fn in zip(DECODE_NAMES, (ours, ours_unpacked, fa2_varlen, ours_kvcache, ours_seqused, ours_seqused_portable,
                                        fa2_kvcache, ours_paged, ours_paged_device, ours_paged_portable,
-                                       ours_paged_kvcache, fa2_paged, ours_kvcache_append, ours_kvcache_append_host)):
+                                       ours_paged_kvcache, fa2_paged, ours_kvcache_append, ours_kvcache_append_device,
+                                       ours_kvcache_append_graph)):
         try:
             err = (fn().float() - reference.float()).abs().max().item()
             row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 4)

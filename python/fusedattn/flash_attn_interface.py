@@ -466,9 +466,14 @@ def _paged_kvcache(q, k_cache, v_cache, k, v, table: torch.Tensor, table_name: s
                                    window_size=window_size, return_softmax_lse=return_softmax_lse)
 
 
-def _lengths_on_device(cache_seqlens) -> bool:
-    """Whether flash_attn_with_kvcache leaves cache_seqlens unread on the host: a CUDA tensor."""
-    return isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda
+def _lengths_on_device(cache_seqlens, checked: bool) -> bool:
+    """Whether flash_attn_with_kvcache leaves cache_seqlens unread on the host: a CUDA tensor,
+    where nothing needs checking (checked false: decoding without new tokens or cache_batch_idx)
+    or the stream is being captured into a CUDA graph. The device's checks are ~50 small tensor
+    operations (a graph replays them at no host cost), which cost an eager call more than the host
+    read they save: at batch 1, 0.83 against 0.18 ms (H200, docs/perf.md, fiftieth session)."""
+    return isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
+        (not checked or torch.cuda.is_current_stream_capturing())
 
 
 def _device_lengths(cache_seqlens: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -548,13 +553,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
     Caches filled to one length run as a plain call on views of them, others as one
     variable-length call over the caches' rows with a key count per sequence (seqused_k); nothing
-    is copied. An int or CPU cache_seqlens is checked on the host first: a length outside [0,
-    seqlen_cache - seqlen_new] raises. A CUDA tensor cache_seqlens is never read on the host (no
-    wait for the stream, so a decode step can be captured in a CUDA graph). Without new tokens each
-    length is then clamped to [0, seqlen_cache], as seqused_k's are, not checked. With them the
-    device makes the host's checks (the lengths, cache_batch_idx's rows, the rotary tables'
-    reach): a sequence that fails one is not written and its out and softmax_lse rows are NaN, and
-    fusedattn.check_device_errors() raises the call's first fault in the host check's words.
+    is copied. cache_seqlens is read on the host and checked first (a length outside [0,
+    seqlen_cache - seqlen_new] raises), except a CUDA tensor where nothing needs checking or the
+    call is being captured into a CUDA graph; it then waits for nothing. Without new tokens (nor
+    cache_batch_idx) each length is clamped to [0, seqlen_cache], as seqused_k's are, not checked.
+    A captured call with new tokens or cache_batch_idx makes the host's checks on the device (the
+    lengths, cache_batch_idx's rows, the rotary tables' reach): a sequence that fails one is not
+    written and its out and softmax_lse rows are NaN, and fusedattn.check_device_errors() raises
+    the call's first fault in the host check's words. (Eager, those checks' ~50 small launches
+    would cost more than the host read.)
 
     Paged caches: with block_table (int32, batch x max_blocks_per_seq), k_cache and v_cache are
     (num_blocks, page_block_size, nheads_k, headdim) pools, sequence b's position p in block
@@ -565,8 +572,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     contiguous copy that the kernels attend over: a pass over the pages in use per call. Every
     page a sequence's keys reach must name a block of the pools; pages past them are never read.
     The lengths and the table are read on the host to check that (a wait for the stream), except
-    over pages the CUDA kernels read in place with cache_seqlens a CUDA tensor: then nothing is
-    read on the host, the lengths are treated as above (a length without new tokens clamped to [0,
+    over pages the CUDA kernels read in place with cache_seqlens a CUDA tensor that is left unread
+    as above: the lengths are then treated as there (a length without new tokens clamped to [0,
     the table row's positions]) and the device checks the entries the keys reach; a bad one fills
     the output with NaN and is raised by fusedattn.check_device_errors() (flash_attn_varlen_func's
     check_on_device). A new token whose page names no block is not written.
@@ -620,9 +627,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"fusedattn: k, v: dtypes {k.dtype} and {v.dtype} must be the caches' "
                          f"({k_cache.dtype}, {v_cache.dtype})")
     _check_rotary(rotary_cos, rotary_sin, q, new)
-    # Lengths the device keeps are not read on the host: the device checks them (no wait for the
-    # stream, so the call can be captured in a CUDA graph).
-    on_device = _lengths_on_device(cache_seqlens) and cache_leftpad is None and batch > 0
+    # Lengths the device keeps are not read on the host where _lengths_on_device says so: the
+    # device checks them (no wait for the stream, so the call can be captured in a CUDA graph).
+    on_device = cache_leftpad is None and batch > 0 and \
+        _lengths_on_device(cache_seqlens, new > 0 or cache_batch_idx is not None)
     if on_device:
         _check_lengths_tensor(cache_seqlens, batch, q.device)
         if new > capacity:  # no length would do

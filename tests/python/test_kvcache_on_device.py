@@ -1,8 +1,10 @@
 """flash_attn_with_kvcache with the lengths left on the device (a CUDA cache_seqlens): new tokens
 appended and attended, unpaged, over block tables and through cache_batch_idx, with no read on the
-host; the host path's checks made on the device (a failing sequence is not written, reads NaN, and
-fusedattn.check_device_errors() raises the host path's words); a decode step that appends, captured
-in a CUDA graph. On the CPU the same code runs with the CPU lengths treated as device lengths."""
+host. That is what a call captured in a CUDA graph runs; an eager CUDA call that appends reads the
+lengths on the host first, which costs less. The host path's checks are made on the device: a
+failing sequence is not written and reads NaN, and fusedattn.check_device_errors() raises the host
+path's words. A decode step that appends, captured in a CUDA graph. On the CPU the same code runs
+with the CPU lengths treated as device lengths."""
 from __future__ import annotations
 
 import pytest
@@ -21,7 +23,7 @@ def lengths_on_device(monkeypatch, on_device: bool) -> None:
     """Makes flash_attn_with_kvcache take the device path for any tensor of lengths (on_device),
     or the host path for every one."""
     monkeypatch.setattr(flash_attn_interface, "_lengths_on_device",
-                        lambda t: on_device and isinstance(t, torch.Tensor))
+                        lambda t, checked: on_device and isinstance(t, torch.Tensor))
 
 
 class Case:
@@ -169,8 +171,10 @@ needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="lengths on a GPU")
 
 @needs_cuda
 @pytest.mark.parametrize("kind", KINDS)
-def test_cuda_lengths_with_new_tokens_are_not_read_on_the_host(kind):
-    """torch's sync debug mode turns any host read into an error: appending reads nothing."""
+def test_the_device_path_reads_nothing_on_the_host(kind, monkeypatch):
+    """torch's sync debug mode turns any host read into an error: the device path (what a
+    captured call runs; forced here on an eager one) reads nothing."""
+    lengths_on_device(monkeypatch, True)
     case = Case("cuda", kind, [5, 0, 9], rotary=True)
     case.run(*case.fresh_caches())  # warm-up: the offsets the call makes once
     torch.cuda.set_sync_debug_mode("error")
@@ -182,6 +186,17 @@ def test_cuda_lengths_with_new_tokens_are_not_read_on_the_host(kind):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     check_against_reference(*_rotated_reference_inputs(case, k_cache, v_cache), out, lse, True, (-1, -1))
+
+
+@needs_cuda
+def test_an_eager_call_that_appends_checks_on_the_host():
+    """Eager, the lengths are read and checked first (cheaper than the device's checks): a bad
+    one raises at once and nothing is written."""
+    case = Case("cuda", "unpaged", [3, 2 * CUDA_PAGE_ROWS - 1])
+    k_cache, v_cache = case.fresh_caches()
+    with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 255 tokens"):
+        case.run(k_cache, v_cache)
+    assert torch.equal(k_cache, case.k_cache) and torch.equal(v_cache, case.v_cache)
 
 
 def _rotated_reference_inputs(case, k_cache, v_cache):
