@@ -230,9 +230,12 @@ def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
         if len(_OFFSETS) >= _MAX_CACHED_OFFSETS:
             _OFFSETS.clear()
         # Outside inference mode, so that the tensor has the version counter the binding's check
-        # remembers (inference tensors are checked at every call).
+        # remembers (inference tensors are checked at every call). Made on the device, with no
+        # copy from the host, which a CUDA graph capture (the first call may be one) refuses.
         with torch.inference_mode(False):
-            offsets = torch.tensor([b * pitch for b in range(batch)] + [end], dtype=torch.int32, device=device)
+            offsets = torch.arange(batch + 1, dtype=torch.int64, device=device) * pitch
+            offsets[batch] = end
+            offsets = offsets.to(torch.int32)
         _OFFSETS[key] = offsets
     return offsets
 

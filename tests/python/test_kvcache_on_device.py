@@ -207,14 +207,18 @@ def _rotated_reference_inputs(case, k_cache, v_cache):
 
 @needs_cuda
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_decode_step_that_appends_is_captured_and_replayed(kind):
+@pytest.mark.parametrize("steps", [([5, 0, 9], [7, 1, 200], [0, 255, 128]), ([5], [7], [255])],
+                         ids=["ragged", "one_sequence"])
+def test_a_decode_step_that_appends_is_captured_and_replayed(kind, steps):
     """One token appended per sequence and attended, captured once; each replay appends at the
     lengths the tensor holds then, as the eager call on the same caches does, and a replay with a
-    length past the cache raises its fault afterwards."""
-    case = Case("cuda", kind, [5, 0, 9], new=1, causal=False)
+    length past the cache raises its fault afterwards. One sequence: the eager warm-up runs a
+    plain call (uniform lengths) and makes no offsets, so the captured call makes its own."""
+    first, *later = steps
+    case = Case("cuda", kind, first, new=1, causal=False)
     k_cache, v_cache = case.fresh_caches()
     graph, (out, lse) = capture(lambda: case.run(k_cache, v_cache))
-    for lengths in ([7, 1, 200], [0, 255, 128]):
+    for lengths in later:
         case.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
         case.q.copy_(randn(*case.q.shape, dtype=case.dtype, device="cuda"))
         case.k.copy_(randn(*case.k.shape, dtype=case.dtype, device="cuda"))
@@ -223,13 +227,16 @@ def test_a_decode_step_that_appends_is_captured_and_replayed(kind):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v), "the replay wrote otherwise"
-        assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
         check_against_reference(case.q, case.logical(k_cache), case.logical(v_cache), [n + 1 for n in lengths],
                                 out, lse, False, (-1, -1))
+        if len(lengths) > 1:  # the same variable-length call eager and replayed (one sequence: a plain one eager)
+            assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1])
     fusedattn.check_device_errors()
-    case.lengths.copy_(torch.tensor([3, 2 * CUDA_PAGE_ROWS, 3], dtype=torch.int32))
+    failing = [3] * len(first)
+    failing[-1] = 2 * CUDA_PAGE_ROWS
+    case.lengths.copy_(torch.tensor(failing, dtype=torch.int32))
     graph.replay()
     torch.cuda.synchronize()
-    assert out[1].isnan().all() and not out[0].isnan().any()
-    with pytest.raises(ValueError, match="cache_seqlens: sequence 1 holds 256 tokens"):
+    assert out[-1].isnan().all() and not out[:-1].isnan().any()
+    with pytest.raises(ValueError, match=f"cache_seqlens: sequence {len(first) - 1} holds 256 tokens"):
         fusedattn.check_device_errors()
