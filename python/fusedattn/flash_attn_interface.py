@@ -234,7 +234,7 @@ def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
         # copy from the host, which a CUDA graph capture (the first call may be one) refuses.
         with torch.inference_mode(False):
             offsets = torch.arange(batch + 1, dtype=torch.int64, device=device) * pitch
-            offsets[batch] = end
+            offsets[batch:].fill_(end)  # a fill kernel (item assignment would copy the value from the host)
             offsets = offsets.to(torch.int32)
         _OFFSETS[key] = offsets
     return offsets
