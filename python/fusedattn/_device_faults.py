@@ -37,6 +37,15 @@ def rotary_message(positions: int, last: int) -> str:
             "reach")
 
 
+def prepare(device: torch.device) -> None:
+    """Makes the device's record, outside any CUDA graph capture: one made in a capture would hold
+    its zeros only once the graph replays, and be zeroed again at each replay. flash_attn_with_kvcache
+    calls this on every eager call that a capture would check on the device, so the warm-up that
+    torch's capture recipe runs first makes it."""
+    if device not in _records:
+        _records[device] = torch.zeros(_FIELDS, dtype=torch.int64, device=device)
+
+
 class Faults:
     """The checks of one call: each a kind, the sequences that fail it (bool, batch) and the value
     its message names for each; bound and detail complete the message."""
@@ -55,7 +64,12 @@ class Faults:
         device = self._checks[0][1].device
         kept = _records.get(device)
         if kept is None:
-            kept = _records[device] = torch.zeros(_FIELDS, dtype=torch.int64, device=device)
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("fusedattn: flash_attn_with_kvcache: this call checks its lengths on the device "
+                                   f"when captured, into a record that {device} does not have yet; run the call "
+                                   "once before the capture (torch's capture recipe warms up so)")
+            prepare(device)
+            kept = _records[device]
         found = torch.zeros_like(kept)
         # The host path's first check last, so that it wins.
         for kind, failed, value, bound, detail in sorted(self._checks, key=lambda check: check[0], reverse=True):

@@ -236,8 +236,15 @@ def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
             offsets = torch.arange(batch + 1, dtype=torch.int64, device=device) * pitch
             offsets[batch:].fill_(end)  # a fill kernel (item assignment would copy the value from the host)
             offsets = offsets.to(torch.int32)
-        _OFFSETS[key] = offsets
+        # Not remembered when made in a capture: its values exist only once the graph replays.
+        if not _capturing(device):
+            _OFFSETS[key] = offsets
     return offsets
+
+
+def _capturing(device) -> bool:
+    """Whether the current stream of a CUDA device is being captured into a CUDA graph."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, new: int) -> None:
@@ -476,7 +483,7 @@ def _lengths_on_device(cache_seqlens, checked: bool) -> bool:
     operations (a graph replays them at no host cost), which cost an eager call more than the host
     read they save: at batch 1, 0.83 against 0.18 ms (H200, docs/perf.md, fiftieth session)."""
     return isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.is_cuda and \
-        (not checked or torch.cuda.is_current_stream_capturing())
+        (not checked or _capturing(cache_seqlens.device))
 
 
 def _device_lengths(cache_seqlens: torch.Tensor, capacity: int) -> torch.Tensor:
@@ -632,8 +639,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _check_rotary(rotary_cos, rotary_sin, q, new)
     # Lengths the device keeps are not read on the host where _lengths_on_device says so: the
     # device checks them (no wait for the stream, so the call can be captured in a CUDA graph).
-    on_device = cache_leftpad is None and batch > 0 and \
-        _lengths_on_device(cache_seqlens, new > 0 or cache_batch_idx is not None)
+    checked = new > 0 or cache_batch_idx is not None
+    on_device = cache_leftpad is None and batch > 0 and _lengths_on_device(cache_seqlens, checked)
+    if checked and q.is_cuda and not _capturing(q.device):
+        _device_faults.prepare(q.device)  # the record a capture of this call writes (made outside it)
     if on_device:
         _check_lengths_tensor(cache_seqlens, batch, q.device)
         if new > capacity:  # no length would do

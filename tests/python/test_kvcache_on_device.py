@@ -12,7 +12,7 @@ import torch
 
 import fusedattn
 from conftest import DEVICES, DTYPES, HAS_CUDA, randn
-from fusedattn import flash_attn_interface
+from fusedattn import _device_faults, flash_attn_interface
 from test_device_checks import capture
 from test_kvcache import CUDA_PAGE_ROWS, caches, check_against_reference, paged, rotary_tables, unpaged
 
@@ -209,15 +209,22 @@ def _rotated_reference_inputs(case, k_cache, v_cache):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("steps", [([5, 0, 9], [7, 1, 200], [0, 255, 128]), ([5], [7], [255])],
                          ids=["ragged", "one_sequence"])
-def test_a_decode_step_that_appends_is_captured_and_replayed(kind, steps):
+def test_a_decode_step_that_appends_is_captured_and_replayed(kind, steps, monkeypatch):
     """One token appended per sequence and attended, captured once; each replay appends at the
     lengths the tensor holds then, as the eager call on the same caches does, and a replay with a
     length past the cache raises its fault afterwards. One sequence: the eager warm-up runs a
-    plain call (uniform lengths) and makes no offsets, so the captured call makes its own."""
+    plain call (uniform lengths) and makes no offsets, so the captured call makes its own, which
+    an eager call on the device path after it must not take (they hold values only in replays)."""
     first, *later = steps
     case = Case("cuda", kind, first, new=1, causal=False)
     k_cache, v_cache = case.fresh_caches()
     graph, (out, lse) = capture(lambda: case.run(k_cache, v_cache))
+    with monkeypatch.context() as forced:
+        lengths_on_device(forced, True)
+        eager_k, eager_v = k_cache.clone(), v_cache.clone()
+        eager_out, eager_lse = case.run(eager_k, eager_v)
+        check_against_reference(case.q, case.logical(eager_k), case.logical(eager_v), [n + 1 for n in first],
+                                eager_out, eager_lse, False, (-1, -1))
     for lengths in later:
         case.lengths.copy_(torch.tensor(lengths, dtype=torch.int32))
         case.q.copy_(randn(*case.q.shape, dtype=case.dtype, device="cuda"))
@@ -240,3 +247,17 @@ def test_a_decode_step_that_appends_is_captured_and_replayed(kind, steps):
     assert out[-1].isnan().all() and not out[:-1].isnan().any()
     with pytest.raises(ValueError, match=f"cache_seqlens: sequence {len(first) - 1} holds 256 tokens"):
         fusedattn.check_device_errors()
+
+
+@needs_cuda
+def test_a_capture_without_a_warm_up_is_refused_by_name(monkeypatch):
+    """The device's fault record is made by an eager call (the warm-up of torch's recipe); a
+    capture that finds none raises saying so, rather than writing into a record made in the
+    capture (whose zeros exist only in replays)."""
+    monkeypatch.setattr(_device_faults, "_records", {})
+    case = Case("cuda", "unpaged", [5, 0, 9], new=1)
+    k_cache, v_cache = case.fresh_caches()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="run the call once before the capture"):
+        with torch.cuda.graph(graph):
+            case.run(k_cache, v_cache)
