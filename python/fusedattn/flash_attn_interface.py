@@ -180,6 +180,17 @@ def _check_lengths_tensor(cache_seqlens: torch.Tensor, batch: int, device) -> No
         raise ValueError(f"fusedattn: cache_seqlens: must be on q's device ({device}), got {cache_seqlens.device}")
 
 
+def _read_on_host(t: torch.Tensor, name: str) -> torch.Tensor:
+    """t copied to the host for flash_attn_with_kvcache's checks (a wait for the stream), or, in a
+    CUDA graph capture, which cannot wait, a RuntimeError naming the argument and what a captured
+    call takes instead."""
+    if _capturing(t.device):
+        raise RuntimeError(f"fusedattn: {name}: flash_attn_with_kvcache reads it on the host here, which a CUDA graph "
+                           "capture cannot; a captured call checks on the device with cache_seqlens a CUDA tensor, "
+                           "no cache_leftpad, and unpaged caches or pages of a multiple of 128 positions")
+    return t.cpu()
+
+
 def _cache_lengths(cache_seqlens, batch: int, new: int, capacity: int, device) -> list[int]:
     """The cache's per-sequence lengths before the new tokens, checked on the host (a copy that
     waits for the stream): each in [0, capacity - new]."""
@@ -187,7 +198,7 @@ def _cache_lengths(cache_seqlens, batch: int, new: int, capacity: int, device) -
         lengths = [cache_seqlens] * batch
     elif isinstance(cache_seqlens, torch.Tensor):
         _check_lengths_tensor(cache_seqlens, batch, device)
-        lengths = [int(n) for n in cache_seqlens.tolist()]
+        lengths = [int(n) for n in _read_on_host(cache_seqlens, "cache_seqlens").tolist()]
     else:
         raise ValueError(f"fusedattn: cache_seqlens: must be an int or a tensor, got {type(cache_seqlens).__name__}")
     for b, n in enumerate(lengths):
@@ -370,7 +381,7 @@ def _leftpad_starts(cache_leftpad, lengths: list[int], device) -> list[int]:
     position cache_leftpad[b], at most its length (cache_seqlens[b])."""
     batch = len(lengths)
     _check_int32(cache_leftpad, "cache_leftpad", lambda shape: tuple(shape) == (batch,), f"(batch {batch},)", device)
-    starts = [int(a) for a in cache_leftpad.tolist()]
+    starts = [int(a) for a in _read_on_host(cache_leftpad, "cache_leftpad").tolist()]
     for b, (a, n) in enumerate(zip(starts, lengths)):
         if not 0 <= a <= n:
             raise ValueError(f"fusedattn: cache_leftpad: sequence {b} starts at {a}, outside its {n} cached positions")
@@ -426,7 +437,7 @@ def _decode_varlen(q, k, v, cu_k: torch.Tensor, max_seqlen_k: int, softmax_scale
 def _check_pages_in_use(table: torch.Tensor, visible: list[int], page: int, num_blocks: int, name: str) -> None:
     """Each sequence's pages that hold its first visible[b] positions name blocks of the caches (one
     host copy of the table, checked as a whole). The others are never read and may hold anything."""
-    host = table.cpu()
+    host = _read_on_host(table, name)
     pages = torch.tensor([-(-n // page) for n in visible], dtype=torch.int64)
     in_use = torch.arange(host.shape[1])[None, :] < pages[:, None]
     outside = in_use & ((host < 0) | (host >= num_blocks))

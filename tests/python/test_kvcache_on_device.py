@@ -261,3 +261,21 @@ def test_a_capture_without_a_warm_up_is_refused_by_name(monkeypatch):
     with pytest.raises(RuntimeError, match="run the call once before the capture"):
         with torch.cuda.graph(graph):
             case.run(k_cache, v_cache)
+
+
+@pytest.mark.parametrize("what", ["cache_seqlens", "cache_leftpad", "block_table"])
+def test_a_captured_call_that_would_read_on_the_host_is_refused_by_name(what, monkeypatch):
+    """Where a call can only check on the host (pages the kernels do not read in place, left
+    padding, lengths given as an int over a table), a capture raises naming the argument read,
+    instead of torch's error from the copy. (The capture is pretended: the CPU runs the rule.)"""
+    monkeypatch.setattr(flash_attn_interface, "_capturing", lambda device: True)
+    case = Case("cpu", "block_table" if what != "cache_leftpad" else "unpaged", [3, 4])
+    if what == "cache_seqlens":  # pages read through a gathered copy
+        monkeypatch.setattr(flash_attn_interface, "_kernels_read_pages", lambda device, page: False)
+    if what == "cache_leftpad":
+        case.kwargs["cache_leftpad"] = torch.tensor([1, 0], dtype=torch.int32)
+    lengths = None if what == "cache_seqlens" else 5  # an int: the table or the padding is what is read
+    k_cache, v_cache = case.fresh_caches()
+    with pytest.raises(RuntimeError, match=f"{what}: flash_attn_with_kvcache reads it on the host here"):
+        case.run(k_cache, v_cache, lengths=lengths)
+    assert torch.equal(k_cache, case.k_cache), "written before the refusal"
