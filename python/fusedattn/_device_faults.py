@@ -1,5 +1,5 @@
-"""Faults that flash_attn_with_kvcache finds on the device, where its lengths are never read on the
-host (a CUDA cache_seqlens, so that a decode step can be captured in a CUDA graph).
+"""Faults that flash_attn_with_kvcache finds on the device, where it reads nothing on the host: a
+call with a CUDA cache_seqlens captured into a CUDA graph, which cannot wait for the stream.
 
 The host path checks the lengths, cache_batch_idx and the rotary tables' reach before it writes;
 the device path makes the same checks with tensor operations. A sequence that fails one is not
