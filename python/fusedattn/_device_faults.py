@@ -17,7 +17,7 @@ import torch
 CAPACITY = 1   # a sequence's length and new tokens pass the cache's positions
 CACHE_ROW = 2  # cache_batch_idx names no row of the caches (for a sequence with keys)
 ROTARY = 3     # the rotary tables end before a position the new tokens reach
-_FIELDS = 5    # kind, sequence, value, bound, detail
+_FIELDS = 3    # the call's index + 1 (0: none kept), the failure's rank, its value
 
 _records: dict[torch.device, torch.Tensor] = {}
 
@@ -46,6 +46,14 @@ def prepare(device: torch.device) -> None:
         _records[device] = torch.zeros(_FIELDS, dtype=torch.int64, device=device)
 
 
+# What a kept fault means, by call: the checks' (kind, bound, detail) in the host path's order and
+# the batch, so that the device keeps only the call's index, the failure's rank (check * batch +
+# sequence) and its value. A call's index is fixed where it is captured, so a replay keeps the
+# meaning it had then.
+_calls: list[tuple[int, tuple[tuple[int, int, int], ...]]] = []
+_call_index: dict[tuple[int, tuple[tuple[int, int, int], ...]], int] = {}
+
+
 class Faults:
     """The checks of one call: each a kind, the sequences that fail it (bool, batch) and the value
     its message names for each; bound and detail complete the message."""
@@ -58,10 +66,12 @@ class Faults:
 
     def record(self) -> None:
         """Keeps the first check's first failing sequence on its device, unless a fault is kept
-        there already: tensor operations only, nothing read on the host."""
+        there already: a few tensor operations, nothing read on the host."""
         if not self._checks:
             return
-        device = self._checks[0][1].device
+        checks = sorted(self._checks, key=lambda check: check[0])  # the host path's order
+        failed = torch.stack([check[1] for check in checks])  # (checks, batch)
+        device = failed.device
         kept = _records.get(device)
         if kept is None:
             if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -70,14 +80,15 @@ class Faults:
                                    "once before the capture (torch's capture recipe warms up so)")
             prepare(device)
             kept = _records[device]
-        found = torch.zeros_like(kept)
-        # The host path's first check last, so that it wins.
-        for kind, failed, value, bound, detail in sorted(self._checks, key=lambda check: check[0], reverse=True):
-            sequence = failed.int().argmax().view(1)
-            row = torch.cat((sequence.new_full((1,), kind), sequence, value.index_select(0, sequence),
-                             sequence.new_full((1,), bound), sequence.new_full((1,), detail)))
-            found = torch.where(failed.any(), row, found)
-        kept.copy_(torch.where(kept[0] != 0, kept, found))
+        meaning = (failed.shape[1], tuple((kind, bound, detail) for kind, _, _, bound, detail in checks))
+        call = _call_index.get(meaning)
+        if call is None:
+            call = _call_index[meaning] = len(_calls)
+            _calls.append(meaning)
+        rank = failed.flatten().int().argmax().view(1)
+        value = torch.stack([check[2] for check in checks]).flatten().index_select(0, rank)
+        found = torch.cat((torch.full_like(rank, call + 1), rank, value))
+        kept.copy_(torch.where((kept[0] == 0) & failed.any(), found, kept))
 
 
 def raise_recorded(device: torch.device) -> None:
@@ -86,10 +97,13 @@ def raise_recorded(device: torch.device) -> None:
     kept = _records.get(device)
     if kept is None:
         return
-    kind, sequence, value, bound, detail = kept.tolist()
-    if kind == 0:
+    call, rank, value = kept.tolist()
+    if call == 0:
         return
     kept.zero_()
+    batch, checks = _calls[call - 1]
+    check, sequence = divmod(rank, batch)
+    kind, bound, detail = checks[check]
     if kind == CAPACITY:
         raise ValueError(capacity_message(sequence, value, detail, bound))
     if kind == CACHE_ROW:

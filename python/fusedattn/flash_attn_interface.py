@@ -343,17 +343,16 @@ def _place_new_tokens_on_device(q, k, lengths: torch.Tensor, capacity: int, rota
     return q, k, starts[:, None] + torch.arange(new, device=q.device), fits
 
 
-def _write_new_tokens(cache: torch.Tensor, i0: torch.Tensor, i1: torch.Tensor, values: torch.Tensor,
-                      written: torch.Tensor) -> None:
-    """cache[i0, i1] = values where written (all (batch, seqlen_new)), with no read on the host: an
-    entry not written is pointed at the first one written, with its value (one value written twice
-    to one place), or where none is, at cache[0, 0] with that element's own value."""
+def _write_new_tokens(caches, i0: torch.Tensor, i1: torch.Tensor, values, written: torch.Tensor) -> None:
+    """caches[c][i0, i1] = values[c] where written (all (batch, seqlen_new)), with no read on the
+    host: an entry not written is pointed at the first one written, with its value (one value
+    written twice to one place), or where none is, at cache[0, 0] with that element's own value."""
     first = written.flatten().int().argmax().view(1)  # index_select: no host read of the index
     anything = written.any()
-    stand_in = [torch.where(anything, i.flatten().index_select(0, first)[0], 0) for i in (i0, i1)]
-    stand_in_value = torch.where(anything, values.flatten(0, 1).index_select(0, first)[0], cache[0, 0])
-    cache[torch.where(written, i0, stand_in[0]), torch.where(written, i1, stand_in[1])] = \
-        torch.where(written[..., None, None], values, stand_in_value)
+    at = [torch.where(written, i, torch.where(anything, i.flatten().index_select(0, first), 0)) for i in (i0, i1)]
+    for cache, new in zip(caches, values):
+        stand_in = torch.where(anything, new.flatten(0, 1).index_select(0, first)[0], cache[0, 0])
+        cache[at[0], at[1]] = torch.where(written[..., None, None], new, stand_in)
 
 
 def _nan_where_failed(result, fits: Optional[torch.Tensor]):
@@ -539,8 +538,7 @@ def _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table: torch.Tensor, tab
     if k is not None:
         pages = table.gather(1, positions // page)
         written = fits[:, None] & (pages >= 0) & (pages < blocks)  # a bad entry is the library's fault
-        for cache, values in ((k_cache, k), (v_cache, v)):
-            _write_new_tokens(cache, pages, positions % page, values, written)
+        _write_new_tokens((k_cache, v_cache), pages, positions % page, (k, v), written)
         used = torch.where(fits, cache_seqlens.long() + k.shape[1], 0).to(torch.int32)
     faults.record()
     cu_k = _strided_offsets(capacity, capacity, batch, q.device)
@@ -687,8 +685,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                             rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
                                                             faults)
         rows = torch.arange(batch, device=q.device)[:, None].expand_as(positions)
-        for cache, values in ((k_cache, k), (v_cache, v)):
-            _write_new_tokens(cache, rows, positions, values, fits[:, None].expand_as(positions))
+        _write_new_tokens((k_cache, v_cache), rows, positions, (k, v), fits[:, None].expand_as(positions))
         faults.record()
     elif new > 0:
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,
