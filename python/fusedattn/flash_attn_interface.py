@@ -315,7 +315,11 @@ def _rotate_new_tokens(q, k, starts: torch.Tensor, rotary_cos, rotary_sin, inter
 def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interleaved: bool, masked: bool):
     """The new tokens' cache positions (batch, seqlen_new): lengths[b] + j; and q and k rotated
     (_rotate_new_tokens). Checks the tables reach the last position read."""
-    starts = torch.tensor(lengths, device=q.device)
+    # One length (an int cache_seqlens) by a fill: a copy from the host, which torch.tensor makes,
+    # cannot be captured in a CUDA graph.
+    uniform = bool(lengths) and all(n == lengths[0] for n in lengths)
+    starts = torch.full((len(lengths),), lengths[0], device=q.device) if uniform else \
+        torch.tensor(lengths, device=q.device)
     if rotary_cos is not None:
         last = max(lengths) + _rotary_reach(q, k, masked)
         if last >= rotary_cos.shape[0]:
