@@ -37,6 +37,11 @@ def rotary_message(positions: int, last: int) -> str:
             "reach")
 
 
+def capturing(device) -> bool:
+    """Whether the current stream of a CUDA device is being captured into a CUDA graph."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def prepare(device: torch.device) -> None:
     """Makes the device's record, outside any CUDA graph capture: one made in a capture would hold
     its zeros only once the graph replays, and be zeroed again at each replay. flash_attn_with_kvcache
@@ -74,7 +79,7 @@ class Faults:
         device = failed.device
         kept = _records.get(device)
         if kept is None:
-            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            if capturing(device):
                 raise RuntimeError("fusedattn: flash_attn_with_kvcache: this call checks its lengths on the device "
                                    f"when captured, into a record that {device} does not have yet; run the call "
                                    "once before the capture (torch's capture recipe warms up so)")

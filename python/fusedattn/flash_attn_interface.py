@@ -253,9 +253,7 @@ def _strided_offsets(pitch: int, last: int, batch: int, device) -> torch.Tensor:
     return offsets
 
 
-def _capturing(device) -> bool:
-    """Whether the current stream of a CUDA device is being captured into a CUDA graph."""
-    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+_capturing = _device_faults.capturing
 
 
 def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, new: int) -> None:
@@ -299,15 +297,19 @@ def _rotary_reach(q, k, masked: bool) -> int:
     return max(k.shape[1] - 1, q.shape[1] - 1 if masked else 0)
 
 
-def _rotate_new_tokens(q, k, starts: torch.Tensor, rotary_cos, rotary_sin, interleaved: bool, masked: bool):
-    """q and k rotated (rotary_cos given) by flash_attn's rule: k at positions starts[b] + j, q's
-    rows at the same positions under a mask (masked), else all of q at starts[b]; positions must be
-    inside the tables."""
+def _new_positions(starts: torch.Tensor, new: int) -> torch.Tensor:
+    """The new tokens' cache positions (batch, new): starts[b] + j."""
+    return starts[:, None] + torch.arange(new, device=starts.device)
+
+
+def _rotate_new_tokens(q, k, starts: torch.Tensor, positions: torch.Tensor, rotary_cos, rotary_sin,
+                       interleaved: bool, masked: bool):
+    """q and k rotated (rotary_cos given) by flash_attn's rule: k at its positions
+    (_new_positions(starts)), q's rows at the same positions under a mask (masked), else all of q
+    at starts[b]; positions must be inside the tables."""
     if rotary_cos is None:
         return q, k
-    new, seqlen_q = k.shape[1], q.shape[1]
-    q_positions = starts[:, None] + torch.arange(seqlen_q, device=q.device) * int(masked)
-    positions = starts[:, None] + torch.arange(new, device=q.device)
+    q_positions = starts[:, None] + torch.arange(q.shape[1], device=q.device) * int(masked)
     return (_rotate(q, rotary_cos, rotary_sin, q_positions, interleaved),
             _rotate(k, rotary_cos, rotary_sin, positions, interleaved))
 
@@ -324,8 +326,9 @@ def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interlea
         last = max(lengths) + _rotary_reach(q, k, masked)
         if last >= rotary_cos.shape[0]:
             raise ValueError(_device_faults.rotary_message(rotary_cos.shape[0], last))
-    q, k = _rotate_new_tokens(q, k, starts, rotary_cos, rotary_sin, interleaved, masked)
-    return q, k, starts[:, None] + torch.arange(k.shape[1], device=q.device)
+    positions = _new_positions(starts, k.shape[1])
+    q, k = _rotate_new_tokens(q, k, starts, positions, rotary_cos, rotary_sin, interleaved, masked)
+    return q, k, positions
 
 
 def _place_new_tokens_on_device(q, k, lengths: torch.Tensor, capacity: int, rotary_cos, rotary_sin,
@@ -343,8 +346,9 @@ def _place_new_tokens_on_device(q, k, lengths: torch.Tensor, capacity: int, rota
         faults.add(_device_faults.ROTARY, ~inside, last.max().expand_as(last), rotary_cos.shape[0])
         fits = fits & inside
         starts = torch.where(inside, starts, 0)
-    q, k = _rotate_new_tokens(q, k, starts, rotary_cos, rotary_sin, interleaved, masked)
-    return q, k, starts[:, None] + torch.arange(new, device=q.device), fits
+    positions = _new_positions(starts, new)
+    q, k = _rotate_new_tokens(q, k, starts, positions, rotary_cos, rotary_sin, interleaved, masked)
+    return q, k, positions, fits
 
 
 def _write_new_tokens(caches, i0: torch.Tensor, i1: torch.Tensor, values, written: torch.Tensor) -> None:
@@ -529,9 +533,9 @@ def _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table: torch.Tensor, tab
     if k is None:
         used = _device_lengths(cache_seqlens, capacity)
     else:
-        q, k, positions, fits = _place_new_tokens_on_device(q, k, cache_seqlens.long(), capacity, rotary_cos,
-                                                            rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
-                                                            faults)
+        lengths = cache_seqlens.long()
+        q, k, positions, fits = _place_new_tokens_on_device(q, k, lengths, capacity, rotary_cos, rotary_sin,
+                                                            rotary_interleaved, left >= 0 or right >= 0, faults)
     if table_name == "cache_batch_idx":
         # Checked here, not by the library's check of the table, which would name block_table.
         row_inside = (table[:, 0] >= 0) & (table[:, 0] < blocks)
@@ -543,7 +547,7 @@ def _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table: torch.Tensor, tab
         pages = table.gather(1, positions // page)
         written = fits[:, None] & (pages >= 0) & (pages < blocks)  # a bad entry is the library's fault
         _write_new_tokens((k_cache, v_cache), pages, positions % page, (k, v), written)
-        used = torch.where(fits, cache_seqlens.long() + k.shape[1], 0).to(torch.int32)
+        used = torch.where(fits, lengths + k.shape[1], 0).to(torch.int32)
     faults.record()
     cu_k = _strided_offsets(capacity, capacity, batch, q.device)
     result = _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
@@ -685,7 +689,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     fits = None  # on the device: the sequences that pass its checks (_place_new_tokens_on_device)
     if new > 0 and on_device:
         faults = _device_faults.Faults()
-        q, k, positions, fits = _place_new_tokens_on_device(q, k, cache_seqlens.long(), k_cache.shape[1], rotary_cos,
+        device_lengths = cache_seqlens.long()
+        q, k, positions, fits = _place_new_tokens_on_device(q, k, device_lengths, k_cache.shape[1], rotary_cos,
                                                             rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
                                                             faults)
         rows = torch.arange(batch, device=q.device)[:, None].expand_as(positions)
@@ -716,7 +721,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cu_k = torch.tensor(offsets, dtype=torch.int32, device=q.device)
         rows_k = max(stop - begin for begin, stop in zip(offsets, offsets[1:]))
     if fits is not None:
-        used = torch.where(fits, cache_seqlens.long() + new, 0).to(torch.int32)
+        used = torch.where(fits, device_lengths + new, 0).to(torch.int32)
     elif on_device:
         used = _device_lengths(cache_seqlens, k_cache.shape[1])
     else:

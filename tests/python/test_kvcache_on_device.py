@@ -60,6 +60,16 @@ class Case:
             cache_seqlens=self.lengths if lengths is None else lengths, causal=self.causal,
             return_softmax_lse=True, **self.kwargs)
 
+    def rotated_q(self, sequences=None):
+        """The sequences' query rows (default: every sequence's) rotated as a causal call rotates
+        them: at their new keys' positions."""
+        sequences = list(range(self.q.shape[0])) if sequences is None else sequences
+        starts, k = self.lengths[sequences].long(), self.k[sequences]
+        q, _ = flash_attn_interface._rotate_new_tokens(
+            self.q[sequences], k, starts, flash_attn_interface._new_positions(starts, k.shape[1]),
+            self.kwargs["rotary_cos"], self.kwargs["rotary_sin"], True, True)
+        return q
+
     def logical(self, cache, sequences=None):
         """The sequences' cache positions (len(sequences), capacity, heads, dim) in the stored
         caches (default: every sequence's)."""
@@ -86,11 +96,7 @@ def test_appends_as_the_host_path_does(device, kind, rotary, monkeypatch):
     k_cache, v_cache = case.fresh_caches()
     out, lse = case.run(k_cache, v_cache)
     assert torch.equal(k_cache, host_k) and torch.equal(v_cache, host_v), "caches written otherwise"
-    q = case.q
-    if rotary:  # the reference attends with the query rows rotated as the call rotated them
-        starts = case.lengths.long()
-        q, _ = flash_attn_interface._rotate_new_tokens(q, case.k, starts, case.kwargs["rotary_cos"],
-                                                       case.kwargs["rotary_sin"], True, True)
+    q = case.rotated_q() if rotary else case.q  # the query rows as the call rotated them
     visible = [n + case.new for n in case.lengths.tolist()]
     check_against_reference(q, case.logical(k_cache), case.logical(v_cache), visible, out, lse, True, (-1, -1))
     fusedattn.check_device_errors(device)
@@ -134,10 +140,7 @@ def test_a_failing_sequence_is_not_written_reads_nan_and_is_raised(device, fault
         assert torch.equal(k_cache[untouched], case.k_cache[untouched])
     else:
         assert torch.equal(k_cache[failed], case.k_cache[failed]) and torch.equal(v_cache[failed], case.v_cache[failed])
-    q = case.q[others]
-    if side == "rotary":
-        q, _ = flash_attn_interface._rotate_new_tokens(q, case.k[others], case.lengths[others].long(),
-                                                       case.kwargs["rotary_cos"], case.kwargs["rotary_sin"], True, True)
+    q = case.rotated_q(others) if side == "rotary" else case.q[others]
     check_against_reference(q, case.logical(k_cache, others), case.logical(v_cache, others),
                             [lengths[b] + case.new for b in others], out[others], lse[others], True, (-1, -1))
     with pytest.raises(ValueError) as found:
@@ -200,9 +203,7 @@ def test_an_eager_call_that_appends_checks_on_the_host():
 
 
 def _rotated_reference_inputs(case, k_cache, v_cache):
-    q, _ = flash_attn_interface._rotate_new_tokens(case.q, case.k, case.lengths.long(), case.kwargs["rotary_cos"],
-                                                   case.kwargs["rotary_sin"], True, True)
-    return q, case.logical(k_cache), case.logical(v_cache), [n + case.new for n in case.lengths.tolist()]
+    return case.rotated_q(), case.logical(k_cache), case.logical(v_cache), [n + case.new for n in case.lengths.tolist()]
 
 
 @needs_cuda
