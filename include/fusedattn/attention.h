@@ -51,8 +51,9 @@ struct Options {
   // page_size to be a multiple of kCudaPageRows; the CPU backend takes any.
   TensorView block_table;
   // Column-sparse mask (FlashMask's representation), dense calls only, on both backends (CUDA:
-  // the portable kernels, and the Hopper forward at head dims 64 and 128): int32 [B, Hm, Sk, 2 or 4] on q's device (Hm: 1, shared by every query
-  // head, or Hq; its last dimension contiguous). Key j of batch b hides itself from query rows
+  // the portable kernels, and the Hopper forward at head dims 64 and 128): int32 [B, Hm, Sk, 2
+  // or 4] on q's device (Hm: 1, shared by every query head, or Hq; its last dimension
+  // contiguous). Key j of batch b hides itself from query rows
   // [m[b,h,j,0], m[b,h,j,1]) and, with 4 entries, from rows [m[b,h,j,2], m[b,h,j,3]) too (query
   // rows 0-based; an interval whose start is not below its end hides nothing; bounds past the
   // rows are fine). On top of causal / the window: a key is seen where both allow it. One

@@ -1,6 +1,6 @@
 // What the check of a variable-length call's offsets (and paged table) can find at fault, as one
 // record the host check and the device check (offsets_check.cu) fill alike, so that both report
-// it in the same words (api/validate.cpp: offsets_fault_error).
+// it in the same words (api/validate.cpp: detail::fault_error).
 #pragma once
 
 #include <cstdint>

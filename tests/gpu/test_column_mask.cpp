@@ -1,12 +1,12 @@
 // Column-sparse masks (Options::column_mask) on the CUDA backend, through the public API: the
 // portable forward and backward kernels, and on Hopper the sm90 forward where it has the head dim
-// (ColumnCase; test_sm90_column.cpp asserts that plan); each mask is checked against the float64 reference of what it is known to equal:
-// windows written as columns, packed causal documents as their variable-length batch (whole key
-// blocks skipped), per-head masks (each head against the reference of its own mask), rows hidden
-// from every key (out 0, lse -inf, no gradient), and masks on top of causal and of a sliding
-// window. Lengths span many query and key blocks with ragged tails; fp16 and bf16 by the 2x rule,
-// fresh inputs, outputs poisoned before every run; the deterministic backward is bit-identical
-// run to run. Then the rejections, by name.
+// (ColumnCase; test_sm90_column.cpp asserts that plan); each mask is checked against the float64
+// reference of what it is known to equal: windows written as columns, packed causal documents as
+// their variable-length batch (whole key blocks skipped), per-head masks (each head against the
+// reference of its own mask), rows hidden from every key (out 0, lse -inf, no gradient), and masks
+// on top of causal and of a sliding window. Lengths span many query and key blocks with ragged
+// tails; fp16 and bf16 by the 2x rule, fresh inputs, outputs poisoned before every run; the
+// deterministic backward is bit-identical run to run. Then the rejections, by name.
 #include <gtest/gtest.h>
 
 #include <cstdint>
