@@ -60,14 +60,21 @@ class DeviceTensor {
   DeviceTensor(const DeviceTensor&) = delete;
   DeviceTensor& operator=(const DeviceTensor&) = delete;
 
+  // Both finish before they return, for a call on any stream after them: a copy from pageable
+  // memory may return before its DMA lands, and a memset runs on the legacy stream, neither of
+  // which a non-blocking stream waits for (a graph replayed on one read stale offsets so).
   void upload(const HostTensor& host) {
-    if (bytes_ > 0) cuda_check(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice), "upload");
+    if (bytes_ == 0) return;
+    cuda_check(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice), "upload");
+    cuda_check(cudaDeviceSynchronize(), "upload");
   }
   void download(HostTensor& host) const {
     if (bytes_ > 0) cuda_check(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), "download");
   }
   void poison() {
-    if (bytes_ > 0) cuda_check(cudaMemset(ptr_, kPoisonByte, bytes_), "poison");
+    if (bytes_ == 0) return;
+    cuda_check(cudaMemset(ptr_, kPoisonByte, bytes_), "poison");
+    cuda_check(cudaDeviceSynchronize(), "poison");
   }
   void* data() const { return ptr_; }
   TensorView view(const HostTensor& like) const { return like.view_at(ptr_, kGpu); }

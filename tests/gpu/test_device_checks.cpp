@@ -220,9 +220,6 @@ void expect_replays_follow_the_offsets(int64_t page_size) {
   const auto replay = [&] {
     call.dc->out.poison();
     call.dc->lse.poison();
-    // The poison and the offsets' uploads go on the legacy stream, which a non-blocking stream
-    // does not wait for.
-    cuda_check(cudaDeviceSynchronize(), "poison and offsets");
     cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
     cuda_check(cudaStreamSynchronize(stream), "replay");
     call.dc->out.download(call.c.out);
