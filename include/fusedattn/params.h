@@ -249,4 +249,47 @@ FUSEDATTN_HD int64_t lse_row_offset(const FwdParams& p, int64_t q_start, int64_t
   return q_start + m * p.lse_row_stride;
 }
 
+// append_kv's block (kv_cache.h), after validation.
+struct AppendParams {
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  // [batch or page, row, head] strides in elements; the head dim is contiguous.
+  OperandStrides k_cache_stride, v_cache_stride, k_stride, v_stride;
+  const int32_t* cache_seqlens = nullptr;
+  const int32_t* block_table = nullptr;  // null: per-sequence caches
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;   // rows per page; with no table, the caches' S_cache
+  int64_t num_pages = 0;   // with no table, the batch
+  int64_t positions = 0;   // a sequence's positions: S_cache, or the table's columns x page_size
+  int32_t* status = nullptr;
+  DType dtype = DType::kFloat16;
+  int batch = 0;
+  int new_tokens = 0;
+  int heads = 0;
+  int head_dim = 0;
+  void* stream = nullptr;
+  int device_index = 0;
+};
+
+// append_kv's rules, one for both backends. Whether sequence b's new tokens fit its positions
+// (kPastCache otherwise), before its pages are looked at.
+FUSEDATTN_HD bool append_fits(const AppendParams& p, int b) {
+  const int64_t n = p.cache_seqlens[b];
+  return n >= 0 && n <= p.positions - p.new_tokens;
+}
+// The cache row (page or sequence index) and the row within it of position `pos` of sequence b,
+// or -1 where the table names no page of the pools. pos < p.positions.
+struct AppendRow {
+  int64_t page = -1;
+  int64_t row = 0;
+};
+FUSEDATTN_HD AppendRow append_row(const AppendParams& p, int b, int64_t pos) {
+  if (p.block_table == nullptr) return {b, pos};
+  const int64_t page = p.block_table[b * p.block_table_stride + pos / p.page_size];
+  if (page < 0 || page >= p.num_pages) return {};
+  return {page, pos % p.page_size};
+}
+
 }  // namespace fusedattn

@@ -15,6 +15,7 @@
 
 #include "checked_offsets.h"
 #include "fusedattn/attention.h"
+#include "fusedattn/kv_cache.h"
 #include "torch_views.h"
 
 namespace fusedattn::torch_binding {
@@ -193,6 +194,27 @@ Grads varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& 
   });
 }
 
+// fusedattn::append_kv (kv_cache.h): the new tokens written into the caches in place, where each
+// sequence's length (and table) allow; returns the int32 status per sequence (AppendStatus).
+at::Tensor append_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& cache_seqlens, const std::optional<at::Tensor>& block_table) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(k_cache.device());
+    at::Tensor status = at::empty({k.size(0)}, cache_seqlens.options().dtype(at::kInt));
+    AppendKvArgs a;
+    a.k_cache = to_view(k_cache, "k_cache");
+    a.v_cache = to_view(v_cache, "v_cache");
+    a.k = to_view(k, "k");
+    a.v = to_view(v, "v");
+    a.cache_seqlens = to_view(cache_seqlens, "cache_seqlens");
+    if (block_table) a.block_table = to_view(*block_table, "block_table");
+    a.status = to_view(status, "status");
+    a.stream = current_stream(k_cache.device());
+    append_kv(a);
+    return status;
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusedattn, m) {
@@ -222,6 +244,9 @@ TORCH_LIBRARY(fusedattn, m) {
     });
   });
   m.def(
+      "append_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
+      "Tensor? block_table=None) -> Tensor status");
+  m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
       "int window_left, int window_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
@@ -229,6 +254,7 @@ TORCH_LIBRARY(fusedattn, m) {
 
 // fusedattn chooses its backend from the tensors' device, so the same kernels serve both keys.
 TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
+  m.impl("append_kv", &append_kv);
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
   m.impl("varlen_fwd", &varlen_fwd);
@@ -236,6 +262,7 @@ TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(fusedattn, CUDA, m) {
+  m.impl("append_kv", &append_kv);
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
   m.impl("varlen_fwd", &varlen_fwd);

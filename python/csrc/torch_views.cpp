@@ -67,6 +67,14 @@ void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char
               ", got rank " + std::to_string(t.dim()) + " with shape " + shape + "]");
 }
 
+void* current_stream(const c10::Device& device) {
+  if (!device.is_cuda()) return nullptr;
+  // The stream torch's caller is on (torch.cuda.current_stream()), as a cudaStream_t: kernels
+  // must be ordered with the surrounding torch work and with the caching allocator's reuse.
+  const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
+  return impl->getStream(device).native_handle();
+}
+
 Options make_options(const c10::Device& device, std::optional<double> softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right) {
   Options options;
@@ -74,12 +82,7 @@ Options make_options(const c10::Device& device, std::optional<double> softmax_sc
   options.causal = causal;
   options.window_left = window_left;
   options.window_right = window_right;
-  if (device.is_cuda()) {
-    // The stream torch's caller is on (torch.cuda.current_stream()), as a cudaStream_t: kernels
-    // must be ordered with the surrounding torch work and with the caching allocator's reuse.
-    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(device.type());
-    options.stream = impl->getStream(device).native_handle();
-  }
+  options.stream = current_stream(device);
   return options;
 }
 

@@ -28,6 +28,9 @@ at::Tensor readable_by_kernels(const at::Tensor& t, const char* name);
 // validation only because it sizes the outputs it allocates from the inputs' shapes.
 void expect_rank(const at::Tensor& t, const char* name, int64_t rank, const char* layout);
 
+// The current stream of `device` as a cudaStream_t (null for the CPU).
+void* current_stream(const c10::Device& device);
+
 // Options shared by every op: scale, mask, and the current stream of `device`.
 Options make_options(const c10::Device& device, std::optional<double> softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right);

@@ -53,6 +53,11 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     return torch.empty_like(q), _varlen_lse(q)
 
 
+@torch.library.register_fake("fusedattn::append_kv")
+def _append_kv_fake(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
+    return cache_seqlens.new_empty((k.shape[0],), dtype=torch.int32)
+
+
 @torch.library.register_fake("fusedattn::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_left, window_right,
               deterministic=False, column_mask=None):

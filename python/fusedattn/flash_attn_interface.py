@@ -331,36 +331,33 @@ def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interlea
     return q, k, positions
 
 
-def _place_new_tokens_on_device(q, k, lengths: torch.Tensor, capacity: int, rotary_cos, rotary_sin,
-                                interleaved: bool, masked: bool, faults: _device_faults.Faults):
-    """_place_new_tokens with the lengths (int64, batch) on the device: the checks go to `faults`
-    and into `fits` (bool, batch: the sequences whose new tokens are written and attended); a
-    sequence that fails one is placed at position 0 and rotated inside the tables instead."""
+def _append_on_device(q, k, v, k_cache, v_cache, lengths: torch.Tensor, capacity: int, table, cache_row,
+                      rotary_cos, rotary_sin, interleaved: bool, masked: bool, faults: _device_faults.Faults):
+    """The new tokens written with the lengths (int64, batch) on the device, by one append_kv
+    launch that checks each sequence where it writes it (fusedattn/kv_cache.h). Here, in the host
+    path's order, the rules that name a fault: the lengths (append_kv's own rule, for the fault's
+    value), cache_batch_idx's rows (cache_row: (bool, batch) whether each names a cache row, or
+    None) and the rotary tables' reach, which decides the positions k and q rotate at. Returns q
+    (rotated) and fits (bool, batch: the sequences written and attended; a block_table entry of no
+    page also stops the write, which the library's check of the table then names)."""
     new = k.shape[1]
     fits = (lengths >= 0) & (lengths <= capacity - new)
     faults.add(_device_faults.CAPACITY, ~fits, lengths, capacity, new)
-    starts = torch.where(fits, lengths, 0)
+    if cache_row is not None:
+        faults.add(_device_faults.CACHE_ROW, fits & ~cache_row, table[:, 0], k_cache.shape[0], k_cache.shape[1])
+        fits = fits & cache_row
     if rotary_cos is not None:
+        starts = torch.where(fits, lengths, 0)
         last = starts + _rotary_reach(q, k, masked)
         inside = last < rotary_cos.shape[0]
         faults.add(_device_faults.ROTARY, ~inside, last.max().expand_as(last), rotary_cos.shape[0])
         fits = fits & inside
         starts = torch.where(inside, starts, 0)
-    positions = _new_positions(starts, new)
-    q, k = _rotate_new_tokens(q, k, starts, positions, rotary_cos, rotary_sin, interleaved, masked)
-    return q, k, positions, fits
-
-
-def _write_new_tokens(caches, i0: torch.Tensor, i1: torch.Tensor, values, written: torch.Tensor) -> None:
-    """caches[c][i0, i1] = values[c] where written (all (batch, seqlen_new)), with no read on the
-    host: an entry not written is pointed at the first one written, with its value (one value
-    written twice to one place), or where none is, at cache[0, 0] with that element's own value."""
-    first = written.flatten().int().argmax().view(1)  # index_select: no host read of the index
-    anything = written.any()
-    at = [torch.where(written, i, torch.where(anything, i.flatten().index_select(0, first), 0)) for i in (i0, i1)]
-    for cache, new in zip(caches, values):
-        stand_in = torch.where(anything, new.flatten(0, 1).index_select(0, first)[0], cache[0, 0])
-        cache[at[0], at[1]] = torch.where(written[..., None, None], new, stand_in)
+        q, k = _rotate_new_tokens(q, k, starts, _new_positions(starts, new), rotary_cos, rotary_sin, interleaved,
+                                  masked)
+    # A sequence that failed a rule here is given no length, which append_kv does not write.
+    ops.append_kv(k_cache, v_cache, k, v, torch.where(fits, lengths, -1).to(torch.int32), table)
+    return q, fits
 
 
 def _nan_where_failed(result, fits: Optional[torch.Tensor]):
@@ -530,24 +527,22 @@ def _paged_kvcache_on_device(q, k_cache, v_cache, k, v, table: torch.Tensor, tab
     batch, page, blocks = q.shape[0], k_cache.shape[1], k_cache.shape[0]
     left, right = _window(window_size, causal)
     faults, fits = _device_faults.Faults(), None
+    # cache_batch_idx's rows are checked here, not by the library's check of the table, which would
+    # name block_table; the call then reads row 0 for a row of no cache.
+    cache_row = (table[:, 0] >= 0) & (table[:, 0] < blocks) if table_name == "cache_batch_idx" else None
     if k is None:
         used = _device_lengths(cache_seqlens, capacity)
+        if cache_row is not None:
+            has_keys = used > 0
+            faults.add(_device_faults.CACHE_ROW, has_keys & ~cache_row, table[:, 0], blocks, page)
+            fits = cache_row | ~has_keys
     else:
         lengths = cache_seqlens.long()
-        q, k, positions, fits = _place_new_tokens_on_device(q, k, lengths, capacity, rotary_cos, rotary_sin,
-                                                            rotary_interleaved, left >= 0 or right >= 0, faults)
-    if table_name == "cache_batch_idx":
-        # Checked here, not by the library's check of the table, which would name block_table.
-        row_inside = (table[:, 0] >= 0) & (table[:, 0] < blocks)
-        has_keys = (used > 0) if k is None else torch.ones_like(row_inside)
-        faults.add(_device_faults.CACHE_ROW, has_keys & ~row_inside, table[:, 0], blocks, page)
-        fits = (row_inside | ~has_keys) if fits is None else fits & row_inside
-        table = torch.where(row_inside[:, None], table, 0)
-    if k is not None:
-        pages = table.gather(1, positions // page)
-        written = fits[:, None] & (pages >= 0) & (pages < blocks)  # a bad entry is the library's fault
-        _write_new_tokens((k_cache, v_cache), pages, positions % page, (k, v), written)
+        q, fits = _append_on_device(q, k, v, k_cache, v_cache, lengths, capacity, table, cache_row, rotary_cos,
+                                    rotary_sin, rotary_interleaved, left >= 0 or right >= 0, faults)
         used = torch.where(fits, lengths + k.shape[1], 0).to(torch.int32)
+    if cache_row is not None:
+        table = torch.where(cache_row[:, None], table, 0)
     faults.record()
     cu_k = _strided_offsets(capacity, capacity, batch, q.device)
     result = _decode_varlen(q, k_cache, v_cache, cu_k, capacity, softmax_scale, causal, left, right,
@@ -686,15 +681,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         v_rows, v_pitch = _rows_of(v_cache, "v_cache")
         if v_pitch != k_pitch:
             raise ValueError(f"fusedattn: v_cache: its batch stride spans {v_pitch} positions, k_cache's {k_pitch}")
-    fits = None  # on the device: the sequences that pass its checks (_place_new_tokens_on_device)
+    fits = None  # on the device: the sequences that pass its checks (_append_on_device)
     if new > 0 and on_device:
         faults = _device_faults.Faults()
         device_lengths = cache_seqlens.long()
-        q, k, positions, fits = _place_new_tokens_on_device(q, k, device_lengths, k_cache.shape[1], rotary_cos,
-                                                            rotary_sin, rotary_interleaved, left >= 0 or right >= 0,
-                                                            faults)
-        rows = torch.arange(batch, device=q.device)[:, None].expand_as(positions)
-        _write_new_tokens((k_cache, v_cache), rows, positions, (k, v), fits[:, None].expand_as(positions))
+        q, fits = _append_on_device(q, k, v, k_cache, v_cache, device_lengths, k_cache.shape[1], None, None,
+                                    rotary_cos, rotary_sin, rotary_interleaved, left >= 0 or right >= 0, faults)
         faults.record()
     elif new > 0:
         q, k, positions = _place_new_tokens(q, k, lengths, rotary_cos, rotary_sin, rotary_interleaved,

@@ -1,5 +1,6 @@
 // Entry points: validate, pick the backend, run. Backends never see unvalidated arguments.
 #include "fusedattn/attention.h"
+#include "fusedattn/kv_cache.h"
 
 #include <thread>
 
@@ -27,6 +28,16 @@ void backward(const BackwardArgs& args) {
     cuda::backward(params);
   else
     cpu::backward(params);
+}
+
+void append_kv(const AppendKvArgs& args) {
+  AppendParams params;
+  Backend backend;
+  if (!detail::make_append_params(args, params, backend)) return;
+  if (backend == Backend::kCUDA)
+    cuda::append_kv(params);
+  else
+    cpu::append_kv(params);
 }
 
 int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows,

@@ -565,4 +565,88 @@ bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
   return work;
 }
 
+// append_kv (kv_cache.h): the caches and the new tokens as [batch or page, row, head, dim]
+// operands of one dtype, the int32 vectors and table by their own rules. Reads no tensor data.
+bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend) {
+  p = AppendParams{};
+  const bool paged = !a.block_table.empty();
+  const char* cache_layout = paged ? "[num_pages, page_size, heads, head_dim] (paged by block_table)"
+                                   : "[batch, seqlen_cache, heads, head_dim]";
+  check_tensor(a.k_cache, "k_cache", 4, cache_layout);
+  check_tensor(a.v_cache, "v_cache", 4, cache_layout);
+  check_tensor(a.k, "k", 4, "[batch, seqlen_new, heads, head_dim]");
+  check_tensor(a.v, "v", 4, "[batch, seqlen_new, heads, head_dim]");
+  check_same_shape(a.v_cache, "v_cache", a.k_cache, "k_cache");
+  check_same_shape(a.v, "v", a.k, "k");
+  const Device device = a.k_cache.device;
+  for (const auto& [t, name] : {std::pair{&a.v_cache, "v_cache"}, {&a.k, "k"}, {&a.v, "v"}}) {
+    check_dtype(*t, name, a.k_cache.dtype, "k_cache");
+    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on k_cache's device");
+  }
+  const int64_t batch = a.k.shape[0];
+  if (a.k.shape[2] != a.k_cache.shape[2] || a.k.shape[3] != a.k_cache.shape[3])
+    fail(ErrorCode::kShapeMismatch, "k", "shape " + shape_str(a.k) + " must match k_cache's heads and head_dim " +
+                                             shape_str(a.k_cache));
+  if (!paged && a.k_cache.shape[0] != batch)
+    fail(ErrorCode::kShapeMismatch, "k_cache", "holds " + std::to_string(a.k_cache.shape[0]) +
+                                                   " sequences' caches, k " + std::to_string(batch));
+  // The int32 vectors of one entry per sequence.
+  for (const auto& [t, name] : {std::pair{&a.cache_seqlens, "cache_seqlens"}, {&a.status, "status"}}) {
+    if (t->rank != 1 || t->shape[0] != batch)
+      fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of " + std::to_string(batch) +
+                                                " entries, one per sequence, got " + shape_str(*t));
+    if (t->dtype != DType::kInt32)
+      fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(t->dtype));
+    if (batch > 0 && t->data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on k_cache's device");
+    if (batch > 1 && t->stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
+  }
+  if (paged) {
+    const TensorView& table = a.block_table;
+    if (table.rank != 2 || table.shape[0] != batch || table.shape[1] < 1)
+      fail(ErrorCode::kShapeMismatch, "block_table",
+           "must be an int32 [" + std::to_string(batch) + ", pages] tensor (at least one column), got " +
+               shape_str(table));
+    if (table.dtype != DType::kInt32)
+      fail(ErrorCode::kDtypeMismatch, "block_table", std::string("must be int32, got ") + dtype_name(table.dtype));
+    if (batch > 0 && table.data == nullptr) fail(ErrorCode::kInvalidArgument, "block_table", "data pointer is null");
+    if (table.device != device) fail(ErrorCode::kDeviceMismatch, "block_table", "must be on k_cache's device");
+    if (table.shape[1] > 1 && table.stride[1] != 1)
+      fail(ErrorCode::kLayout, "block_table", "each row's entries must be contiguous");
+  }
+  backend = choose_backend(a.backend, device);
+  for (const auto& [t, name] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}, {&a.status, "status"}})
+    check_written(*t, name);
+  if (batch == 0) return false;  // nothing to write or report
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (batch > kMaxInt || a.k.shape[1] > kMaxInt || a.k.shape[2] > kMaxInt || a.k.shape[3] > kMaxInt)
+    fail(ErrorCode::kShapeMismatch, "k", "sizes must fit int32, got " + shape_str(a.k));
+  p.k_cache = a.k_cache.data;
+  p.v_cache = a.v_cache.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.k_cache_stride = strides_of(a.k_cache, false);
+  p.v_cache_stride = strides_of(a.v_cache, false);
+  p.k_stride = strides_of(a.k, false);
+  p.v_stride = strides_of(a.v, false);
+  p.cache_seqlens = static_cast<const int32_t*>(a.cache_seqlens.data);
+  p.status = static_cast<int32_t*>(a.status.data);
+  p.page_size = a.k_cache.shape[1];
+  p.num_pages = a.k_cache.shape[0];
+  p.positions = p.page_size;
+  if (paged) {
+    p.block_table = static_cast<const int32_t*>(a.block_table.data);
+    p.block_table_stride = table_row_stride(a.block_table);
+    p.positions = a.block_table.shape[1] * p.page_size;
+  }
+  p.dtype = a.k_cache.dtype;
+  p.batch = static_cast<int>(batch);
+  p.new_tokens = static_cast<int>(a.k.shape[1]);
+  p.heads = static_cast<int>(a.k.shape[2]);
+  p.head_dim = static_cast<int>(a.k.shape[3]);
+  p.stream = a.stream;
+  p.device_index = device.index;
+  return true;
+}
+
 }  // namespace fusedattn::detail

@@ -6,6 +6,7 @@
 #include "cuda/offsets_fault.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/error.h"
+#include "fusedattn/kv_cache.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::detail {
@@ -16,6 +17,8 @@ Backend choose_backend(Backend requested, const Device& device);
 // Returns false when the call is a valid no-op (zero batch, zero heads or zero query rows).
 bool make_fwd_params(const ForwardArgs& args, FwdParams& params, Backend& backend);
 bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backend);
+// Returns false when there is nothing to write (no sequence or no new token).
+bool make_append_params(const AppendKvArgs& args, AppendParams& params, Backend& backend);
 
 // A fault of offsets or a paged table, found on the host or on the device, as the error naming
 // the argument at fault.

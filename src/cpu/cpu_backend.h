@@ -9,5 +9,7 @@ namespace fusedattn::cpu {
 
 void forward(const FwdParams& params);
 void backward(const BwdParams& params);
+// Appends decode tokens (kv_cache.h); one thread: a decode step writes a few rows.
+void append_kv(const AppendParams& params);
 
 }  // namespace fusedattn::cpu

@@ -12,21 +12,6 @@
 namespace fusedattn::cuda {
 namespace {
 
-// Runs a call on the tensors' device and restores the caller's current device afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int index) {
-    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (index != previous_) FUSEDATTN_CUDA_CHECK(cudaSetDevice(index));
-  }
-  ~DeviceGuard() { cudaSetDevice(previous_); }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 void compute_capability(int index, int& major, int& minor) {
   major = device_attribute(cudaDevAttrComputeCapabilityMajor, index);
   minor = device_attribute(cudaDevAttrComputeCapabilityMinor, index);

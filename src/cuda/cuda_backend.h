@@ -33,5 +33,6 @@ bool take_offsets_fault(int device_index, OffsetsFault& fault);
 void forward(const FwdParams& params);
 std::size_t backward_workspace_bytes(const BwdParams& params);
 void backward(const BwdParams& params);
+void append_kv(const AppendParams& params);
 
 }  // namespace fusedattn::cuda

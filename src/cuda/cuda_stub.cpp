@@ -23,5 +23,6 @@ bool take_offsets_fault(int, OffsetsFault&) { unavailable(); }
 void forward(const FwdParams&) { unavailable(); }
 std::size_t backward_workspace_bytes(const BwdParams&) { unavailable(); }
 void backward(const BwdParams&) { unavailable(); }
+void append_kv(const AppendParams&) { unavailable(); }
 
 }  // namespace fusedattn::cuda

@@ -3,7 +3,7 @@
 // schedule's share of the L2).
 // The driver answers these from its own table; no synchronisation, so a per-launch query is cheap.
 // Also whether a stream is being captured into a CUDA graph, where no allocation or host read
-// may happen.
+// may happen, and a guard that runs a call on a given device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +23,21 @@ inline int current_device_attribute(cudaDeviceAttr attribute) {
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
   return device_attribute(attribute, device);
 }
+
+// Runs a call on the tensors' device and restores the caller's current device afterwards.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) {
+    FUSEDATTN_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (index != previous_) FUSEDATTN_CUDA_CHECK(cudaSetDevice(index));
+  }
+  ~DeviceGuard() { cudaSetDevice(previous_); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
 
 inline bool capturing(cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
