@@ -3,7 +3,9 @@
 // unwritten; and every malformed argument rejected by name.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/kv_cache.h"
@@ -47,37 +49,28 @@ TEST(CpuAppendKv, RejectsMalformedArgumentsByName) {
   std::mt19937_64 rng = fresh_rng();
   AppendCase c({1, 2}, 1, 2, 8, 16, 2, true, rng);
   std::vector<int32_t> status;
-  const auto expect_named = [&](AppendKvArgs a, const char* name) {
+  const AppendKvArgs a = c.args(status);
+  std::vector<int32_t> wide(4);
+  // Each malformed variant of the arguments, and the argument its error must name.
+  const std::vector<std::pair<std::function<void(AppendKvArgs&)>, const char*>> cases = {
+      {[](AppendKvArgs& x) { x.k.dtype = DType::kFloat16; }, "k"},
+      {[](AppendKvArgs& x) { x.v_cache.shape[1] = 8; }, "v_cache"},
+      {[](AppendKvArgs& x) { x.k.shape[3] = x.v.shape[3] = 4; }, "k"},  // alike, not the caches' head dim
+      {[&](AppendKvArgs& x) { x.status = TensorView::contiguous(wide.data(), DType::kInt32, {4}); }, "status"},
+      {[](AppendKvArgs& x) { x.cache_seqlens.dtype = DType::kFloat32; }, "cache_seqlens"},
+      {[](AppendKvArgs& x) { x.block_table.shape[0] = 1; }, "block_table"},
+      {[](AppendKvArgs& x) { x.block_table = {}; }, "k_cache"},  // per-sequence caches: 6 of them for 2 sequences
+  };
+  for (const auto& [make_bad, name] : cases) {
+    AppendKvArgs bad = a;
+    make_bad(bad);
     try {
-      append_kv(a);
+      append_kv(bad);
       ADD_FAILURE() << "accepted a malformed " << name;
     } catch (const Error& e) {
       EXPECT_EQ(e.argument(), name) << e.what();
     }
-  };
-  AppendKvArgs a = c.args(status);
-  std::vector<int32_t> wide(4);
-  AppendKvArgs bad = a;
-  bad.k.dtype = DType::kFloat16;
-  expect_named(bad, "k");
-  bad = a;
-  bad.v_cache.shape[1] = 8;
-  expect_named(bad, "v_cache");
-  bad = a;
-  bad.k.shape[3] = bad.v.shape[3] = 4;  // alike, but not the caches' head dim
-  expect_named(bad, "k");
-  bad = a;
-  bad.status = TensorView::contiguous(wide.data(), DType::kInt32, {4});
-  expect_named(bad, "status");
-  bad = a;
-  bad.cache_seqlens.dtype = DType::kFloat32;
-  expect_named(bad, "cache_seqlens");
-  bad = a;
-  bad.block_table.shape[0] = 1;
-  expect_named(bad, "block_table");
-  bad = a;
-  bad.block_table = {};
-  expect_named(bad, "k_cache");  // per-sequence caches then: 6 pages for 2 sequences
+  }
 }
 
 }  // namespace
