@@ -183,13 +183,17 @@ Grads varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& 
                  const at::Tensor& out, const at::Tensor& softmax_lse, const at::Tensor& cu_seqlens_q,
                  const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                  std::optional<double> softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                 bool deterministic) {
+                 bool deterministic, bool check_on_device) {
   return translate_errors([&] {
     expect_rank(q, "q", kVarlenRank, kVarlenLayout);
     expect_rank(k, "k", kVarlenRank, kVarlenLayout);
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
-    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
+    options.check_on_device = check_on_device;
+    if (check_on_device)
+      set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);  // read by the device check
+    else
+      set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     return run_backward(dout, q, k, v, out, softmax_lse, options, deterministic);
   });
 }
@@ -249,7 +253,8 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
-      "int window_left, int window_right, bool deterministic=False) -> (Tensor dq, Tensor dk, Tensor dv)");
+      "int window_left, int window_right, bool deterministic=False, bool check_on_device=False) -> "
+      "(Tensor dq, Tensor dk, Tensor dv)");
 }
 
 // fusedattn chooses its backend from the tensors' device, so the same kernels serve both keys.

@@ -66,7 +66,7 @@ def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_lef
 
 @torch.library.register_fake("fusedattn::varlen_bwd")
 def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, deterministic=False):
+                     softmax_scale, causal, window_left, window_right, deterministic=False, check_on_device=False):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -96,13 +96,15 @@ def _fwd_backward(ctx, dout, _dlse):
 
 def _varlen_fwd_setup_context(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-     window_right, deterministic, seqused_k, block_table, _checked_rows_k, _check_on_device) = inputs
+     window_right, deterministic, seqused_k, block_table, _checked_rows_k, check_on_device) = inputs
     out, softmax_lse = output
     # The argument the backward cannot take, if any (flash_attn's backward takes neither).
     ctx.forward_only = "block_table" if block_table is not None else "seqused_k" if seqused_k is not None else None
     ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
     ctx.seqlen_args = (max_seqlen_q, max_seqlen_k)
     ctx.mask_args = (softmax_scale, causal, window_left, window_right, deterministic)
+    # A forward that read nothing on the host has its backward read nothing either.
+    ctx.check_on_device = check_on_device
     ctx.mark_non_differentiable(softmax_lse)
 
 
@@ -114,7 +116,7 @@ def _varlen_fwd_backward(ctx, dout, _dlse):
         raise NotImplementedError("fusedattn: seqused_k: the backward pass does not support it (as in flash_attn)")
     q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = ops.varlen_bwd(_last_dim_contiguous(dout), q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k,
-                                *ctx.seqlen_args, *ctx.mask_args)
+                                *ctx.seqlen_args, *ctx.mask_args, check_on_device=ctx.check_on_device)
     return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None, None
 
 

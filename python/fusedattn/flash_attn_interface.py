@@ -120,7 +120,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence's used keys reach) and, on a fault, fills out and softmax_lse with NaN and records the
     fault, which fusedattn.check_device_errors() raises as the host check would have. Calls
     captured in a CUDA graph always check this way (a host read cannot be captured): each replay
-    checks the offsets and table the tensors hold then.
+    checks the offsets and table the tensors hold then. The backward of such a call (autograd)
+    checks the offsets on the device too, filling the gradients with NaN on a fault.
 
     Returns out (like q), or (out, softmax_lse [nheads, total_q] float32, None).
     """

@@ -59,6 +59,37 @@ def test_a_fault_fills_the_outputs_with_nan_and_is_raised_once(fault):
     fusedattn.check_device_errors()
 
 
+def varlen_grads(args, **kwargs):
+    """(out, dq, dk, dv) of a packed call with fresh leaves and a fresh incoming gradient."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in args[:3])
+    out = fusedattn.flash_attn_varlen_func(q, k, v, *args[3:], deterministic=True, **kwargs)
+    out.backward(randn(*out.shape, dtype=out.dtype, device=out.device))
+    return out, q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_backward_of_a_device_checked_call_checks_on_the_device(causal):
+    args, _ = varlen_args(page=False)
+    torch.manual_seed(1)
+    host = varlen_grads(args, causal=causal)
+    torch.manual_seed(1)
+    device = varlen_grads(args, causal=causal, check_on_device=True)
+    for h, d in zip(host, device):
+        assert torch.equal(h, d)
+    fusedattn.check_device_errors()
+    # Offsets spoiled after the forward (through .data, which autograd's version check does not
+    # see): the backward's own device check fills the gradients with NaN and records the fault.
+    args[3] = args[3].clone()
+    q, k, v = (t.detach().clone().requires_grad_() for t in args[:3])
+    out = fusedattn.flash_attn_varlen_func(q, k, v, *args[3:], causal=causal, check_on_device=True)
+    args[3].data[2] = 2  # below entry 1 (3)
+    out.backward(randn(*out.shape, dtype=out.dtype, device=out.device))
+    assert q.grad.isnan().all() and k.grad.isnan().all() and v.grad.isnan().all()
+    with pytest.raises(ValueError, match="cu_seqlens_q: must be non-decreasing"):
+        fusedattn.check_device_errors()
+    fusedattn.check_device_errors()
+
+
 def capture(fn):
     """fn() captured into a CUDA graph after a warm-up on a side stream (torch's recipe); returns
     the graph and the outputs its replays write."""
