@@ -1,6 +1,6 @@
 // The per-key-block summary of a column mask (common/column_summary.h): one warp per (key block,
 // mask head, batch) folds its keys' bounds into the least and greatest start and end of each
-// interval.
+// interval, and finds the block's runs of keys with equal bounds.
 #include "cuda/common/column_summary.h"
 
 #include <climits>
@@ -37,6 +37,60 @@ struct Bounds {
   }
 };
 
+// One key's bounds as a run keeps them: an empty interval as (0, 0), so that keys that hide the
+// same rows compare equal however their empty intervals are written.
+__device__ int4 run_bounds(const int32_t* m, int intervals) {
+  int v[2 * kColumnSummaryIntervals] = {};
+  for (int i = 0; i < intervals; ++i)
+    if (m[2 * i] < m[2 * i + 1]) {
+      v[2 * i] = m[2 * i];
+      v[2 * i + 1] = m[2 * i + 1];
+    }
+  return make_int4(v[0], v[1], v[2], v[3]);
+}
+
+__device__ bool same_bounds(const int4& a, const int4& b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
+
+__device__ int4 shfl_bounds(const int4& v, int lane) {
+  constexpr unsigned kAllLanes = 0xffffffffu;
+  return make_int4(__shfl_sync(kAllLanes, v.x, lane), __shfl_sync(kAllLanes, v.y, lane),
+                   __shfl_sync(kAllLanes, v.z, lane), __shfl_sync(kAllLanes, v.w, lane));
+}
+
+// The runs of one block as lane 0 writes them: each run's bounds as it starts, its end when the
+// next one starts (or the block ends). Past kColumnRunsMax runs only the count goes on.
+struct Runs {
+  int4* record;
+  int count = 0;
+  unsigned ends[2] = {0, 0};
+
+  __device__ void end_last(int offset) {
+    if (count == 0 || count > kColumnRunsMax) return;
+    const int r = count - 1;
+    ends[r / kColumnRunEndsPerWord] |= static_cast<unsigned>(offset) << (r % kColumnRunEndsPerWord * kColumnRunEndBits);
+  }
+
+  // Warp-collective: the keys of lanes `starts` (a ballot, lowest lane first) begin runs; lane l's
+  // key is `offset0 + l` keys after the block's first, its bounds `key`.
+  __device__ void start(unsigned starts, int offset0, const int4& key, int lane) {
+    while (starts != 0 && count <= kColumnRunsMax) {
+      const int l = __ffs(static_cast<int>(starts)) - 1;
+      starts &= starts - 1;
+      end_last(offset0 + l);
+      const int4 bounds = shfl_bounds(key, l);
+      if (lane == 0 && count < kColumnRunsMax) record[kColumnRunBounds + count] = bounds;
+      ++count;
+    }
+    count += __popc(starts);  // past kColumnRunsMax: counted only
+  }
+
+  __device__ void finish(int block_end) {
+    end_last(block_end);
+    record[kColumnRunsHeader] =
+        make_int4(count <= kColumnRunsMax ? count : 0, static_cast<int>(ends[0]), static_cast<int>(ends[1]), 0);
+  }
+};
+
 __global__ void __launch_bounds__(kSummaryThreads)
     summarize_kernel(const int32_t* mask, OperandStrides stride, int intervals, int64_t len_k, int block_keys,
                      int4* out) {
@@ -45,16 +99,30 @@ __global__ void __launch_bounds__(kSummaryThreads)
   const int32_t* keys = mask + batch * stride.batch + mask_head * stride.head;
   const int64_t first = static_cast<int64_t>(n) * block_keys;
   const int64_t end = first + block_keys < len_k ? first + block_keys : len_k;
+  int4* block = out + ((static_cast<int64_t>(batch) * gridDim.y + mask_head) * gridDim.x + n) * kColumnSummaryStride;
   Bounds b[kColumnSummaryIntervals];
-  for (int64_t j = first + lane; j < end; j += kSummaryThreads) {
-    const int32_t* m = keys + j * stride.row;
-    for (int i = 0; i < intervals; ++i) b[i].add(m[2 * i], m[2 * i + 1]);
+  Runs runs{block};
+  int4 before_chunk{};  // the bounds of the key before this chunk's first (none before the block's)
+  for (int64_t chunk = first; chunk < end; chunk += kSummaryThreads) {
+    const int64_t j = chunk + lane;
+    int4 key{};
+    if (j < end) {
+      const int32_t* m = keys + j * stride.row;
+      for (int i = 0; i < intervals; ++i) b[i].add(m[2 * i], m[2 * i + 1]);
+      key = run_bounds(m, intervals);
+    }
+    int4 before = make_int4(__shfl_up_sync(0xffffffffu, key.x, 1), __shfl_up_sync(0xffffffffu, key.y, 1),
+                            __shfl_up_sync(0xffffffffu, key.z, 1), __shfl_up_sync(0xffffffffu, key.w, 1));
+    if (lane == 0) before = before_chunk;
+    const bool starts = j < end && (j == first || !same_bounds(key, before));
+    runs.start(__ballot_sync(0xffffffffu, starts), static_cast<int>(chunk - first), key, lane);
+    before_chunk = shfl_bounds(key, kSummaryThreads - 1);
   }
   // A mask of one interval: the second enters as empty (left as it starts, it would hide every row).
   for (int i = intervals; i < kColumnSummaryIntervals; ++i) b[i].add(0, 0);
   for (Bounds& interval : b) interval.add_lanes();
   if (lane != 0) return;
-  int4* block = out + ((static_cast<int64_t>(batch) * gridDim.y + mask_head) * gridDim.x + n) * kColumnSummaryIntervals;
+  runs.finish(static_cast<int>(end - first));
   for (int i = 0; i < kColumnSummaryIntervals; ++i)
     block[i] = make_int4(b[i].least_start, b[i].most_start, b[i].least_end, b[i].most_end);
 }
@@ -62,7 +130,7 @@ __global__ void __launch_bounds__(kSummaryThreads)
 }  // namespace
 
 int64_t column_summary_bytes(const FwdParams& p, int block_keys) {
-  return ceil_div(p.seqlen_k, block_keys) * column_mask_heads(p) * p.batch * kColumnSummaryIntervals *
+  return ceil_div(p.seqlen_k, block_keys) * column_mask_heads(p) * p.batch * kColumnSummaryStride *
          static_cast<int64_t>(sizeof(int4));
 }
 

@@ -126,6 +126,20 @@ TEST_P(GpuColumnMask, LongDocumentsSkipRunsOfBlocks) {
   FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, DType::kBFloat16));
 }
 
+// Documents shorter than a key block, so that cut blocks hold from one run of equal bounds to more
+// than the summary keeps (kColumnRunsMax): eight of 16 keys fill a 128-key block with eight runs,
+// nine of 14 make more (masked key by key); runs cross the summary kernel's 32-key chunks, and
+// documents of one key make runs of one. Forward and backward.
+TEST_P(GpuColumnMask, ShortDocumentsMaskedRunByRun) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<int64_t> docs(8, 16);
+  docs.insert(docs.end(), 9, 14);
+  for (const int64_t len : {1, 2, 3, 5, 30, 17, 33, 64, 7, 1, 100}) docs.push_back(len);
+  Columns m(1, 1, total_length(docs), 1);
+  const MaskedCall mc = packed_documents(docs, 4, 2, head_dim(), m);
+  FUSEDATTN_RUN_OR_SKIP(check_masked(mc, m, DType::kFloat16));
+}
+
 TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
   FUSEDATTN_REQUIRE_GPU();
   for (const DType dtype : kGpuDtypes) {

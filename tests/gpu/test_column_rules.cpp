@@ -112,5 +112,37 @@ TEST(ColumnRules, DocumentsNarrowToTheirRows) {
   EXPECT_TRUE(column_cover(summarise(block).data(), doc_end - 1, doc_end + 1).cut);
 }
 
+// FragmentKeys::count_before, the keys of a fragment before a run's end, against counting them
+// one by one: the forward's layout (pairs of adjacent keys every 8) and the backward's (keys 8
+// apart every 16), from every offset a lane has, at every end in and around the block.
+template <int kPerStep, int kStep, int kSpacing>
+void expect_counts_by_brute_force(int keys_per_thread) {
+  constexpr int kBlockFirst = 256;
+  for (int offset = 0; offset < kStep; ++offset) {
+    const FragmentKeys<kPerStep, kStep, kSpacing> keys{kBlockFirst, offset};
+    for (int end = -4; end <= kStep * keys_per_thread + 4; ++end) {
+      int below = 0;
+      for (int k = 0; k < keys_per_thread; ++k) below += keys.key(k) < kBlockFirst + end;
+      const int counted = keys.count_before(end);
+      EXPECT_EQ(counted < keys_per_thread ? counted : keys_per_thread, below) << "offset " << offset << ", end " << end;
+    }
+  }
+}
+
+TEST(ColumnRules, RunsMapOntoFragmentKeys) {
+  expect_counts_by_brute_force<2, 8, 1>(32);   // sm90 / sm80 forward: key0 + 8 (k / 2) + k % 2
+  expect_counts_by_brute_force<2, 16, 8>(4);   // sm80 backward: key0 + 16 (k / 2) + 8 (k % 2)
+}
+
+// A run's end comes back from its byte of the header.
+TEST(ColumnRules, RunEndsComeBackFromTheHeader) {
+  const int ends[kColumnRunsMax] = {1, 16, 17, 64, 100, 127, 200, kColumnSummaryMaxBlockKeys};
+  unsigned words[2] = {0, 0};
+  for (int r = 0; r < kColumnRunsMax; ++r)
+    words[r / kColumnRunEndsPerWord] |= static_cast<unsigned>(ends[r]) << (r % kColumnRunEndsPerWord * kColumnRunEndBits);
+  const int4 header{kColumnRunsMax, static_cast<int>(words[0]), static_cast<int>(words[1]), 0};
+  for (int r = 0; r < kColumnRunsMax; ++r) EXPECT_EQ(column_run_end(header, r), ends[r]) << "run " << r;
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda

@@ -35,11 +35,11 @@ struct ColumnMaskView {
   static __device__ __forceinline__ ColumnMaskView of(const FwdParams& p, const ColumnSummary& s, int batch,
                                                       int head) {
     const int64_t mask_head = static_cast<int64_t>(batch) * column_mask_heads(p) + column_mask_head(p, head);
-    return {column_mask_keys(p, batch, head), s.bounds + mask_head * s.blocks * kColumnSummaryIntervals};
+    return {column_mask_keys(p, batch, head), s.bounds + mask_head * s.blocks * kColumnSummaryStride};
   }
 
   __device__ __forceinline__ ColumnCover cover(int n, int r0, int r1) const {
-    return column_cover(blocks + n * kColumnSummaryIntervals, r0, r1);
+    return column_cover(blocks + n * kColumnSummaryStride, r0, r1);
   }
 
   // The highest block in [lo, from] that some row of [r0, r1) sees. Warp-collective: each lane
@@ -79,53 +79,49 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
                                                       int head0, int heads, int n, int len_q) {
   RowSpan all{len_q, 0};
   for (int h = 0; h < (p.column_mask_per_head ? heads : 1); ++h) {
-    const RowSpan seen = column_seen_rows(ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryIntervals, len_q);
+    const RowSpan seen = column_seen_rows(ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryStride, len_q);
     if (seen.first < seen.end) all = {min(all.first, seen.first), max(all.end, seen.end)};
   }
   return all.first < all.end ? all : RowSpan{0, 0};
 }
 
 // The hidden (key, row) pairs of one thread's accumulator fragment: kKeys keys and kRows rows,
-// whose positions key_at(k) and row_at(r) the kernel's fragment layout gives. Found as bits, a
-// word per few keys, in a loop over the keys that is not unrolled (a few keys' bounds per
-// iteration where the caller has the registers), then applied: unrolled, every key's bounds were
-// loaded at once beside the fragment's registers. find_by_call() is the same
-// search as a call, for tiles where even the loop spills inline (the call saves a few registers on
-// its stack, on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to
-// the sequence-end mask (their bounds do not exist).
+// whose positions `keys` (a FragmentKeys) and row_at(r) give. Found as bits, a word per few keys,
+// then applied. Where the block's summary has its runs of keys with equal bounds
+// (common/column_summary.h), each run's rows are tested once and its bits go to the keys it spans
+// (documents: a run per document). Otherwise by a loop over the keys that is not unrolled (a few
+// keys' bounds per iteration where the caller has the registers): unrolled, every key's bounds were
+// loaded at once beside the fragment's registers. find_by_call() is the same search as a call, for
+// tiles where even the loop spills inline (the call saves a few registers on its stack, on cut
+// blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the sequence-end
+// mask (their bounds do not exist).
 template <int kKeys, int kRows>
 struct HiddenPairs {
   static constexpr int kWordBits = 32;
   static constexpr int kKeysPerWord = kWordBits / kRows;
   static constexpr int kWords = (kKeys + kKeysPerWord - 1) / kKeysPerWord;
   static_assert(kKeysPerWord >= 1, "a word holds at least one key's rows");
+  // Bit 0 of each key's kRows bits in a word: times a row pattern, each key's copy of it.
+  static constexpr uint32_t every_key() {
+    uint32_t bits = 0;
+    for (int j = 0; j < kKeysPerWord; ++j) bits |= 1u << (j * kRows);
+    return bits;
+  }
+  static constexpr uint32_t kEveryKey = every_key();
 
   uint32_t words[kWords];  // word w, bit j * kRows + r: key w * kKeysPerWord + j hides from row r
 
   // The keys lie in key block `block` of the mask's summary. kInFlight: how many keys' bounds the
-  // loop loads at once (each load waits for the L1 at least; where registers allow, a few in flight
-  // share that wait).
-  template <int kInFlight = 1, typename KeyAt, typename RowAt>
-  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, KeyAt key_at,
+  // key loop loads at once (each load waits for the L1 at least; where registers allow, a few in
+  // flight share that wait).
+  template <int kInFlight = 1, typename Keys, typename RowAt>
+  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, const Keys& keys,
                                        RowAt row_at, int len_k) {
     static_assert(kInFlight >= 1 && kKeysPerWord % kInFlight == 0, "a word's keys in whole batches");
-    // Where every key of the block hides the same rows (its least and greatest bounds agree: keys
-    // of one document), no key's own bounds are read: the rows' bits, found once, go to each key.
-    const int4* summary = mask.blocks + block * kColumnSummaryIntervals;
-    const int4 first = __ldg(summary), second = __ldg(summary + 1);
-    if (first.x == first.y && first.z == first.w && second.x == second.y && second.z == second.w) {
-      const ColumnMaskView::KeyBounds b{first.x, first.z, second.x, second.z};
-      uint32_t rows = 0;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) rows |= static_cast<uint32_t>(b.hides(row_at(r))) << r;
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) {
-        uint32_t hidden = 0;
-#pragma unroll
-        for (int j = 0; j < kKeysPerWord && w * kKeysPerWord + j < kKeys; ++j)
-          if (key_at(w * kKeysPerWord + j) < len_k) hidden |= rows << (j * kRows);
-        words[w] = hidden;
-      }
+    const int4* record = mask.blocks + block * kColumnSummaryStride;
+    const int4 runs = __ldg(record + kColumnRunsHeader);
+    if (runs.x > 0) {
+      find_by_runs(record, runs, keys, row_at, min(keys.count_before(len_k - keys.block_first), kKeys));
       return;
     }
 #pragma unroll
@@ -137,7 +133,7 @@ struct HiddenPairs {
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) {
           const int k = w * kKeysPerWord + j0 + i;
-          const int key = k < kKeys ? key_at(k) : len_k;
+          const int key = k < kKeys ? keys.key(k) : len_k;
           b[i] = key < len_k ? mask.bounds(p, key) : ColumnMaskView::KeyBounds{};  // none: hides no row
         }
 #pragma unroll
@@ -150,32 +146,68 @@ struct HiddenPairs {
     }
   }
 
-  template <typename KeyAt, typename RowAt>
-  __device__ __noinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block, KeyAt key_at,
+  // Run by run: the keys of run r are the thread's keys [count_before(its start), count_before(its
+  // end)), capped at `keys_seen` (those before len_k); each gets the run's rows' bits.
+  template <typename Keys, typename RowAt>
+  __device__ __forceinline__ void find_by_runs(const int4* record, const int4& runs, const Keys& keys, RowAt row_at,
+                                               int keys_seen) {
+#pragma unroll
+    for (int w = 0; w < kWords; ++w) words[w] = 0;
+    int k0 = 0;  // the thread's first key of the run
+#pragma unroll 1
+    for (int r = 0; r < runs.x && k0 < keys_seen; ++r) {
+      const int k1 = min(keys.count_before(column_run_end(runs, r)), keys_seen);
+      if (k1 > k0) {
+        const int4 v = __ldg(record + kColumnRunBounds + r);
+        const ColumnMaskView::KeyBounds b{v.x, v.y, v.z, v.w};
+        uint32_t rows = 0;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) rows |= static_cast<uint32_t>(b.hides(row_at(i))) << i;
+        const uint32_t pattern = rows * kEveryKey;
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) {
+          const int lo = min(max(k0 - w * kKeysPerWord, 0), kKeysPerWord) * kRows;
+          const int hi = min(max(k1 - w * kKeysPerWord, 0), kKeysPerWord) * kRows;
+          words[w] |= pattern & (low_bits(hi) & ~low_bits(lo));
+        }
+      }
+      k0 = k1;
+    }
+  }
+
+  template <typename Keys, typename RowAt>
+  __device__ __noinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block, const Keys& keys,
                                             RowAt row_at, int len_k) {
-    find(p, mask, block, key_at, row_at, len_k);
+    find(p, mask, block, keys, row_at, len_k);
   }
 
   __device__ __forceinline__ bool hidden(int k, int r) const {
     return ((words[k / kKeysPerWord] >> (k % kKeysPerWord * kRows + r)) & 1u) != 0;
   }
+
+ private:
+  // Bits [0, n) of a word, n in [0, 32].
+  __device__ __forceinline__ static uint32_t low_bits(int n) {
+    return n >= kWordBits ? 0xffffffffu : (1u << n) - 1u;
+  }
 };
 
 // The forward's S accumulators, mma.m16n8k16 C fragments (as apply_mask in common/mask.cuh):
-// s[mt][nt][2 * h + e] is row row0 + 16 mt + 8 h, key col0 + 8 nt + e. Hidden scores become -inf.
+// s[mt][nt][2 * h + e] is row row0 + 16 mt + 8 h, key block_first + col0 + 8 nt + e of key block
+// `block` (block_first = block * the summary's block keys). Hidden scores become -inf.
 template <bool kByCall, int kMTiles, int kNTiles>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kMTiles][kNTiles][4], const FwdParams& p,
-                                                   const ColumnMaskView& mask, int block, int row0, int col0,
-                                                   int len_k) {
-  constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8;
+                                                   const ColumnMaskView& mask, int block, int block_first, int row0,
+                                                   int col0, int len_k) {
+  constexpr int kTileRows = 16, kHalfRows = 8, kTileCols = 8, kColsPerTile = 2;
   // Key k is (nt, e) = (k / 2, k % 2), row r is (mt, h) = (r / 2, r % 2).
-  auto key_at = [col0](int k) { return col0 + k / 2 * kTileCols + k % 2; };
+  const FragmentKeys<kColsPerTile, kTileCols, 1> keys{block_first, col0};
   auto row_at = [row0](int r) { return row0 + r / 2 * kTileRows + r % 2 * kHalfRows; };
   HiddenPairs<2 * kNTiles, 2 * kMTiles> pairs;
   if constexpr (kByCall)
-    pairs.find_by_call(p, mask, block, key_at, row_at, len_k);
+    pairs.find_by_call(p, mask, block, keys, row_at, len_k);
   else
-    pairs.find(p, mask, block, key_at, row_at, len_k);
+    pairs.find(p, mask, block, keys, row_at, len_k);
 #pragma unroll
   for (int k = 0; k < 2 * kNTiles; ++k)
 #pragma unroll
@@ -191,12 +223,12 @@ struct HiddenProbabilities {
   static constexpr int kTileKeys = 16, kHalfKeys = 8, kTileRows = 8;
   HiddenPairs<2 * kKeyTiles, 2 * kRowTiles> pairs;
 
-  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, int key0, int row0,
-                                       int len_k) {
+  // The thread's keys are block_first + key0 + 16 mi + 8 (e / 2).
+  __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, int block_first,
+                                       int key0, int row0, int len_k) {
     // Key k is (mi, e / 2) = (k / 2, k % 2), row r is (j, e % 2) = (r / 2, r % 2).
-    pairs.find(
-        p, mask, block, [key0](int k) { return key0 + k / 2 * kTileKeys + k % 2 * kHalfKeys; },
-        [row0](int r) { return row0 + r / 2 * kTileRows + r % 2; }, len_k);
+    pairs.find(p, mask, block, FragmentKeys<2, kTileKeys, kHalfKeys>{block_first, key0},
+               [row0](int r) { return row0 + r / 2 * kTileRows + r % 2; }, len_k);
   }
 
   // Hidden probabilities become 0.

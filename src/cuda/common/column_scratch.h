@@ -21,10 +21,12 @@ struct ColumnScratch {
   ColumnSummary summary;
   int4* owned = nullptr;
 
-  // The summary of p's mask over key blocks of block_keys keys, written on p.stream.
-  static ColumnScratch of(const FwdParams& p, int block_keys) {
+  // The summary of p's mask over key blocks of kBlockKeys keys, written on p.stream.
+  template <int kBlockKeys>
+  static ColumnScratch of(const FwdParams& p) {
+    static_assert(kBlockKeys <= kColumnSummaryMaxBlockKeys, "a block's run ends fit their bytes");
     const auto stream = static_cast<cudaStream_t>(p.stream);
-    const int64_t bytes = column_summary_bytes(p, block_keys);
+    const int64_t bytes = column_summary_bytes(p, kBlockKeys);
     // No keys: no block to summarise (the kernel visits none), and nothing to allocate.
     if (bytes == 0) return {};
     const StreamBuffer buf = stream_buffer(StreamBufferUser::kColumnSummary, stream, bytes);
@@ -34,7 +36,7 @@ struct ColumnScratch {
       FUSEDATTN_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&s.owned), static_cast<size_t>(bytes), stream));
       bounds = s.owned;
     }
-    s.summary = summarize_column_mask(p, block_keys, bounds);
+    s.summary = summarize_column_mask(p, kBlockKeys, bounds);
     return s;
   }
 

@@ -16,8 +16,51 @@ constexpr int kColumnSummaryIntervals = 2;
 // Key blocks are at least this many keys (one m16 tile); the backward sizes its summary by it.
 constexpr int kColumnSummaryMinBlockKeys = 16;
 
+// A block's keys in runs of equal bounds (documents: a run per document the block meets), so that
+// a block the mask cuts can be masked run by run rather than key by key (common/column_mask.cuh).
+// Up to kColumnRunsMax runs are kept; a block with more (bounds that change from key to key: windows,
+// prefixes) is masked key by key. A run's end is kept in a byte, in keys after the block's first.
+constexpr int kColumnRunsMax = 8;
+constexpr int kColumnRunEndBits = 8;
+constexpr int kColumnRunEndsPerWord = 32 / kColumnRunEndBits;
+constexpr int kColumnSummaryMaxBlockKeys = (1 << kColumnRunEndBits) - 1;
+// A block's record, in int4: its bounds (one per interval), the runs' header (x: how many runs, 0
+// where there are more than kColumnRunsMax; y, z: their ends, run r's in byte r % 4 of y for r < 4
+// and of z after), then each run's bounds (s0, e0, s1, e1; an empty interval as 0, 0).
+constexpr int kColumnRunsHeader = kColumnSummaryIntervals;
+constexpr int kColumnRunBounds = kColumnRunsHeader + 1;
+constexpr int kColumnSummaryStride = kColumnRunBounds + kColumnRunsMax;
+static_assert(kColumnRunsMax <= 2 * kColumnRunEndsPerWord, "the run ends fit in the header's y and z");
+
+// The end of run r of a block (keys after its first) from its runs' header.
+FUSEDATTN_HD int column_run_end(const int4& header, int r) {
+  const unsigned word = static_cast<unsigned>(r < kColumnRunEndsPerWord ? header.y : header.z);
+  constexpr unsigned kByte = (1u << kColumnRunEndBits) - 1;
+  return static_cast<int>((word >> (r % kColumnRunEndsPerWord * kColumnRunEndBits)) & kByte);
+}
+
+// Where one thread's keys of a key block lie in its accumulator fragment: key k is
+// block_first + offset + (k / kPerStep) * kStep + (k % kPerStep) * kSpacing. A run of keys
+// [block_first + a, block_first + b) holds the thread's keys [count_before(a), count_before(b)).
+template <int kPerStep, int kStep, int kSpacing>
+struct FragmentKeys {
+  static_assert(kPerStep * kSpacing <= kStep, "a step's keys lie before the next step's");
+  int block_first;  // the block's first key
+  int offset;       // the thread's first key, after block_first
+
+  FUSEDATTN_HD int key(int k) const { return block_first + offset + k / kPerStep * kStep + k % kPerStep * kSpacing; }
+  // How many of the thread's keys lie before key block_first + end (not capped at its key count).
+  FUSEDATTN_HD int count_before(int end) const {
+    const int t = end - offset;
+    if (t <= 0) return 0;
+    const int in_step = (t % kStep + kSpacing - 1) / kSpacing;
+    return t / kStep * kPerStep + (in_step < kPerStep ? in_step : kPerStep);
+  }
+};
+
 // The summary of one call's mask, as the kernels take it. bounds: [batch][mask heads][blocks]
-// [kColumnSummaryIntervals] int4 of (least start, greatest start, least end, greatest end).
+// [kColumnSummaryStride] int4: each block's record, whose first kColumnSummaryIntervals int4 are
+// (least start, greatest start, least end, greatest end) of each interval.
 struct ColumnSummary {
   const int4* bounds = nullptr;
   int blocks = 0;  // key blocks per (batch, mask head)

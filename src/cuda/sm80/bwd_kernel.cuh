@@ -278,7 +278,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
       HiddenProbabilities<kKeyTiles, kSliceTiles> hidden;
       if (kColumns && column_cut)
         hidden.find(p, ColumnMaskView::of(p, ws.columns, cta.b, cur.h), static_cast<int>(cta.n),
-                    static_cast<int>(key0) + warp_key0 + g,
+                    static_cast<int>(key0), warp_key0 + g,
                     static_cast<int>(m) * kBlockM + q0 + 2 * t, static_cast<int>(cta.seq.len_k));
       float pt[kKeyTiles][kSliceTiles][4];
       warp_gemm_rows_bt<T::kKvRegisters, kKeyTiles, kSliceQueries, kHeadDim, kPitch, Element, false, kStagedXor>(

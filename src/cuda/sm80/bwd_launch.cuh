@@ -82,6 +82,7 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
     BwdWorkspace masked_ws = ws;
     if constexpr (kMask == MaskKind::kColumn) {
       static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
+      static_assert(T::kBlockN <= kColumnSummaryMaxBlockKeys, "a block's run ends fit their bytes");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
     }
     const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);

@@ -213,8 +213,9 @@ __global__ void __launch_bounds__(FwdConfig<kHeadDim>::kThreads, FwdConfig<kHead
         if (cut) mask_cut_block<MaskPolicy<kMask>, kFirst>(s, window, n * kBlockN + j * Cfg::kSliceN + col_in_tile, cut_left);
         if constexpr (kColumns)
           if (column_cut)
-            hide_column_scores<Cfg::kColumnCall>(s, p, columns_here, n, static_cast<int>(m0) + warp_row0 + lane / 4,
-                                                 n * kBlockN + j * Cfg::kSliceN + col_in_tile, len_k);
+            hide_column_scores<Cfg::kColumnCall>(s, p, columns_here, n, n * kBlockN,
+                                                 static_cast<int>(m0) + warp_row0 + lane / 4,
+                                                 j * Cfg::kSliceN + col_in_tile, len_k);
         if (kFirst && j == 0)
           softmax.template update<true>(s, scale_log2, kRescaleSlack, correction[j]);
         else

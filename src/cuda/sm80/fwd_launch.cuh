@@ -52,7 +52,7 @@ void run_fwd(const FwdParams& params) {
           ? 0
           : cuda::schedule_shift(2 * p.seqlen_k * p.head_dim * static_cast<int64_t>(sizeof(Element)), p.heads_q * p.batch);
   using KVTile = TileIo<Element, Cfg::kBlockN, kHeadDim, Cfg::kPitch, Cfg::kThreads>;
-  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of(p, Cfg::kBlockN) : ColumnScratch{};
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(p, schedule_shift, KVTile::steps(p.k_stride.row),
                                                           KVTile::steps(p.v_stride.row), split, columns.summary);
   FUSEDATTN_CHECK_LAUNCH();

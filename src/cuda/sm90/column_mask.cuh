@@ -62,7 +62,7 @@ struct ColumnBlockWalk {
   // column_cover's rule (common/column_summary.h), one interval's int4 at a time: on the producer
   // warp's few registers (kColumnProducerRegisters) both intervals' loads in flight at once spilled.
   __device__ __forceinline__ ColumnCover cover(int n) const {
-    const int4* block = mask.blocks + n * kColumnSummaryIntervals;
+    const int4* block = mask.blocks + n * kColumnSummaryStride;
     bool hidden = false, untouched = true;
 #pragma unroll 1
     for (int i = 0; i < kColumnSummaryIntervals; ++i) {
@@ -103,28 +103,27 @@ struct ColumnBlockWalk {
   }
 };
 
-// Keys whose bounds a consumer thread loads at once in a cut block's loop (HiddenPairs::find):
-// one at a time, the loop's serial L1 waits took half of the kernel's stall samples on short
-// documents (ncu, d64, 32-512-token documents; docs/hopper.md, session 51).
+// Keys whose bounds a consumer thread loads at once in a cut block's key loop (HiddenPairs::find,
+// blocks of more than kColumnRunsMax runs): one at a time, the loop's serial L1 waits took half of
+// the kernel's stall samples on short documents (ncu, d64, 32-512-token documents; docs/hopper.md,
+// session 51).
 constexpr int kColumnBoundsInFlight = 4;
 
 // Consumer thread: hides (-inf) the scores of key block n that the mask hides, on its wgmma
 // accumulator s (64 x kBlockN, ptx/wgmma.cuh): rows row0 and row0 + 8, keys
 // n * kBlockN + col0 + 8 j + {0, 1}, s[4 j + 2 half + e] the score of row half, key 8 j + e. The
-// hidden pairs are found as bits first (HiddenPairs: from the block's summary where its keys
-// all hide the same rows, else by a loop over the keys, kColumnBoundsInFlight keys' bounds read
-// at once through the read-only cache), then applied.
+// hidden pairs are found as bits first (HiddenPairs: run by run from the block's summary, or by a
+// loop over the keys, kColumnBoundsInFlight keys' bounds read at once through the read-only
+// cache), then applied.
 template <int kBlockN, int kAcc>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdParams& p, const ColumnMaskView& mask,
                                                    int n, int row0, int col0, int len_k) {
   constexpr int kRows = 2, kRowStep = 8, kKeyStep = 8, kKeysPerStep = 2;
   constexpr int kKeys = kAcc / kRows;
   static_assert(kAcc == kBlockN / 2, "a whole block's accumulator (no narrow block under column masks)");
-  const int key0 = n * kBlockN + col0;
   HiddenPairs<kKeys, kRows> pairs;
-  pairs.template find<kColumnBoundsInFlight>(
-      p, mask, n, [key0](int k) { return key0 + k / kKeysPerStep * kKeyStep + k % kKeysPerStep; },
-      [row0](int r) { return row0 + r * kRowStep; }, len_k);
+  pairs.template find<kColumnBoundsInFlight>(p, mask, n, FragmentKeys<kKeysPerStep, kKeyStep, 1>{n * kBlockN, col0},
+                                             [row0](int r) { return row0 + r * kRowStep; }, len_k);
 #pragma unroll
   for (int k = 0; k < kKeys; ++k)
 #pragma unroll

@@ -256,7 +256,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   kp.trace = trace.buffer(grid);
 #endif
   // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel.
-  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of(p, Cfg::kBlockN) : ColumnScratch{};
+  const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
