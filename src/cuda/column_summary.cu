@@ -40,13 +40,11 @@ struct Bounds {
 // One key's bounds as a run keeps them: an empty interval as (0, 0), so that keys that hide the
 // same rows compare equal however their empty intervals are written.
 __device__ int4 run_bounds(const int32_t* m, int intervals) {
-  int v[2 * kColumnSummaryIntervals] = {};
-  for (int i = 0; i < intervals; ++i)
-    if (m[2 * i] < m[2 * i + 1]) {
-      v[2 * i] = m[2 * i];
-      v[2 * i + 1] = m[2 * i + 1];
-    }
-  return make_int4(v[0], v[1], v[2], v[3]);
+  static_assert(kColumnSummaryIntervals == 2, "a run's bounds are two intervals");
+  int4 v{};
+  if (m[0] < m[1]) v.x = m[0], v.y = m[1];
+  if (intervals > 1 && m[2] < m[3]) v.z = m[2], v.w = m[3];
+  return v;
 }
 
 __device__ bool same_bounds(const int4& a, const int4& b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
@@ -62,12 +60,11 @@ __device__ int4 shfl_bounds(const int4& v, int lane) {
 struct Runs {
   int4* record;
   int count = 0;
-  unsigned ends[2] = {0, 0};
+  uint64_t ends = 0;  // run r's end in byte r: the header's y, then z
 
   __device__ void end_last(int offset) {
     if (count == 0 || count > kColumnRunsMax) return;
-    const int r = count - 1;
-    ends[r / kColumnRunEndsPerWord] |= static_cast<unsigned>(offset) << (r % kColumnRunEndsPerWord * kColumnRunEndBits);
+    ends |= static_cast<uint64_t>(offset) << ((count - 1) * kColumnRunEndBits);
   }
 
   // Warp-collective: the keys of lanes `starts` (a ballot, lowest lane first) begin runs; lane l's
@@ -87,7 +84,8 @@ struct Runs {
   __device__ void finish(int block_end) {
     end_last(block_end);
     record[kColumnRunsHeader] =
-        make_int4(count <= kColumnRunsMax ? count : 0, static_cast<int>(ends[0]), static_cast<int>(ends[1]), 0);
+        make_int4(count <= kColumnRunsMax ? count : 0, static_cast<int>(static_cast<uint32_t>(ends)),
+                  static_cast<int>(static_cast<uint32_t>(ends >> 32)), 0);
   }
 };
 

@@ -117,13 +117,32 @@ struct HiddenPairs {
   template <int kInFlight = 1, typename Keys, typename RowAt>
   __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, const Keys& keys,
                                        RowAt row_at, int len_k) {
-    static_assert(kInFlight >= 1 && kKeysPerWord % kInFlight == 0, "a word's keys in whole batches");
     const int4* record = mask.blocks + block * kColumnSummaryStride;
     const int4 runs = __ldg(record + kColumnRunsHeader);
-    if (runs.x > 0) {
-      find_by_runs(record, runs, keys, row_at, min(keys.count_before(len_k - keys.block_first), kKeys));
-      return;
-    }
+    if (runs.x > 0)
+      find_by_runs(record, runs, keys, row_at, len_k);
+    else
+      find_by_keys<kInFlight>(p, mask, keys, row_at, len_k);
+  }
+
+  // The same as calls, one per way (the key loop's call is what the tiles that need one had before
+  // runs, so its call site saves what it did).
+  template <typename Keys, typename RowAt>
+  __device__ __forceinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block,
+                                               const Keys& keys, RowAt row_at, int len_k) {
+    const int4* record = mask.blocks + block * kColumnSummaryStride;
+    const int4 runs = __ldg(record + kColumnRunsHeader);
+    if (runs.x > 0)
+      find_by_runs_call(record, runs, keys, row_at, len_k);
+    else
+      find_by_keys_call(p, mask, keys, row_at, len_k);
+  }
+
+  // Key by key.
+  template <int kInFlight, typename Keys, typename RowAt>
+  __device__ __forceinline__ void find_by_keys(const FwdParams& p, const ColumnMaskView& mask, const Keys& keys,
+                                               RowAt row_at, int len_k) {
+    static_assert(kInFlight >= 1 && kKeysPerWord % kInFlight == 0, "a word's keys in whole batches");
 #pragma unroll
     for (int w = 0; w < kWords; ++w) {
       uint32_t hidden = 0;
@@ -147,10 +166,11 @@ struct HiddenPairs {
   }
 
   // Run by run: the keys of run r are the thread's keys [count_before(its start), count_before(its
-  // end)), capped at `keys_seen` (those before len_k); each gets the run's rows' bits.
+  // end)), capped at those before len_k; each gets the run's rows' bits.
   template <typename Keys, typename RowAt>
   __device__ __forceinline__ void find_by_runs(const int4* record, const int4& runs, const Keys& keys, RowAt row_at,
-                                               int keys_seen) {
+                                               int len_k) {
+    const int keys_seen = min(keys.count_before(len_k - keys.block_first), kKeys);
 #pragma unroll
     for (int w = 0; w < kWords; ++w) words[w] = 0;
     int k0 = 0;  // the thread's first key of the run
@@ -158,8 +178,11 @@ struct HiddenPairs {
     for (int r = 0; r < runs.x && k0 < keys_seen; ++r) {
       const int k1 = min(keys.count_before(column_run_end(runs, r)), keys_seen);
       if (k1 > k0) {
-        const int4 v = __ldg(record + kColumnRunBounds + r);
-        const ColumnMaskView::KeyBounds b{v.x, v.y, v.z, v.w};
+        // Two 8-byte loads: a 16-byte one wants four aligned registers, which the d128 portable
+        // forward's call found only by spilling its caller.
+        const int2* bounds = reinterpret_cast<const int2*>(record + kColumnRunBounds + r);
+        const int2 first = __ldg(bounds), second = __ldg(bounds + 1);
+        const ColumnMaskView::KeyBounds b{first.x, first.y, second.x, second.y};
         uint32_t rows = 0;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) rows |= static_cast<uint32_t>(b.hides(row_at(i))) << i;
@@ -176,9 +199,15 @@ struct HiddenPairs {
   }
 
   template <typename Keys, typename RowAt>
-  __device__ __noinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block, const Keys& keys,
-                                            RowAt row_at, int len_k) {
-    find(p, mask, block, keys, row_at, len_k);
+  __device__ __noinline__ void find_by_runs_call(const int4* record, const int4& runs, const Keys& keys, RowAt row_at,
+                                                 int len_k) {
+    find_by_runs(record, runs, keys, row_at, len_k);
+  }
+
+  template <typename Keys, typename RowAt>
+  __device__ __noinline__ void find_by_keys_call(const FwdParams& p, const ColumnMaskView& mask, const Keys& keys,
+                                                 RowAt row_at, int len_k) {
+    find_by_keys<1>(p, mask, keys, row_at, len_k);
   }
 
   __device__ __forceinline__ bool hidden(int k, int r) const {

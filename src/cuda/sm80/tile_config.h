@@ -40,8 +40,9 @@ struct FwdTile {
   // slice 1 interleaved with the HMMAs of slice 0, which the loop's back edge would separate).
   bool pv_first;
   // Column masks (MaskKind::kColumn): a cut block's hidden scores are found by a call rather than
-  // inline (common/column_mask.cuh, HiddenPairs::find_by_call). Inline, d128's scores spilled 76-92 B; by a
-  // call d64 and d96 spilled 4-8 B, which inline they did not (ptxas -v, sm_90).
+  // inline (common/column_mask.cuh, HiddenPairs::find_by_call). Inline, d128's scores spilled 76-92 B;
+  // with the search run by run beside the key loop, d32 and d96 spilled 16 / 4 B inline and none by
+  // the calls, and d64 none inline (ptxas -v, sm_90).
   bool column_call;
 };
 
@@ -63,9 +64,9 @@ struct FwdTile {
 // 320 -> 329.
 constexpr FwdTile fwd_tile(int head_dim) {
   switch (head_dim) {
-    case 32: return {128, 128, 4, 1, 2, true, true, false};
+    case 32: return {128, 128, 4, 1, 2, true, true, true};
     case 64: return {128, 128, 4, 2, 2, true, false, false};
-    case 96: return {128, 64, 4, 1, 6, true, true, false};
+    case 96: return {128, 64, 4, 1, 6, true, true, true};
     case 128: return {128, 64, 4, 1, 8, false, true, true};
     case 192: return {64, 64, 4, 1, 12, true, true, false};
     default: return {64, 64, 4, 1, 16, true, false, false};  // 256
