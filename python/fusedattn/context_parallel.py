@@ -13,7 +13,7 @@ early and a late part of the sequence and every rank does the same work (_Step).
 The backward runs the ring again. Each rank's dq comes from its own queries; each K/V chunk
 travels with fp32 accumulators of its dk and dv, which every rank adds its share to (fusedattn's
 backward with the final out and log-sum-exp gives exactly that share), and which come home after
-the last step. Communication is torch.distributed's point-to-point (batch_isend_irecv), so any
+the last step; they travel under the next step's kernels, as the K/V do. Communication is torch.distributed's point-to-point (batch_isend_irecv), so any
 backend that has it serves: NCCL on GPUs, gloo on the CPU.
 """
 from __future__ import annotations
@@ -111,13 +111,22 @@ def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
     return out.to(q.dtype), lse
 
 
+# The chunk accumulators' transfer runs under the next step's backward kernels (their parts are
+# added once the accumulators have arrived). False sends them and waits at once, as the first
+# version did, kept for measuring the overlap (tools/bench_ring.py).
+_OVERLAP_ACCUMULATORS = True
+
+
 def _ring_backward(dout, q, k, v, out, lse, softmax_scale, causal: bool, zigzag: bool, group):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     dout = _last_dim_contiguous(dout)
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = [k, v]
+    # The accumulators of the chunk held at each step: the own chunk's start at zero, the others
+    # arrive from the previous rank while this step's kernels run.
     grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
              torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+    arriving = None
     for step in range(world):
         it = _Step(rank, (rank - step) % world, causal, zigzag, q.shape[1])
         pending = _ring_pass(kv, group) if step < world - 1 else None
@@ -127,15 +136,23 @@ def _ring_backward(dout, q, k, v, out, lse, softmax_scale, causal: bool, zigzag:
                                                 lse[..., it.q].contiguous(), softmax_scale, it.causal, _UNBOUNDED,
                                                 0 if it.causal else _UNBOUNDED, False)
             dq[:, it.q] += dq_part.float()
+        if arriving is not None:
+            grads, transfer = arriving
+            transfer.wait()
+        if not it.skip:
             grads[0][:, it.kv] += dk_part.float()
             grads[1][:, it.kv] += dv_part.float()
         # The chunk's accumulators go where the chunk goes next; after the last step, home.
         if world > 1:
-            grads, transfer = _ring_pass(grads, group)
-            transfer.wait()
+            arriving = _ring_pass(grads, group)
+            if not _OVERLAP_ACCUMULATORS:
+                arriving[1].wait()
         if pending is not None:
             kv, transfer = pending
             transfer.wait()
+    if arriving is not None:
+        grads, transfer = arriving
+        transfer.wait()
     return dq.to(q.dtype), grads[0].to(k.dtype), grads[1].to(v.dtype)
 
 
