@@ -12,6 +12,7 @@ namespace fusedattn::cuda {
 namespace {
 
 constexpr int kSummaryThreads = 32;  // one warp per block: its keys are at most a few per lane
+constexpr unsigned kAllLanes = 0xffffffffu;
 
 struct Bounds {
   int least_start = INT_MAX, most_start = INT_MIN, least_end = INT_MAX, most_end = INT_MIN;
@@ -29,10 +30,10 @@ struct Bounds {
 
   __device__ void add_lanes() {
     for (int offset = kSummaryThreads / 2; offset > 0; offset /= 2) {
-      least_start = min(least_start, __shfl_xor_sync(0xffffffffu, least_start, offset));
-      most_start = max(most_start, __shfl_xor_sync(0xffffffffu, most_start, offset));
-      least_end = min(least_end, __shfl_xor_sync(0xffffffffu, least_end, offset));
-      most_end = max(most_end, __shfl_xor_sync(0xffffffffu, most_end, offset));
+      least_start = min(least_start, __shfl_xor_sync(kAllLanes, least_start, offset));
+      most_start = max(most_start, __shfl_xor_sync(kAllLanes, most_start, offset));
+      least_end = min(least_end, __shfl_xor_sync(kAllLanes, least_end, offset));
+      most_end = max(most_end, __shfl_xor_sync(kAllLanes, most_end, offset));
     }
   }
 };
@@ -50,7 +51,6 @@ __device__ int4 run_bounds(const int32_t* m, int intervals) {
 __device__ bool same_bounds(const int4& a, const int4& b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
 
 __device__ int4 shfl_bounds(const int4& v, int lane) {
-  constexpr unsigned kAllLanes = 0xffffffffu;
   return make_int4(__shfl_sync(kAllLanes, v.x, lane), __shfl_sync(kAllLanes, v.y, lane),
                    __shfl_sync(kAllLanes, v.z, lane), __shfl_sync(kAllLanes, v.w, lane));
 }
@@ -109,11 +109,11 @@ __global__ void __launch_bounds__(kSummaryThreads)
       for (int i = 0; i < intervals; ++i) b[i].add(m[2 * i], m[2 * i + 1]);
       key = run_bounds(m, intervals);
     }
-    int4 before = make_int4(__shfl_up_sync(0xffffffffu, key.x, 1), __shfl_up_sync(0xffffffffu, key.y, 1),
-                            __shfl_up_sync(0xffffffffu, key.z, 1), __shfl_up_sync(0xffffffffu, key.w, 1));
+    int4 before = make_int4(__shfl_up_sync(kAllLanes, key.x, 1), __shfl_up_sync(kAllLanes, key.y, 1),
+                            __shfl_up_sync(kAllLanes, key.z, 1), __shfl_up_sync(kAllLanes, key.w, 1));
     if (lane == 0) before = before_chunk;
     const bool starts = j < end && (j == first || !same_bounds(key, before));
-    runs.start(__ballot_sync(0xffffffffu, starts), static_cast<int>(chunk - first), key, lane);
+    runs.start(__ballot_sync(kAllLanes, starts), static_cast<int>(chunk - first), key, lane);
     before_chunk = shfl_bounds(key, kSummaryThreads - 1);
   }
   // A mask of one interval: the second enters as empty (left as it starts, it would hide every row).
