@@ -3,6 +3,7 @@ the 2x error rule, fresh random inputs and poisoned outputs."""
 from __future__ import annotations
 
 import math
+import os
 import zlib
 
 import pytest
@@ -18,8 +19,10 @@ DTYPES = {"cpu": (torch.float32, torch.float16, torch.bfloat16), "cuda": (torch.
 
 @pytest.fixture(autouse=True)
 def fresh_seed(request):
-    """Every test draws its own inputs, reproducibly (the seed is derived from the test's id)."""
-    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+    """Every test draws its own inputs, reproducibly (the seed is derived from the test's id, and
+    from FUSEDATTN_TEST_SEED where that is set: other draws of the same tests, e.g. a longer fuzz
+    run with `for s in $(seq 20); do FUSEDATTN_TEST_SEED=$s pytest -q test_fuzz.py; done`)."""
+    torch.manual_seed(zlib.crc32((request.node.nodeid + os.environ.get("FUSEDATTN_TEST_SEED", "")).encode()))
 
 
 @pytest.fixture(autouse=True)
