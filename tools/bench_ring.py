@@ -141,7 +141,8 @@ def main():
     results = context.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
-        procs = [context.Process(target=worker, args=(r, args.gpus, init_file, args, results)) for r in range(args.gpus)]
+        procs = [context.Process(target=worker, args=(r, args.gpus, init_file, args, results))
+                 for r in range(args.gpus)]
         for p in procs:
             p.start()
         rows = results.get()

@@ -13,8 +13,9 @@ early and a late part of the sequence and every rank does the same work (_Step).
 The backward runs the ring again. Each rank's dq comes from its own queries; each K/V chunk
 travels with fp32 accumulators of its dk and dv, which every rank adds its share to (fusedattn's
 backward with the final out and log-sum-exp gives exactly that share), and which come home after
-the last step; they travel under the next step's kernels, as the K/V do. Communication is torch.distributed's point-to-point (batch_isend_irecv), so any
-backend that has it serves: NCCL on GPUs, gloo on the CPU.
+the last step; they travel under the next step's kernels, as the K/V do. Communication is
+torch.distributed's point-to-point (batch_isend_irecv), so any backend that has it serves: NCCL on
+GPUs, gloo on the CPU.
 """
 from __future__ import annotations
 

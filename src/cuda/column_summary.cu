@@ -48,7 +48,9 @@ __device__ int4 run_bounds(const int32_t* m, int intervals) {
   return v;
 }
 
-__device__ bool same_bounds(const int4& a, const int4& b) { return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w; }
+__device__ bool same_bounds(const int4& a, const int4& b) {
+  return a.x == b.x && a.y == b.y && a.z == b.z && a.w == b.w;
+}
 
 __device__ int4 shfl_bounds(const int4& v, int lane) {
   return make_int4(__shfl_sync(kAllLanes, v.x, lane), __shfl_sync(kAllLanes, v.y, lane),

@@ -139,7 +139,8 @@ TEST(ColumnRules, RunEndsComeBackFromTheHeader) {
   const int ends[kColumnRunsMax] = {1, 16, 17, 64, 100, 127, 200, kColumnSummaryMaxBlockKeys};
   unsigned words[2] = {0, 0};
   for (int r = 0; r < kColumnRunsMax; ++r)
-    words[r / kColumnRunEndsPerWord] |= static_cast<unsigned>(ends[r]) << (r % kColumnRunEndsPerWord * kColumnRunEndBits);
+    words[r / kColumnRunEndsPerWord] |= static_cast<unsigned>(ends[r])
+                                        << (r % kColumnRunEndsPerWord * kColumnRunEndBits);
   const int4 header{kColumnRunsMax, static_cast<int>(words[0]), static_cast<int>(words[1]), 0};
   for (int r = 0; r < kColumnRunsMax; ++r) EXPECT_EQ(column_run_end(header, r), ends[r]) << "run " << r;
 }

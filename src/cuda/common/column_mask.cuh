@@ -79,7 +79,8 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
                                                       int head0, int heads, int n, int len_q) {
   RowSpan all{len_q, 0};
   for (int h = 0; h < (p.column_mask_per_head ? heads : 1); ++h) {
-    const RowSpan seen = column_seen_rows(ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryStride, len_q);
+    const int4* block = ColumnMaskView::of(p, s, batch, head0 + h).blocks + n * kColumnSummaryStride;
+    const RowSpan seen = column_seen_rows(block, len_q);
     if (seen.first < seen.end) all = {min(all.first, seen.first), max(all.end, seen.end)};
   }
   return all.first < all.end ? all : RowSpan{0, 0};
@@ -91,10 +92,10 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
 // (common/column_summary.h), each run's rows are tested once and its bits go to the keys it spans
 // (documents: a run per document). Otherwise by a loop over the keys that is not unrolled (a few
 // keys' bounds per iteration where the caller has the registers): unrolled, every key's bounds were
-// loaded at once beside the fragment's registers. find_by_call() is the same search as a call, for
-// tiles where even the loop spills inline (the call saves a few registers on its stack, on cut
-// blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the sequence-end
-// mask (their bounds do not exist).
+// loaded at once beside the fragment's registers. find_by_call() is the same search by calls (one
+// per way), for tiles where even the loop spills inline (a call saves a few registers on its stack,
+// on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the
+// sequence-end mask (their bounds do not exist).
 template <int kKeys, int kRows>
 struct HiddenPairs {
   static constexpr int kWordBits = 32;
@@ -125,8 +126,8 @@ struct HiddenPairs {
       find_by_keys<kInFlight>(p, mask, keys, row_at, len_k);
   }
 
-  // The same as calls, one per way (the key loop's call is what the tiles that need one had before
-  // runs, so its call site saves what it did).
+  // The same by calls, one per way: as one call the run search made the d128 portable forward's
+  // caller spill.
   template <typename Keys, typename RowAt>
   __device__ __forceinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block,
                                                const Keys& keys, RowAt row_at, int len_k) {
