@@ -16,6 +16,7 @@
 #include "cpu/threads.h"
 #include "cpu/tile_io.h"
 #include "cpu/tile_math.h"
+#include "cpu/transposed_rows.h"
 
 namespace fusedattn::cpu {
 namespace {
@@ -80,6 +81,11 @@ KeyRange part_of(KeyRange keys, int part, int parts) {
   return {keys.lo + first * kBlockK, std::min(keys.hi, keys.lo + end * kBlockK - 1)};
 }
 
+// K or V as the tiles read them: through the block table where K/V are paged.
+Operand kv_operand(const FwdParams& p, const void* data, const OperandStrides& stride) {
+  return {data, stride, p.dtype, p.block_table != nullptr ? &p : nullptr};
+}
+
 // The task's query rows (0 where its sequence has none: varlen, shorter than max_seqlen_q).
 int query_rows(const FwdParams& p, const QueryBlock& t) {
   const int64_t r0 = t.block * kBlockQ, len_q = seq_info(p, t.b).len_q;
@@ -89,13 +95,13 @@ int query_rows(const FwdParams& p, const QueryBlock& t) {
 // Task t's `rows` query rows (query_rows) against part `part` of `parts` of their keys: w.o gets
 // the rows' normalised output, w.lse their LSE.
 FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& t, int rows, int part, int parts,
-                                          ForwardScratch& w) {
+                                          const TransposedRows& keys_t, ForwardScratch& w) {
   const SeqInfo seq = seq_info(p, t.b);
   const int64_t r0 = t.block * kBlockQ;
   const int dim = p.head_dim;
   const int kv_head = t.h / (p.heads_q / p.heads_kv);
-  const FwdParams* paged = p.block_table != nullptr ? &p : nullptr;
-  const Operand q{p.q, p.q_stride, p.dtype}, k{p.k, p.k_stride, p.dtype, paged}, v{p.v, p.v_stride, p.dtype, paged};
+  const Operand q{p.q, p.q_stride, p.dtype};
+  const Operand k = kv_operand(p, p.k, p.k_stride), v = kv_operand(p, p.v, p.v_stride);
 
   load_tile(q, t.b, seq.q_start, r0, rows, t.h, dim, p.scale_log2, w.q.data());
   std::fill(w.o.begin(), w.o.begin() + int64_t{rows} * dim, 0.f);
@@ -111,10 +117,10 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
     const TileCover cover = column_mask.cover(r0, rows, c0, cols);
     if (cover == TileCover::kAll) continue;
     tile_col_ranges(p, r0, rows, seq.len_q, seq.len_k, c0, cols, w.ranges.data());
-    load_tile_transposed(k, t.b, seq.k_start, c0, cols, kv_head, dim, kBlockK, w.row.data(), w.kt.data());
+    const TransposedTile kt = keys_t.tile(k, t.b, seq.k_start, c0, cols, kv_head, dim, w.row.data(), w.kt.data());
     load_tile(v, t.b, seq.k_start, c0, cols, kv_head, dim, 1.f, w.v.data());
 
-    matmul_transposed_b(w.q.data(), rows, dim, w.kt.data(), kBlockK, cols, w.s.data(), kBlockK);
+    matmul_transposed_b(w.q.data(), rows, dim, kt.data, kt.ld, cols, w.s.data(), kBlockK);
     if (cover == TileCover::kPartial) column_mask.hide(r0, rows, c0, cols, w.s.data(), kBlockK);
     for (int r = 0; r < rows; ++r) {
       const float rescale = w.softmax[r].update(w.s.data() + int64_t{r} * kBlockK, w.ranges[r]);
@@ -205,22 +211,24 @@ void forward(const FwdParams& params) {
   const auto scratch = [&] { return ForwardScratch(p.head_dim); };
   const int parts = key_parts(p, num_tasks);
   if (parts == 1) {
+    const TransposedRows keys_t(p, kv_operand(p, p.k, p.k_stride), blocks_per_head * (p.heads_q / p.heads_kv));
     parallel_for(num_tasks, p.num_threads, scratch, [&](ForwardScratch& w, int64_t task) {
       const QueryBlock t = decode_task(p, task, blocks_per_head);
       if (const int rows = query_rows(p, t)) {
-        attend_query_block(p, t, rows, 0, 1, w);
+        attend_query_block(p, t, rows, 0, 1, keys_t, w);
         store_query_block(p, t, rows, w);
       }
     });
     return;
   }
   PartRows part_rows(num_tasks, parts, p.seqlen_q, p.head_dim);  // every head is one query block
+  const TransposedRows no_keys_t;  // each key tile is read by one task: transposed by it
   parallel_for(num_tasks * parts, p.num_threads, scratch, [&](ForwardScratch& w, int64_t item) {
     const int64_t task = item / parts;
     const int part = static_cast<int>(item % parts);
     const QueryBlock t = decode_task(p, task, blocks_per_head);
     if (const int rows = query_rows(p, t)) {
-      attend_query_block(p, t, rows, part, parts, w);
+      attend_query_block(p, t, rows, part, parts, no_keys_t, w);
       part_rows.save(task, part, rows, w);
     }
   });
