@@ -159,13 +159,26 @@ int64_t check_cu_seqlens(const TensorView& cu, bool keys, int64_t batch, int64_t
   return rows;
 }
 
+// The device rule of the tensors that go with q.
+constexpr const char* kOnQsDevice = "must be on the same device as q";
+
 void check_cu_tensor(const TensorView& cu, const char* name, const Device& device) {
   if (cu.rank != 1) fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of batch + 1 offsets");
   if (cu.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(cu.dtype));
   if (cu.shape[0] < 1) fail(ErrorCode::kShapeMismatch, name, "must hold at least one offset (batch + 1 entries)");
   if (cu.data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-  if (cu.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  if (cu.device != device) fail(ErrorCode::kDeviceMismatch, name, kOnQsDevice);
   if (cu.shape[0] > 1 && cu.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
+}
+
+// An int32 index tensor (key counts, masks, tables, cache lengths), after its shape: its dtype,
+// its data where it has entries, and its device (`device_rule` the message where it is not
+// `device`).
+void check_int32_tensor(const TensorView& t, const char* name, bool has_entries, const Device& device,
+                        const char* device_rule) {
+  if (t.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(t.dtype));
+  if (has_entries && t.data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  if (t.device != device) fail(ErrorCode::kDeviceMismatch, name, device_rule);
 }
 
 // seqused_k (Options): a variable-length forward's int32 [batch] key counts, read only by the
@@ -177,9 +190,7 @@ void check_seqused_k(const TensorView& used, bool varlen, bool backward, int64_t
   if (used.rank != 1 || used.shape[0] != batch)
     fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of " + std::to_string(batch) +
                                               " key counts, one per sequence");
-  if (used.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(used.dtype));
-  if (batch > 0 && used.data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-  if (used.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  check_int32_tensor(used, name, batch > 0, device, kOnQsDevice);
   if (batch > 1 && used.stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
 }
 
@@ -195,9 +206,7 @@ void check_column_mask(const TensorView& m, bool varlen, int64_t batch, int64_t 
   if (m.rank != 4 || m.shape[0] != batch || (m.shape[1] != 1 && m.shape[1] != hq) || m.shape[2] != sk ||
       (m.shape[3] != 2 && m.shape[3] != 4))
     fail(ErrorCode::kShapeMismatch, name, "must be " + want + ", got " + shape_str(m));
-  if (m.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(m.dtype));
-  if (m.data == nullptr && batch * m.shape[1] * sk > 0) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-  if (m.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  check_int32_tensor(m, name, batch * m.shape[1] * sk > 0, device, kOnQsDevice);
   if (m.stride[3] != 1) fail(ErrorCode::kLayout, name, "each key's bounds must be contiguous (last stride 1)");
 }
 
@@ -209,9 +218,7 @@ void check_block_table_tensor(const TensorView& table, int64_t batch, const Devi
     fail(ErrorCode::kShapeMismatch, name, "must be an int32 [" + std::to_string(batch) +
                                               ", max_pages_per_seq] tensor (at least one column), got " +
                                               shape_str(table));
-  if (table.dtype != DType::kInt32) fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(table.dtype));
-  if (table.data == nullptr && batch > 0) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-  if (table.device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on the same device as q");
+  check_int32_tensor(table, name, batch > 0, device, kOnQsDevice);
   if (table.shape[1] > 1 && table.stride[1] != 1) fail(ErrorCode::kLayout, name, "each row's entries must be contiguous");
   if (table.shape[0] > 1 && table.stride[0] < table.shape[1])
     fail(ErrorCode::kLayout, name, "rows must not overlap (row stride " + std::to_string(table.stride[0]) + ")");
@@ -568,6 +575,7 @@ bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
 // append_kv (kv_cache.h): the caches and the new tokens as [batch or page, row, head, dim]
 // operands of one dtype, the int32 vectors and table by their own rules. Reads no tensor data.
 bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend) {
+  constexpr const char* kOnCachesDevice = "must be on k_cache's device";
   p = AppendParams{};
   const bool paged = !a.block_table.empty();
   const char* cache_layout = paged ? "[num_pages, page_size, heads, head_dim] (paged by block_table)"
@@ -581,7 +589,7 @@ bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend
   const Device device = a.k_cache.device;
   for (const auto& [t, name] : {std::pair{&a.v_cache, "v_cache"}, {&a.k, "k"}, {&a.v, "v"}}) {
     check_dtype(*t, name, a.k_cache.dtype, "k_cache");
-    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on k_cache's device");
+    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, kOnCachesDevice);
   }
   const int64_t batch = a.k.shape[0];
   if (a.k.shape[2] != a.k_cache.shape[2] || a.k.shape[3] != a.k_cache.shape[3])
@@ -595,10 +603,7 @@ bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend
     if (t->rank != 1 || t->shape[0] != batch)
       fail(ErrorCode::kShapeMismatch, name, "must be a 1-D int32 tensor of " + std::to_string(batch) +
                                                 " entries, one per sequence, got " + shape_str(*t));
-    if (t->dtype != DType::kInt32)
-      fail(ErrorCode::kDtypeMismatch, name, std::string("must be int32, got ") + dtype_name(t->dtype));
-    if (batch > 0 && t->data == nullptr) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on k_cache's device");
+    check_int32_tensor(*t, name, batch > 0, device, kOnCachesDevice);
     if (batch > 1 && t->stride[0] != 1) fail(ErrorCode::kLayout, name, "must be contiguous");
   }
   if (paged) {
@@ -607,10 +612,7 @@ bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend
       fail(ErrorCode::kShapeMismatch, "block_table",
            "must be an int32 [" + std::to_string(batch) + ", pages] tensor (at least one column), got " +
                shape_str(table));
-    if (table.dtype != DType::kInt32)
-      fail(ErrorCode::kDtypeMismatch, "block_table", std::string("must be int32, got ") + dtype_name(table.dtype));
-    if (batch > 0 && table.data == nullptr) fail(ErrorCode::kInvalidArgument, "block_table", "data pointer is null");
-    if (table.device != device) fail(ErrorCode::kDeviceMismatch, "block_table", "must be on k_cache's device");
+    check_int32_tensor(table, "block_table", batch > 0, device, kOnCachesDevice);
     if (table.shape[1] > 1 && table.stride[1] != 1)
       fail(ErrorCode::kLayout, "block_table", "each row's entries must be contiguous");
   }
