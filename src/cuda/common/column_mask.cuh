@@ -92,9 +92,9 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
 // (common/column_summary.h), each run's rows are tested once and its bits go to the keys it spans
 // (documents: a run per document). Otherwise by a loop over the keys that is not unrolled (a few
 // keys' bounds per iteration where the caller has the registers): unrolled, every key's bounds were
-// loaded at once beside the fragment's registers. find_by_call() is the same search by calls (one
-// per way), for tiles where even the loop spills inline (a call saves a few registers on its stack,
-// on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the
+// loaded at once beside the fragment's registers. find<kInFlight, kByCall = true> makes the same
+// search by calls (one per way), for tiles where even the loop spills inline (a call saves a few
+// registers on its stack, on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the
 // sequence-end mask (their bounds do not exist).
 template <int kKeys, int kRows>
 struct HiddenPairs {
@@ -114,29 +114,23 @@ struct HiddenPairs {
 
   // The keys lie in key block `block` of the mask's summary. kInFlight: how many keys' bounds the
   // key loop loads at once (each load waits for the L1 at least; where registers allow, a few in
-  // flight share that wait).
-  template <int kInFlight = 1, typename Keys, typename RowAt>
+  // flight share that wait). kByCall: each way is a call of its own (one call for both made the d128
+  // portable forward's caller spill; the key loop's call takes one key at a time).
+  template <int kInFlight = 1, bool kByCall = false, typename Keys, typename RowAt>
   __device__ __forceinline__ void find(const FwdParams& p, const ColumnMaskView& mask, int block, const Keys& keys,
                                        RowAt row_at, int len_k) {
     const int4* record = mask.blocks + block * kColumnSummaryStride;
     const int4 runs = __ldg(record + kColumnRunsHeader);
-    if (runs.x > 0)
+    if constexpr (kByCall) {
+      if (runs.x > 0)
+        find_by_runs_call(record, runs, keys, row_at, len_k);
+      else
+        find_by_keys_call(p, mask, keys, row_at, len_k);
+    } else if (runs.x > 0) {
       find_by_runs(record, runs, keys, row_at, len_k);
-    else
+    } else {
       find_by_keys<kInFlight>(p, mask, keys, row_at, len_k);
-  }
-
-  // The same by calls, one per way: as one call the run search made the d128 portable forward's
-  // caller spill.
-  template <typename Keys, typename RowAt>
-  __device__ __forceinline__ void find_by_call(const FwdParams& p, const ColumnMaskView& mask, int block,
-                                               const Keys& keys, RowAt row_at, int len_k) {
-    const int4* record = mask.blocks + block * kColumnSummaryStride;
-    const int4 runs = __ldg(record + kColumnRunsHeader);
-    if (runs.x > 0)
-      find_by_runs_call(record, runs, keys, row_at, len_k);
-    else
-      find_by_keys_call(p, mask, keys, row_at, len_k);
+    }
   }
 
   // Key by key.
@@ -234,10 +228,7 @@ __device__ __forceinline__ void hide_column_scores(float (&s)[kMTiles][kNTiles][
   const FragmentKeys<kColsPerTile, kTileCols, 1> keys{block_first, col0};
   auto row_at = [row0](int r) { return row0 + r / 2 * kTileRows + r % 2 * kHalfRows; };
   HiddenPairs<2 * kNTiles, 2 * kMTiles> pairs;
-  if constexpr (kByCall)
-    pairs.find_by_call(p, mask, block, keys, row_at, len_k);
-  else
-    pairs.find(p, mask, block, keys, row_at, len_k);
+  pairs.template find<1, kByCall>(p, mask, block, keys, row_at, len_k);
 #pragma unroll
   for (int k = 0; k < 2 * kNTiles; ++k)
 #pragma unroll

@@ -40,7 +40,7 @@ struct FwdTile {
   // slice 1 interleaved with the HMMAs of slice 0, which the loop's back edge would separate).
   bool pv_first;
   // Column masks (MaskKind::kColumn): a cut block's hidden scores are found by a call rather than
-  // inline (common/column_mask.cuh, HiddenPairs::find_by_call). Inline, d128's scores spilled 76-92 B;
+  // inline (common/column_mask.cuh, HiddenPairs::find with kByCall). Inline, d128's scores spilled 76-92 B;
   // with the search run by run beside the key loop, d32 and d96 spilled 16 / 4 B inline and none by
   // the calls, and d64 none inline (ptxas -v, sm_90).
   bool column_call;
