@@ -39,6 +39,16 @@ def flops(seqlen, heads, head_dim, causal, backward):
     return fwd * (3.5 if backward else 1.0)
 
 
+def elapsed_ms(fn):
+    """One call of fn on this rank's GPU, timed by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def timed(fn, iters, device):
     """Median ms of fn over iters calls, each the slowest rank's (every rank calls this)."""
     for _ in range(WARMUP):
@@ -46,12 +56,7 @@ def timed(fn, iters, device):
     times = []
     for _ in range(iters):
         dist.barrier()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        elapsed = torch.tensor([start.elapsed_time(end)], device=device)
+        elapsed = torch.tensor([elapsed_ms(fn)], device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
     return statistics.median(times)
@@ -113,17 +118,10 @@ def worker(rank, world, init_file, args, results):
 
 
 def one_gpu_time(fn, iters):
+    """Median ms of fn over iters calls on this rank's GPU alone."""
     for _ in range(WARMUP):
         fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(elapsed_ms(fn) for _ in range(iters))
 
 
 def main():
