@@ -45,12 +45,13 @@ void set_offsets(Options& options, const at::Tensor& cu_seqlens_q, const at::Ten
   options.max_seqlen_k = max_seqlen_k;
 }
 
-// The offsets and their check (checked_offsets.h: once per offsets tensor and version), against
-// the packed q and k.
+// The offsets and, unless the device checks them (options.check_on_device, set first), their
+// check on the host (checked_offsets.h: once per offsets tensor and version) against the packed q
+// and k.
 void set_varlen(Options& options, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
                 int64_t max_seqlen_q, int64_t max_seqlen_k, const at::Tensor& q, const at::Tensor& k) {
   set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);
-  set_checked_rows(options, cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
+  if (!options.check_on_device) set_checked_rows(options, cu_seqlens_q, cu_seqlens_k, q.size(0), k.size(0));
 }
 
 std::tuple<at::Tensor, at::Tensor> run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -169,8 +170,6 @@ std::tuple<at::Tensor, at::Tensor> varlen_fwd(const at::Tensor& q, const at::Ten
         set_checked_rows_q(options, cu_seqlens_q, q.size(0));
         options.checked_rows_k = checked_rows_k;
       }
-    } else if (check_on_device) {
-      set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);  // read by the device check
     } else {
       set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     }
@@ -190,10 +189,7 @@ Grads varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& 
     c10::DeviceGuard guard(q.device());
     Options options = make_options(q.device(), softmax_scale, causal, window_left, window_right);
     options.check_on_device = check_on_device;
-    if (check_on_device)
-      set_offsets(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k);  // read by the device check
-    else
-      set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
+    set_varlen(options, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k);
     return run_backward(dout, q, k, v, out, softmax_lse, options, deterministic);
   });
 }
