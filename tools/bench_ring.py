@@ -10,7 +10,7 @@ events, medians of --iters calls after two warm-ups, the slowest rank's time eac
                     kernels (context_parallel._OVERLAP_ACCUMULATORS, the default)
   ring_fwd_bwd_serial  the same with that transfer waited for at once (the first version)
   one_fwd, one_fwd_bwd  flash_attn_func over the whole sequence on rank 0's GPU alone
-  check             ring_flash_attn_func's chunk check alone (one all_gather_object per call)
+  check             ring_flash_attn_func's chunk check alone (one all_gather of eight integers)
 TFLOP/s are the whole sequence's (forward 4 S^2 H D, halved when causal; backward 2.5x) per
 second; the ring's per GPU divides them by the GPU count, so the ring's scaling is its per-GPU
 rate against the single GPU's.

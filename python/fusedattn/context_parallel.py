@@ -83,21 +83,22 @@ def _rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
     return t if rows == slice(0, t.shape[1]) else t[:, rows].contiguous()
 
 
-def _merge(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor):
-    """The softmax over two disjoint key sets from each one's (out, lse): out (batch, seqlen,
-    heads, dim) and lse (batch, heads, seqlen), in float32. Rows with no key in either keep out = 0
-    and lse = -inf (no exp(-inf - (-inf)))."""
+def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """Folds the softmax over another, disjoint key set (part_out, part_lse) into the running one,
+    in place: out (batch, seqlen, heads, dim) float32 and lse (batch, heads, seqlen) float32 may be
+    views of the result. One scaling pass and one multiply-add over out (the running result is
+    never copied). Rows with no key in either keep out = 0 and lse = -inf (no exp(-inf - (-inf)))."""
     merged = torch.logaddexp(lse, part_lse)
-    finite = torch.where(torch.isfinite(merged), merged, torch.zeros_like(merged))
-    weight, part_weight = torch.exp(lse - finite), torch.exp(part_lse - finite)
-    out = out * weight.transpose(1, 2)[..., None] + part_out.float() * part_weight.transpose(1, 2)[..., None]
-    return out, merged
+    finite = torch.where(torch.isfinite(merged), merged, 0.0)
+    weight = torch.exp(lse - finite).transpose(1, 2).unsqueeze(-1)
+    part_weight = torch.exp(part_lse - finite).transpose(1, 2).unsqueeze(-1)
+    out.mul_(weight).addcmul_(part_out, part_weight)
+    lse.copy_(merged)
 
 
 def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), -torch.inf, dtype=torch.float32, device=q.device)
+    out = lse = None
     kv = [k, v]
     for step in range(world):
         it = _Step(rank, (rank - step) % world, causal, zigzag, q.shape[1])
@@ -105,7 +106,10 @@ def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
         if not it.skip:
             part_out, part_lse = ops.fwd(_rows(q, it.q), _rows(kv[0], it.kv), _rows(kv[1], it.kv), softmax_scale,
                                          it.causal, _UNBOUNDED, 0 if it.causal else _UNBOUNDED, False)
-            out[:, it.q], lse[..., it.q] = _merge(out[:, it.q], lse[..., it.q], part_out, part_lse)
+            if out is None:  # the first step, the rank's own chunk: every row, nothing to merge with
+                out, lse = part_out.float(), part_lse
+            else:
+                _merge_into(out[:, it.q], lse[..., it.q], part_out, part_lse)
         if pending is not None:
             kv, transfer = pending
             transfer.wait()
