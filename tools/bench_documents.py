@@ -8,11 +8,13 @@ do_bench median; forward, and forward + backward with --backward):
   ours_column      fusedattn.flash_attn_func(causal=True, column_mask=) on the packed sequence:
                    each key hides from the rows after its document (on Hopper the forward's sm90
                    kernel at d64/d128, else the portable kernels)
+  ours_column_det  ours_column with deterministic=True (the backward's dQ adds in a fixed order)
   column_portable  the same on the portable kernels (FUSEDATTN_DISABLE_SM90=1)
   varlen_portable  fusedattn.flash_attn_varlen_func over the documents with
                    FUSEDATTN_DISABLE_SM90=1: the same kernels given the documents' bounds, what
                    the mask's skipping should come near
   ours_varlen      the same varlen call (on Hopper the forward's sm90 kernel)
+  ours_varlen_det  ours_varlen with deterministic=True
   causal_portable  the packed sequence under causal alone (the work without skipping; its pairs
                    are not the documents', so only its time is comparable)
   flex             torch's FlexAttention (torch.compile'd) with the document mask as a block mask:
@@ -48,7 +50,8 @@ from kernel_times import kernel_rows  # noqa: E402
 # of the CTAs by their work was tried and dropped (docs/hopper.md, session 51). Not among
 # bench_varlen's distributions: a varlen batch orders its tiles by sequence.
 SKEWED = {"long-first": [12288] + [64] * 64, "long-last": [64] * 64 + [12288]}
-NAMES = ["ours_column", "column_portable", "varlen_portable", "ours_varlen", "causal_portable", "flex", "sdpa_mask"]
+NAMES = ["ours_column", "ours_column_det", "column_portable", "varlen_portable", "ours_varlen", "ours_varlen_det",
+         "causal_portable", "flex", "sdpa_mask"]
 
 
 @contextlib.contextmanager
@@ -82,8 +85,16 @@ def run_case(dist, d, dtype, backward, names, kernels=False):
     def ours_column():
         return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True, column_mask=mask)[0]
 
+    def ours_column_det():
+        return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True, column_mask=mask,
+                                         deterministic=True)[0]
+
     def ours_varlen():
         return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=True)
+
+    def ours_varlen_det():
+        return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=True,
+                                                deterministic=True)
 
     def varlen_portable():
         with env("FUSEDATTN_DISABLE_SM90", "1"):
@@ -111,8 +122,9 @@ def run_case(dist, d, dtype, backward, names, kernels=False):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "column_portable": ours_column, "varlen_portable": varlen_portable,
-                 "ours_varlen": ours_varlen,
+    providers = {"ours_column": ours_column, "ours_column_det": ours_column_det, "column_portable": ours_column,
+                 "varlen_portable": varlen_portable,
+                 "ours_varlen": ours_varlen, "ours_varlen_det": ours_varlen_det,
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()

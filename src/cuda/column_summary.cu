@@ -127,6 +127,25 @@ __global__ void __launch_bounds__(kSummaryThreads)
     block[i] = make_int4(b[i].least_start, b[i].most_start, b[i].least_end, b[i].most_end);
 }
 
+constexpr int kSpanThreads = 256;
+
+// One CTA per (mask head, batch): thread t compares blocks t, t + kSpanThreads, .. with their next.
+__global__ void __launch_bounds__(kSpanThreads) mark_spans_kernel(int4* bounds, int blocks, int len_q) {
+  int4* head = bounds + (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blocks * kColumnSummaryStride;
+  const auto span = [&](int n) { return column_seen_rows(head + static_cast<int64_t>(n) * kColumnSummaryStride, len_q); };
+  bool grows = true;
+  for (int n = static_cast<int>(threadIdx.x); n < blocks; n += kSpanThreads) {
+    const RowSpan here = span(n);
+    grows = grows && here.first < here.end;
+    if (n + 1 < blocks) {
+      const RowSpan next = span(n + 1);
+      grows = grows && here.first <= next.first && here.end <= next.end;
+    }
+  }
+  const bool all = __syncthreads_and(grows) != 0;
+  if (threadIdx.x == 0) head[kColumnRunsHeader].w = all ? 1 : 0;
+}
+
 }  // namespace
 
 int64_t column_summary_bytes(const FwdParams& p, int block_keys) {
@@ -144,6 +163,14 @@ ColumnSummary summarize_column_mask(const FwdParams& p, int block_keys, int4* bo
     FUSEDATTN_CHECK_LAUNCH();
   }
   return {bounds, blocks};
+}
+
+void mark_growing_spans(const FwdParams& p, const ColumnSummary& s) {
+  if (s.blocks <= 0 || p.batch <= 0) return;
+  const dim3 grid(static_cast<unsigned>(column_mask_heads(p)), static_cast<unsigned>(p.batch));
+  mark_spans_kernel<<<grid, kSpanThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
+      const_cast<int4*>(s.bounds), s.blocks, static_cast<int>(p.seqlen_q));
+  FUSEDATTN_CHECK_LAUNCH();
 }
 
 }  // namespace fusedattn::cuda

@@ -149,6 +149,43 @@ TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
   }
 }
 
+// A mask whose spans fall with the key block: key j is seen by rows [s - 1 - j, s) only, so a
+// later key block reaches further back. The deterministic backward then cannot leave a KV block's
+// unseen query blocks out (sm80/bwd_column_spans.cuh: the blocks adding into a query block would
+// not be consecutive); every block of the window adds in turn, the hidden ones masked whole. Its
+// gradients are bit-identical run to run and equal the default backward's (atomic adds, unseen
+// query blocks left out) up to the order of the fp32 dQ sums.
+TEST_P(GpuColumnMask, DeterministicBackwardWhereSpansFallMatchesTheDefault) {
+  FUSEDATTN_REQUIRE_GPU();
+  const int64_t s = 600;
+  for (const DType dtype : kGpuDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Columns m(1, 1, s, 1);
+    for (int64_t j = 0; j < s; ++j) m.hide(0, 0, j, 0, 0, s - 1 - j);
+    std::mt19937_64 rng = fresh_rng();
+    HostCase c = make_case(dense(1, 4, 2, s, s, head_dim()), dtype, Layout::kBSHD, rng);
+    DeviceCase dc(c);
+    const DeviceTensor mask(m.bounds);
+    ForwardArgs f = dc.forward_args();
+    f.options.column_mask = mask.view(m.bounds);
+    FUSEDATTN_RUN_OR_SKIP(dc.forward(f));
+    BackwardArgs a = dc.backward_args();
+    a.options.column_mask = f.options.column_mask;
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+    const std::vector<double> dq = gather_dense(c.dq.view()), dk = gather_dense(c.dk.view()),
+                              dv = gather_dense(c.dv.view());
+    a.deterministic = true;
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+    const std::vector<unsigned char> first_run = bytes_of(c.dq);
+    constexpr double kAtol = 1e-3, kRtol = 1e-2;  // a few units in the last place of fp16 / bf16
+    EXPECT_TRUE(all_close(gather_dense(c.dq.view()), dq, kAtol, kRtol)) << "dq";
+    EXPECT_TRUE(all_close(gather_dense(c.dk.view()), dk, kAtol, kRtol)) << "dk";
+    EXPECT_TRUE(all_close(gather_dense(c.dv.view()), dv, kAtol, kRtol)) << "dv";
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+    EXPECT_EQ(bytes_of(c.dq), first_run) << "dq differs on the second deterministic run";
+  }
+}
+
 // Element indices of query heads h with h % 2 == parity in canonical values laid out
 // [outer, heads, inner] (out, dout, dq: inner = head_dim; lse: outer = batch, inner = seqlen_q).
 std::vector<size_t> heads_of_parity(size_t size, int64_t heads, int64_t inner, int64_t parity) {

@@ -85,7 +85,8 @@ TEST(GpuSanitizer, PortableKeySplit) {
 // Column masks (the portable kernels, where dispatch sends them): causal documents packed into
 // one sequence, whose later query blocks skip key blocks whole, and a sliding window written as
 // two intervals per key over a GQA call with one mask per query head; forward and backward, each
-// against the reference of what the mask equals.
+// against the reference of what the mask equals, the backward also in deterministic mode (its dQ
+// turns start at each query block's first adding KV block: sm80/bwd_column_spans.cuh).
 TEST(GpuSanitizer, ColumnMaskDocumentsAndTwoIntervals) {
   FUSEDATTN_REQUIRE_GPU();
   const std::vector<int64_t> docs = {70, 1, 129, 33};
@@ -109,8 +110,11 @@ TEST(GpuSanitizer, ColumnMaskDocumentsAndTwoIntervals) {
     BackwardArgs b = dc.backward_args();
     b.options.column_mask = f.options.column_mask;
     FUSEDATTN_RUN_OR_SKIP(dc.forward(f));
-    FUSEDATTN_RUN_OR_SKIP(dc.backward(b));
-    expect_masked_results(c, truth, {}, atol_for(DType::kFloat16), kLseAtol);
+    for (const bool deterministic : {false, true}) {
+      b.deterministic = deterministic;
+      FUSEDATTN_RUN_OR_SKIP(dc.backward(b));
+      expect_masked_results(c, truth, {}, atol_for(DType::kFloat16), kLseAtol);
+    }
   }
 }
 

@@ -116,4 +116,15 @@ int64_t column_summary_bytes(const FwdParams& p, int block_keys);
 // Writes that summary into `bounds` (column_summary_bytes of device memory) on p.stream.
 ColumnSummary summarize_column_mask(const FwdParams& p, int block_keys, int4* bounds);
 
+// Whether the spans of rows that a mask head's key blocks may be seen by (column_seen_rows) are
+// none of them empty and both their ends grow (never fall) with the block: documents, windows
+// written as columns. Then so do the spans of any group of mask heads (their unions), and the
+// backward's deterministic mode may leave the query blocks outside them out (sm80/bwd_column_spans.cuh).
+// Kept in the runs' header of the head's block 0 (its w, which the summary leaves 0), written by
+// mark_growing_spans after the summary, on p.stream; read by column_spans_grow.
+void mark_growing_spans(const FwdParams& p, const ColumnSummary& s);
+
+// A mask head's mark: head_blocks is its block 0's record.
+FUSEDATTN_HD bool column_spans_grow(const int4* head_blocks) { return head_blocks[kColumnRunsHeader].w != 0; }
+
 }  // namespace fusedattn::cuda

@@ -43,6 +43,7 @@
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/sm80/bwd_column_spans.cuh"
 #include "cuda/sm80/bwd_mask.h"
 #include "cuda/sm80/bwd_shared.cuh"
 #include "cuda/sm80/bwd_split.cuh"
@@ -116,17 +117,19 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   cta.m_blocks = query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
   // A column mask on top of the window (or of none): the query blocks that rows hidden from every
   // key of this block leave out, at the ends of the sequence (documents: the rows after the
-  // block's document). Not in deterministic mode, whose ordered dQ adds expect every KV block of
-  // the window at each query block; the hidden blocks are masked whole there.
+  // block's document). In deterministic mode only where every KV block's span of query blocks
+  // grows with the block (bwd_column_spans.cuh: the semaphores then start at the first adding
+  // block's turn); elsewhere every KV block of the window adds into each of its query blocks there,
+  // the hidden ones masked whole.
   constexpr bool kColumns = kMask == MaskKind::kColumn;
   if constexpr (kColumns) {
-    if (!p.deterministic && !cta.m_blocks.empty()) {
-      const RowSpan rows =
-          seen_rows_of_group(p, ws.columns, cta.b, cta.kvh * cta.group, cta.group, static_cast<int>(cta.n),
-                             static_cast<int>(cta.seq.len_q));
-      const int64_t first = rows.first / kBlockM, end = ceil_div(int64_t{rows.end}, kBlockM);
-      if (first > cta.m_blocks.begin) cta.m_blocks.begin = first;
-      if (end < cta.m_blocks.end) cta.m_blocks.end = end;
+    const ColumnSpans<kBlockM> spans{p, ws.columns, cta.b, cta.kvh * cta.group, cta.group,
+                                     static_cast<int>(cta.seq.len_q)};
+    const bool narrows = !p.deterministic || spans.grow();
+    if (narrows && !cta.m_blocks.empty()) {
+      const BlockRange seen = spans.of(static_cast<int>(cta.n));
+      if (seen.begin > cta.m_blocks.begin) cta.m_blocks.begin = seen.begin;
+      if (seen.end < cta.m_blocks.end) cta.m_blocks.end = seen.end;
       if (cta.m_blocks.end < cta.m_blocks.begin) cta.m_blocks.end = cta.m_blocks.begin;
     }
   }

@@ -25,6 +25,7 @@
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
 #include "cuda/sm80/bwd_aux.h"
+#include "cuda/sm80/bwd_column_spans.cuh"
 #include "cuda/sm80/bwd_kernel.cuh"
 #include "cuda/sm80/bwd_split.h"
 #include "cuda/sm80/bwd_workspace.h"
@@ -84,6 +85,10 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
       static_assert(T::kBlockN >= kColumnSummaryMinBlockKeys, "the workspace sizes the summary by the smallest block");
       static_assert(T::kBlockN <= kColumnSummaryMaxBlockKeys, "a block's run ends fit their bytes");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
+      if (p.deterministic) {
+        mark_growing_spans(p, masked_ws.columns);
+        start_column_turns<T::kBlockM, T::kBlockN>(p, masked_ws.columns, ws, stream);
+      }
     }
     const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
     const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv),
