@@ -121,7 +121,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
   // grows with the block (bwd_column_spans.cuh: the semaphores then start at the first adding
   // block's turn); elsewhere every KV block of the window adds into each of its query blocks there,
   // the hidden ones masked whole.
+  //
+  // Under a column mask each head's query blocks are visited from the last down. Deterministic
+  // mode then waits less: the blocks adding into a query block go in turn, and going down, a KV
+  // block's first add (into its highest query block) waits for its predecessor's first add, not
+  // for its third (going up from the diagonal); and a KV block that straddles two documents adds
+  // into the later one, where it is the first to add, before it waits in the earlier one, so the
+  // documents' turns do not wait for one another.
   constexpr bool kColumns = kMask == MaskKind::kColumn;
+  using Cursor = QueryCursor<kColumns>;
   if constexpr (kColumns) {
     const ColumnSpans<kBlockM> spans{p, ws.columns, cta.b, cta.kvh * cta.group, cta.group,
                                      static_cast<int>(cta.seq.len_q)};
@@ -156,7 +164,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     const Element* dout;
     int64_t ws_row;
   };
-  auto source_of = [&](const QueryCursor& at) {
+  auto source_of = [&](const Cursor& at) {
     const int64_t row0 = static_cast<int64_t>(at.m) * kBlockM;
     return QuerySource{
         operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, at.h) + row0 * p.q_stride.row,
@@ -166,7 +174,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
 
   // Issues the cp.async copies of the Q, dO, lse2 and delta of query block `at` (rows from `src`)
   // into buffer `stage`.
-  auto load_query_block = [&](const QueryCursor& at, const QuerySource& src, int stage) {
+  auto load_query_block = [&](const Cursor& at, const QuerySource& src, int stage) {
     const int64_t rows_left = cta.seq.len_q - static_cast<int64_t>(at.m) * kBlockM;
     load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(ptx::smem_addr(smem.stage[stage].q), src.q,
                                                             p.q_stride.row, 0, rows_left, p.head_dim);
@@ -189,8 +197,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
         smem_v, operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start, cta.kvh), p.v_stride.row, key0,
         cta.seq.len_k, p.head_dim);
   }
-  QueryCursor cur{cta.kvh * cta.group, static_cast<int>(cta.m_blocks.begin),
-                  static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
+  Cursor cur{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
   if (here.parts > 1) {
     // This part's share of the item's iterations (a split item has at least kTailMinPartSteps per
     // part, so cur.left > 0).
@@ -200,7 +207,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     cur.m += start.block;
     cur.left -= start.block;
   }
-  QueryCursor next = cur;
+  Cursor next = cur;
   QuerySource next_src = source_of(cur);
   if (cta.iterations > 0) {
     load_query_block(cur, next_src, 0);
@@ -236,9 +243,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     if (next.advance(cta)) {
       next_src = source_of(next);
     } else {
-      next_src.q += kBlockM * p.q_stride.row;
-      next_src.dout += kBlockM * p.do_stride.row;
-      next_src.ws_row += kBlockM;
+      constexpr int kStep = kColumns ? -kBlockM : kBlockM;  // the cursor's direction
+      next_src.q += kStep * p.q_stride.row;
+      next_src.dout += kStep * p.do_stride.row;
+      next_src.ws_row += kStep;
     }
     if (T::kStages == 2 && it + 1 < cta.iterations) {
       load_query_block(next, next_src, stage ^ 1);

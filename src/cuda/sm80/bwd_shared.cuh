@@ -66,20 +66,26 @@ struct BwdCoords {
 };
 
 // The (query head, query block) of one main-loop iteration, advanced incrementally: splitting
-// an iteration index instead would cost 64-bit divisions every iteration (measured ~5%).
+// an iteration index instead would cost 64-bit divisions every iteration (measured ~5%). Each
+// head's query blocks go up, or with kDown down (first_block).
+template <bool kDown = false>
 struct QueryCursor {
   int h;
   int m;     // a block index: 32 bits, like every block count
   int left;  // blocks of this head not yet visited, this one included
 
+  FUSEDATTN_HD static int first_block(const BwdCoords& c) {
+    return static_cast<int>(kDown ? c.m_blocks.end - 1 : c.m_blocks.begin);
+  }
+
   // Returns true when the cursor moved on to the next query head.
   FUSEDATTN_HD bool advance(const BwdCoords& c) {
     if (--left > 0) {
-      ++m;
+      m += kDown ? -1 : 1;
       return false;
     }
     ++h;
-    m = static_cast<int>(c.m_blocks.begin);
+    m = first_block(c);
     left = static_cast<int>(c.m_blocks.end - c.m_blocks.begin);
     return true;
   }
