@@ -165,11 +165,11 @@ ColumnSummary summarize_column_mask(const FwdParams& p, int block_keys, int4* bo
   return {bounds, blocks};
 }
 
-void mark_growing_spans(const FwdParams& p, const ColumnSummary& s) {
-  if (s.blocks <= 0 || p.batch <= 0) return;
+void mark_growing_spans(const FwdParams& p, int4* bounds, int blocks) {
+  if (blocks <= 0 || p.batch <= 0) return;
   const dim3 grid(static_cast<unsigned>(column_mask_heads(p)), static_cast<unsigned>(p.batch));
-  mark_spans_kernel<<<grid, kSpanThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(
-      const_cast<int4*>(s.bounds), s.blocks, static_cast<int>(p.seqlen_q));
+  mark_spans_kernel<<<grid, kSpanThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(bounds, blocks,
+                                                                                    static_cast<int>(p.seqlen_q));
   FUSEDATTN_CHECK_LAUNCH();
 }
 

@@ -121,8 +121,9 @@ ColumnSummary summarize_column_mask(const FwdParams& p, int block_keys, int4* bo
 // written as columns. Then so do the spans of any group of mask heads (their unions), and the
 // backward's deterministic mode may leave the query blocks outside them out (sm80/bwd_column_spans.cuh).
 // Kept in the runs' header of the head's block 0 (its w, which the summary leaves 0), written by
-// mark_growing_spans after the summary, on p.stream; read by column_spans_grow.
-void mark_growing_spans(const FwdParams& p, const ColumnSummary& s);
+// mark_growing_spans into the summary `bounds` of `blocks` key blocks (summarize_column_mask's),
+// on p.stream; read by column_spans_grow.
+void mark_growing_spans(const FwdParams& p, int4* bounds, int blocks);
 
 // A mask head's mark: head_blocks is its block 0's record.
 FUSEDATTN_HD bool column_spans_grow(const int4* head_blocks) { return head_blocks[kColumnRunsHeader].w != 0; }

@@ -86,7 +86,7 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
       static_assert(T::kBlockN <= kColumnSummaryMaxBlockKeys, "a block's run ends fit their bytes");
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
       if (p.deterministic) {
-        mark_growing_spans(p, masked_ws.columns);
+        mark_growing_spans(p, ws.column_bounds, masked_ws.columns.blocks);
         start_column_turns<T::kBlockM, T::kBlockN>(p, masked_ws.columns, ws, stream);
       }
     }
