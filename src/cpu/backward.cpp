@@ -12,8 +12,9 @@
 
 #include "cpu/column_mask.h"
 #include "cpu/config.h"
-#include "cpu/exp2.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/exp2.h"
+#include "cpu/isa.h"
 #include "cpu/mask.h"
 #include "cpu/simd.h"
 #include "cpu/softmax.h"
@@ -21,7 +22,7 @@
 #include "cpu/tile_io.h"
 #include "cpu/tile_math.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 namespace {
 
 inline constexpr float kLog2e = 1.44269504088896340736f;
@@ -207,4 +208,4 @@ void backward(const BwdParams& p) {
                });
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

@@ -8,10 +8,11 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/isa.h"
 #include "cpu/softmax.h"
 #include "fusedattn/params.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 enum class TileCover { kNone, kPartial, kAll };
 
@@ -63,4 +64,4 @@ class ColumnMask {
   int intervals_ = 0;
 };
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

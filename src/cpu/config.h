@@ -2,9 +2,11 @@
 // head_dim 64 problem fit in L1/L2 together; the compute loops vectorise along the 64-wide rows.
 #pragma once
 
-namespace fusedattn::cpu {
+#include "cpu/isa.h"
+
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 inline constexpr int kBlockQ = 64;  // query rows per task (forward, dQ pass)
 inline constexpr int kBlockK = 64;  // keys per inner tile (and per task of the dK/dV pass)
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
-namespace fusedattn::cpu {
+#include "cpu/isa.h"
+
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 // ---- IEEE binary16 -------------------------------------------------------------------------
 inline constexpr uint32_t kF32SignMask = 0x80000000u;
@@ -72,4 +74,4 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((bits + round_bias) >> kBf16Shift);
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

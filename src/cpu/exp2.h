@@ -8,9 +8,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/isa.h"
 #include "cpu/simd.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 namespace exp2_detail {
 inline constexpr double kLn2 = 0.69314718055994530942;
@@ -84,4 +85,4 @@ FUSEDATTN_CPU_INLINE void exp2_scaled(float* x, int n, float mul, float sub) {
   for (; j < n; ++j) x[j] = exp2_approx(x[j] * mul - sub);
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

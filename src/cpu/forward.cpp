@@ -10,6 +10,7 @@
 #include "cpu/column_mask.h"
 #include "cpu/config.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/isa.h"
 #include "cpu/mask.h"
 #include "cpu/simd.h"
 #include "cpu/softmax.h"
@@ -18,7 +19,7 @@
 #include "cpu/tile_math.h"
 #include "cpu/transposed_rows.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 namespace {
 
 // Per-thread working set: O(block * (block + head_dim)) floats whatever the sequence length.
@@ -241,4 +242,4 @@ void forward(const FwdParams& params) {
   });
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

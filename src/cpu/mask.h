@@ -8,9 +8,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/isa.h"
 #include "fusedattn/params.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 // Columns [begin, end) of a key tile that one query row may see; begin == end when none.
 struct ColRange {
@@ -40,4 +41,4 @@ inline void tile_col_ranges(const FwdParams& p, int64_t r0, int rows, int64_t le
   }
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

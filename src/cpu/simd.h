@@ -1,17 +1,26 @@
-// An 8-wide float vector through the GCC/Clang vector extension: one AVX2 register in the
-// x86-64-v3 clone of the hot functions (FUSEDATTN_CPU_HOT), two SSE2 or NEON registers elsewhere,
-// so the build needs no -march flag yet the hot loops keep accumulators in registers (the
-// auto-vectoriser does not register-block the tile products by itself). 8 rather than 4 lanes:
-// the CPU forward and backward ran 1.5-1.6x faster on an AVX-512 EPYC (docs/perf.md, forty-ninth
-// session). The baseline clone (x86-64 without AVX2) has half the registers for them; its speed
-// was not measured.
+// A float vector through the GCC/Clang vector extension: 8 wide in the base build (one AVX2
+// register in the x86-64-v3 clone of the hot functions, FUSEDATTN_CPU_HOT; two SSE2 or NEON
+// registers elsewhere), 16 wide in the AVX-512 build (isa.h: one AVX-512 register). So the build
+// needs no -march flag yet the hot loops keep accumulators in registers (the auto-vectoriser does
+// not register-block the tile products by itself). 8 rather than 4 lanes: the CPU forward and
+// backward ran 1.5-1.6x faster on an AVX-512 EPYC (docs/perf.md, forty-ninth session); 16 in the
+// AVX-512 build another 1.45-1.55x on a Zen 5 EPYC (fifty-second session). The baseline clone
+// (x86-64 without AVX2) has half the registers for them; its speed was not measured.
 #pragma once
 
+#include <cstddef>
 #include <cstring>
+#include <utility>
 
-namespace fusedattn::cpu {
+#include "cpu/isa.h"
 
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
+
+#if defined(FUSEDATTN_CPU_AVX512)
+inline constexpr int kVecWidth = 16;
+#else
 inline constexpr int kVecWidth = 8;
+#endif
 typedef float Vec __attribute__((vector_size(kVecWidth * sizeof(float))));
 
 // The helpers that take or give vectors, and the tile loops built on them, are inlined into the
@@ -31,19 +40,29 @@ FUSEDATTN_CPU_INLINE Vec load_vec(const float* p) {
 FUSEDATTN_CPU_INLINE void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
 // x in every lane. The tile loops multiply by scalars instead (float * Vec), which GCC turns
 // into one broadcast; a Vec{x, x, ...} built there was assembled one lane insert at a time.
-static_assert(kVecWidth == 8, "broadcast() spells out eight lanes");
-FUSEDATTN_CPU_INLINE Vec broadcast(float x) { return Vec{x, x, x, x, x, x, x, x}; }
+template <size_t... kLane>
+FUSEDATTN_CPU_INLINE Vec broadcast_lanes(float x, std::index_sequence<kLane...>) {
+  return Vec{((void)kLane, x)...};
+}
+FUSEDATTN_CPU_INLINE Vec broadcast(float x) { return broadcast_lanes(x, std::make_index_sequence<kVecWidth>{}); }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA
 
-// The per-task functions that hold the hot loops are compiled twice on x86-64 Linux with GCC:
-// once for x86-64-v3 (AVX2 + FMA, three-operand forms) and once for the baseline; the dynamic
-// loader picks one per machine (ifunc). The build flags stay portable, and a given machine always
-// runs the same clone, so results stay bit-identical run to run there (FMA contraction can make
-// them differ in the last bits between machines of different ISA levels).
+// The per-task functions that hold the hot loops (FUSEDATTN_CPU_HOT) carry the target. In the
+// base build they are compiled twice on x86-64 Linux with GCC: once for x86-64-v3 (AVX2 + FMA,
+// three-operand forms) and once for the baseline; the dynamic loader picks one per machine
+// (ifunc). In the AVX-512 build once, for x86-64-v4. Only they: the rest of each unit, and every
+// inline function of a header outside src/cpu (which both builds compile, and the linker keeps one
+// copy of), stays on the portable flags. A given machine always runs the same code, so results
+// stay bit-identical run to run there (FMA contraction and the vector width can make them differ
+// in the last bits between machines of different ISA levels).
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
-// noinline: once inlined into a caller without the attribute, the baseline code would be used.
+// noinline: once inlined into a caller without the attribute, the portable code would be used.
+#if defined(FUSEDATTN_CPU_AVX512)
+#define FUSEDATTN_CPU_HOT __attribute__((noinline, target("arch=x86-64-v4")))
+#else
 #define FUSEDATTN_CPU_HOT __attribute__((noinline, target_clones("arch=x86-64-v3", "default")))
+#endif
 #else
 #define FUSEDATTN_CPU_HOT
 #endif

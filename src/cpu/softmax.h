@@ -7,10 +7,11 @@
 #include <limits>
 
 #include "cpu/exp2.h"
+#include "cpu/isa.h"
 #include "cpu/mask.h"
 #include "cpu/tile_math.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline constexpr double kLn2 = 0.69314718055994530942;
@@ -47,4 +48,4 @@ struct RowSoftmax {
   }
 };
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

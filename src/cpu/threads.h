@@ -12,7 +12,9 @@
 #include <thread>
 #include <vector>
 
-namespace fusedattn::cpu {
+#include "cpu/isa.h"
+
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 // requested <= 0 means "all hardware threads"; never more threads than tasks.
 inline int resolve_num_threads(int requested, int64_t num_tasks) {
@@ -54,4 +56,4 @@ void parallel_for(int64_t num_tasks, int num_threads, MakeState make_state, Run 
   if (error) std::rethrow_exception(error);
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

@@ -6,9 +6,10 @@
 #include <cstring>
 
 #include "cpu/convert.h"
+#include "cpu/isa.h"
 #include "fusedattn/params.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 // One [batch, row, head, dim] operand. `row` is the row within sequence b; `seq_start` is the
 // sequence's first row in a packed (varlen) tensor and 0 for dense ones.
@@ -93,4 +94,4 @@ inline void store_tile(void* data, const OperandStrides& stride, DType dtype, in
   for (int r = 0; r < rows; ++r) store_row(data, dtype, op.offset(b, seq_start, row0 + r, head), dim, mul, src + int64_t{r} * dim);
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

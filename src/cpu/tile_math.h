@@ -11,10 +11,11 @@
 #include <cstdint>
 
 #include "cpu/config.h"
+#include "cpu/isa.h"
 #include "cpu/mask.h"
 #include "cpu/simd.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 inline constexpr int kLanes = 8;  // independent partial sums/maxima of a row reduction
 
@@ -22,10 +23,11 @@ inline constexpr int kLanes = 8;  // independent partial sums/maxima of a row re
 // kRowsPerPass * kColsPerPass / kVecWidth = 8 vector registers, plus 2 for the shared K row.
 inline constexpr int kRowsPerPass = 4;
 inline constexpr int kColsPerPass = 2 * kVecWidth;
-// The accumulating products keep up to kChunkVecs vectors of one output row in registers while
-// they fold in every term, so each output element is loaded and stored once per tile.
-inline constexpr int kChunkVecs = 8;
-inline constexpr int kChunk = kChunkVecs * kVecWidth;
+// The accumulating products keep kChunk floats of one output row (a d64 row: kChunkVecs vectors)
+// in registers while they fold in every term, so each output element is loaded and stored once
+// per tile.
+inline constexpr int kChunk = 64;
+inline constexpr int kChunkVecs = kChunk / kVecWidth;
 
 static_assert(kBlockK % kColsPerPass == 0, "score tiles are computed kColsPerPass columns at a time");
 
@@ -154,4 +156,4 @@ FUSEDATTN_CPU_INLINE float lane_max(const float* x, int n, float init) {
   return best;
 }
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

@@ -12,12 +12,13 @@
 #include <vector>
 
 #include "cpu/config.h"
+#include "cpu/isa.h"
 #include "cpu/threads.h"
 #include "cpu/tile_io.h"
 #include "cpu/tile_math.h"
 #include "fusedattn/params.h"
 
-namespace fusedattn::cpu {
+namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 // A transposed key tile: row d (of the head dim) at data + d * ld.
 struct TransposedTile {
@@ -89,4 +90,4 @@ class TransposedRows {
   std::vector<float> rows_;
 };
 
-}  // namespace fusedattn::cpu
+}  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA

@@ -11,11 +11,12 @@
 
 namespace fusedattn::cli::numeric {
 
-// The CPU backend's conversions (round to nearest even, by hand): one implementation for both.
-using cpu::bf16_to_float;
-using cpu::float_to_bf16;
-using cpu::float_to_half;
-using cpu::half_to_float;
+// The CPU backend's conversions (round to nearest even, by hand): one implementation for both
+// (this unit's build of them, cpu/isa.h).
+using cpu::FUSEDATTN_CPU_ISA::bf16_to_float;
+using cpu::FUSEDATTN_CPU_ISA::float_to_bf16;
+using cpu::FUSEDATTN_CPU_ISA::float_to_half;
+using cpu::FUSEDATTN_CPU_ISA::half_to_float;
 
 // Element `index` of an array of `dtype` values, as a double.
 inline double load(DType dtype, const void* base, int64_t index) {
