@@ -68,8 +68,8 @@ struct Operands {
 };
 
 // Loads Q, dO of query rows [r0, r0 + rows) of head h, and their per-row delta and LSE.
-void load_query_side(const BwdParams& p, const Operands& ops, int b, int h, const SeqInfo& seq, int64_t r0, int rows,
-                     BackwardScratch& w) {
+FUSEDATTN_CPU_HOT void load_query_side(const BwdParams& p, const Operands& ops, int b, int h, const SeqInfo& seq,
+                                       int64_t r0, int rows, BackwardScratch& w) {
   const int dim = p.head_dim;
   load_tile(ops.q, b, seq.q_start, r0, rows, h, dim, 1.f, w.q.data());
   load_tile(ops.dout, b, seq.q_start, r0, rows, h, dim, 1.f, w.dout.data());
