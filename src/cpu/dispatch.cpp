@@ -1,7 +1,7 @@
 // The CPU backend's entry points: each runs the build of the hot code (isa.h) for this machine,
 // the AVX-512 one where the library has it and the CPU and OS support x86-64-v4 (AVX-512 F, BW,
-// CD, DQ, VL), unless FUSEDATTN_CPU_AVX512=0 (for tests and A/B runs). One choice per process
-// state of that variable: a machine gives the same bits call to call.
+// CD, DQ, VL), unless FUSEDATTN_CPU_AVX512=0 (for tests and A/B runs). Chosen per call from the
+// CPU and that variable alone, so a machine gives the same bits call to call.
 #include <cstdlib>
 
 #include "cpu/cpu_backend.h"
