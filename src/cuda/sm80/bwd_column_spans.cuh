@@ -54,14 +54,13 @@ struct ColumnSpans {
 constexpr int kColumnTurnThreads = 128;
 
 template <int kBlockM, int kBlockN>
-__global__ void __launch_bounds__(kColumnTurnThreads) start_column_turns_kernel(BwdParams p, ColumnSummary summary,
-                                                                                   int32_t* dq_sem, int64_t rows) {
+__global__ void __launch_bounds__(kColumnTurnThreads) start_column_turns_kernel(BwdParams p, BwdWorkspace ws) {
   const int64_t m = static_cast<int64_t>(blockIdx.x) * kColumnTurnThreads + threadIdx.x;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const int64_t len_q = p.seqlen_q, len_k = p.seqlen_k;
   if (m * kBlockM >= len_q) return;
   const int group = p.heads_q / p.heads_kv;
-  const ColumnSpans<kBlockM> spans{p, summary, b, h / group * group, group, static_cast<int>(len_q)};
+  const ColumnSpans<kBlockM> spans{p, ws.columns, b, h / group * group, group, static_cast<int>(len_q)};
   if (!spans.grow()) return;
   const int first = static_cast<int>(first_kv_block_of_query_block(p, m, kBlockM, kBlockN, len_q, len_k));
   int lo = first, hi = static_cast<int>(ceil_div(len_k, kBlockN));  // the answer lies in [lo, hi]
@@ -71,19 +70,18 @@ __global__ void __launch_bounds__(kColumnTurnThreads) start_column_turns_kernel(
     else lo = mid + 1;
   }
   if (lo * int64_t{kBlockN} >= len_k || spans.of(lo).begin > m) return;
-  const int64_t row0 = (static_cast<int64_t>(b) * p.heads_q + h) * rows + m * kBlockM;  // BwdWorkspace::row_base
-  dq_sem[row0 / kBwdSemRows] = lo - first;
+  ws.dq_sem[(ws.row_base(p, b, h) + m * kBlockM) / kBwdSemRows] = lo - first;
 }
 
-// Launches it, after mark_growing_spans, on the zeroed semaphores of ws.
+// Launches it, after mark_growing_spans, on the zeroed semaphores of ws (whose `columns` is the
+// launch's summary).
 template <int kBlockM, int kBlockN>
-void start_column_turns(const BwdParams& p, const ColumnSummary& summary, const BwdWorkspace& ws,
-                        cudaStream_t stream) {
+void start_column_turns(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t stream) {
   const int64_t query_blocks = ceil_div(p.seqlen_q, kBlockM);
   if (query_blocks == 0 || ws.dq_sem == nullptr) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(query_blocks, kColumnTurnThreads)), static_cast<unsigned>(p.heads_q),
                   static_cast<unsigned>(p.batch));
-  start_column_turns_kernel<kBlockM, kBlockN><<<grid, kColumnTurnThreads, 0, stream>>>(p, summary, ws.dq_sem, ws.rows);
+  start_column_turns_kernel<kBlockM, kBlockN><<<grid, kColumnTurnThreads, 0, stream>>>(p, ws);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

@@ -87,7 +87,7 @@ void launch_bwd_main(const BwdParams& p, const BwdWorkspace& ws, cudaStream_t st
       masked_ws.columns = summarize_column_mask(p, T::kBlockN, ws.column_bounds);
       if (p.deterministic) {
         mark_growing_spans(p, ws.column_bounds, masked_ws.columns.blocks);
-        start_column_turns<T::kBlockM, T::kBlockN>(p, masked_ws.columns, ws, stream);
+        start_column_turns<T::kBlockM, T::kBlockN>(p, masked_ws, stream);
       }
     }
     const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
