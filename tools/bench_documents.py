@@ -82,19 +82,13 @@ def run_case(dist, d, dtype, backward, names, kernels=False):
     doc = torch.repeat_interleave(torch.arange(len(lens), device="cuda"), torch.tensor(lens, device="cuda"))
     keep = (doc[:, None] == doc[None, :]) & torch.ones(total, total, dtype=torch.bool, device="cuda").tril()
 
-    def ours_column():
-        return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True, column_mask=mask)[0]
-
-    def ours_column_det():
+    def ours_column(deterministic=False):
         return fusedattn.flash_attn_func(q[None], k[None], v[None], causal=True, column_mask=mask,
-                                         deterministic=True)[0]
+                                         deterministic=deterministic)[0]
 
-    def ours_varlen():
-        return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=True)
-
-    def ours_varlen_det():
+    def ours_varlen(deterministic=False):
         return fusedattn.flash_attn_varlen_func(q, k, v, offsets, offsets, longest, longest, causal=True,
-                                                deterministic=True)
+                                                deterministic=deterministic)
 
     def varlen_portable():
         with env("FUSEDATTN_DISABLE_SM90", "1"):
@@ -122,9 +116,9 @@ def run_case(dist, d, dtype, backward, names, kernels=False):
             return compiled(qt, kt, vt, block_mask=block_mask).transpose(1, 2)[0]
         return fn
 
-    providers = {"ours_column": ours_column, "ours_column_det": ours_column_det, "column_portable": ours_column,
-                 "varlen_portable": varlen_portable,
-                 "ours_varlen": ours_varlen, "ours_varlen_det": ours_varlen_det,
+    providers = {"ours_column": ours_column, "ours_column_det": functools.partial(ours_column, deterministic=True),
+                 "column_portable": ours_column, "varlen_portable": varlen_portable,
+                 "ours_varlen": ours_varlen, "ours_varlen_det": functools.partial(ours_varlen, deterministic=True),
                  "causal_portable": causal_portable, "flex": None, "sdpa_mask": sdpa_mask}
     with torch.no_grad():
         reference = ours_column()
