@@ -182,11 +182,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const BwdWorkspace&
     load_tile_async<kBlockM, kHeadDim, kPitch, T::kThreads>(ptx::smem_addr(smem.stage[stage].dout), src.dout,
                                                             p.do_stride.row, 0, rows_left, p.head_dim);
     load_floats_async<kBlockM, T::kThreads>(smem.lse2[stage], ws.lse2 + src.ws_row, threadIdx.x);
-    // The quads' per-thread source offset is derived from the thread index read again here: held
-    // across the loop it was the one value the d64 large-memory column instance spilled (4 bytes,
-    // reloaded every iteration) once that instance's query blocks went downwards.
+    // Under a column mask the quads' per-thread source offset is derived from the thread index
+    // read again here: held across the loop it was the one value the d64 large-memory column
+    // instance spilled (4 bytes, reloaded every iteration) once its query blocks went downwards.
+    // The full and window instances keep theirs (the re-read reorders their SASS: causal d64
+    // lost 0.7%).
     if constexpr (T::kDeltaInDp)
-      load_float_quads_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + src.ws_row, ptx::thread_index_here());
+      load_float_quads_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + src.ws_row,
+                                                   kColumns ? ptx::thread_index_here() : threadIdx.x);
     else
       load_floats_async<kBlockM, T::kThreads>(smem.delta[stage], ws.delta + src.ws_row, threadIdx.x);
   };
