@@ -14,8 +14,9 @@ DIRECTIONS = {"sm80": ("fwd", "bwd"), "sm90": ("fwd",)}
 ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MASK = {"full": "MaskKind::kFull", "window": "MaskKind::kWindow", "column": "MaskKind::kColumn"}
 MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "column")}
-# Column masks (FwdParams::column_mask) on Hopper: the forward at the head dims whose tile is 128 x
-# 128 (src/cuda/sm90/column_mask.cuh); the others, and the backward, run the portable kernels.
+# Column masks (FwdParams::column_mask) on Hopper: the forward at d64 (its pair tile, or 128 x 128)
+# and d128 (128 x 128), src/cuda/sm90/column_mask.cuh; the others, and the backward, run the
+# portable kernels.
 MASK_HEAD_DIMS = {("sm90", "column"): (64, 128)}
 
 # The Hopper forward's clustered kernels (fwd_launch.cuh, launch_fwd_maybe_paired): full masks,

@@ -176,6 +176,30 @@ TEST(Sm90TileChoice, D64SequsedKTakesTheTableTile) {
   }
 }
 
+// Column masks: d64 launches take the pair tile at any length and under any window, the 128-row
+// one where FUSEDATTN_SM90_D64_TILE=128, never the 192-row one (not even where forced); d128 keeps
+// its table tile.
+TEST(Sm90TileChoice, ColumnMasksTakeThePairTileAtD64) {
+  const auto column_tile = [](const FwdParams& p, int head_dim) {
+    return fwd_tile_shape(p, head_dim, MaskKind::kColumn, tiled_rows(p, head_dim, MaskKind::kColumn, 132));
+  };
+  for (const auto& [left, right] : {std::pair<int64_t, int64_t>{-1, -1}, {-1, 0}, {256, 0}}) {
+    for (int64_t seqlen : {100, 2048, 16384}) {
+      const FwdParams p = windowed(seqlen, left, right, 64);
+      EXPECT_TRUE(same(column_tile(p, 64), kD64Pair)) << seqlen << " " << left << " " << right;
+      for (const char* forced : {"192", "pair"}) {
+        const testing::ScopedEnv env("FUSEDATTN_SM90_D64_TILE", forced);
+        EXPECT_TRUE(same(column_tile(p, 64), kD64Pair)) << "forced " << forced << ", " << seqlen;
+      }
+      {
+        const testing::ScopedEnv env("FUSEDATTN_SM90_D64_TILE", "128");
+        EXPECT_TRUE(same(column_tile(p, 64), tile_shape(64))) << "forced 128, " << seqlen;
+      }
+      EXPECT_TRUE(same(column_tile(windowed(seqlen, left, right, 128), 128), tile_shape(128))) << seqlen;
+    }
+  }
+}
+
 // Paged K/V: every tile a paged launch runs has KV blocks that lie in one page (a multiple of
 // kCudaPageRows rows): d192/d256 their 64-key tiles whatever the keys, d64 its 128-row tile (the
 // zeroing of a page's rows past the keys needs its GEMM turns, as with seqused_k), d128 its table

@@ -1,6 +1,7 @@
 // Column-sparse masks (Options::column_mask) on the Hopper forward kernel (MaskKind::kColumn,
 // src/cuda/sm90/column_mask.cuh): that dispatch sends column-masked calls there, on the 128 x 128
-// tile without GQA packing (the plan the launch makes), and not where it must not. The cases of
+// tile or (d64, FUSEDATTN_SM90_D64_TILE=pair) the 128 x 64 tile of two CTAs per SM, without GQA
+// packing (the plan the launch makes), and not where it must not. The cases of
 // tests/gpu/test_column_mask.cpp run on this kernel on Hopper (their default path, forward and
 // backward); the ones here assert the plan before they run: packed causal documents as their
 // variable-length batch, and a sliding window whose walk crosses the producer's 32-block scan
@@ -10,6 +11,7 @@
 
 #include <cstdlib>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -26,7 +28,20 @@ namespace {
 
 // The head dims with a Hopper column instance (tools/gen_instances.py).
 constexpr int kHopperColumnHeadDims[] = {64, 128};
-constexpr int kHopperColumnTileRows = 128, kHopperColumnTileKeys = 128;
+
+// A tile the column kernel runs on: d64's are chosen by FUSEDATTN_SM90_D64_TILE (fwd_split.h,
+// d64_tile), "128" or "pair"; the other head dims have the one.
+struct ColumnTile {
+  int head_dim;
+  const char* d64_tile;
+  int rows, keys, ctas_per_sm;
+};
+constexpr ColumnTile kSquareTile64{64, "128", 128, 128, 1}, kPairTile64{64, "pair", 128, 64, 2},
+    kSquareTile128{128, "128", 128, 128, 1};
+const ColumnTile kHopperColumnTiles[] = {kSquareTile64, kPairTile64, kSquareTile128};
+void PrintTo(const ColumnTile& t, std::ostream* os) {
+  *os << "d" << t.head_dim << " " << t.rows << " x " << t.keys << " (" << t.ctas_per_sm << " per SM)";
+}
 
 // Causal documents of varied lengths: one row, rows fewer than a block, a block's worth, and
 // documents that cross several blocks, so query tiles meet keys of one, two or many documents.
@@ -42,16 +57,17 @@ FwdParams column_params(const Problem& call, DType dtype, const Columns& m) {
   return p;
 }
 
-// Whether dispatch runs `call` with mask m on the Hopper column kernel, on its 128 x 128 tile
-// unpacked; "" if so, else why not (a build without the instance says so: the test then skips).
-std::string hopper_plan_problem(const Problem& call, DType dtype, const Columns& m) {
+// Whether dispatch runs `call` with mask m on the Hopper column kernel, on `tile` unpacked; "" if
+// so, else why not (a build without the instance says so: the test then skips).
+std::string hopper_plan_problem(const Problem& call, DType dtype, const Columns& m, const ColumnTile& tile) {
   const FwdParams p = column_params(call, dtype, m);
   const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
   if (std::string(choice.arch) != "sm90") return std::string("dispatch chose ") + choice.arch;
   const cuda::sm90::FwdWork work = cuda::sm90::planned_fwd_work(p, cuda::MaskKind::kColumn, choice.instance_head_dim,
                                                                 sm_count());
-  if (work.shape.block_m != kHopperColumnTileRows || work.shape.block_n != kHopperColumnTileKeys)
-    return "tile " + std::to_string(work.shape.block_m) + " x " + std::to_string(work.shape.block_n);
+  if (work.shape.block_m != tile.rows || work.shape.block_n != tile.keys || work.shape.ctas_per_sm != tile.ctas_per_sm)
+    return "tile " + std::to_string(work.shape.block_m) + " x " + std::to_string(work.shape.block_n) + ", " +
+           std::to_string(work.shape.ctas_per_sm) + " per SM";
   if (work.rows.packing.shift != 0) return "GQA packed";
   if (work.split.shares != 0) return "tail split";
   if (work.shape.cluster_ctas != 1) return "CTA pairs";
@@ -67,9 +83,11 @@ void expect_forward_results(const HostCase& c, const Problem& truth, HiddenRows 
                         c.problem.str() + " " + dtype_name(c.dtype) + " on the Hopper kernel");
 }
 
-// Runs mc.call's forward with mask m (after asserting it takes the Hopper kernel) and checks it.
-SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype) {
-  SCOPED_TRACE(mc.call.str() + " " + dtype_name(dtype) + " against " + mc.truth.str());
+// Runs mc.call's forward with mask m (after asserting it takes the Hopper kernel on `tile`) and
+// checks it.
+SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype, const ColumnTile& tile) {
+  SCOPED_TRACE(mc.call.str() + " " + dtype_name(dtype) + " against " + mc.truth.str() + ", d64 tile " + tile.d64_tile);
+  const ScopedEnv forced("FUSEDATTN_SM90_D64_TILE", tile.d64_tile);
   if (const char* off = std::getenv("FUSEDATTN_DISABLE_SM90"); off != nullptr && off[0] == '1')
     return std::string("FUSEDATTN_DISABLE_SM90=1: the Hopper kernel is off");
   // A build without a Hopper instance for the call's head dim (FUSEDATTN_SM90=OFF, or head dims
@@ -80,7 +98,7 @@ SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype) {
   } catch (const Error& e) {
     return std::string(e.what());
   }
-  const std::string off_hopper = hopper_plan_problem(mc.call, dtype, m);
+  const std::string off_hopper = hopper_plan_problem(mc.call, dtype, m, tile);
   if (!off_hopper.empty()) {
     ADD_FAILURE() << "not on the Hopper column kernel: " << off_hopper;
     return std::nullopt;
@@ -96,14 +114,15 @@ SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype) {
   return std::nullopt;
 }
 
-class GpuSm90ColumnMask : public ::testing::TestWithParam<int> {};
+class GpuSm90ColumnMask : public ::testing::TestWithParam<ColumnTile> {};
 
 // GQA (4 query heads on 2 KV heads: unpacked all the same), both dtypes.
 TEST_P(GpuSm90ColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
   SKIP_UNLESS_HOPPER();
   for (const DType dtype : kGpuDtypes) {
     Columns m(1, 1, total_length(kDocuments), 1);
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper(packed_documents(kDocuments, 4, 2, GetParam(), m), m, dtype));
+    FUSEDATTN_RUN_OR_SKIP(
+        check_on_hopper(packed_documents(kDocuments, 4, 2, GetParam().head_dim, m), m, dtype, GetParam()));
   }
 }
 
@@ -114,15 +133,18 @@ TEST_P(GpuSm90ColumnMask, PackedCausalDocumentsMatchTheirVarlenBatch) {
 TEST_P(GpuSm90ColumnMask, SlidingWindowAcrossScanChunks) {
   SKIP_UNLESS_HOPPER();
   const int64_t s = 4500;
-  const Problem call = dense(1, 2, 1, s, s, GetParam());
+  const Problem call = dense(1, 2, 1, s, s, GetParam().head_dim);
   Columns m(1, 1, s, 2);
   hide_outside_window(m, 0, 0, s, s, 100, 0);
-  const DType dtype = GetParam() == kHopperColumnHeadDims[0] ? DType::kFloat16 : DType::kBFloat16;
-  FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 100, 0), {}}, m, dtype));
+  const DType dtype = GetParam().head_dim == kHopperColumnHeadDims[0] ? DType::kFloat16 : DType::kBFloat16;
+  FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 100, 0), {}}, m, dtype, GetParam()));
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, GpuSm90ColumnMask, ::testing::ValuesIn(kHopperColumnHeadDims),
-                         [](const ::testing::TestParamInfo<int>& info) { return "d" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Tiles, GpuSm90ColumnMask, ::testing::ValuesIn(kHopperColumnTiles),
+                         [](const ::testing::TestParamInfo<ColumnTile>& info) {
+                           return "d" + std::to_string(info.param.head_dim) + "_" +
+                                  std::to_string(info.param.rows) + "x" + std::to_string(info.param.keys);
+                         });
 
 // FUSEDATTN_DISABLE_SM90=1 still sends column-masked calls to the portable kernels, and head dims
 // without a Hopper column instance of their own stay there (a host-side plan; no kernel runs).
@@ -154,19 +176,20 @@ TEST(GpuSm90ColumnMaskPlan, SwitchAndOtherHeadDimsStayPortable) {
 }
 
 // The small case compute-sanitizer runs (its filter GpuSanitizer.* picks this up): packed causal
-// documents, and a window written as columns on top of causal, at d64 and d128 (ragged last
+// documents, and a window written as columns on top of causal, on every column tile (ragged last
 // tiles, both K rings wrapping); fp16.
 TEST(GpuSanitizer, Sm90ColumnMaskSmallDocuments) {
   SKIP_UNLESS_HOPPER();
-  for (const int d : kHopperColumnHeadDims) {
+  for (const ColumnTile& tile : kHopperColumnTiles) {
+    const int d = tile.head_dim;
     const std::vector<int64_t> docs = {130, 1, 300, 40, 70};
     Columns m(1, 1, total_length(docs), 1);
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper(packed_documents(docs, 2, 1, d, m), m, DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_on_hopper(packed_documents(docs, 2, 1, d, m), m, DType::kFloat16, tile));
     const int64_t s = 333;
     Columns w(1, 1, s, 2);
     hide_outside_window(w, 0, 0, s, s, 50, -1);
     const Problem call = with_mask(dense(1, 2, 2, s, s, d), true, -1, -1);
-    FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 50, 0), {}}, w, DType::kFloat16));
+    FUSEDATTN_RUN_OR_SKIP(check_on_hopper({call, with_mask(call, false, 50, 0), {}}, w, DType::kFloat16, tile));
   }
 }
 

@@ -224,5 +224,14 @@ def test_cuda_calls_can_be_captured_in_a_cuda_graph():
         t.fill_(float("nan"))  # the replay must write every output
     graph.replay()
     torch.cuda.synchronize()
-    for got, want in zip(captured, expected):
+    # out, lse, dK and dV are bit for bit the eager calls'. dQ is not bound to be: the default
+    # (non-deterministic) backward adds each KV block's dQ share by atomics, in whatever order its
+    # CTAs reach a query block, and since each CTA takes its query blocks from the last down the
+    # CTAs of one document start on the same block at about the same time (it failed bitwise on an
+    # H200 in session 56). So dQ is held to a last-bits tolerance.
+    out, lse, dq, dk, dv = captured
+    want_out, want_lse, want_dq, want_dk, want_dv = expected
+    for got, want in ((out, want_out), (lse, want_lse), (dk, want_dk), (dv, want_dv)):
         assert torch.equal(got, want)
+    assert torch.isfinite(dq).all()
+    torch.testing.assert_close(dq, want_dq, rtol=4e-3, atol=4e-3 * want_dq.abs().max().item())

@@ -8,9 +8,9 @@
 //   written before the stage's K load arrives on its full barrier, so a consumer that has waited
 //   for the K also sees its tag;
 // - the consumers mask a cut block element-wise on the wgmma accumulator (hide_column_scores).
-// Per tile, not per consumer slice: every warpgroup takes every seen block (the tiles of the
-// kind are 128 x 128, TileMask::kSlicesSkipBlocks is false there), and a block the mask hides
-// from one slice but not the other is cut for both.
+// Per tile, not per consumer slice: every warpgroup takes every seen block (TileMask::
+// kSlicesSkipBlocks is false for the kind, also on d64's 128 x 64 pair tile), and a block the mask
+// hides from one slice but not the other is cut for both.
 #pragma once
 
 #include <cmath>
@@ -106,23 +106,25 @@ struct ColumnBlockWalk {
 // Keys whose bounds a consumer thread loads at once in a cut block's key loop (HiddenPairs::find,
 // blocks of more than kColumnRunsMax runs): one at a time, the loop's serial L1 waits took half of
 // the kernel's stall samples on short documents (ncu, d64, 32-512-token documents; docs/hopper.md,
-// session 51).
-constexpr int kColumnBoundsInFlight = 4;
+// session 51). Two CTAs per SM (the d64 pair tile, 96 registers per consumer thread beside the
+// column producer) hold two without spilling (four spilled 16 B), and the other CTA's warps share
+// the waits.
+constexpr int column_bounds_in_flight(int ctas_per_sm) { return ctas_per_sm == 1 ? 4 : 2; }
 
 // Consumer thread: hides (-inf) the scores of key block n that the mask hides, on its wgmma
 // accumulator s (64 x kBlockN, ptx/wgmma.cuh): rows row0 and row0 + 8, keys
 // n * kBlockN + col0 + 8 j + {0, 1}, s[4 j + 2 half + e] the score of row half, key 8 j + e. The
 // hidden pairs are found as bits first (HiddenPairs: run by run from the block's summary, or by a
-// loop over the keys, kColumnBoundsInFlight keys' bounds read at once through the read-only
-// cache), then applied.
-template <int kBlockN, int kAcc>
+// loop over the keys, kInFlight keys' bounds read at once through the read-only cache), then
+// applied.
+template <int kBlockN, int kInFlight, int kAcc>
 __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdParams& p, const ColumnMaskView& mask,
                                                    int n, int row0, int col0, int len_k) {
   constexpr int kRows = 2, kRowStep = 8, kKeyStep = 8, kKeysPerStep = 2;
   constexpr int kKeys = kAcc / kRows;
   static_assert(kAcc == kBlockN / 2, "a whole block's accumulator (no narrow block under column masks)");
   HiddenPairs<kKeys, kRows> pairs;
-  pairs.template find<kColumnBoundsInFlight>(p, mask, n, FragmentKeys<kKeysPerStep, kKeyStep, 1>{n * kBlockN, col0},
+  pairs.template find<kInFlight>(p, mask, n, FragmentKeys<kKeysPerStep, kKeyStep, 1>{n * kBlockN, col0},
                                              [row0](int r) { return row0 + r * kRowStep; }, len_k);
 #pragma unroll
   for (int k = 0; k < kKeys; ++k)

@@ -295,8 +295,8 @@ struct Consumer {
     if constexpr (kColumns) {
       // Rows are query positions (column masks run unpacked) and int32 like the keys.
       if (ColumnTag::cut(n))
-        hide_column_scores<kBlockN>(s, params.p, column_mask, block, static_cast<int>(row0), 2 * (lane % 4),
-                                    facts.len_k);
+        hide_column_scores<kBlockN, column_bounds_in_flight(Cfg::kCtasPerSm)>(
+            s, params.p, column_mask, block, static_cast<int>(row0), 2 * (lane % 4), facts.len_k);
     }
   }
 

@@ -290,11 +290,17 @@ template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& p) {
   const int num_sms = current_device_attribute(cudaDevAttrMultiProcessorCount);
   const TiledRows rows = tiled_rows(p, kHeadDim, kMask, num_sms);
-  // Column masks run d64's 128 x 128 tile only (fwd_split.h, d64_tile): the others' slices skip
-  // blocks, which the column walk does not (column_mask.cuh).
-  if constexpr (kHeadDim == 64 && kMask != MaskKind::kColumn) {
+  // Column masks run d64's pair or 128 x 128 tile (fwd_split.h, d64_tile), never the 192-row one
+  // (its three consumer warpgroups would get 152 registers beside the column producer's 40, not the
+  // 160 the tile is laid out for), so that kernel is not compiled for them.
+  if constexpr (kHeadDim == 64) {
     switch (d64_tile(kMask, rows.rows, keys_per_row(p), loads_unwritten_rows(p))) {
-      case D64Tile::kTall: launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms); return;
+      case D64Tile::kTall:
+        if constexpr (kMask != MaskKind::kColumn) {
+          launch_fwd<Element, kHeadDim, kMask, kD64Tall>(p, rows, num_sms);
+          return;
+        }
+        break;
       case D64Tile::kPair: launch_fwd<Element, kHeadDim, kMask, kD64Pair>(p, rows, num_sms); return;
       case D64Tile::kTable: break;
     }
