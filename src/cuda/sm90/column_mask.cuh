@@ -125,7 +125,7 @@ __device__ __forceinline__ void hide_column_scores(float (&s)[kAcc], const FwdPa
   static_assert(kAcc == kBlockN / 2, "a whole block's accumulator (no narrow block under column masks)");
   HiddenPairs<kKeys, kRows> pairs;
   pairs.template find<kInFlight>(p, mask, n, FragmentKeys<kKeysPerStep, kKeyStep, 1>{n * kBlockN, col0},
-                                             [row0](int r) { return row0 + r * kRowStep; }, len_k);
+                                 [row0](int r) { return row0 + r * kRowStep; }, len_k);
 #pragma unroll
   for (int k = 0; k < kKeys; ++k)
 #pragma unroll

@@ -118,14 +118,14 @@ enum class D64Tile { kTable, kTall, kPair };
 // Column masks take the pair tile, or the 128-row one where forced (128); never the 192-row tile,
 // whose consumers would get 152 registers beside the column producer's 40 (it is laid out for
 // 160). The pair's 64-key blocks leave out more of what a mask hides, and its two CTAs per SM
-// hide each other's tile boundaries, which weigh most where documents are short. H200 fp16 forward of packed causal
-// documents (16k tokens, d64, tools/bench_documents.py), ms, 128-row / pair tile, two calls of two
-// rounds: 8 x 2k 0.406-0.408 / 0.395-0.398, 128..4k 0.627-0.637 / 0.614-0.626, 32..512
-// 0.249-0.255 / 0.198-0.199; but one long document among 64 short ones 1.487 / 1.516-1.541 (long
-// first) and 1.50-1.52 / 1.541-1.632 (long last), where long tiles make the boundaries cheap and
-// the 128-row tile's overlapped loop pays, as for causal masks beyond 2048 keys above. The host
-// cannot tell the documents' lengths without reading the mask, so the pair is the default
-// (docs/hopper.md, session 56).
+// hide each other's tile boundaries, which weigh most where documents are short. H200 fp16
+// forward of packed causal documents (16k tokens, d64, tools/bench_documents.py), ms, 128-row /
+// pair tile, two calls of two rounds: 8 x 2k 0.406-0.408 / 0.395-0.398, 128..4k 0.627-0.637 /
+// 0.614-0.626, 32..512 0.249-0.255 / 0.198-0.199; but one long document among 64 short ones
+// 1.487 / 1.516-1.541 (long first) and 1.50-1.52 / 1.541-1.632 (long last), where long tiles make
+// the boundaries cheap and the 128-row tile's overlapped loop pays, as for causal masks beyond
+// 2048 keys above. The host cannot tell the documents' lengths without reading the mask, so the
+// pair is the default (docs/hopper.md, session 56).
 inline D64Tile d64_tile(MaskKind mask, int64_t rows, int64_t row_keys, bool clears_v) {
   if (clears_v) return D64Tile::kTable;
   const char* v = std::getenv("FUSEDATTN_SM90_D64_TILE");

@@ -54,8 +54,8 @@ struct TileMask {
   // 64-key blocks (a 128-row tile's first slice never sees its diagonal's second block). In a
   // square tile (128 x 128) the square causal grid never skips, so those tiles (and full masks,
   // whose slices see every block) keep the plain loop and the producer works out no per-slice
-  // ranges for them. Nor do column masks: their producer walks a tile's seen blocks (column_mask.cuh),
-  // and a slice that sees none of a block's keys masks the whole block.
+  // ranges for them. Nor do column masks: their producer walks a tile's seen blocks
+  // (column_mask.cuh), and a slice that sees none of a block's keys masks the whole block.
   static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kMask != MaskKind::kColumn && kBlockN < kBlockM;
 
   // The order of a tile's KV blocks. Masked tiles of 128 rows or fewer whose slices skip blocks
