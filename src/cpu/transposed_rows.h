@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "cpu/config.h"
+#include "cpu/copy_storage.h"
 #include "cpu/isa.h"
 #include "cpu/threads.h"
 #include "cpu/tile_io.h"
@@ -46,7 +48,7 @@ class TransposedRows {
       start_.clear();
       return;
     }
-    rows_.resize(static_cast<size_t>(start_.back()));
+    rows_.emplace(static_cast<size_t>(start_.back()));
     parallel_for(int64_t{p.batch} * heads_, p.num_threads,
                  [&] { return std::vector<float>(static_cast<size_t>(kRowsAtOnce) * dim_); },
                  [&](std::vector<float>& buf, int64_t item) {
@@ -63,7 +65,7 @@ class TransposedRows {
       load_tile_transposed(op, b, k_start, c0, cols, h, dim, kBlockK, row_buf, tile);
       return {tile, kBlockK};
     }
-    return {rows_.data() + start_[b] + int64_t{h} * dim_ * ld_[b] + c0, ld_[b]};
+    return {rows_->data() + start_[b] + int64_t{h} * dim_ * ld_[b] + c0, ld_[b]};
   }
 
  private:
@@ -74,7 +76,7 @@ class TransposedRows {
   static constexpr int kRowSkew = kCacheLineBytes / static_cast<int>(sizeof(float));
 
   void transpose(const Operand& op, int b, int h, const SeqInfo& seq, float* buf) {
-    float* dst = rows_.data() + start_[b] + int64_t{h} * dim_ * ld_[b];
+    float* dst = rows_->data() + start_[b] + int64_t{h} * dim_ * ld_[b];
     for (int64_t r0 = 0; r0 < seq.len_k; r0 += kRowsAtOnce) {
       const int n = static_cast<int>(std::min<int64_t>(kRowsAtOnce, seq.len_k - r0));
       for (int i = 0; i < n; ++i)
@@ -82,12 +84,16 @@ class TransposedRows {
       for (int d = 0; d < dim_; ++d)
         for (int i = 0; i < n; ++i) dst[int64_t{d} * ld_[b] + r0 + i] = buf[int64_t{i} * dim_ + d];
     }
+    // The rows' tails past the keys hold zeros, as a freshly zeroed copy did: the score product's
+    // last pass reads them into scores no row uses, and the kept storage could hold anything there
+    // (NaN, denormals) from an earlier call.
+    for (int d = 0; d < dim_; ++d) std::fill(dst + int64_t{d} * ld_[b] + seq.len_k, dst + int64_t{d + 1} * ld_[b], 0.f);
   }
 
   int dim_ = 0, heads_ = 0;
   std::vector<int> ld_;         // sequence b's row length: its keys, rounded up to kColsPerPass, plus the skew
   std::vector<int64_t> start_;  // sequence b's floats begin at start_[b]; empty: no copy
-  std::vector<float> rows_;
+  std::optional<CopyStorage> rows_;
 };
 
 }  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA
