@@ -72,10 +72,30 @@ inline void store_row(void* data, DType dtype, int64_t at, int n, float mul, con
   }
 }
 
+// Rows a tile load asks the cache for ahead of the one it converts. Rows of one head lie a whole
+// [head, dim] row of the tensor apart (16 KiB for 32 heads of 128 floats), each only a few cache
+// lines long, and a decode step reads every one of them once, from memory, where the hardware
+// prefetchers left each row's load waiting. 2-core Zen 5 EPYC, CLI, ms before / 2, 4, 8, 16 rows
+// ahead: decode 32 heads, 8k keys, d128 fp32 34-36 / 16.0 / 14.3-14.9 / 14.8 / 16.8; 32/8 heads,
+// 32k keys, bf16 24.6-25.0 / - / 11.9-12.0 / 12.0 / 16.0; 32 heads, 16k keys, d64 fp16 104-111 /
+// 40.4 / 39.5 / 43 / 49-53; the backward B4 S512 D64 -6%; prefill forwards even.
+inline constexpr int kPrefetchRowsAhead = 4;
+inline constexpr int kCacheLineBytes = 64;
+
+// The n elements at element offset `at` into the cache (a hint: no fault, no wait).
+inline void prefetch_row(const Operand& op, int64_t at, int n) {
+  const int64_t element_bytes = op.dtype == DType::kFloat32 ? 4 : 2;  // the API admits fp32, fp16, bf16
+  const char* p = static_cast<const char*>(op.data) + at * element_bytes;
+  for (int64_t i = 0; i < n * element_bytes; i += kCacheLineBytes) __builtin_prefetch(p + i);
+}
+
 // rows x dim tile, row-major with leading dimension `dim`: dst[r * dim + d].
 inline void load_tile(const Operand& op, int b, int64_t seq_start, int64_t row0, int rows, int head, int dim,
                       float mul, float* dst) {
-  for (int r = 0; r < rows; ++r) load_row(op.data, op.dtype, op.offset(b, seq_start, row0 + r, head), dim, mul, dst + int64_t{r} * dim);
+  for (int r = 0; r < rows; ++r) {
+    if (r + kPrefetchRowsAhead < rows) prefetch_row(op, op.offset(b, seq_start, row0 + r + kPrefetchRowsAhead, head), dim);
+    load_row(op.data, op.dtype, op.offset(b, seq_start, row0 + r, head), dim, mul, dst + int64_t{r} * dim);
+  }
 }
 
 // The same tile transposed, dim x rows with leading dimension `ld` (>= rows): dst[d * ld + r].
@@ -83,6 +103,7 @@ inline void load_tile(const Operand& op, int b, int64_t seq_start, int64_t row0,
 inline void load_tile_transposed(const Operand& op, int b, int64_t seq_start, int64_t row0, int rows, int head,
                                  int dim, int ld, float* row_buf, float* dst) {
   for (int r = 0; r < rows; ++r) {
+    if (r + kPrefetchRowsAhead < rows) prefetch_row(op, op.offset(b, seq_start, row0 + r + kPrefetchRowsAhead, head), dim);
     load_row(op.data, op.dtype, op.offset(b, seq_start, row0 + r, head), dim, 1.f, row_buf);
     for (int d = 0; d < dim; ++d) dst[int64_t{d} * ld + r] = row_buf[d];
   }
