@@ -18,6 +18,7 @@ inline constexpr int kF32MantBits = 23;
 inline constexpr int kF16MantBits = 10;
 inline constexpr int kMantShift = kF32MantBits - kF16MantBits;  // 13
 inline constexpr uint16_t kF16SignMask = 0x8000u;
+inline constexpr uint16_t kF16AbsMask = 0x7FFFu;
 inline constexpr uint16_t kF16ExpMask = 0x1Fu;      // after shifting the exponent down
 inline constexpr uint16_t kF16MantMask = 0x3FFu;
 inline constexpr uint16_t kF16InfBits = 0x7C00u;
@@ -27,17 +28,27 @@ inline constexpr uint32_t kExpBiasDelta = 127 - 15;  // float bias minus half bi
 inline constexpr uint32_t kF16OverflowBits = 0x477FF000u;
 // 2^-14, the smallest normal half; below it halves are subnormal multiples of 2^-24.
 inline constexpr uint32_t kF16MinNormalBits = 0x38800000u;
-inline constexpr float kF16SubnormalUlp = 0x1p-24f;
 inline constexpr float kF16InvSubnormalUlp = 0x1p24f;
+
+// Without branches, so that a loop of them vectorises (a decode step over fp16 caches converts
+// every key and value once): the exponent and mantissa shifted into place and rebiased; an
+// all-ones exponent (inf, NaN: payload kept) rebiased once more to 255; a zero one (zero,
+// subnormals) given the smallest normal exponent, then 2^-14 taken off, which is exact and leaves
+// mant * 2^-24.
+inline constexpr uint32_t kF16ShiftedExp = uint32_t{kF16ExpMask} << (kF16MantBits + kMantShift);
+inline constexpr uint32_t kF32MinNormalExp = uint32_t{1} << kF32MantBits;
+inline constexpr float kF16MinNormal = 0x1p-14f;
 
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & kF16SignMask) << 16;
-  const uint32_t exp = (h >> kF16MantBits) & kF16ExpMask;
-  const uint32_t mant = h & kF16MantMask;
-  if (exp == kF16ExpMask) return std::bit_cast<float>(sign | kF32InfBits | (mant << kMantShift));
-  if (exp != 0) return std::bit_cast<float>(sign | ((exp + kExpBiasDelta) << kF32MantBits) | (mant << kMantShift));
-  const float magnitude = static_cast<float>(mant) * kF16SubnormalUlp;  // exact: mant < 2^10
-  return sign ? -magnitude : magnitude;
+  const uint32_t shifted = static_cast<uint32_t>(h & kF16AbsMask) << kMantShift;
+  const uint32_t exp = shifted & kF16ShiftedExp;
+  const uint32_t rebiased = shifted + (kExpBiasDelta << kF32MantBits);
+  const uint32_t special = rebiased + (kExpBiasDelta << kF32MantBits);  // 0x1F + 224 = 255
+  const float subnormal = std::bit_cast<float>(rebiased + kF32MinNormalExp) - kF16MinNormal;
+  const uint32_t magnitude =
+      exp == kF16ShiftedExp ? special : (exp == 0 ? std::bit_cast<uint32_t>(subnormal) : rebiased);
+  return std::bit_cast<float>(magnitude | sign);
 }
 
 inline uint16_t float_to_half(float f) {
