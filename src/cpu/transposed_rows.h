@@ -70,9 +70,8 @@ class TransposedRows {
 
  private:
   static constexpr int kRowsAtOnce = 16;  // keys converted together, so each d's stores are contiguous
-  // Rows a cache line longer than the keys: with rows of a power of two (1024 keys: 4 KiB) a tile's
-  // rows all fell into one L1 set.
-  static constexpr int kCacheLineBytes = 64;
+  // Rows a cache line (tile_io.h) longer than the keys: with rows of a power of two (1024 keys:
+  // 4 KiB) a tile's rows all fell into one L1 set.
   static constexpr int kRowSkew = kCacheLineBytes / static_cast<int>(sizeof(float));
 
   void transpose(const Operand& op, int b, int h, const SeqInfo& seq, float* buf) {
