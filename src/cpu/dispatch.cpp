@@ -22,7 +22,7 @@ void backward(const BwdParams& params);
 
 namespace {
 
-bool uses_avx512() {
+[[maybe_unused]] bool uses_avx512() {  // unused in a build without the AVX-512 code
 #if defined(FUSEDATTN_CPU_WITH_AVX512)
   const char* env = std::getenv("FUSEDATTN_CPU_AVX512");
   if (env != nullptr && env[0] == '0') return false;

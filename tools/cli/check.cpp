@@ -251,7 +251,10 @@ CheckReport check_backward(const Workload& w) {
 
   double err[3] = {}, ref_max[3] = {};  // dq, dk, dv
   int64_t checked[3] = {};
-  for (const auto& [b, hk] : groups) {
+  for (const auto& group_at : groups) {
+    // Plain variables, not a structured binding: the lambdas below capture them, which clang
+    // before 16 refuses for bindings.
+    const int64_t b = group_at.first, hk = group_at.second;
     const HeadRows k = decode_head(w.k, b, hk, c.seqlen_k, D);
     const HeadRows v = decode_head(w.v, b, hk, c.seqlen_k, D);
     std::vector<HeadRows> q, dout;
