@@ -120,6 +120,16 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
     tile_col_ranges(p, r0, rows, seq.len_q, seq.len_k, c0, cols, w.ranges.data());
     const TransposedTile kt = keys_t.tile(k, t.b, seq.k_start, c0, cols, kv_head, dim, w.row.data(), w.kt.data());
     load_tile(v, t.b, seq.k_start, c0, cols, kv_head, dim, 1.f, w.v.data());
+    // The next tile's first rows, whose loads the tile loads' own prefetch (tile_io.h) cannot
+    // reach, on their way while this tile is computed.
+    const int64_t next = c0 + kBlockK;
+    if (next <= keys.hi) {
+      const int ahead = static_cast<int>(std::min<int64_t>(kPrefetchRowsAhead, keys.hi - next + 1));
+      for (int r = 0; r < ahead; ++r) {
+        prefetch_row(k, k.offset(t.b, seq.k_start, next + r, kv_head), dim);
+        prefetch_row(v, v.offset(t.b, seq.k_start, next + r, kv_head), dim);
+      }
+    }
 
     matmul_transposed_b(w.q.data(), rows, dim, kt.data, kt.ld, cols, w.s.data(), kBlockK);
     if (cover == TileCover::kPartial) column_mask.hide(r0, rows, c0, cols, w.s.data(), kBlockK);
