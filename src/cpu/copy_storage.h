@@ -3,8 +3,8 @@
 // per call cost two ways: the zeroing ran on the calling thread alone, and where the allocator
 // hands such blocks back to the system between calls (through torch; not in the CLI, whose
 // allocations repeat exactly) every call faulted all of the copy's pages in again, ~960 faults for
-// B1 H8 S1024 D64 and 1-2 ms of its 12-13 ms forward (docs/perf.md, fifty-third session). Every
-// float a call reads it has written (TransposedRows fills its rows' tails).
+// B1 H8 S1024 D64 and 1-2 ms of its 12-13 ms forward (docs/perf.md, fifty-third session). What an
+// earlier call left there reaches no result: a call uses only the floats it writes.
 #pragma once
 
 #include <cstddef>

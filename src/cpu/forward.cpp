@@ -121,12 +121,13 @@ FUSEDATTN_CPU_HOT void attend_query_block(const FwdParams& p, const QueryBlock& 
     const TransposedTile kt = keys_t.tile(k, t.b, seq.k_start, c0, cols, kv_head, dim, w.row.data(), w.kt.data());
     load_tile(v, t.b, seq.k_start, c0, cols, kv_head, dim, 1.f, w.v.data());
     // The next tile's first rows, whose loads the tile loads' own prefetch (tile_io.h) cannot
-    // reach, on their way while this tile is computed.
+    // reach, on their way while this tile is computed (K's only where its tiles are read from it,
+    // not from the transposed copy).
     const int64_t next = c0 + kBlockK;
     if (next <= keys.hi) {
       const int ahead = static_cast<int>(std::min<int64_t>(kPrefetchRowsAhead, keys.hi - next + 1));
       for (int r = 0; r < ahead; ++r) {
-        prefetch_row(k, k.offset(t.b, seq.k_start, next + r, kv_head), dim);
+        if (!keys_t.copied()) prefetch_row(k, k.offset(t.b, seq.k_start, next + r, kv_head), dim);
         prefetch_row(v, v.offset(t.b, seq.k_start, next + r, kv_head), dim);
       }
     }

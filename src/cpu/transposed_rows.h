@@ -68,6 +68,9 @@ class TransposedRows {
     return {rows_->data() + start_[b] + int64_t{h} * dim_ * ld_[b] + c0, ld_[b]};
   }
 
+  // Whether the tiles come from the copy (and not from op's rows, read tile by tile).
+  bool copied() const { return !start_.empty(); }
+
  private:
   static constexpr int kRowsAtOnce = 16;  // keys converted together, so each d's stores are contiguous
   // Rows a cache line (tile_io.h) longer than the keys: with rows of a power of two (1024 keys:
@@ -83,14 +86,13 @@ class TransposedRows {
       for (int d = 0; d < dim_; ++d)
         for (int i = 0; i < n; ++i) dst[int64_t{d} * ld_[b] + r0 + i] = buf[int64_t{i} * dim_ + d];
     }
-    // The rows' tails past the keys hold zeros, as a freshly zeroed copy did: the score product's
-    // last pass reads them into scores no row uses, and the kept storage could hold anything there
-    // (NaN, denormals) from an earlier call.
-    for (int d = 0; d < dim_; ++d) std::fill(dst + int64_t{d} * ld_[b] + seq.len_k, dst + int64_t{d + 1} * ld_[b], 0.f);
   }
 
   int dim_ = 0, heads_ = 0;
-  std::vector<int> ld_;         // sequence b's row length: its keys, rounded up to kColsPerPass, plus the skew
+  // Sequence b's row length: its keys, rounded up to kColsPerPass, plus the skew. The tails past
+  // the keys are never written: the score product's last pass reads them into scores no row uses
+  // (matmul_transposed_b), as the tiles transposed one at a time leave theirs.
+  std::vector<int> ld_;
   std::vector<int64_t> start_;  // sequence b's floats begin at start_[b]; empty: no copy
   std::optional<CopyStorage> rows_;
 };
