@@ -18,21 +18,17 @@ namespace avx512 {
 void forward(const FwdParams& params);
 void backward(const BwdParams& params);
 }  // namespace avx512
-#endif
 
 namespace {
 
-[[maybe_unused]] bool uses_avx512() {  // unused in a build without the AVX-512 code
-#if defined(FUSEDATTN_CPU_WITH_AVX512)
+bool uses_avx512() {
   const char* env = std::getenv("FUSEDATTN_CPU_AVX512");
   if (env != nullptr && env[0] == '0') return false;
   return __builtin_cpu_supports("x86-64-v4") != 0;
-#else
-  return false;
-#endif
 }
 
 }  // namespace
+#endif
 
 void forward(const FwdParams& params) {
 #if defined(FUSEDATTN_CPU_WITH_AVX512)
