@@ -94,8 +94,8 @@ __device__ __forceinline__ RowSpan seen_rows_of_group(const FwdParams& p, const 
 // keys' bounds per iteration where the caller has the registers): unrolled, every key's bounds were
 // loaded at once beside the fragment's registers. find<kInFlight, kByCall = true> makes the same
 // search by calls (one per way), for tiles where even the loop spills inline (a call saves a few
-// registers on its stack, on cut blocks only; sm80/tile_config.h says which). Keys at or past len_k are left to the
-// sequence-end mask (their bounds do not exist).
+// registers on its stack, on cut blocks only; sm80/tile_config.h says which). Keys at or past
+// len_k are left to the sequence-end mask (their bounds do not exist).
 template <int kKeys, int kRows>
 struct HiddenPairs {
   static constexpr int kWordBits = 32;
