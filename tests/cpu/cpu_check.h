@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "cpu/backward_plan.h"  // kFusedBackwardSwitch
+#include "gpu/scoped_env.h"
 #include "reference/problems.h"  // dense(), packed(), with_mask()
 #include "reference/test_util.h"
 
@@ -39,13 +41,29 @@ inline void run_forward(HostCase& c) {
   forward(forward_args(c));
 }
 
+// Runs backward call `a`, whose gradients are c's dq, dk and dv, under each of the backward's plans
+// (src/cpu/backward_plan.h: two passes, then fused), outputs poisoned before each; the plans must
+// agree to the bit. The fused plan's gradients are left in c.
+inline void run_backward_both_plans(const BackwardArgs& a, HostCase& c) {
+  const auto run_plan = [&](const char* fused) {
+    const ScopedEnv plan(cpu::FUSEDATTN_CPU_ISA::kFusedBackwardSwitch, fused);
+    c.dq.poison();
+    c.dk.poison();
+    c.dv.poison();
+    backward(a);
+    return std::vector<std::vector<unsigned char>>{bytes_of(c.dq), bytes_of(c.dk), bytes_of(c.dv)};
+  };
+  const auto two_pass = run_plan("0");
+  const auto fused = run_plan("1");
+  for (size_t n = 0; n < fused.size(); ++n)
+    EXPECT_EQ(fused[n], two_pass[n]) << "gradient " << n << " (dq, dk, dv) differs between the backward's plans";
+}
+
+// The backward of c's forward, under both plans (its fused plan's gradients left in c).
 inline void run_backward(HostCase& c, bool deterministic = false) {
-  c.dq.poison();
-  c.dk.poison();
-  c.dv.poison();
   BackwardArgs a = backward_args(c);
   a.deterministic = deterministic;
-  backward(a);
+  run_backward_both_plans(a, c);
 }
 
 // Compares a computed output with the reference, by the fp32 tolerance or the 2x rule.
@@ -75,8 +93,9 @@ inline HostCase check_forward(const Problem& p, DType dtype, Layout layout = Lay
   return c;
 }
 
-// Forward then backward on fresh inputs; checks dq, dk, dv against the reference. Returns the
-// case (backend outputs in its tensors, reference out/lse in c.values) for further checks.
+// Forward then backward on fresh inputs (under both plans of the backward); checks dq, dk, dv
+// against the reference. Returns the case (backend outputs in its tensors, reference out/lse in
+// c.values) for further checks.
 inline HostCase check_backward(const Problem& p, DType dtype, Layout layout = Layout::kBSHD,
                            double stddev = kDefaultStddev) {
   HostCase c = check_forward(p, dtype, layout, stddev);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "cpu/backward_plan.h"
 #include "cpu/cpu_check.h"
 
 namespace fusedattn::testing {
@@ -83,6 +84,32 @@ TEST(CpuBackward, BackwardWorkspaceIsZeroOnTheCpu) {
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(dense(1, 2, 2, 10, 10, kDefaultHeadDim), DType::kFloat32, Layout::kBSHD, rng);
   EXPECT_EQ(backward_workspace_bytes(backward_args(c)), 0u);
+}
+
+// The plan rule (backward_plan.h): fused where one task per (batch, KV head) keeps the threads at
+// least 3/4 busy and its dQ rows fit; the switch overrides the rule but not the memory bound.
+TEST(CpuBackwardPlan, FusesWhereTheTasksKeepTheThreadsBusy) {
+  using cpu::FUSEDATTN_CPU_ISA::fuses_dq;
+  using cpu::FUSEDATTN_CPU_ISA::kFusedBackwardSwitch;
+  using cpu::FUSEDATTN_CPU_ISA::kMaxFusedRowBytes;
+  const ScopedEnv unset(kFusedBackwardSwitch, "");
+  constexpr int64_t kSmall = 1 << 20;
+  EXPECT_TRUE(fuses_dq(1, 1, kSmall));
+  EXPECT_TRUE(fuses_dq(8, 2, kSmall));
+  EXPECT_TRUE(fuses_dq(3, 4, kSmall));    // one round, 3 of 4 threads busy
+  EXPECT_FALSE(fuses_dq(1, 2, kSmall));   // half the threads idle
+  EXPECT_FALSE(fuses_dq(5, 4, kSmall));   // the second round keeps 1 of 4 busy: 5/8
+  EXPECT_FALSE(fuses_dq(2, 16, kSmall));
+  EXPECT_TRUE(fuses_dq(32, 16, kSmall));
+  EXPECT_FALSE(fuses_dq(8, 2, kMaxFusedRowBytes + 1));
+  EXPECT_FALSE(fuses_dq(0, 1, kSmall));
+  {
+    const ScopedEnv on(kFusedBackwardSwitch, "1");
+    EXPECT_TRUE(fuses_dq(1, 16, kSmall));
+    EXPECT_FALSE(fuses_dq(8, 2, kMaxFusedRowBytes + 1));
+  }
+  const ScopedEnv off(kFusedBackwardSwitch, "0");
+  EXPECT_FALSE(fuses_dq(8, 2, kSmall));
 }
 
 // ---- finite differences ------------------------------------------------------------------------

@@ -43,20 +43,18 @@ ForwardArgs check_forward_against(HostCase& c, Columns& m, bool causal, const Pr
   return f;
 }
 
-// The backward of forward call f (run), against the reference of `truth` with dout's rows
-// [hidden_lo, hidden_hi) zeroed (rows the mask hides every key from take no part in it).
+// The backward of forward call f (run; under both of the backward's plans), against the reference
+// of `truth` with dout's rows [hidden_lo, hidden_hi) zeroed (rows the mask hides every key from
+// take no part in it).
 void check_backward_against(HostCase& c, const ForwardArgs& f, const Problem& truth, int64_t hidden_lo = 0,
                             int64_t hidden_hi = 0) {
   const std::string name = case_name(c) + " with a column mask";
-  c.dq.poison();
-  c.dk.poison();
-  c.dv.poison();
   BackwardArgs a = backward_args_of(f);
   a.dout = c.dout.view();
   a.dq = c.dq.view();
   a.dk = c.dk.view();
   a.dv = c.dv.view();
-  backward(a);
+  run_backward_both_plans(a, c);
   Tensors ref = c.values, plain = c.values;
   for (Tensors* t : {&ref, &plain}) zero_rows(t->dout, c.problem, truth.head_dim, hidden_lo, hidden_hi);
   reference_backward(truth, ref);
