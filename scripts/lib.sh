@@ -1,6 +1,7 @@
 # Shared by main.sh and test.sh: install what the build needs, configure build/, build.
-# Sourced, not executed. Honours FUSEDATTN_CI=1 (set by .ci/run): a smaller CUDA instance set so a
-# from-scratch build and test fits a 2-core CI runner.
+# test_clang.sh takes only log and install_missing_tools. Sourced, not executed. Honours
+# FUSEDATTN_CI=1 (set by .ci/run): a smaller CUDA instance set so a from-scratch build and test fits
+# a 2-core CI runner.
 
 FUSEDATTN_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 FUSEDATTN_BUILD_DIR="${FUSEDATTN_ROOT}/build"
@@ -8,12 +9,18 @@ FUSEDATTN_BUILD_DIR="${FUSEDATTN_ROOT}/build"
 log() { echo "[fusedattn] $*" >&2; }
 
 # Debian/Ubuntu packages for whatever is missing; nothing is installed when all is present.
+# Optional arguments COMMAND=PACKAGE name further tools, each installed from PACKAGE when COMMAND
+# is not on PATH (test_clang.sh: install_missing_tools clang++=clang).
 install_missing_tools() {
   local missing=()
   command -v cmake >/dev/null 2>&1 || missing+=(cmake)
   command -v g++ >/dev/null 2>&1 || missing+=(g++)
   command -v make >/dev/null 2>&1 || missing+=(make)
   [[ -f /usr/include/gtest/gtest.h ]] || missing+=(libgtest-dev)
+  local tool
+  for tool in "$@"; do
+    command -v "${tool%%=*}" >/dev/null 2>&1 || missing+=("${tool#*=}")
+  done
   if [[ ${#missing[@]} -eq 0 ]]; then
     return
   fi
