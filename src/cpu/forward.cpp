@@ -1,7 +1,8 @@
 // CPU forward: FlashAttention-2 with query blocks outer and key tiles inner. One task is one
 // (batch, query head, query block); it owns its output rows and LSE entries, so tasks run on
 // any thread in any order and the result is always the same. A launch of few tasks over many
-// keys (decoding) splits each task's keys into parts, combined in part order (key_parts).
+// keys splits each task's keys into parts, combined in part order (key_parts.h). Decode steps
+// whose K/V rows hold their heads side by side go to decode.cpp instead.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -10,7 +11,9 @@
 #include "cpu/column_mask.h"
 #include "cpu/config.h"
 #include "cpu/cpu_backend.h"
+#include "cpu/decode.h"
 #include "cpu/isa.h"
+#include "cpu/key_parts.h"
 #include "cpu/mask.h"
 #include "cpu/simd.h"
 #include "cpu/softmax.h"
@@ -59,27 +62,11 @@ QueryBlock decode_task(const FwdParams& p, int64_t task, int64_t blocks_per_head
   return {b, h, blocks_per_head - 1 - task % blocks_per_head};
 }
 
-// Keys per part and parts per task of a split launch: few tasks (under kSplitTargetTasks) over
-// long key ranges leave threads idle while each task walks every key tile. Only the task count
-// and the keys decide the split, never the thread count, so results do not depend on it.
-constexpr int64_t kSplitTargetTasks = 64;
-constexpr int64_t kMinKeysPerPart = 1024;
-constexpr int64_t kMaxKeyParts = 32;
-
-// Parts per task: 1 (no split) unless the mask is full, every head is one query block, and
-// there are few tasks and enough keys.
+// Parts per task (key_parts.h): 1 (no split) unless the mask is full and every head is one query
+// block.
 int key_parts(const FwdParams& p, int64_t num_tasks) {
-  if (p.is_masked() || p.seqlen_q > kBlockQ || num_tasks <= 0 || num_tasks >= kSplitTargetTasks) return 1;
-  const int64_t parts = std::min({kSplitTargetTasks / num_tasks, p.seqlen_k / kMinKeysPerPart, kMaxKeyParts});
-  return parts < 2 ? 1 : static_cast<int>(parts);
-}
-
-// Part `part` of `parts` of the keys, in whole key tiles (empty, lo > hi, where it has none).
-KeyRange part_of(KeyRange keys, int part, int parts) {
-  if (parts == 1 || keys.lo > keys.hi) return keys;
-  const int64_t tiles = (keys.hi - keys.lo) / kBlockK + 1;
-  const int64_t first = tiles * part / parts, end = tiles * (part + 1) / parts;
-  return {keys.lo + first * kBlockK, std::min(keys.hi, keys.lo + end * kBlockK - 1)};
+  if (p.is_masked() || p.seqlen_q > kBlockQ) return 1;
+  return split_parts(num_tasks, p.seqlen_k);
 }
 
 // K or V as the tiles read them: through the block table where K/V are paged.
@@ -164,57 +151,10 @@ void store_query_block(const FwdParams& p, const QueryBlock& t, int rows, const 
   }
 }
 
-// The parts' rows of a split launch: part `part` of task `task` keeps `rows` rows of output (dim
-// floats each) and LSE, written by that part alone and read by the task's combine.
-class PartRows {
- public:
-  PartRows(int64_t tasks, int parts, int64_t rows, int dim)
-      : parts_(parts), rows_(rows), dim_(dim),
-        o_(static_cast<size_t>(tasks * parts * rows * dim)), lse_(static_cast<size_t>(tasks * parts * rows)) {}
-
-  void save(int64_t task, int part, int rows, const ForwardScratch& w) {
-    const int64_t slot = (task * parts_ + part) * rows_;
-    std::copy(w.o.begin(), w.o.begin() + int64_t{rows} * dim_, o_.begin() + slot * dim_);
-    std::copy(w.lse.begin(), w.lse.begin() + rows, lse_.begin() + slot);
-  }
-
-  // The task's rows combined, parts in order, into w.o and w.lse:
-  //   m = max_p lse_p,  w_p = exp(lse_p - m),  O = sum_p w_p O_p / sum_p w_p,  lse = m + log(sum_p w_p);
-  // a row that saw no key in any part gets 0 and -inf.
-  void combine(int64_t task, int rows, ForwardScratch& w) const {
-    for (int r = 0; r < rows; ++r) {
-      float m = kNegInf;
-      for (int part = 0; part < parts_; ++part) m = std::max(m, lse_[slot(task, part) + r]);
-      float* o_row = w.o.data() + int64_t{r} * dim_;
-      std::fill(o_row, o_row + dim_, 0.f);
-      if (m == kNegInf) {
-        w.lse[r] = kNegInf;
-        continue;
-      }
-      float sum = 0.f;
-      for (int part = 0; part < parts_; ++part) {
-        const int64_t at = slot(task, part) + r;
-        const float weight = std::exp(lse_[at] - m);
-        sum += weight;
-        const float* part_row = o_.data() + at * dim_;
-        for (int d = 0; d < dim_; ++d) o_row[d] += weight * part_row[d];
-      }
-      for (int d = 0; d < dim_; ++d) o_row[d] /= sum;
-      w.lse[r] = m + std::log(sum);
-    }
-  }
-
- private:
-  int64_t slot(int64_t task, int part) const { return (task * parts_ + part) * rows_; }
-  int parts_;
-  int64_t rows_;
-  int dim_;
-  std::vector<float> o_, lse_;
-};
-
 }  // namespace
 
 void forward(const FwdParams& params) {
+  if (decodes_by_key_rows(params)) return decode_by_key_rows(params);
   // A grouped decode reads each KV head once per group (params.h): the K/V tile loads, which a
   // task of one query row spends most of its time in, are shared by the group's rows.
   const FwdParams p = decode_groups_as_rows(params);
@@ -241,13 +181,13 @@ void forward(const FwdParams& params) {
     const QueryBlock t = decode_task(p, task, blocks_per_head);
     if (const int rows = query_rows(p, t)) {
       attend_query_block(p, t, rows, part, parts, no_keys_t, w);
-      part_rows.save(task, part, rows, w);
+      part_rows.save(task, part, rows, w.o.data(), w.lse.data());
     }
   });
   parallel_for(num_tasks, p.num_threads, scratch, [&](ForwardScratch& w, int64_t task) {
     const QueryBlock t = decode_task(p, task, blocks_per_head);
     if (const int rows = query_rows(p, t)) {
-      part_rows.combine(task, rows, w);
+      part_rows.combine(task, rows, w.o.data(), w.lse.data());
       store_query_block(p, t, rows, w);
     }
   });

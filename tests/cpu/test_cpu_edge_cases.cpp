@@ -235,6 +235,29 @@ void check_key_side_nan(Member member, Spread spread) {
 TEST(CpuNan, NanInOneKeyRowReachesExactlyTheRowsThatSeeIt) { check_key_side_nan(&Tensors::k, Spread::kWholeRow); }
 TEST(CpuNan, NanInOneValueRowReachesExactlyTheRowsThatSeeIt) { check_key_side_nan(&Tensors::v, Spread::kOneColumn); }
 
+// Decode steps (one query row: src/cpu/decode.cpp reads every head of a key at once): a NaN in key
+// kKey of KV head 1 reaches exactly the query heads of its group, and none where a window hides
+// the key.
+template <typename Member>
+void check_decode_key_side_nan(Member member, Spread spread) {
+  constexpr int64_t kKeys = 300, kKey = 150;
+  constexpr int kKvHead = 1, kGroup = 4;  // query heads 4..7 read KV head 1
+  const Problem full = dense(2, 8, 2, 1, kKeys, kHeadDim);
+  for (const Problem& p : {full, with_mask(full, false, 100, 0)}) {
+    for (DType dtype : kCpuDtypes) {
+      SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
+      const bool seen = p.window_left < 0;  // the window's one row sees keys 199..299 only
+      const int64_t key_offset = ((kKeys * 1 + kKey) * p.heads_kv + kKvHead) * p.head_dim;  // batch 1
+      check_nan_confinement(
+          p, dtype, spread, [&](Tensors& t) { (t.*member)[key_offset + kNanColumn] = kNaN; },
+          [&](int b, int h, int64_t) { return seen && b == 1 && h / kGroup == kKvHead; });
+    }
+  }
+}
+
+TEST(CpuNan, DecodeNanInOneKeyReachesExactlyItsGroup) { check_decode_key_side_nan(&Tensors::k, Spread::kWholeRow); }
+TEST(CpuNan, DecodeNanInOneValueReachesExactlyItsGroup) { check_decode_key_side_nan(&Tensors::v, Spread::kOneColumn); }
+
 // ---- determinism -------------------------------------------------------------------------------------
 
 TEST(CpuDeterminism, ForwardAndBackwardAreBitIdenticalRunToRun) {

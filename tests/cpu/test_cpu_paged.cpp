@@ -36,13 +36,17 @@ void check_paged(const Problem& pr, DType dtype, int64_t page_size) {
 }
 
 // Ragged sequences (one without keys, one shorter than a page, one of several pages ending
-// inside its last), GQA, causal and sliding-window masks, seqused_k, page sizes from one row to
-// more than any sequence.
+// inside its last), GQA, causal and sliding-window masks, seqused_k, decode steps, page sizes from
+// one row to more than any sequence.
 TEST(CpuPaged, MatchesReferenceAndPackedCall) {
   const Problem ragged = packed(4, 2, 64, {3, 40, 1, 70}, {300, 0, 5, 129});
   Problem used = packed(2, 1, 40, {1, 1, 4}, {200, 64, 90});
   used.seqused_k = {150, 64, 0};
+  // A decode step (one query row each): src/cpu/decode.cpp reads the pages key by key.
+  Problem decode = packed(4, 2, 64, {1, 1, 0, 1}, {300, 0, 5, 1500});
+  decode.seqused_k = {300, 0, 5, 1200};
   for (const DType dtype : kCpuDtypes) {
+    for (const int64_t page_size : {1, 16, 256}) check_paged(decode, dtype, page_size);
     for (const int64_t page_size : {1, 7, 64, 512}) check_paged(ragged, dtype, page_size);
     check_paged(with_mask(ragged, true, -1, -1), dtype, 16);
     check_paged(with_mask(ragged, false, 20, 3), dtype, 32);
