@@ -1,9 +1,10 @@
 // Decode steps on the CPU backend: one query row per sequence and head, with K/V rows of a key's
 // heads side by side, which src/cpu/decode.cpp reads key by key (every head of a sequence in one
-// task, keys split into parts where sequences are few). Against the float64 reference (fp32
-// tolerance or the 2x rule): MHA, GQA and MQA, head dims that are and are not whole vectors, key
-// counts around the 4-key steps, the 64-key tiles and the 1024-key parts, windows, variable-length
-// batches with empty sequences and seqused_k, and the layouts the path does not take.
+// task, keys split into parts where sequences are few; large groups of short key rows stay on the
+// tiled forward). Against the float64 reference (fp32 tolerance or the 2x rule): MHA, GQA and MQA
+// (on either path), head dims that are and are not whole vectors, key counts around the 4-key
+// steps, the 64-key tiles and the 1024-key parts, windows, variable-length batches with empty
+// sequences and seqused_k, and the layouts the path does not take.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -27,7 +28,7 @@ TEST(CpuDecode, HeadGroupsAndKeyCountsMatchTheReference) {
   struct Heads {
     int q, kv;
   };
-  for (const Heads heads : {Heads{4, 4}, Heads{8, 2}, Heads{8, 1}})
+  for (const Heads heads : {Heads{4, 4}, Heads{8, 2}, Heads{8, 1}, Heads{32, 4}})
     for (int64_t keys : {1, 3, 4, 5, 63, 64, 67, 300, 2100})
       check_all_dtypes(dense(2, heads.q, heads.kv, 1, keys, 64));
 }
@@ -59,8 +60,9 @@ TEST(CpuDecode, VariableLengthBatchesMatchTheReference) {
   check_all_dtypes(used);
 }
 
-// [B, H, S, D] keys keep a head's rows together, not a key's: the tiled forward serves them.
-TEST(CpuDecode, OtherLayoutsTakeTheTiledForward) {
+// [B, H, S, D] keys keep a head's rows together, not a key's, and large groups of short key rows
+// run as rows of one tile: the tiled forward serves them.
+TEST(CpuDecode, OtherLayoutsAndLargeGroupsTakeTheTiledForward) {
   check_all_dtypes(dense(2, 8, 2, 1, 300, 64), Layout::kBHSD);
   // The rule itself, on the strides: [B, S, H, D] steps one head by head_dim elements.
   constexpr int kHeadDim = 64;
@@ -73,6 +75,21 @@ TEST(CpuDecode, OtherLayoutsTakeTheTiledForward) {
   FwdParams two_rows = bshd;
   two_rows.seqlen_q = 2;
   EXPECT_FALSE(decodes_by_key_rows(two_rows));
+  // Large groups of short key rows stay tiled (their query heads are rows of one tile there).
+  FwdParams mqa = bshd;
+  mqa.heads_q = 32;
+  mqa.heads_kv = 1;
+  mqa.k_stride = mqa.v_stride = {kKeys * kHeadDim, kHeadDim, kHeadDim};
+  mqa.dtype = DType::kFloat16;
+  EXPECT_FALSE(decodes_by_key_rows(mqa));
+  FwdParams gqa8 = mqa;  // 32 query heads on 4 KV heads, d128 fp32: 2 KiB a key, 256 B per group head
+  gqa8.heads_kv = 4;
+  gqa8.head_dim = 2 * kHeadDim;
+  gqa8.dtype = DType::kFloat32;
+  gqa8.k_stride = gqa8.v_stride = {kKeys * 4 * gqa8.head_dim, 4 * gqa8.head_dim, gqa8.head_dim};
+  EXPECT_TRUE(decodes_by_key_rows(gqa8));
+  gqa8.dtype = DType::kBFloat16;
+  EXPECT_FALSE(decodes_by_key_rows(gqa8));
   const int32_t bounds[kKeys * 2] = {};
   FwdParams column = bshd;
   column.column_mask = bounds;
