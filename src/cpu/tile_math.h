@@ -78,6 +78,55 @@ FUSEDATTN_CPU_INLINE void fold_terms(float* c, int n, const Terms& for_each_term
     c[d] = acc;
   }
 }
+
+// The same fold for two output rows whose terms share their source rows: c0 += sum w0 * src and
+// c1 += sum w1 * src over the terms (w0, w1, src), each source vector loaded once for both. One row
+// alone keeps kChunkVecs accumulators, each a chain of dependent FMAs, one link per term: the FMA
+// latency, not its throughput, set the pace of the P V and dS^T Q products. Two rows' chains
+// interleave. Each element's sum is the same as fold_terms' (same terms, same order, same ops).
+inline constexpr int kPairChunkVecs = 4;  // 2 x 4 accumulators: half the AVX2 build's registers
+inline constexpr int kPairChunk = kPairChunkVecs * kVecWidth;
+template <class Terms>
+FUSEDATTN_CPU_INLINE void fold_terms_pair(float* c0, float* c1, int n, const Terms& for_each_term) {
+  int d = 0;
+  for (; d + kPairChunk <= n; d += kPairChunk) {
+    Vec acc0[kPairChunkVecs], acc1[kPairChunkVecs];
+    for (int v = 0; v < kPairChunkVecs; ++v) {
+      acc0[v] = load_vec(c0 + d + v * kVecWidth);
+      acc1[v] = load_vec(c1 + d + v * kVecWidth);
+    }
+    for_each_term([&](float w0, float w1, const float* src) {
+      for (int v = 0; v < kPairChunkVecs; ++v) {
+        const Vec x = load_vec(src + d + v * kVecWidth);
+        acc0[v] += w0 * x;
+        acc1[v] += w1 * x;
+      }
+    });
+    for (int v = 0; v < kPairChunkVecs; ++v) {
+      store_vec(c0 + d + v * kVecWidth, acc0[v]);
+      store_vec(c1 + d + v * kVecWidth, acc1[v]);
+    }
+  }
+  for (; d + kVecWidth <= n; d += kVecWidth) {
+    Vec acc0 = load_vec(c0 + d), acc1 = load_vec(c1 + d);
+    for_each_term([&](float w0, float w1, const float* src) {
+      const Vec x = load_vec(src + d);
+      acc0 += w0 * x;
+      acc1 += w1 * x;
+    });
+    store_vec(c0 + d, acc0);
+    store_vec(c1 + d, acc1);
+  }
+  for (; d < n; ++d) {
+    float acc0 = c0[d], acc1 = c1[d];
+    for_each_term([&](float w0, float w1, const float* src) {
+      acc0 += w0 * src[d];
+      acc1 += w1 * src[d];
+    });
+    c0[d] = acc0;
+    c1[d] = acc1;
+  }
+}
 }  // namespace detail
 
 // s[r * lds + j] = sum_d a[r * dim + d] * bt[d * ldb + j] for r < rows, j < cols.
@@ -106,12 +155,22 @@ FUSEDATTN_CPU_INLINE void matmul_transposed_b(const float* a, int rows, int dim,
 // (O += P V, dQ += dS K.)
 FUSEDATTN_CPU_INLINE void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int rows, const float* b,
                                          int dim, float* c) {
-  for (int r = 0; r < rows; ++r) {
-    const float* pr = p + int64_t{r} * ldp;
+  for (int r = 0; r < rows;) {
+    const float* p0 = p + int64_t{r} * ldp;
     const ColRange range = ranges[r];
-    detail::fold_terms(c + int64_t{r} * dim, dim, [&](auto&& term) {
-      for (int j = range.begin; j < range.end; ++j) term(pr[j], b + int64_t{j} * dim);
-    });
+    if (r + 1 < rows && ranges[r + 1].begin == range.begin && ranges[r + 1].end == range.end) {
+      // Two rows that see the same columns (every row of a tile no mask cuts) at once.
+      const float* p1 = p0 + ldp;
+      detail::fold_terms_pair(c + int64_t{r} * dim, c + int64_t{r + 1} * dim, dim, [&](auto&& term) {
+        for (int j = range.begin; j < range.end; ++j) term(p0[j], p1[j], b + int64_t{j} * dim);
+      });
+      r += 2;
+    } else {
+      detail::fold_terms(c + int64_t{r} * dim, dim, [&](auto&& term) {
+        for (int j = range.begin; j < range.end; ++j) term(p0[j], b + int64_t{j} * dim);
+      });
+      r += 1;
+    }
   }
 }
 
@@ -123,7 +182,12 @@ FUSEDATTN_CPU_INLINE void accumulate_ptb(const float* p, int ldp, const ColRange
   bool whole = true;
   for (int r = 0; r < rows; ++r) whole = whole && ranges[r].begin == 0 && ranges[r].end >= cols;
   for (int j = 0; j < cols; ++j) {
-    if (whole) {
+    if (whole && j + 1 < cols) {  // two output rows at once, sharing a's rows
+      detail::fold_terms_pair(c + int64_t{j} * dim, c + int64_t{j + 1} * dim, dim, [&](auto&& term) {
+        for (int r = 0; r < rows; ++r) term(p[int64_t{r} * ldp + j], p[int64_t{r} * ldp + j + 1], a + int64_t{r} * dim);
+      });
+      ++j;
+    } else if (whole) {
       detail::fold_terms(c + int64_t{j} * dim, dim, [&](auto&& term) {
         for (int r = 0; r < rows; ++r) term(p[int64_t{r} * ldp + j], a + int64_t{r} * dim);
       });
