@@ -4,7 +4,6 @@
 // keys splits each task's keys into parts, combined in part order (key_parts.h). Decode steps
 // whose K/V rows hold their heads side by side go to decode.cpp instead.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
