@@ -6,6 +6,7 @@ One process per GPU (NCCL, batch 1, model dim 2048 so 2048 / head_dim heads). Pe
 and mask (full; causal with contiguous chunks; causal with zigzag chunks) it times, with CUDA
 events, medians of --iters calls after two warm-ups, the slowest rank's time each call:
   ring_fwd          the ring's forward
+  ring_fwd_unchecked  the same with check_chunks=False (no all_gather of the chunks' shapes)
   ring_fwd_bwd      forward + backward, the chunk accumulators' transfer under the next step's
                     kernels (context_parallel._OVERLAP_ACCUMULATORS, the default)
   ring_fwd_bwd_serial  the same with that transfer waited for at once (the first version)
@@ -84,12 +85,17 @@ def worker(rank, world, init_file, args, results):
                 with torch.no_grad():
                     fusedattn.ring_flash_attn_func(q, k, v, causal=causal, zigzag=zigzag)
 
+            def ring_fwd_unchecked():
+                with torch.no_grad():
+                    fusedattn.ring_flash_attn_func(q, k, v, causal=causal, zigzag=zigzag, check_chunks=False)
+
             def ring_fwd_bwd():
                 out = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, zigzag=zigzag)
                 out.backward(dout)
 
             row = {"seqlen": seqlen, "mask": name, "head_dim": args.head_dim, "dtype": args.dtype, "gpus": world}
             row["ring_fwd"] = timed(ring_fwd, args.iters, device)
+            row["ring_fwd_unchecked"] = timed(ring_fwd_unchecked, args.iters, device)
             for key, overlap in (("ring_fwd_bwd", True), ("ring_fwd_bwd_serial", False)):
                 context_parallel._OVERLAP_ACCUMULATORS = overlap
                 row[key] = timed(ring_fwd_bwd, args.iters, device)
@@ -148,8 +154,8 @@ def main():
             p.join()
     name = torch.cuda.get_device_name(0)
     print(f"{name} x{args.gpus}  {args.dtype}  d{args.head_dim}: ms, and TFLOP/s (ring: per GPU)")
-    header = ("seqlen", "mask", "one_fwd", "ring_fwd", "one_fwd_bwd", "ring_fwd_bwd", "ring_serial", "check",
-              "fwd_scaling", "fwd_bwd_scaling")
+    header = ("seqlen", "mask", "one_fwd", "ring_fwd", "unchecked", "one_fwd_bwd", "ring_fwd_bwd", "ring_serial",
+              "check", "fwd_scaling", "fwd_bwd_scaling")
     print("".join(f"{h:>16}" for h in header))
     for row in rows:
         heads, d, s, w = MODEL_DIM // row["head_dim"], row["head_dim"], row["seqlen"], row["gpus"]
@@ -160,6 +166,7 @@ def main():
         cells = [s, row["mask"],
                  f"{row['one_fwd']:.2f} ({tf(row['one_fwd'], False, 1):.0f})",
                  f"{row['ring_fwd']:.2f} ({tf(row['ring_fwd'], False, w):.0f})",
+                 f"{row['ring_fwd_unchecked']:.2f} ({tf(row['ring_fwd_unchecked'], False, w):.0f})",
                  f"{row['one_fwd_bwd']:.2f} ({tf(row['one_fwd_bwd'], True, 1):.0f})",
                  f"{row['ring_fwd_bwd']:.2f} ({tf(row['ring_fwd_bwd'], True, w):.0f})",
                  f"{row['ring_fwd_bwd_serial']:.2f} ({tf(row['ring_fwd_bwd_serial'], True, w):.0f})",

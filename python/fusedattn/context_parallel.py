@@ -177,10 +177,11 @@ class _RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
-def _check_chunks(q, k, v, zigzag: bool, group) -> None:
+def _check_chunks(q, k, v, zigzag: bool, group, across_ranks: bool = True) -> None:
     """The local chunks: rank 4, self-attention (as many keys as queries), of an even length with
-    zigzag, and of one shape on every rank (the ring's buffers are sized by the local chunk; one
-    small all_gather, read on the host)."""
+    zigzag, and (across_ranks) of one shape on every rank: the ring's buffers are sized by the
+    local chunk, and a transfer between chunks of different shapes could hang. That part is one
+    small all_gather, read on the host."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"fusedattn: {name}: expected the local chunk (batch, seqlen / world_size, heads, "
@@ -191,6 +192,8 @@ def _check_chunks(q, k, v, zigzag: bool, group) -> None:
     if k.shape[1] != q.shape[1] or v.shape[:3] != k.shape[:3]:
         raise ValueError(f"fusedattn: k, v: each rank's chunk holds the keys of its queries' positions: shapes "
                          f"{tuple(k.shape)} and {tuple(v.shape)} must have q's {q.shape[1]} positions")
+    if not across_ranks:
+        return
     # One all_gather of eight integers on the chunks' device and one read of it (all_gather_object,
     # which pickles, took ~0.9 ms a call on two H200s, as much as a 16k-token ring's forward step).
     mine = torch.tensor([*q.shape, *k.shape], dtype=torch.int64).to(q.device)
@@ -203,7 +206,7 @@ def _check_chunks(q, k, v, zigzag: bool, group) -> None:
 
 
 def ring_flash_attn_func(q, k, v, softmax_scale=None, causal=False, group=None, return_softmax_lse=False,
-                         zigzag=False):
+                         zigzag=False, check_chunks=True):
     """softmax(q k^T * softmax_scale) v over a sequence sharded across `group` (default: the world),
     flash_attn_func's layout: q, k, v are this rank's chunk (batch, seqlen / world_size, nheads or
     nheads_k, headdim), chunk r the r-th of the sequence; with zigzag, of the sequence cut into
@@ -213,11 +216,14 @@ def ring_flash_attn_func(q, k, v, softmax_scale=None, causal=False, group=None, 
     rank's out, or (out, softmax_lse [batch, nheads, seqlen / world_size] float32) with
     return_softmax_lse, in the order of its chunk. Differentiable in q, k and v. Not implemented,
     and not accepted: windows, dropout, softcap, ALiBi, variable-length batches. Every call checks
-    with one all_gather that the chunks agree.
+    with one all_gather that the chunks agree, read on the host: a wait for the device that cost
+    0.3-0.4 ms of a 16k-token forward on two H200s (docs/perf.md). check_chunks=False leaves that
+    part out where the caller guarantees equal chunks on every rank (the local checks stay); chunks
+    that then differ are undefined behaviour: the ring's transfers may hang.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("fusedattn: group: ring_flash_attn_func needs an initialised torch.distributed "
                            "process group (torch.distributed.init_process_group)")
-    _check_chunks(q, k, v, zigzag, group)
+    _check_chunks(q, k, v, zigzag, group, across_ranks=bool(check_chunks))
     out, lse = _RingAttention.apply(q, k, v, softmax_scale, bool(causal), bool(zigzag), group)
     return (out, lse) if return_softmax_lse else out

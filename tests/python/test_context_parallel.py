@@ -34,11 +34,13 @@ def positions(rank, world, chunk, zigzag):
     return torch.cat([torch.arange(rank * half, (rank + 1) * half), torch.arange(late * half, (late + 1) * half)])
 
 
-def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, results, backend="gloo"):
+def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, results, backend="gloo",
+            check_chunks=True):
     """One rank of `groups` rings of world / groups ranks each (torch.distributed subgroups when
     more than one): ring g attends over its own sequence (seed + g); its first rank reports the
     ring's outputs and gradients in sequence order, and the inputs. backend "nccl": rank r works
-    on GPU r, its chunks' passes go through NCCL."""
+    on GPU r, its chunks' passes go through NCCL. The ring call's all_gathers are counted, and the
+    count is reported beside the results."""
     try:
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.utils.deterministic.fill_uninitialized_memory = True
@@ -58,9 +60,17 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
         mine = positions(local, ring, chunk, zigzag)
         q, k, v, dout = (t[:, mine].to(device) for t in full)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
+        all_gather, gathers = dist.all_gather, []
+
+        def counted_all_gather(*args, **kwargs):
+            gathers.append(1)
+            return all_gather(*args, **kwargs)
+
+        dist.all_gather = counted_all_gather
         out, lse = fusedattn.ring_flash_attn_func(q, k, v, causal=causal, group=group, return_softmax_lse=True,
-                                                  zigzag=zigzag)
+                                                  zigzag=zigzag, check_chunks=check_chunks)
         out.backward(dout)
+        dist.all_gather = all_gather
         # Every rank's rows, put back in sequence order.
         order = torch.cat([positions(r, ring, chunk, zigzag) for r in range(ring)])
         gathered = []
@@ -77,27 +87,32 @@ def _worker(rank, world, init_file, case, dtype, causal, zigzag, seed, groups, r
             # file descriptors, which are gone if it exits before the test has read them.
             buffer = io.BytesIO()
             torch.save([t.cpu() for t in gathered] + full, buffer)
-            results.put(("ok", buffer.getvalue()))
+            results.put(("ok", buffer.getvalue(), len(gathers)))
         dist.barrier()
         dist.destroy_process_group()
     except Exception:  # noqa: BLE001  (reported to the test, which fails with it)
-        results.put(("error", traceback.format_exc()))
+        results.put(("error", traceback.format_exc(), 0))
 
 
-def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1, backend="gloo"):
-    """Each ring's (out, lse, dq, dk, dv, q, k, v, dout), whole sequences, in no particular order."""
+def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1, backend="gloo", check_chunks=True,
+         gathers=None):
+    """Each ring's (out, lse, dq, dk, dv, q, k, v, dout), whole sequences, in no particular order;
+    `gathers`, where given, gets each ring's count of all_gathers in its first rank's ring call."""
     context = mp.get_context("spawn")
     results = context.Queue()
     procs = [context.Process(target=_worker, args=(r, world, str(tmp_path / "store"), case, dtype, causal, zigzag,
-                                                   seed, groups, results, backend)) for r in range(world)]
+                                                   seed, groups, results, backend, check_chunks))
+             for r in range(world)]
     for p in procs:
         p.start()
     reports = [results.get(timeout=300) for _ in range(groups)]
     for p in procs:
         p.join(timeout=60)
-    for status, payload in reports:
+    for status, payload, _ in reports:
         assert status == "ok", payload
-    return [torch.load(io.BytesIO(payload)) for _, payload in reports]
+    if gathers is not None:
+        gathers.extend(count for _, _, count in reports)
+    return [torch.load(io.BytesIO(payload)) for _, payload, _ in reports]
 
 
 def check_against_reference(out, lse, dq, dk, dv, q, k, v, dout, causal, dtype):
@@ -127,10 +142,10 @@ def test_ring_matches_the_whole_sequence(tmp_path, case, causal, zigzag, dtype):
 
 # On GPUs through NCCL, one rank per GPU: chunks long enough for several KV blocks per pass.
 NCCL_CASES = [(2, 2, 8, 2, 384, 128), (2, 1, 4, 4, 320, 64)]
+TWO_GPUS = torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and dist.is_nccl_available() and torch.cuda.device_count() >= 2),
-                    reason="needs two CUDA GPUs and NCCL")
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs and NCCL")
 @pytest.mark.parametrize("case", NCCL_CASES, ids=[f"d{c[5]}" for c in NCCL_CASES])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("zigzag", [False, True], ids=["contiguous", "zigzag"])
@@ -150,6 +165,21 @@ def test_rings_of_a_subgroup_each(tmp_path):
     assert len(results) == 2
     for result in results:
         check_against_reference(*result, True, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("nccl", marks=pytest.mark.skipif(
+    not TWO_GPUS, reason="needs two CUDA GPUs and NCCL"))])
+def test_the_chunk_check_is_one_all_gather_and_can_be_left_out(tmp_path, backend):
+    """check_chunks=False: the same answer without the shapes' all_gather (the ring's own
+    transfers are point-to-point, so the ring call then gathers nothing)."""
+    case, dtype = (CASES[0], torch.float32) if backend == "gloo" else (NCCL_CASES[0], torch.float16)
+    for check_chunks, expected in ((True, 1), (False, 0)):
+        gathers, run_dir = [], tmp_path / f"check_{check_chunks}"
+        run_dir.mkdir()
+        (result,) = _run(2, run_dir, case, dtype, True, True, 23, backend=backend, check_chunks=check_chunks,
+                         gathers=gathers)
+        check_against_reference(*result, True, dtype)
+        assert gathers == [expected], (check_chunks, gathers)
 
 
 def _rejecting_worker(rank, world, init_file, length, kwargs, results):
