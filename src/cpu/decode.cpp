@@ -113,17 +113,25 @@ FUSEDATTN_CPU_INLINE const float* key_rows(const Operand& op, const SequenceKeys
   return buffer;
 }
 
+// A step's keys' rows of every KV head of K or V (key_rows), and the next step's on their way.
+template <int kKeys>
+struct StepRows {
+  const float* rows[kKeys];
+  NextRows<kKeys> next;
+  StepRows(const Operand& op, const SequenceKeys& keys, int64_t key, float* buffer) : next(op, keys, key) {
+    for (int j = 0; j < kKeys; ++j) rows[j] = key_rows(op, keys, key + j, buffer + int64_t{j} * keys.kv_elements);
+  }
+};
+
 // Keys [key, key + kKeys): each head's scores, s[h * kKeysPerTile + j] = q_h . k_{key + j}. Each
 // query vector load serves kKeys keys, so the query rows (16 KiB for 32 heads of 128 floats) are
 // read from L1 once per step rather than once per key.
 template <int kKeys>
 FUSEDATTN_CPU_INLINE void score_keys(const SequenceKeys& keys, int64_t key, float* s, DecodeScratch& w) {
-  const float* rows[kKeys];
-  for (int j = 0; j < kKeys; ++j)
-    rows[j] = key_rows(keys.k, keys, key + j, w.key_rows.data() + int64_t{j} * keys.kv_elements);
-  const NextRows<kKeys> next(keys.k, keys, key);
+  const StepRows<kKeys> step(keys.k, keys, key, w.key_rows.data());
+  const float* const* rows = step.rows;
   for (int h = 0; h < keys.heads; ++h) {
-    next.fetch_slice(h, keys.heads);
+    step.next.fetch_slice(h, keys.heads);
     const float* q = w.q.data() + int64_t{h} * keys.dim;
     const int64_t head_at = int64_t{h / keys.group} * keys.dim;
     Vec acc[kKeys] = {};
@@ -144,12 +152,10 @@ FUSEDATTN_CPU_INLINE void score_keys(const SequenceKeys& keys, int64_t key, floa
 // order, each output vector loaded and stored once per step.
 template <int kKeys>
 FUSEDATTN_CPU_INLINE void add_values(const SequenceKeys& keys, int64_t key, const float* p, DecodeScratch& w) {
-  const float* rows[kKeys];
-  for (int j = 0; j < kKeys; ++j)
-    rows[j] = key_rows(keys.v, keys, key + j, w.key_rows.data() + int64_t{j} * keys.kv_elements);
-  const NextRows<kKeys> next(keys.v, keys, key);
+  const StepRows<kKeys> step(keys.v, keys, key, w.key_rows.data());
+  const float* const* rows = step.rows;
   for (int h = 0; h < keys.heads; ++h) {
-    next.fetch_slice(h, keys.heads);
+    step.next.fetch_slice(h, keys.heads);
     float* o = w.o.data() + int64_t{h} * keys.dim;
     const float* ph = p + int64_t{h} * kKeysPerTile;
     const int64_t head_at = int64_t{h / keys.group} * keys.dim;
