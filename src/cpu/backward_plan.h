@@ -17,8 +17,8 @@ namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 // head at d256 fits, and a call's threads hold this much each at the same time.
 inline constexpr int64_t kMaxFusedRowBytes = int64_t{32} << 20;
 
-// The share of the threads' time the fused tasks keep them busy, at least: 3 / 4 (pairs = 3 on 2
-// threads, or 6 on 4, would idle a third of the last round). The threshold sits a little above
+// The share of the threads' time the fused tasks keep them busy, at least: 3 / 4 (3 tasks on 2
+// threads or 6 on 4 just pass, 5 on 4 keep them 5 / 8 busy and do not). It sits a little above
 // 5 / 7 to leave a margin for tasks of unequal length (causal masks, variable-length batches).
 inline constexpr int kBusyNumerator = 3, kBusyDenominator = 4;
 

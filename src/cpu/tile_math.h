@@ -80,10 +80,10 @@ FUSEDATTN_CPU_INLINE void fold_terms(float* c, int n, const Terms& for_each_term
 }
 
 // The same fold for two output rows whose terms share their source rows: c0 += sum w0 * src and
-// c1 += sum w1 * src over the terms (w0, w1, src), each source vector loaded once for both. One row
-// alone keeps kChunkVecs accumulators, each a chain of dependent FMAs, one link per term: the FMA
-// latency, not its throughput, set the pace of the P V and dS^T Q products. Two rows' chains
-// interleave. Each element's sum is the same as fold_terms' (same terms, same order, same ops).
+// c1 += sum w1 * src over the terms (w0, w1, src), each source vector loaded once for both, and two
+// rows' chains of dependent FMAs interleaved. Each element's sum is the same as fold_terms' (same
+// terms, same order, same ops), so results do not change. The backward gained 5-7% by it, the
+// forward's P V read even (docs/perf.md, fifty-fourth session).
 inline constexpr int kPairChunkVecs = 4;  // 2 x 4 accumulators: half the AVX2 build's registers
 inline constexpr int kPairChunk = kPairChunkVecs * kVecWidth;
 template <class Terms>
