@@ -41,13 +41,13 @@ struct DecodeScratch {
       : q(static_cast<size_t>(p.heads_q) * p.head_dim),
         o(static_cast<size_t>(p.heads_q) * p.head_dim),
         s(static_cast<size_t>(p.heads_q) * kKeysPerTile),
-        key_rows(static_cast<size_t>(kKeysPerStep) * p.heads_kv * p.head_dim),
+        converted(static_cast<size_t>(kKeysPerStep) * p.heads_kv * p.head_dim),
         softmax(static_cast<size_t>(p.heads_q)),
         lse(static_cast<size_t>(p.heads_q)) {}
   std::vector<float> q;         // [heads_q][dim], pre-multiplied by scale * log2(e)
   std::vector<float> o;         // [heads_q][dim], the output accumulators
   std::vector<float> s;         // [heads_q][kKeysPerTile], scores, then probabilities
-  std::vector<float> key_rows;  // a step's keys' K or V rows of every KV head, converted to float
+  std::vector<float> converted;  // a step's keys' K or V rows of every KV head, converted to float
   std::vector<RowSoftmax> softmax;
   std::vector<float> lse;       // [heads_q]
 };
@@ -128,7 +128,7 @@ struct StepRows {
 // read from L1 once per step rather than once per key.
 template <int kKeys>
 FUSEDATTN_CPU_INLINE void score_keys(const SequenceKeys& keys, int64_t key, float* s, DecodeScratch& w) {
-  const StepRows<kKeys> step(keys.k, keys, key, w.key_rows.data());
+  const StepRows<kKeys> step(keys.k, keys, key, w.converted.data());
   const float* const* rows = step.rows;
   for (int h = 0; h < keys.heads; ++h) {
     step.next.fetch_slice(h, keys.heads);
@@ -152,7 +152,7 @@ FUSEDATTN_CPU_INLINE void score_keys(const SequenceKeys& keys, int64_t key, floa
 // order, each output vector loaded and stored once per step.
 template <int kKeys>
 FUSEDATTN_CPU_INLINE void add_values(const SequenceKeys& keys, int64_t key, const float* p, DecodeScratch& w) {
-  const StepRows<kKeys> step(keys.v, keys, key, w.key_rows.data());
+  const StepRows<kKeys> step(keys.v, keys, key, w.converted.data());
   const float* const* rows = step.rows;
   for (int h = 0; h < keys.heads; ++h) {
     step.next.fetch_slice(h, keys.heads);
