@@ -44,12 +44,12 @@ struct DecodeScratch {
         converted(static_cast<size_t>(kKeysPerStep) * p.heads_kv * p.head_dim),
         softmax(static_cast<size_t>(p.heads_q)),
         lse(static_cast<size_t>(p.heads_q)) {}
-  std::vector<float> q;         // [heads_q][dim], pre-multiplied by scale * log2(e)
-  std::vector<float> o;         // [heads_q][dim], the output accumulators
-  std::vector<float> s;         // [heads_q][kKeysPerTile], scores, then probabilities
+  std::vector<float> q;          // [heads_q][dim], pre-multiplied by scale * log2(e)
+  std::vector<float> o;          // [heads_q][dim], the output accumulators
+  std::vector<float> s;          // [heads_q][kKeysPerTile], scores, then probabilities
   std::vector<float> converted;  // a step's keys' K or V rows of every KV head, converted to float
   std::vector<RowSoftmax> softmax;
-  std::vector<float> lse;       // [heads_q]
+  std::vector<float> lse;        // [heads_q]
 };
 
 // v's lanes rotated down by kShift: lane l gets lane (l + kShift) % kVecWidth.
