@@ -57,4 +57,16 @@ inline std::optional<cuda::sm90::FwdWork> planned_sm90_work(const Problem& pr, D
   }
 }
 
+// Whether this build has a Hopper instance of pr's own head dim, not only a larger one that runs
+// it padded (a build of other head dims, e.g. tools/gpu_check.sh with GPU_HEAD_DIMS="128;256" runs
+// d64 calls on the d128 instance, whose tiles are not d64's).
+inline bool has_own_sm90_instance(const Problem& pr, DType dtype) {
+  try {
+    const cuda::FwdChoice choice = cuda::choose_forward(planning_params(pr, dtype), 9, 0);
+    return std::string(choice.arch) == "sm90" && choice.instance_head_dim == pr.head_dim;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 }  // namespace fusedattn::testing

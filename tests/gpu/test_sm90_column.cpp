@@ -95,6 +95,8 @@ SkipReason check_on_hopper(const MaskedCall& mc, Columns& m, DType dtype, const 
   try {
     if (std::string(cuda::choose_forward(planning_params(mc.call, dtype), 9, 0).arch) != "sm90")
       return "no sm90 instance in this build for " + mc.call.str();
+    if (!has_own_sm90_instance(mc.call, dtype))  // runs padded on a larger instance, not on `tile`
+      return "no sm90 instance of the call's own head dim in this build for " + mc.call.str();
   } catch (const Error& e) {
     return std::string(e.what());
   }

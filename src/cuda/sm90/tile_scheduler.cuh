@@ -27,6 +27,8 @@
 // counter is zeroed on the stream behind each such launch instead of by the last fetch.
 #pragma once
 
+#include <climits>
+
 #include "cuda/common/int_math.h"
 #include "cuda/common/schedule.h"
 #include "cuda/ptx/cluster.cuh"
@@ -168,19 +170,24 @@ class TileScheduler {
   __device__ WorkTile varlen_tile_at(int index, int from, int b, int first) const {
     const ItemTile it = item_tile(index, from);
     // Each sequence's rows as seq_info() bounds them (params.h): inside the packed rows, at most
-    // max_seqlen_q of them, whatever offsets the device check will find at fault.
-    int q_start = static_cast<int>(packed_range(p_.cu_seqlens_q, b, p_.varlen_rows_q).start), q_end = 0, m_blocks = 0;
+    // max_seqlen_q of them, whatever offsets the device check will find at fault. In 32 bits, as
+    // the kernel counts rows: the same bounds in 64 bits made ptxas spill 400-436 B in d256's
+    // unpaired instances.
+    const int rows_q = to_int(p_.varlen_rows_q);
+    int q_start = clamp_int(p_.cu_seqlens_q[b], 0, rows_q), q_end = 0, m_blocks = 0;
     for (;; ++b) {
       if (b >= p_.batch) return {.index = plan_.items(), .batch = b, .part = kWholeTile, .batch_first = first};
-      q_end = static_cast<int>(clamp_to(p_.cu_seqlens_q[b + 1], q_start, p_.varlen_rows_q));
-      m_blocks = static_cast<int>(ceil_div(packing_.rows(len_q(q_start, q_end)), block_m_));
+      q_end = clamp_int(p_.cu_seqlens_q[b + 1], q_start, rows_q);
+      m_blocks = static_cast<int>(ceil_div(packing_.rows(int64_t{len_q(q_start, q_end)}), block_m_));
       if (it.tile < first + heads_ * m_blocks) break;
       first += heads_ * m_blocks;
       q_start = q_end;
     }
     const ScheduledItem item = scheduled_item({m_blocks, order_.shift}, it.tile - first);
     const int m_block = m_blocks - 1 - item.rank;
-    const PackedRange keys = packed_range(p_.cu_seqlens_k, b, p_.varlen_rows_k);
+    const int rows_k = to_int(p_.varlen_rows_k);
+    const int k_start = clamp_int(p_.cu_seqlens_k[b], 0, rows_k);
+    const int k_end = clamp_int(p_.cu_seqlens_k[b + 1], k_start, rows_k);
     return {.index = index,
             .first_row = m_block * block_m_,
             .head = item.pair,
@@ -188,9 +195,9 @@ class TileScheduler {
             .part = it.part,
             .slot = it.slot,
             .q_start = q_start,
-            .k_start = static_cast<int>(keys.start),
-            .len_q = static_cast<int>(len_q(q_start, q_end)),
-            .len_k = static_cast<int>(used_keys(p_, b, min(keys.end - keys.start, key_bound(p_)))),
+            .k_start = k_start,
+            .len_q = len_q(q_start, q_end),
+            .len_k = static_cast<int>(used_keys(p_, b, min(k_end - k_start, to_int(key_bound(p_))))),
             .batch_first = first,
             .step_lo = it.step_lo,
             .step_hi = it.step_hi};
@@ -207,7 +214,10 @@ class TileScheduler {
 
   __device__ bool varlen() const { return p_.cu_seqlens_q != nullptr; }
   // A sequence's query rows [q_start, q_end), cut to max_seqlen_q as seq_info() cuts them.
-  __device__ int64_t len_q(int q_start, int q_end) const { return min(int64_t{q_end - q_start}, p_.seqlen_q); }
+  __device__ int len_q(int q_start, int q_end) const { return min(q_end - q_start, to_int(p_.seqlen_q)); }
+  // n as an int, at most INT_MAX: offsets are int32, so no offset in range changes by the cut.
+  __device__ static int to_int(int64_t n) { return static_cast<int>(min(n, int64_t{INT_MAX})); }
+  __device__ static int clamp_int(int x, int lo, int hi) { return x < lo ? lo : (x < hi ? x : hi); }
 };
 
 }  // namespace fusedattn::cuda::sm90
