@@ -75,6 +75,7 @@ struct SequenceKeys {
   int b;
   int64_t seq_start;
   int dim, heads, group, kv_elements;  // kv_elements: one key's rows of every KV head
+  int64_t element_bytes;               // of K and V's dtype
   int64_t last;                        // the last key this part reads
 };
 
@@ -89,7 +90,7 @@ struct NextRows {
   int64_t lines = 0;  // cache lines per row
 
   NextRows(const Operand& op, const SequenceKeys& keys, int64_t key) {
-    const int64_t element_bytes = op.dtype == DType::kFloat32 ? 4 : 2;
+    const int64_t element_bytes = keys.element_bytes;
     lines = (keys.kv_elements * element_bytes + kCacheLineBytes - 1) / kCacheLineBytes;
     const int64_t next = key + kKeys;
     const char* data = static_cast<const char*>(op.data);
@@ -183,7 +184,8 @@ FUSEDATTN_CPU_HOT bool attend_part(const FwdParams& p, int b, int part, int part
   const Operand q{p.q, p.q_stride, p.dtype};
   const FwdParams* paged = p.block_table != nullptr ? &p : nullptr;
   SequenceKeys seq_keys{{p.k, p.k_stride, p.dtype, paged}, {p.v, p.v_stride, p.dtype, paged}, b, seq.k_start,
-                        dim, heads, p.heads_q / p.heads_kv, p.heads_kv * dim, /*last=*/0};
+                        dim, heads, p.heads_q / p.heads_kv, p.heads_kv * dim,
+                        static_cast<int64_t>(dtype_size(p.dtype)), /*last=*/0};
 
   for (int h = 0; h < heads; ++h)
     load_row(q.data, q.dtype, q.offset(b, seq.q_start, 0, h), dim, p.scale_log2, w.q.data() + int64_t{h} * dim);

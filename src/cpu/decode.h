@@ -5,6 +5,7 @@
 
 #include "cpu/isa.h"
 #include "fusedattn/params.h"
+#include "fusedattn/tensor.h"  // dtype_size
 
 namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
@@ -24,7 +25,7 @@ inline bool decodes_by_key_rows(const FwdParams& p) {
       p.v_stride.head != p.head_dim)
     return false;
   const int group = p.heads_q / p.heads_kv;
-  const int64_t row_bytes = int64_t{p.heads_kv} * p.head_dim * (p.dtype == DType::kFloat32 ? 4 : 2);
+  const int64_t row_bytes = int64_t{p.heads_kv} * p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
   return group <= kKeyRowsMaxGroup || row_bytes >= kKeyRowBytesPerGroupHead * group;
 }
 
