@@ -3,6 +3,7 @@
 // kernels never re-check arguments and never see Options or TensorView.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
@@ -290,6 +291,50 @@ FUSEDATTN_HD AppendRow append_row(const AppendParams& p, int b, int64_t pos) {
   const int64_t page = p.block_table[b * p.block_table_stride + pos / p.page_size];
   if (page < 0 || page >= p.num_pages) return {};
   return {page, pos % p.page_size};
+}
+
+// merge_attention's block (merge.h), after validation. Rows are (batch, seqlen, head) triples; a
+// varlen layout is one batch of `total` rows.
+struct MergeParams {
+  void* out = nullptr;
+  const void* part_out = nullptr;
+  float* lse = nullptr;
+  const float* part_lse = nullptr;
+  // Element strides of a row's batch, seqlen and head index, for the outputs (whose head dim is
+  // contiguous) and for the LSEs (one element per row).
+  OperandStrides out_stride, part_stride, lse_stride, part_lse_stride;
+  DType out_dtype = DType::kFloat32;
+  DType part_dtype = DType::kFloat32;
+  int64_t batch = 0;
+  int64_t seqlen = 0;
+  int64_t heads = 0;
+  int64_t head_dim = 0;
+  int num_threads = 0;
+  void* stream = nullptr;
+  int device_index = 0;
+};
+
+// The weights of one row's merge, the same rule on every backend: each side's share of the
+// merged softmax's mass, and the merged LSE. Taken relative to the larger LSE, so nothing
+// overflows; log1p keeps the merged LSE exact where the other side's share is tiny.
+struct MergeWeights {
+  float lse;   // the merged LSE
+  float out;   // out's weight
+  float part;  // part_out's weight
+};
+FUSEDATTN_HD MergeWeights merge_weights(float lse, float part_lse) {
+  const float no_key = -INFINITY;
+  if (lse == no_key && part_lse == no_key) return {no_key, 0.0f, 0.0f};
+  const bool out_larger = lse >= part_lse;  // false where either is NaN, whose NaN then spreads
+  const float larger = out_larger ? lse : part_lse, smaller = out_larger ? part_lse : lse;
+  const float ratio = expf(smaller - larger);  // in [0, 1]
+  const float big = 1.0f / (1.0f + ratio), small = ratio * big;
+  return {larger + log1pf(ratio), out_larger ? big : small, out_larger ? small : big};
+}
+// One merged element. A side of weight 0 (an LSE of -inf: no key) is not read into the sum, so
+// whatever its output holds there stays out of the result.
+FUSEDATTN_HD float merge_element(const MergeWeights& w, float out, float part) {
+  return (w.out != 0.0f ? w.out * out : 0.0f) + (w.part != 0.0f ? w.part * part : 0.0f);
 }
 
 }  // namespace fusedattn

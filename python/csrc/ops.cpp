@@ -16,6 +16,7 @@
 #include "checked_offsets.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/kv_cache.h"
+#include "fusedattn/merge.h"
 #include "torch_views.h"
 
 namespace fusedattn::torch_binding {
@@ -215,6 +216,22 @@ at::Tensor append_kv(const at::Tensor& k_cache, const at::Tensor& v_cache, const
   });
 }
 
+// fusedattn::merge_attention (merge.h): the attention over part_out's keys folded into out and
+// lse, in place.
+void merge_attention(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& part_out,
+                     const at::Tensor& part_lse) {
+  translate_errors([&] {
+    c10::DeviceGuard guard(out.device());
+    MergeArgs a;
+    a.out = to_view(out, "out");
+    a.lse = to_view(lse, "lse");
+    a.part_out = to_view(part_out, "part_out");
+    a.part_lse = to_view(part_lse, "part_lse");
+    a.stream = current_stream(out.device());
+    fusedattn::merge_attention(a);
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fusedattn, m) {
@@ -246,6 +263,7 @@ TORCH_LIBRARY(fusedattn, m) {
   m.def(
       "append_kv(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor cache_seqlens, "
       "Tensor? block_table=None) -> Tensor status");
+  m.def("merge_attention(Tensor(a!) out, Tensor(b!) lse, Tensor part_out, Tensor part_lse) -> ()");
   m.def(
       "varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor cu_seqlens_q, "
       "Tensor cu_seqlens_k, int max_seqlen_q, int max_seqlen_k, float? softmax_scale, bool causal, "
@@ -256,6 +274,7 @@ TORCH_LIBRARY(fusedattn, m) {
 // fusedattn chooses its backend from the tensors' device, so the same kernels serve both keys.
 TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
   m.impl("append_kv", &append_kv);
+  m.impl("merge_attention", &merge_attention);
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
   m.impl("varlen_fwd", &varlen_fwd);
@@ -264,6 +283,7 @@ TORCH_LIBRARY_IMPL(fusedattn, CPU, m) {
 
 TORCH_LIBRARY_IMPL(fusedattn, CUDA, m) {
   m.impl("append_kv", &append_kv);
+  m.impl("merge_attention", &merge_attention);
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
   m.impl("varlen_fwd", &varlen_fwd);

@@ -6,11 +6,13 @@
 The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}. ring_flash_attn_func
 (fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
 fusedattn.masks builds column masks (flash_attn_func's column_mask) for packed documents and
-prefix-LM attention.
+prefix-LM attention. merge_attention(_) merges attention over disjoint key sets by their
+log-sum-exp (fusedattn.merge).
 """
 from . import masks
 from ._ops import ops
 from .context_parallel import ring_flash_attn_func
+from .merge import merge_attention, merge_attention_
 from .flash_attn_interface import (
     attention,
     check_device_errors,
@@ -36,6 +38,8 @@ __all__ = [
     "flash_attn_varlen_qkvpacked_func",
     "flash_attn_with_kvcache",
     "masks",
+    "merge_attention",
+    "merge_attention_",
     "ops",
     "ring_flash_attn_func",
 ]

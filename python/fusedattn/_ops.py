@@ -58,6 +58,11 @@ def _append_kv_fake(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
     return cache_seqlens.new_empty((k.shape[0],), dtype=torch.int32)
 
 
+@torch.library.register_fake("fusedattn::merge_attention")
+def _merge_attention_fake(out, lse, part_out, part_lse):
+    return None
+
+
 @torch.library.register_fake("fusedattn::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, softmax_scale, causal, window_left, window_right,
               deterministic=False, column_mask=None):

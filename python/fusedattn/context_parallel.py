@@ -83,17 +83,11 @@ def _rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
     return t if rows == slice(0, t.shape[1]) else t[:, rows].contiguous()
 
 
-def _merge_into(out: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor) -> None:
-    """Folds the softmax over another, disjoint key set (part_out, part_lse) into the running one,
-    in place: out (batch, seqlen, heads, dim) float32 and lse (batch, heads, seqlen) float32 may be
-    views of the result. One scaling pass and one multiply-add over out (the running result is
-    never copied). Rows with no key in either keep out = 0 and lse = -inf (no exp(-inf - (-inf)))."""
-    merged = torch.logaddexp(lse, part_lse)
-    finite = torch.where(torch.isfinite(merged), merged, 0.0)
-    weight = torch.exp(lse - finite).transpose(1, 2).unsqueeze(-1)
-    part_weight = torch.exp(part_lse - finite).transpose(1, 2).unsqueeze(-1)
-    out.mul_(weight).addcmul_(part_out, part_weight)
-    lse.copy_(merged)
+# The merge computes in fp32 and rounds once into its output's dtype. A rank of a ring of two
+# merges at most once, so the running result stays in q's dtype there: the same bits a float32
+# running result would give after its final conversion, without that pass and the first step's
+# widening one. Longer rings keep the running result in float32, rounded once at the end.
+_MERGES_IN_OUTPUT_DTYPE = 2
 
 
 def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
@@ -107,9 +101,9 @@ def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
             part_out, part_lse = ops.fwd(_rows(q, it.q), _rows(kv[0], it.kv), _rows(kv[1], it.kv), softmax_scale,
                                          it.causal, _UNBOUNDED, 0 if it.causal else _UNBOUNDED, False)
             if out is None:  # the first step, the rank's own chunk: every row, nothing to merge with
-                out, lse = part_out.float(), part_lse
-            else:
-                _merge_into(out[:, it.q], lse[..., it.q], part_out, part_lse)
+                out, lse = (part_out if world <= _MERGES_IN_OUTPUT_DTYPE else part_out.float()), part_lse
+            else:  # in place, rows it.q of the running result (fusedattn.merge)
+                ops.merge_attention(out[:, it.q], lse[..., it.q], part_out, part_lse)
         if pending is not None:
             kv, transfer = pending
             transfer.wait()

@@ -1,6 +1,7 @@
 // Entry points: validate, pick the backend, run. Backends never see unvalidated arguments.
 #include "fusedattn/attention.h"
 #include "fusedattn/kv_cache.h"
+#include "fusedattn/merge.h"
 
 #include <thread>
 
@@ -38,6 +39,16 @@ void append_kv(const AppendKvArgs& args) {
     cuda::append_kv(params);
   else
     cpu::append_kv(params);
+}
+
+void merge_attention(const MergeArgs& args) {
+  MergeParams params;
+  Backend backend;
+  if (!detail::make_merge_params(args, params, backend)) return;
+  if (backend == Backend::kCUDA)
+    cuda::merge_attention(params);
+  else
+    cpu::merge_attention(params);
 }
 
 int64_t check_cu_seqlens(const TensorView& cu_seqlens, bool keys, int64_t max_seqlen, int64_t packed_rows,

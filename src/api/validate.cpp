@@ -64,9 +64,10 @@ bool has_elements(const TensorView& t) {
 }
 
 // Every tensor argument: the expected rank, non-negative sizes, present unless empty, contiguous
-// last dim, no negative stride (no framework makes one, and the TMA descriptors cannot encode it).
+// last dim (unless `contiguous_last` is false: a tensor read and written element by element), no
+// negative stride (no framework makes one, and the TMA descriptors cannot encode it).
 // The rank goes first: the other checks index the shape by it.
-void check_tensor(const TensorView& t, const char* name, int rank, const char* layout) {
+void check_tensor(const TensorView& t, const char* name, int rank, const char* layout, bool contiguous_last = true) {
   if (t.rank != rank)
     fail(ErrorCode::kShapeMismatch, name,
          "expected rank " + std::to_string(rank) + " " + layout + ", got rank " + std::to_string(t.rank));
@@ -75,7 +76,7 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
       fail(ErrorCode::kInvalidArgument, name, "negative size " + std::to_string(t.shape[d]) +
                                                   " in dimension " + std::to_string(d));
   if (t.data == nullptr && has_elements(t)) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
-  if (t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
+  if (contiguous_last && t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     fail(ErrorCode::kLayout, name,
          "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
   for (int d = 0; d + 1 < t.rank; ++d)
@@ -646,6 +647,72 @@ bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend
   p.new_tokens = static_cast<int>(a.k.shape[1]);
   p.heads = static_cast<int>(a.k.shape[2]);
   p.head_dim = static_cast<int>(a.k.shape[3]);
+  p.stream = a.stream;
+  p.device_index = device.index;
+  return true;
+}
+
+// merge_attention (merge.h): both outputs in forward()'s dense or varlen layout, both LSEs in its
+// matching one. Reads no tensor data.
+bool make_merge_params(const MergeArgs& a, MergeParams& p, Backend& backend) {
+  p = MergeParams{};
+  constexpr int kDenseRank = 4, kVarlenRank = 3;
+  if (a.out.rank != kDenseRank && a.out.rank != kVarlenRank)
+    fail(ErrorCode::kShapeMismatch, "out",
+         "expected rank 4 [batch, seqlen, heads, head_dim] or rank 3 [total, heads, head_dim], got rank " +
+             std::to_string(a.out.rank));
+  const bool varlen = a.out.rank == kVarlenRank;
+  const int rank = a.out.rank;
+  const char* layout = varlen ? "[total, heads, head_dim]" : "[batch, seqlen, heads, head_dim]";
+  const char* lse_layout = varlen ? "[heads, total]" : "[batch, heads, seqlen]";
+  check_tensor(a.out, "out", rank, layout);
+  check_tensor(a.part_out, "part_out", rank, layout);
+  check_tensor(a.lse, "lse", rank - 1, lse_layout, false);
+  check_tensor(a.part_lse, "part_lse", rank - 1, lse_layout, false);
+  check_same_shape(a.part_out, "part_out", a.out, "out");
+  const int64_t batch = varlen ? 1 : a.out.shape[0], seqlen = a.out.shape[rank - 3], heads = a.out.shape[rank - 2];
+  for (const auto& [t, name] : {std::pair{&a.lse, "lse"}, {&a.part_lse, "part_lse"}}) {
+    const bool fits = varlen ? t->shape[0] == heads && t->shape[1] == seqlen
+                             : t->shape[0] == batch && t->shape[1] == heads && t->shape[2] == seqlen;
+    if (!fits)
+      fail(ErrorCode::kShapeMismatch, name,
+           "shape " + shape_str(*t) + " must be " +
+               (varlen ? "[" + std::to_string(heads) + ", " + std::to_string(seqlen) + "]"
+                       : "[" + std::to_string(batch) + ", " + std::to_string(heads) + ", " + std::to_string(seqlen) +
+                             "]") +
+               ", out's " + lse_layout);
+    if (t->dtype != DType::kFloat32)
+      fail(ErrorCode::kDtypeMismatch, name, std::string("dtype ") + dtype_name(t->dtype) + " must be fp32");
+  }
+  for (const auto& [t, name] : {std::pair{&a.out, "out"}, {&a.part_out, "part_out"}})
+    if (t->dtype != DType::kFloat32 && t->dtype != DType::kFloat16 && t->dtype != DType::kBFloat16)
+      fail(ErrorCode::kDtypeMismatch, name, std::string("dtype ") + dtype_name(t->dtype) + " is not fp32, fp16 or bf16");
+  const Device device = a.out.device;
+  for (const auto& [t, name] : {std::pair{&a.lse, "lse"}, {&a.part_out, "part_out"}, {&a.part_lse, "part_lse"}})
+    if (t->device != device) fail(ErrorCode::kDeviceMismatch, name, "must be on out's device");
+  backend = choose_backend(a.backend, device);
+  check_written(a.out, "out");
+  check_written(a.lse, "lse");
+  if (batch == 0 || seqlen == 0 || heads == 0) return false;  // no row (head_dim 0 still merges the LSEs)
+  p.out = a.out.data;
+  p.part_out = a.part_out.data;
+  p.lse = static_cast<float*>(a.lse.data);
+  p.part_lse = static_cast<const float*>(a.part_lse.data);
+  p.out_stride = strides_of(a.out, varlen);
+  p.part_stride = strides_of(a.part_out, varlen);
+  // An LSE's (batch, row, head) strides: dense [B, H, S], varlen [H, total].
+  const auto lse_strides = [&](const TensorView& t) -> OperandStrides {
+    return varlen ? OperandStrides{0, t.stride[1], t.stride[0]} : OperandStrides{t.stride[0], t.stride[2], t.stride[1]};
+  };
+  p.lse_stride = lse_strides(a.lse);
+  p.part_lse_stride = lse_strides(a.part_lse);
+  p.out_dtype = a.out.dtype;
+  p.part_dtype = a.part_out.dtype;
+  p.batch = batch;
+  p.seqlen = seqlen;
+  p.heads = heads;
+  p.head_dim = a.out.shape[rank - 1];
+  p.num_threads = a.num_threads;
   p.stream = a.stream;
   p.device_index = device.index;
   return true;

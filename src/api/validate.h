@@ -7,6 +7,7 @@
 #include "fusedattn/attention.h"
 #include "fusedattn/error.h"
 #include "fusedattn/kv_cache.h"
+#include "fusedattn/merge.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::detail {
@@ -19,6 +20,8 @@ bool make_fwd_params(const ForwardArgs& args, FwdParams& params, Backend& backen
 bool make_bwd_params(const BackwardArgs& args, BwdParams& params, Backend& backend);
 // Returns false when there is nothing to write (no sequence or no new token).
 bool make_append_params(const AppendKvArgs& args, AppendParams& params, Backend& backend);
+// Returns false when there is no row to merge.
+bool make_merge_params(const MergeArgs& args, MergeParams& params, Backend& backend);
 
 // A fault of offsets or a paged table, found on the host or on the device, as the error naming
 // the argument at fault.

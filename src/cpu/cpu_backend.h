@@ -11,5 +11,7 @@ void forward(const FwdParams& params);
 void backward(const BwdParams& params);
 // Appends decode tokens (kv_cache.h); one thread: a decode step writes a few rows.
 void append_kv(const AppendParams& params);
+// Merges attention over two key sets (merge.h), rows spread over the threads.
+void merge_attention(const MergeParams& params);
 
 }  // namespace fusedattn::cpu

@@ -34,5 +34,6 @@ void forward(const FwdParams& params);
 std::size_t backward_workspace_bytes(const BwdParams& params);
 void backward(const BwdParams& params);
 void append_kv(const AppendParams& params);
+void merge_attention(const MergeParams& params);
 
 }  // namespace fusedattn::cuda

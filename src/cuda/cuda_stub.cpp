@@ -24,5 +24,6 @@ void forward(const FwdParams&) { unavailable(); }
 std::size_t backward_workspace_bytes(const BwdParams&) { unavailable(); }
 void backward(const BwdParams&) { unavailable(); }
 void append_kv(const AppendParams&) { unavailable(); }
+void merge_attention(const MergeParams&) { unavailable(); }
 
 }  // namespace fusedattn::cuda

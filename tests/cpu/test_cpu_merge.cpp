@@ -1,0 +1,126 @@
+// merge_attention on the CPU backend (fusedattn/merge.h): the attention over both key sets within
+// the 2x rule for every pair of dtypes, dense and varlen, over strided slices of longer tensors;
+// rows without keys on either side; a NaN LSE kept; every malformed argument rejected by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "fusedattn/merge.h"
+#include "reference/merge_case.h"
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+namespace {
+
+constexpr DType kFloatDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+
+void expect_merged(const MergeShape& shape, DType out_dtype, DType part_dtype, int threads = 0) {
+  std::mt19937_64 rng = fresh_rng();
+  MergeCase c(shape, out_dtype, part_dtype, rng);
+  MergeArgs a = c.args([](HostTensor& t) { return t.view(); });
+  a.num_threads = threads;
+  merge_attention(a);
+  EXPECT_TRUE(c.check()) << "out " << dtype_name(out_dtype) << ", part_out " << dtype_name(part_dtype);
+}
+
+TEST(CpuMerge, EveryPairOfDtypesMatchesTheAttentionOverBothKeySets) {
+  // 2 x 50 x 3 rows: several of the backend's tasks of rows.
+  for (DType out : kFloatDtypes)
+    for (DType part : kFloatDtypes) expect_merged({2, 50, 3, 40}, out, part);
+}
+
+TEST(CpuMerge, SlicesOfLongerTensorsDenseVarlenAndHeadsFirst) {
+  expect_merged({.batch = 2, .seqlen = 9, .heads = 3, .dim = 24, .rows_around = 4}, DType::kFloat32,
+                DType::kFloat16);
+  expect_merged({.batch = 1, .seqlen = 13, .heads = 2, .dim = 16, .varlen = true, .rows_around = 5},
+                DType::kFloat32, DType::kBFloat16);
+  expect_merged({.batch = 2, .seqlen = 7, .heads = 4, .dim = 32, .rows_around = 3, .layout = Layout::kBHSD},
+                DType::kBFloat16, DType::kBFloat16, 1);
+}
+
+TEST(CpuMerge, OddHeadDimsAndNoHeadDim) {
+  expect_merged({1, 11, 2, 6}, DType::kFloat32, DType::kFloat16);
+  expect_merged({2, 5, 3, 1}, DType::kFloat16, DType::kFloat32);
+  expect_merged({2, 5, 3, 0}, DType::kFloat32, DType::kFloat32);  // only the LSEs merge
+}
+
+// A NaN LSE on either side makes the row NaN (out and LSE), and leaves the other rows alone.
+TEST(CpuMerge, ANanLseMakesItsRowNan) {
+  std::mt19937_64 rng = fresh_rng();
+  for (bool in_part : {false, true}) {
+    MergeCase c({1, 4, 1, 8}, DType::kFloat32, DType::kFloat32, rng);
+    HostTensor& poisoned = in_part ? c.part_lse : c.lse;
+    static_cast<float*>(poisoned.data())[2] = NAN;
+    const std::vector<double> before = c.out.to_double();
+    merge_attention(c.args([](HostTensor& t) { return t.view(); }));
+    const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
+    EXPECT_TRUE(std::isnan(lse[2])) << in_part;
+    for (int d = 0; d < 8; ++d) EXPECT_TRUE(std::isnan(out[2 * 8 + d])) << in_part;
+    for (int d = 0; d < 8; ++d) EXPECT_FALSE(std::isnan(out[1 * 8 + d])) << "row 1 has keys on both sides";
+    EXPECT_NE(out, before);
+  }
+}
+
+TEST(CpuMerge, RejectsMalformedArgumentsByName) {
+  std::mt19937_64 rng = fresh_rng();
+  MergeCase c({2, 5, 3, 8}, DType::kFloat32, DType::kFloat16, rng);
+  const MergeArgs good = c.args([](HostTensor& t) { return t.view(); });
+  merge_attention(good);  // the unchanged arguments are accepted
+  std::vector<float> other(64);
+  // Each malformed variant of the arguments, the error code and argument it must name, and what
+  // its message must mention.
+  struct Bad {
+    std::function<void(MergeArgs&)> spoil;
+    ErrorCode code;
+    const char* argument;
+    const char* mentions;
+  };
+  const std::vector<Bad> cases = {
+      {[](MergeArgs& x) { x.out.rank = 2; }, ErrorCode::kShapeMismatch, "out", "rank 3 [total, heads, head_dim]"},
+      {[](MergeArgs& x) { x.part_out.shape[2] = 2; }, ErrorCode::kShapeMismatch, "part_out", "must equal out's"},
+      {[](MergeArgs& x) { x.part_out.rank = 3; }, ErrorCode::kShapeMismatch, "part_out", "expected rank 4"},
+      {[](MergeArgs& x) { x.lse.shape[2] = 4; }, ErrorCode::kShapeMismatch, "lse", "[2, 3, 5]"},
+      {[](MergeArgs& x) { x.part_lse.shape[0] = 1; }, ErrorCode::kShapeMismatch, "part_lse", "[2, 3, 5]"},
+      {[](MergeArgs& x) { x.lse.dtype = DType::kFloat16; }, ErrorCode::kDtypeMismatch, "lse", "fp32"},
+      {[](MergeArgs& x) { x.part_lse.dtype = DType::kBFloat16; }, ErrorCode::kDtypeMismatch, "part_lse", "fp32"},
+      {[](MergeArgs& x) { x.out.dtype = DType::kInt32; }, ErrorCode::kDtypeMismatch, "out", "fp32, fp16 or bf16"},
+      {[](MergeArgs& x) { x.part_out.dtype = DType::kFloat8E4M3; }, ErrorCode::kDtypeMismatch, "part_out",
+       "fp32, fp16 or bf16"},
+      {[](MergeArgs& x) { x.out.stride[3] = 2; }, ErrorCode::kLayout, "out", "contiguous"},
+      {[](MergeArgs& x) { x.lse.stride[1] = 0; }, ErrorCode::kLayout, "lse", "stride 0"},
+      {[](MergeArgs& x) { x.out.stride[2] = 0; }, ErrorCode::kLayout, "out", "stride 0"},
+      {[](MergeArgs& x) { x.part_lse.stride[0] = -1; }, ErrorCode::kLayout, "part_lse", "negative stride"},
+      {[](MergeArgs& x) { x.part_out.data = nullptr; }, ErrorCode::kInvalidArgument, "part_out", "null"},
+      {[](MergeArgs& x) { x.part_out.device = {DeviceType::kCUDA, 0}; }, ErrorCode::kDeviceMismatch, "part_out",
+       "out's device"},
+      {[](MergeArgs& x) { x.lse.device = {DeviceType::kCUDA, 0}; }, ErrorCode::kDeviceMismatch, "lse",
+       "out's device"},
+      {[&](MergeArgs& x) {  // a varlen out with a dense LSE
+         x.out = TensorView::contiguous(other.data(), DType::kFloat32, {4, 2, 8});
+         x.part_out = x.out;
+       },
+       ErrorCode::kShapeMismatch, "lse", "expected rank 2 [heads, total]"},
+  };
+  for (const Bad& bad : cases) {
+    MergeArgs a = good;
+    bad.spoil(a);
+    expect_error([&] { merge_attention(a); }, bad.code, bad.argument, bad.mentions);
+  }
+}
+
+// A call with no row writes nothing and reads no data pointer.
+TEST(CpuMerge, NoRowIsANoOp) {
+  MergeArgs a;
+  a.out = TensorView::contiguous(nullptr, DType::kFloat32, {0, 5, 2, 8});
+  a.part_out = a.out;
+  a.lse = TensorView::contiguous(nullptr, DType::kFloat32, {0, 2, 5});
+  a.part_lse = a.lse;
+  merge_attention(a);
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
