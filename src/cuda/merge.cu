@@ -1,5 +1,5 @@
 // merge_attention on the CUDA backend (merge.h). One pass over both outputs: a row (batch,
-// seqlen, head) per group of a warp's lanes, each lane merging vectors of kVector elements where
+// seqlen, head) per group of a warp's lanes, each lane merging vectors of 8 or 4 elements where
 // the rows' starts and length allow it, single elements otherwise. Every lane of a group computes
 // the row's weights from its two LSEs (merge_weights, params.h: the CPU backend's rule); the
 // group's first lane writes the merged LSE once the whole warp has read the old ones.
@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -22,49 +23,81 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarpSize = 32;
-// Elements per load where they allow it: 16 bytes of fp32, 8 of fp16/bf16.
-constexpr int kVector = 4;
+constexpr int kLoadBytes = 16;  // the widest load
+// Elements a lane merges per step where the rows allow it: 16-byte loads of fp16/bf16 (8) or
+// 16-byte loads of fp32 (4); single elements otherwise.
+constexpr int kVectors[] = {8, 4};
+constexpr int kFloatsPerLoad = kLoadBytes / sizeof(float);
 
-// kN elements of a storage type at p, as floats, and back.
+// kN elements of a storage type at p as floats, and back: loads of up to 16 bytes.
 template <typename T, int kN>
 struct Elements {
-  static_assert(kN == 1, "vectors of kVector only");
   __device__ static void load(const T* p, float (&v)[kN]) {
-    if constexpr (std::is_same_v<T, float>)
-      v[0] = *p;
-    else if constexpr (std::is_same_v<T, __half>)
-      v[0] = __half2float(*p);
-    else
-      v[0] = __bfloat162float(*p);
-  }
-  __device__ static void store(T* p, const float (&v)[kN]) {
-    if constexpr (std::is_same_v<T, float>)
-      *p = v[0];
-    else if constexpr (std::is_same_v<T, __half>)
-      *p = __float2half_rn(v[0]);
-    else
-      *p = __float2bfloat16_rn(v[0]);
-  }
-};
-template <typename T>
-struct Elements<T, kVector> {
-  __device__ static void load(const T* p, float (&v)[kVector]) {
-    if constexpr (std::is_same_v<T, float>) {
-      const float4 x = *reinterpret_cast<const float4*>(p);
-      v[0] = x.x, v[1] = x.y, v[2] = x.z, v[3] = x.w;
+    if constexpr (kN == 1) {
+      v[0] = to_float(*p);
+    } else if constexpr (std::is_same_v<T, float>) {
+      for (int c = 0; c < kN; c += kFloatsPerLoad) {
+        const float4 x = reinterpret_cast<const float4*>(p)[c / kFloatsPerLoad];
+        v[c] = x.x, v[c + 1] = x.y, v[c + 2] = x.z, v[c + 3] = x.w;
+      }
+    } else if constexpr (kN == 8) {
+      const uint4 x = *reinterpret_cast<const uint4*>(p);
+      unpack(x.x, v, 0), unpack(x.y, v, 2), unpack(x.z, v, 4), unpack(x.w, v, 6);
     } else {
       const uint2 x = *reinterpret_cast<const uint2*>(p);
-      const float2 lo = unpack2<T>(x.x), hi = unpack2<T>(x.y);
-      v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+      unpack(x.x, v, 0), unpack(x.y, v, 2);
     }
   }
-  __device__ static void store(T* p, const float (&v)[kVector]) {
-    if constexpr (std::is_same_v<T, float>)
-      *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
-    else
+  __device__ static void store(T* p, const float (&v)[kN]) {
+    if constexpr (kN == 1) {
+      *p = from_float(v[0]);
+    } else if constexpr (std::is_same_v<T, float>) {
+      for (int c = 0; c < kN; c += kFloatsPerLoad)
+        reinterpret_cast<float4*>(p)[c / kFloatsPerLoad] = make_float4(v[c], v[c + 1], v[c + 2], v[c + 3]);
+    } else if constexpr (kN == 8) {
+      *reinterpret_cast<uint4*>(p) =
+          make_uint4(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]), pack2<T>(v[6], v[7]));
+    } else {
       *reinterpret_cast<uint2*>(p) = make_uint2(pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]));
+    }
+  }
+
+ private:
+  __device__ static float to_float(T x) {
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else if constexpr (std::is_same_v<T, __half>)
+      return __half2float(x);
+    else
+      return __bfloat162float(x);
+  }
+  __device__ static T from_float(float x) {
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else if constexpr (std::is_same_v<T, __half>)
+      return __float2half_rn(x);
+    else
+      return __float2bfloat16_rn(x);
+  }
+  __device__ static void unpack(uint32_t bits, float (&v)[kN], int at) {
+    const float2 f = unpack2<T>(bits);
+    v[at] = f.x, v[at + 1] = f.y;
   }
 };
+
+// Row r's (batch, seqlen, head) indices: in 32 bits where the rows allow (a 64-bit division is a
+// long instruction sequence, as costly here as the row's loads).
+struct RowIndex {
+  int64_t b, s, h;
+};
+__device__ RowIndex row_index(const MergeParams& p, int64_t r, bool rows_fit_32_bits) {
+  if (rows_fit_32_bits) {
+    const auto x = static_cast<uint32_t>(r), heads = static_cast<uint32_t>(p.heads),
+               seqlen = static_cast<uint32_t>(p.seqlen);
+    return {x / heads / seqlen, x / heads % seqlen, x % heads};
+  }
+  return {r / p.heads / p.seqlen, r / p.heads % p.seqlen, r % p.heads};
+}
 
 // lanes: a row's group of lanes, a power of two up to a warp, so that a group never spans warps.
 template <typename Out, typename Part, int kN>
@@ -73,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const __grid_constant__
   const int64_t r = int64_t{blockIdx.x} * (kThreads / lanes) + threadIdx.x / lanes;
   const int lane = threadIdx.x % lanes;
   const bool live = r < rows;
-  const int64_t h = r % p.heads, s = r / p.heads % p.seqlen, b = r / p.heads / p.seqlen;
-  const auto at = [&](const OperandStrides& st) { return b * st.batch + s * st.row + h * st.head; };
+  const RowIndex i = row_index(p, live ? r : 0, rows <= UINT32_MAX);
+  const auto at = [&](const OperandStrides& st) { return i.b * st.batch + i.s * st.row + i.h * st.head; };
   MergeWeights w{};
   if (live) w = merge_weights(p.lse[at(p.lse_stride)], p.part_lse[at(p.part_lse_stride)]);
   __syncwarp();  // the row's old LSE is read by every lane of its group before the first lane writes
@@ -85,27 +118,32 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const __grid_constant__
     float o[kN], q[kN];
     Elements<Out, kN>::load(out + d, o);
     Elements<Part, kN>::load(part + d, q);
-    for (int i = 0; i < kN; ++i) o[i] = merge_element(w, o[i], q[i]);
+    for (int e = 0; e < kN; ++e) o[e] = merge_element(w, o[e], q[e]);
     Elements<Out, kN>::store(out + d, o);
   }
   if (lane == 0) p.lse[at(p.lse_stride)] = w.lse;
 }
 
-// Whether both outputs' rows start on kVector-element boundaries and hold whole vectors.
-bool rows_take_vectors(const MergeParams& p) {
-  const auto aligned = [](const void* data, const OperandStrides& st, std::size_t element) {
-    const auto bytes = reinterpret_cast<std::uintptr_t>(data);
-    return bytes % (kVector * element) == 0 && st.batch % kVector == 0 && st.row % kVector == 0 &&
-           st.head % kVector == 0;
-  };
-  return p.head_dim % kVector == 0 && aligned(p.out, p.out_stride, dtype_size(p.out_dtype)) &&
-         aligned(p.part_out, p.part_stride, dtype_size(p.part_dtype));
+// Whether a tensor's rows start where loads of kN elements (16 bytes at most) may read them.
+bool rows_aligned(const void* data, const OperandStrides& st, std::size_t element, int n) {
+  const std::size_t bytes = std::min<std::size_t>(n * element, kLoadBytes);
+  const auto aligned = [&](int64_t stride) { return stride * element % bytes == 0; };
+  return reinterpret_cast<std::uintptr_t>(data) % bytes == 0 && aligned(st.batch) && aligned(st.row) &&
+         aligned(st.head);
 }
 
-template <typename Out, typename Part>
-void launch(const MergeParams& p) {
-  const int vector = rows_take_vectors(p) ? kVector : 1;
-  const int64_t steps = (p.head_dim + vector - 1) / vector;
+// The widest vector both outputs' rows take, or 1.
+int vector_width(const MergeParams& p) {
+  for (int n : kVectors)
+    if (p.head_dim % n == 0 && rows_aligned(p.out, p.out_stride, dtype_size(p.out_dtype), n) &&
+        rows_aligned(p.part_out, p.part_stride, dtype_size(p.part_dtype), n))
+      return n;
+  return 1;
+}
+
+template <typename Out, typename Part, int kN>
+void launch_with(const MergeParams& p) {
+  const int64_t steps = (p.head_dim + kN - 1) / kN;
   int lanes = 1;
   while (lanes < kWarpSize && lanes < steps) lanes *= 2;
   const int64_t rows = p.batch * p.seqlen * p.heads, rows_per_block = kThreads / lanes;
@@ -114,12 +152,18 @@ void launch(const MergeParams& p) {
     throw Error(ErrorCode::kUnsupported, "out",
                 std::to_string(rows) + " rows are more than the CUDA backend's merge launches (" +
                     std::to_string(int64_t{INT_MAX} * rows_per_block) + ")");
-  const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (vector == kVector)
-    merge_kernel<Out, Part, kVector><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, lanes);
-  else
-    merge_kernel<Out, Part, 1><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, lanes);
+  merge_kernel<Out, Part, kN>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, static_cast<cudaStream_t>(p.stream)>>>(p, lanes);
   FUSEDATTN_CHECK_LAUNCH();
+}
+
+template <typename Out, typename Part>
+void launch(const MergeParams& p) {
+  switch (vector_width(p)) {
+    case 8: return launch_with<Out, Part, 8>(p);
+    case 4: return launch_with<Out, Part, 4>(p);
+    default: return launch_with<Out, Part, 1>(p);
+  }
 }
 
 template <typename Out>

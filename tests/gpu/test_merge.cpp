@@ -1,6 +1,6 @@
 // merge_attention on the CUDA backend (fusedattn/merge.h): the cases of reference/merge_case.h
 // (which the CPU suite runs too) on the device: every pair of dtypes on the vector path, head dims
-// that take single elements, slices of longer tensors dense and varlen and heads first, and a call
+// that take vectors of 4 or single elements, slices of longer tensors dense and varlen and heads first, and a call
 // on a stream of its own; a tensor on another device rejected by name.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -46,8 +46,10 @@ TEST(GpuMerge, EveryPairOfDtypesMatchesTheAttentionOverBothKeySets) {
     }
 }
 
-TEST(GpuMerge, HeadDimsOfSingleElements) {
+TEST(GpuMerge, HeadDimsOfNarrowerVectorsAndSingleElements) {
   FUSEDATTN_REQUIRE_GPU();
+  expect_merged({2, 9, 3, 36}, DType::kFloat16, DType::kFloat32);  // vectors of 4
+  expect_merged({1, 7, 5, 20}, DType::kBFloat16, DType::kFloat16);
   expect_merged({1, 11, 2, 6}, DType::kFloat32, DType::kFloat16);
   expect_merged({2, 5, 3, 1}, DType::kFloat16, DType::kFloat32);
   expect_merged({2, 9, 3, 66}, DType::kBFloat16, DType::kBFloat16);

@@ -92,6 +92,26 @@ def test_in_place_on_rows_of_a_longer_running_result(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("columns", [slice(0, 8), slice(4, 12), slice(1, 9)], ids=["first8", "last8", "offset1"])
+def test_views_narrowed_in_the_head_dim(device, columns):
+    # Rows 12 elements apart holding 8: the CUDA kernel's 16-byte vectors do not fit them, its
+    # 8-byte ones do, and at an odd offset only single elements do.
+    out = torch.randn(2, 9, 3, 12, device=device, dtype=torch.float16)
+    part_out = torch.randn(2, 9, 3, 12, device=device, dtype=torch.bfloat16)
+    lse, part_lse = torch.randn(2, 3, 9, device=device), torch.randn(2, 3, 9, device=device)
+    want_lse = torch.logaddexp(lse.double(), part_lse.double())
+    want_out = (torch.exp(lse.double() - want_lse).transpose(1, 2)[..., None] * out[..., columns].double() +
+                torch.exp(part_lse.double() - want_lse).transpose(1, 2)[..., None] * part_out[..., columns].double())
+    before = out.clone()
+    fusedattn.merge_attention_(out[..., columns], lse, part_out[..., columns], part_lse)
+    torch.testing.assert_close(out[..., columns].double(), want_out.half().double(), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-5, rtol=1e-6)
+    others = torch.ones(12, dtype=torch.bool)
+    others[columns] = False
+    assert torch.equal(out[..., others], before[..., others])
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_side_without_keys_adds_nothing(device):
     out = torch.randn(1, 6, 2, 16, device=device)
     lse = torch.randn(1, 2, 6, device=device)
