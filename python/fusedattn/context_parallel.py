@@ -119,12 +119,12 @@ _OVERLAP_ACCUMULATORS = True
 def _ring_backward(dout, q, k, v, out, lse, softmax_scale, causal: bool, zigzag: bool, group):
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     dout = _last_dim_contiguous(dout)
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = [k, v]
-    # The accumulators of the chunk held at each step: the own chunk's start at zero, the others
-    # arrive from the previous rank while this step's kernels run.
-    grads = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-             torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+    # dq, and the fp32 accumulators of the chunk held at each step: the first step (the rank's own
+    # chunk, every row, never skipped) starts them from its parts; the chunks' accumulators of the
+    # later steps arrive from the previous rank while the step's kernels run. The parts are added
+    # in q's dtype, which torch widens in the same pass (no float32 copy of them).
+    dq = grads = None
     arriving = None
     for step in range(world):
         it = _Step(rank, (rank - step) % world, causal, zigzag, q.shape[1])
@@ -134,13 +134,19 @@ def _ring_backward(dout, q, k, v, out, lse, softmax_scale, causal: bool, zigzag:
                                                 _rows(kv[1], it.kv), _rows(out, it.q),
                                                 lse[..., it.q].contiguous(), softmax_scale, it.causal, _UNBOUNDED,
                                                 0 if it.causal else _UNBOUNDED, False)
-            dq[:, it.q] += dq_part.float()
+            if dq is None:
+                dq = dq_part.float()
+            else:
+                dq[:, it.q] += dq_part
         if arriving is not None:
             grads, transfer = arriving
             transfer.wait()
         if not it.skip:
-            grads[0][:, it.kv] += dk_part.float()
-            grads[1][:, it.kv] += dv_part.float()
+            if grads is None:
+                grads = [dk_part.float(), dv_part.float()]
+            else:
+                grads[0][:, it.kv] += dk_part
+                grads[1][:, it.kv] += dv_part
         # The chunk's accumulators go where the chunk goes next; after the last step, home.
         if world > 1:
             arriving = _ring_pass(grads, group)
