@@ -1,7 +1,8 @@
 """fusedattn.merge_attention(_): attention over two disjoint key sets, each from fusedattn's forward,
 merged by their log-sum-exp, against the float64 attention over all the keys by the 2x rule (dense
-and packed); in place on rows of a longer running result; a side without keys adding nothing;
-malformed arguments named."""
+and packed); in place on rows of a longer running result and on views narrowed in the head dim; a
+side without keys adding nothing; malformed arguments named; the operator under opcheck and
+torch.compile."""
 from __future__ import annotations
 
 import math
@@ -141,3 +142,13 @@ def test_malformed_arguments_are_named(device):
         fusedattn.merge_attention_(out, lse, out, lse[..., :4])
     with pytest.raises(ValueError, match=r"out: stride 0"):
         fusedattn.merge_attention_(out[:, :1].expand(2, 5, 3, 8), lse, out, lse)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_and_compile(device):
+    out, part_out = torch.randn(2, 9, 3, 16, device=device), torch.randn(2, 9, 3, 16, device=device).half()
+    lse, part_lse = torch.randn(2, 3, 9, device=device), torch.randn(2, 3, 9, device=device)
+    torch.library.opcheck(torch.ops.fusedattn.merge_attention, (out, lse, part_out, part_lse))
+    want = fusedattn.merge_attention(out, lse, part_out, part_lse)
+    got = torch.compile(fusedattn.merge_attention, fullgraph=True)(out, lse, part_out, part_lse)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
