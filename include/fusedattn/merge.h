@@ -20,7 +20,8 @@ struct MergeArgs {
   // [heads, total] (its varlen layout). out: fp32, fp16 or bf16 (fp32 keeps a running sum of
   // many parts exact to fp32); lse: fp32. Any strides with the last dimension of out contiguous.
   TensorView out, lse;
-  // The other key set's attention, the same shapes; part_out in any of out's dtypes.
+  // The other key set's attention, the same shapes; part_out in any of out's dtypes. They may be
+  // out and lse themselves, but must not otherwise overlap them.
   TensorView part_out, part_lse;
   Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides
   void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream

@@ -87,7 +87,7 @@ def _rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
 # merges at most once, so the running result stays in q's dtype there: the same bits a float32
 # running result would give after its final conversion, without that pass and the first step's
 # widening one. Longer rings keep the running result in float32, rounded once at the end.
-_MERGES_IN_OUTPUT_DTYPE = 2
+_LARGEST_RING_MERGING_IN_Q_DTYPE = 2
 
 
 def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
@@ -101,7 +101,7 @@ def _ring_forward(q, k, v, softmax_scale, causal: bool, zigzag: bool, group):
             part_out, part_lse = ops.fwd(_rows(q, it.q), _rows(kv[0], it.kv), _rows(kv[1], it.kv), softmax_scale,
                                          it.causal, _UNBOUNDED, 0 if it.causal else _UNBOUNDED, False)
             if out is None:  # the first step, the rank's own chunk: every row, nothing to merge with
-                out, lse = (part_out if world <= _MERGES_IN_OUTPUT_DTYPE else part_out.float()), part_lse
+                out, lse = (part_out if world <= _LARGEST_RING_MERGING_IN_Q_DTYPE else part_out.float()), part_lse
             else:  # in place, rows it.q of the running result (fusedattn.merge)
                 ops.merge_attention(out[:, it.q], lse[..., it.q], part_out, part_lse)
         if pending is not None:
