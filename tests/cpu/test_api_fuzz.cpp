@@ -1,4 +1,4 @@
-// Random calls of forward() and backward() on host tensors, most of them invalid in one or more
+// Random calls of forward(), backward() and merge_attention() on host tensors, most of them invalid in one or more
 // ways (sizes, strides, dtypes, windows, scales, offsets, tables, column masks, backends): each
 // must either run or throw fusedattn::Error; any other exception fails the test, and a read or
 // write outside a view's buffer is what an ASan build of this suite catches (docs/api.md's rules
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "fusedattn/merge.h"
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -226,6 +227,41 @@ TEST(ApiFuzz, EveryCallRunsOrThrowsAnError) {
   // The valid share keeps the kernels in the probe, not only the checks (about 9% and 2% run).
   EXPECT_GT(forwards_run, kCalls / kMinRunShare);
   EXPECT_GT(backwards_run, kCalls / kMinRunShare / 10) << forwards_run;
+}
+
+// merge_attention's arguments: dense or varlen outputs of any dtype, LSEs of the matching (or a
+// wrong) shape, each view perhaps broken.
+MergeArgs merge_call(Fuzzer& f) {
+  const auto dtype = [&] { return f.pick({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32}); };
+  const int64_t batch = f.pick<int64_t>({0, 1, 3}), seqlen = f.pick<int64_t>({0, 1, 9, 70});
+  const int64_t heads = f.pick<int64_t>({0, 1, 4}), d = f.pick<int64_t>({0, 1, 6, 8, 64});
+  const bool broken = f.chance(40), varlen = f.chance(30);
+  const auto maybe = [&](int percent) { return broken && f.chance(percent); };
+  const std::vector<int64_t> out_shape = varlen ? std::vector<int64_t>{seqlen, heads, d}
+                                                : std::vector<int64_t>{batch, seqlen, heads, d};
+  const std::vector<int64_t> lse_shape = varlen ? std::vector<int64_t>{heads, maybe(10) ? seqlen + 1 : seqlen}
+                                                : std::vector<int64_t>{batch, heads, maybe(10) ? seqlen + 1 : seqlen};
+  MergeArgs a;
+  a.out = f.view(dtype(), out_shape, maybe(30));
+  a.part_out = f.view(dtype(), maybe(10) ? std::vector<int64_t>{batch, seqlen, heads, d + 1} : out_shape, maybe(30));
+  a.lse = f.view(maybe(10) ? DType::kFloat16 : DType::kFloat32, lse_shape, maybe(30));
+  a.part_lse = f.view(DType::kFloat32, lse_shape, maybe(30));
+  a.backend = f.pick({Backend::kAuto, Backend::kAuto, Backend::kCPU, Backend::kCUDA});
+  a.num_threads = f.pick({0, 1, 2, -1, 1000});
+  return a;
+}
+
+TEST(ApiFuzz, EveryMergeRunsOrThrowsAnError) {
+  std::mt19937_64 rng = fresh_rng();
+  Fuzzer f(rng);
+  int merges_run = 0;
+  for (int i = 0; i < kCalls; ++i) {
+    f.next_call();
+    const MergeArgs a = merge_call(f);
+    SCOPED_TRACE("call " + std::to_string(i));
+    merges_run += runs_or_throws_error([&] { merge_attention(a); });
+  }
+  EXPECT_GT(merges_run, kCalls / kMinRunShare);
 }
 
 }  // namespace
