@@ -3,7 +3,8 @@
     import fusedattn
     out = fusedattn.flash_attn_func(q, k, v, causal=True)   # (batch, seqlen, heads, dim)
 
-The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd}. ring_flash_attn_func
+The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd, append_kv,
+merge_attention}. ring_flash_attn_func
 (fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
 fusedattn.masks builds column masks (flash_attn_func's column_mask) for packed documents and
 prefix-LM attention. merge_attention(_) merges attention over disjoint key sets by their
