@@ -1,11 +1,12 @@
 // merge_attention on the CPU backend (merge.h): runs of rows handed to the threads; each row's
-// weights come from its two LSEs (merge_weights, params.h), then its elements are merged in fp32.
+// weights come from its two LSEs (merge_weights, params.h), then its elements are converted to
+// float a chunk at a time (tile_io.h's row loads and stores), merged, and written back.
 #include <algorithm>
 #include <cstdint>
 
-#include "cpu/convert.h"
 #include "cpu/cpu_backend.h"
 #include "cpu/threads.h"
+#include "cpu/tile_io.h"
 
 namespace fusedattn::cpu {
 namespace {
@@ -13,46 +14,25 @@ namespace isa = FUSEDATTN_CPU_ISA;
 
 // Rows per task: enough that handing a task out costs little beside its rows' elements.
 constexpr int64_t kRowsPerTask = 64;
+// Elements of a row converted at a time (two buffers of them on the stack).
+constexpr int kChunk = 256;
 
-// A storage dtype's loads and stores as float.
-struct F32 {
-  using Storage = float;
-  static float load(Storage x) { return x; }
-  static Storage store(float x) { return x; }
-};
-struct F16 {
-  using Storage = uint16_t;
-  static float load(Storage x) { return isa::half_to_float(x); }
-  static Storage store(float x) { return isa::float_to_half(x); }
-};
-struct BF16 {
-  using Storage = uint16_t;
-  static float load(Storage x) { return isa::bf16_to_float(x); }
-  static Storage store(float x) { return isa::float_to_bf16(x); }
-};
-
-template <class Out, class Part>
 void merge_rows(const MergeParams& p, int64_t first, int64_t end) {
-  auto* out = static_cast<typename Out::Storage*>(p.out);
-  const auto* part = static_cast<const typename Part::Storage*>(p.part_out);
+  float out[kChunk], part[kChunk];
   for (int64_t r = first; r < end; ++r) {
     const int64_t h = r % p.heads, s = r / p.heads % p.seqlen, b = r / p.heads / p.seqlen;
     const auto at = [&](const OperandStrides& st) { return b * st.batch + s * st.row + h * st.head; };
     float& lse = p.lse[at(p.lse_stride)];
     const MergeWeights w = merge_weights(lse, p.part_lse[at(p.part_lse_stride)]);
-    typename Out::Storage* o = out + at(p.out_stride);
-    const typename Part::Storage* q = part + at(p.part_stride);
-    for (int64_t d = 0; d < p.head_dim; ++d) o[d] = Out::store(merge_element(w, Out::load(o[d]), Part::load(q[d])));
+    const int64_t out_at = at(p.out_stride), part_at = at(p.part_stride);
+    for (int64_t d0 = 0; d0 < p.head_dim; d0 += kChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kChunk, p.head_dim - d0));
+      isa::load_row(p.out, p.out_dtype, out_at + d0, n, 1.f, out);
+      isa::load_row(p.part_out, p.part_dtype, part_at + d0, n, 1.f, part);
+      for (int d = 0; d < n; ++d) out[d] = merge_element(w, out[d], part[d]);
+      isa::store_row(p.out, p.out_dtype, out_at + d0, n, 1.f, out);
+    }
     lse = w.lse;
-  }
-}
-
-template <class Out>
-void merge_rows_from(const MergeParams& p, int64_t first, int64_t end) {
-  switch (p.part_dtype) {
-    case DType::kFloat16: return merge_rows<Out, F16>(p, first, end);
-    case DType::kBFloat16: return merge_rows<Out, BF16>(p, first, end);
-    default: return merge_rows<Out, F32>(p, first, end);
   }
 }
 
@@ -63,14 +43,7 @@ void merge_attention(const MergeParams& p) {
   const int64_t tasks = (rows + kRowsPerTask - 1) / kRowsPerTask;
   isa::parallel_for(
       tasks, p.num_threads, [] { return 0; },
-      [&](int, int64_t task) {
-        const int64_t first = task * kRowsPerTask, end = std::min(rows, first + kRowsPerTask);
-        switch (p.out_dtype) {
-          case DType::kFloat16: return merge_rows_from<F16>(p, first, end);
-          case DType::kBFloat16: return merge_rows_from<BF16>(p, first, end);
-          default: return merge_rows_from<F32>(p, first, end);
-        }
-      });
+      [&](int, int64_t task) { merge_rows(p, task * kRowsPerTask, std::min(rows, (task + 1) * kRowsPerTask)); });
 }
 
 }  // namespace fusedattn::cpu

@@ -45,6 +45,7 @@ TEST(CpuMerge, SlicesOfLongerTensorsDenseVarlenAndHeadsFirst) {
 TEST(CpuMerge, OddHeadDimsAndNoHeadDim) {
   expect_merged({1, 11, 2, 6}, DType::kFloat32, DType::kFloat16);
   expect_merged({2, 5, 3, 1}, DType::kFloat16, DType::kFloat32);
+  expect_merged({1, 3, 2, 300}, DType::kBFloat16, DType::kFloat16);  // rows longer than the backend's chunk
   expect_merged({2, 5, 3, 0}, DType::kFloat32, DType::kFloat32);  // only the LSEs merge
 }
 
