@@ -10,7 +10,7 @@ import itertools
 import pathlib
 
 HEAD_DIMS = {"sm80": (32, 64, 96, 128, 192, 256), "sm90": (64, 96, 128, 192, 256)}
-DIRECTIONS = {"sm80": ("fwd", "bwd"), "sm90": ("fwd",)}
+DIRECTIONS = {"sm80": ("fwd", "bwd"), "sm90": ("fwd", "bwd")}
 ELEMENT = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 MASK = {"full": "MaskKind::kFull", "window": "MaskKind::kWindow", "column": "MaskKind::kColumn"}
 MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "column")}
@@ -18,6 +18,10 @@ MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "colum
 # and d128 (128 x 128), src/cuda/sm90/column_mask.cuh; the others, and the backward, run the
 # portable kernels.
 MASK_HEAD_DIMS = {("sm90", "column"): (64, 128)}
+# The Hopper backward (src/cuda/sm90/bwd_kernel.cuh): d128, full and window masks; the other head
+# dims, column masks and deterministic calls run the portable backward.
+BWD_HEAD_DIMS = {"sm90": (128,)}
+BWD_MASKS = {"sm90": ("full", "window")}
 
 # The Hopper forward's clustered kernels (fwd_launch.cuh, launch_fwd_maybe_paired): full masks,
 # one per head dim x tile shape it pairs, named by the shape's KV block width.
@@ -55,6 +59,9 @@ def main():
         for direction, dtype, head_dim, mask in itertools.product(
                 DIRECTIONS[arch], ELEMENT, HEAD_DIMS[arch], MASKS[arch]):
             if head_dim not in MASK_HEAD_DIMS.get((arch, mask), (head_dim,)):
+                continue
+            if direction == "bwd" and (head_dim not in BWD_HEAD_DIMS.get(arch, (head_dim,)) or
+                                       mask not in BWD_MASKS.get(arch, (mask,))):
                 continue
             name = f"{arch}_{direction}_{dtype}_d{head_dim}_{mask}.cu"
             (out / name).write_text(TEMPLATE.format(

@@ -77,7 +77,7 @@ void backward(const BwdParams& params) {
   DeviceGuard guard(params.device.index);
   int major = 0, minor = 0;
   compute_capability(params.device.index, major, minor);
-  const BwdFn fn = choose_backward(params, major, minor);
+  const BwdFn fn = choose_backward(params, major, minor).fn;
   BwdParams p = params;
   const std::size_t need = sm80::bwd_workspace_bytes(p);
   auto stream = static_cast<cudaStream_t>(p.stream);

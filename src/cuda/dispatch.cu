@@ -22,6 +22,7 @@ template <typename Element, int kHeadDim, MaskKind kMask> void run_bwd(const Bwd
 }  // namespace sm80
 namespace sm90 {
 template <typename Element, int kHeadDim, MaskKind kMask> void run_fwd(const FwdParams&);
+template <typename Element, int kHeadDim, MaskKind kMask> void run_bwd(const BwdParams&);
 }  // namespace sm90
 
 namespace {
@@ -127,6 +128,15 @@ bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* port
   return portable == nullptr || portable->head_dim == sm90.head_dim;
 }
 
+// The Hopper backward's limits (sm90/bwd_kernel.cuh); the rest runs the portable backward:
+// deterministic calls (the portable kernel's ordered dQ adds) and column masks (no Hopper
+// instance). A head dim runs on a Hopper tile only where that tile is the instance the portable
+// kernels would run too (d64, d128), not padded onto a larger one.
+// FUSEDATTN_SM90_BWD=0 sends every backward to the portable kernels (A/B measurements).
+bool sm90_backward_allowed(const BwdParams& p) {
+  return !p.deterministic && p.column_mask == nullptr && env_switch_or("FUSEDATTN_SM90_BWD", true);
+}
+
 }  // namespace
 
 FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
@@ -142,12 +152,16 @@ FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
   no_instance(p, "forward");
 }
 
-BwdFn choose_backward(const BwdParams& p, int cc_major, int cc_minor) {
+BwdChoice choose_backward(const BwdParams& p, int cc_major, int cc_minor) {
   if (cc_major < 8)
     throw Error(ErrorCode::kUnsupported, "device",
                 "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
                     std::to_string(cc_minor));
-  if (const Entry* e = find(80, true, p)) return e->bwd;
+  const Entry* portable = find(80, true, p);
+  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_backward_allowed(p))
+    if (const Entry* e = find(90, true, p); e && (portable == nullptr || portable->head_dim == e->head_dim))
+      return {e->bwd, "sm90", e->head_dim};
+  if (const Entry* e = portable) return {e->bwd, "sm80", e->head_dim};
   no_instance(p, "backward");
 }
 

@@ -122,7 +122,11 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
     EXPECT_EQ(counts[i], split_expected ? plan.parts : untouched) << "part counter of item " << i;
 }
 
-class Sm80BackwardSplit : public ::testing::TestWithParam<DType> {};
+// The split is the portable kernels' (their d64/d128 calls on Hopper take the Hopper backward
+// otherwise).
+class Sm80BackwardSplit : public ::testing::TestWithParam<DType> {
+  const ScopedEnv portable_{"FUSEDATTN_SM90_BWD", "0"};
+};
 
 // The d64 Hopper row (the only row that splits, bwd_row_splits): query blocks cut by the
 // sequence end, Sq != Sk.

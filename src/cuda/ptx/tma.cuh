@@ -56,6 +56,16 @@ __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void*
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, map, coords, smem_src);
 }
 
+// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], bytes; PTX ISA 8.0,
+// sm_90. Adds `bytes` of contiguous floats from shared memory to global memory, element-wise
+// atomically; both addresses 16-byte aligned, bytes a multiple of 16. Completes in the bulk group
+// of the stores above (tma_store_commit, tma_store_wait_read).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t smem_src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(smem_src), "r"(bytes)
+               : "memory");
+}
+
 // cp.async.bulk.commit_group; PTX ISA 8.0, sm_90. Closes the group of stores issued so far.
 __device__ __forceinline__ void tma_store_commit() { ::cuda::ptx::cp_async_bulk_commit_group(); }
 

@@ -280,4 +280,24 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
   }
 }
 
+// wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, 1, 1; sm_90a.
+// A (64x16) and B (16xN) both MN-major in shared memory (imm-trans-a = imm-trans-b = 1).
+#define FUSEDATTN_WGMMA_SS_MN(N, NACC, TY, IA, IB, IP)                                                \
+  asm volatile(                                                                                       \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                               \
+      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" FUSEDATTN_WGMMA_ACC_##NACC "}, " \
+      "%" #IA ", %" #IB ", p, 1, 1, 1, 1;\n}\n"                                                       \
+      : FUSEDATTN_ACC_OPS_##NACC(d, 0)                                                                \
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)))
+
+// D (64 x 64 fp32) = or += A (64 x 16, smem, M-major) * B (16 x 64, smem, N-major): the backward's
+// dQ = dS K, whose dS is stored transposed ([key][query], sm90/bwd_kernel.cuh) and whose K is
+// [key][d], so both operands run along the reduction's rows.
+template <typename Element, int kN>
+__device__ __forceinline__ void wgmma_ss_mn(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  static_assert(kN == 64, "instantiated for N = 64");
+  if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_MN(64, 32, "f16", 32, 33, 34);
+  else FUSEDATTN_WGMMA_SS_MN(64, 32, "bf16", 32, 33, 34);
+}
+
 }  // namespace fusedattn::cuda::ptx

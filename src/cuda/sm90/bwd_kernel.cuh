@@ -1,0 +1,349 @@
+// The Hopper backward main kernel: the sm80 kernel's algorithm (sm80/bwd_kernel.cuh) with every
+// GEMM a warpgroup wgmma from shared memory, sm_90a only.
+//
+// One CTA owns KV block n (kBlockN keys) of (sequence b, KV head kvh) and keeps dK and dV in
+// registers while it walks every (query head of the GQA group, query block that sees block n).
+// Warpgroup w owns the block's keys [64 w, 64 w + 64) and works on transposed scores:
+//
+//   S^T  = K_w Q^T                         wgmma SS (K, Q K-major)
+//   dP^T = V_w dO^T                        wgmma SS (V, dO K-major)
+//   P^T  = exp2(S^T * scale_log2 - lse2[query])   (lse2 = +inf where a row has no keys: P = 0)
+//   dV  += P^T dO                          wgmma RS (P^T from registers, dO MN-major)
+//   dS^T = P^T o (dP^T + delta[query])     (delta = -rowsum(dO o O), the preprocess kernel's)
+//   dK  += dS^T Q                          wgmma RS (dS^T from registers, Q MN-major)
+//   dQ   = dS K                            wgmma SS (dS^T through shared memory, both MN-major),
+//                                          staged in shared memory and added to the fp32
+//                                          workspace by bulk reductions
+//
+// S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
+// while dS^T is formed. Q, dO, lse2 and delta of the next query block load (cp.async) while this
+// one computes; K and V load once. dK is scaled by the softmax scale once at the end; dQ by the
+// convert kernel (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is
+// the portable backward's.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/common/element.cuh"
+#include "cuda/common/kinds.h"
+#include "cuda/common/schedule.h"
+#include "cuda/ptx/cp_async.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mufu.cuh"
+#include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm80/bwd_mask.h"
+#include "cuda/sm80/bwd_shared.cuh"
+#include "cuda/sm80/bwd_tile_io.cuh"
+#include "cuda/sm80/bwd_workspace.h"
+#include "cuda/sm90/bwd_tile.h"
+#include "cuda/sm90/swizzled_load.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+// The wgmma descriptors of one tile of BwdSharedStorage: [slab][kRows][64] with the 128-byte
+// swizzle. K-major (rows = M or N): k-step kk of 16 head-dim columns is slab kk / 4, 32 bytes per
+// step inside it. MN-major (rows = the reduction): k-step kk is 16 rows down; 64-column groups
+// along M/N lie a slab (kRows rows) apart. A descriptor is the tile's low word (address and
+// leading byte offset), re-read where it is used (ptx::value_here: hoisted, every k-step's
+// descriptor stayed live across the loop), plus the encoded step offset, and a constant high
+// word (ptx/wgmma.cuh).
+template <int kRows>
+struct SlabTile {
+  static constexpr uint32_t kSlabBytes = kRows * kBwdRowBytes;
+  static constexpr uint32_t kUnusedLbo = 16;  // K-major descriptors ignore it
+  static constexpr uint32_t kKStepBytes = 16 * 2;  // 16 elements of 16 bits
+  static constexpr int kKStepsPerSlab = kBwdSlabElems / 16;
+  uint32_t base;  // shared address of row 0 of slab 0
+
+  __device__ __forceinline__ uint32_t k_major_word(int first_row) const {
+    return ptx::value_here(ptx::desc_low_word(base + first_row * kBwdRowBytes, kUnusedLbo));
+  }
+  __device__ __forceinline__ uint32_t mn_major_word(int first_slab, int first_row) const {
+    return ptx::value_here(ptx::desc_low_word(base + first_slab * kSlabBytes + first_row * kBwdRowBytes, kSlabBytes));
+  }
+  static __device__ __forceinline__ uint64_t k_major(uint32_t word, int kk) {
+    const uint32_t step = (kk / kKStepsPerSlab) * kSlabBytes + (kk % kKStepsPerSlab) * kKStepBytes;
+    return ptx::desc_from_words(word + static_cast<uint32_t>(ptx::desc_encode(step)), ptx::desc_high_word(kBwdAtomBytes));
+  }
+  static __device__ __forceinline__ uint64_t mn_major(uint32_t word, int kk) {
+    const uint32_t step = 16 * kk * kBwdRowBytes;
+    return ptx::desc_from_words(word + static_cast<uint32_t>(ptx::desc_encode(step)), ptx::desc_high_word(kBwdAtomBytes));
+  }
+};
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+__device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift) {
+  using T = BwdTile<kHeadDim>;
+  using Storage = BwdSharedStorage<Element, kHeadDim>;
+  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  constexpr int kAcc = kHeadDim / 2;         // dK/dV accumulator registers (64 rows x kHeadDim)
+  constexpr int kScoreAcc = kBlockM / 2;     // S^T/dP^T registers (64 keys x kBlockM queries)
+  constexpr int kDqAcc = T::kDqCols / 2;
+  constexpr int kDimSteps = kHeadDim / 16;   // k-steps of S^T and dP^T
+  constexpr int kQuerySteps = kBlockM / 16;  // k-steps of dV and dK
+  constexpr bool kWindowed = kMask == MaskKind::kWindow;
+  static_assert(kMask != MaskKind::kColumn, "column masks run the portable backward");
+  extern __shared__ __align__(kBwdAtomBytes) unsigned char smem_bytes[];
+  Storage& smem = *reinterpret_cast<Storage*>(smem_bytes);
+
+  // The CTA's item: as the portable kernel's unsplit grid (bwd_launch.cuh), KV block x, KV head
+  // y, batch z; masked launches take the grouped order (lower KV blocks of a head first).
+  const GridItem item = grid_item<kMask != MaskKind::kFull>(schedule_shift);
+  sm80::BwdCoords cta;
+  cta.n = item.rank;
+  cta.kvh = item.y;
+  cta.b = item.z;
+  cta.group = p.heads_q / p.heads_kv;
+  cta.seq = seq_info(p, cta.b);
+  const int64_t key0 = cta.n * kBlockN;
+  if (key0 >= cta.seq.len_k) return;  // varlen grids cover max_seqlen_k
+  cta.m_blocks = sm80::query_blocks_of_kv_block(p, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+  cta.iterations = cta.m_blocks.empty() ? 0 : cta.group * static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
+  const sm80::BlockRange unmasked =
+      sm80::unmasked_query_blocks(p, kWindowed, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+
+  const int wg = threadIdx.x / kBwdWarpgroupThreads;
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
+  const int row_in_wg = warp * 16 + g;              // its accumulators' first row (and + 8)
+  const int dq_col0 = wg * T::kDqCols;                // its dQ columns
+
+  const SlabTile<kBlockN> k_tile{ptx::smem_addr(smem.k)}, v_tile{ptx::smem_addr(smem.v)};
+  const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds)};
+
+  // Where a query block's Q and dO rows and its workspace rows (lse2, delta) start.
+  struct QuerySource {
+    const Element* q;
+    const Element* dout;
+    int64_t ws_row;
+  };
+  using Cursor = sm80::QueryCursor<false>;
+  auto source_of = [&](const Cursor& at) {
+    const int64_t row0 = static_cast<int64_t>(at.m) * kBlockM;
+    return QuerySource{sm80::operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, at.h) + row0 * p.q_stride.row,
+                       sm80::operand_base<Element>(p.dout, p.do_stride, cta.b, cta.seq.q_start, at.h) +
+                           row0 * p.do_stride.row,
+                       ws.row_base(p, cta.b, at.h) + row0};
+  };
+  auto load_query_block = [&](const Cursor& at, const QuerySource& src, int stage) {
+    const int64_t rows_left = cta.seq.len_q - static_cast<int64_t>(at.m) * kBlockM;
+    load_slabs_async<kBlockM, kHeadDim, T::kThreads>(ptx::smem_addr(smem.stage[stage].q), src.q, p.q_stride.row,
+                                                     rows_left, p.head_dim);
+    load_slabs_async<kBlockM, kHeadDim, T::kThreads>(ptx::smem_addr(smem.stage[stage].dout), src.dout,
+                                                     p.do_stride.row, rows_left, p.head_dim);
+    load_row_floats_async<kBlockM>(ptx::smem_addr(smem.stage[stage].lse2), ws.lse2 + src.ws_row,
+                                   ptx::smem_addr(smem.stage[stage].delta), ws.delta + src.ws_row);
+  };
+
+  float dk[kAcc] = {}, dv[kAcc] = {};
+  Cursor cur{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
+  Cursor next = cur;
+  QuerySource next_src = source_of(cur);
+  if (cta.iterations > 0) {
+    const int64_t keys_left = cta.seq.len_k - key0;
+    load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
+        k_tile.base, sm80::operand_base<Element>(p.k, p.k_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
+        p.k_stride.row, keys_left, p.head_dim);
+    load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
+        v_tile.base, sm80::operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
+        p.v_stride.row, keys_left, p.head_dim);
+    load_query_block(cur, next_src, 0);
+    ptx::cp_async_commit();
+    ptx::cp_async_wait<0>();
+    // cp.async writes through the generic proxy; wgmma reads through the async one.
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+  }
+
+  // The thread that issues the dQ reductions (and waits for them to have read their staging).
+  const bool dq_issuer = threadIdx.x == 0;
+  for (int it = 0; it < cta.iterations; ++it) {
+    // This block's operands are in shared memory (the previous iteration's last barrier), and
+    // the buffer refilled below was last read by the previous iteration's wgmmas, all complete.
+    const int stage = it % T::kStages;
+    const int64_t ws_row = next_src.ws_row;  // this block's first workspace row (next == cur here)
+    if (next.advance(cta)) {
+      next_src = source_of(next);
+    } else {
+      next_src.q += kBlockM * p.q_stride.row;
+      next_src.dout += kBlockM * p.do_stride.row;
+      next_src.ws_row += kBlockM;
+    }
+    if (it + 1 < cta.iterations) {
+      load_query_block(next, next_src, stage ^ 1);
+      ptx::cp_async_commit();
+    }
+    const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
+    const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+
+    // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
+    float s[kScoreAcc], dp[kScoreAcc];
+    ptx::wgmma_fence();
+    const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
+#pragma unroll
+    for (int kk = 0; kk < kDimSteps; ++kk)
+      ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
+                                      kk > 0);
+    ptx::wgmma_commit_group();
+    const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
+#pragma unroll
+    for (int kk = 0; kk < kDimSteps; ++kk)
+      ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
+                                      SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
+    ptx::wgmma_commit_group();
+
+    // P^T = exp2(S^T * scale_log2 - lse2[query]); element 4j + e is key row_in_wg + 8 (e / 2),
+    // query 8j + 2t + e % 2 (ptx/wgmma.cuh's accumulator layout).
+    ptx::wgmma_wait_group<1>();
+    ptx::fence_operands(s);
+    const float* lse2 = smem.stage[stage].lse2;
+#pragma unroll
+    for (int j = 0; j < kScoreAcc / 4; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[4 * j + e] = ptx::ex2_approx(fmaf(s[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+    }
+    const int m = cur.m;
+    if (m < unmasked.begin || m >= unmasked.end) {
+      const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + wg_key0 + row_in_wg,
+                                                  static_cast<int64_t>(m) * kBlockM + 2 * t, cta.seq.len_q,
+                                                  cta.seq.len_k);
+#pragma unroll
+      for (int j = 0; j < kScoreAcc / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) s[4 * j + e] = 0.f;
+    }
+    uint32_t pt[kScoreAcc / 2];
+#pragma unroll
+    for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+
+    // dV += P^T dO: k-step kk takes the accumulator chunks of queries 16kk..16kk+15.
+    ptx::wgmma_fence();
+    const uint32_t do_mn_word = do_tile.mn_major_word(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < kQuerySteps; ++kk) {
+      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
+      ptx::wgmma_rs<Element, kHeadDim>(dv, a, SlabTile<kBlockM>::mn_major(do_mn_word, kk), true);
+    }
+    ptx::wgmma_commit_group();
+
+    // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
+    ptx::wgmma_wait_group<1>();
+    ptx::fence_operands(dp);
+    const float* delta = smem.stage[stage].delta;
+#pragma unroll
+    for (int j = 0; j < kScoreAcc / 4; ++j) {
+      const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] + (e % 2 ? nd.y : nd.x));
+    }
+    uint32_t dst[kScoreAcc / 2];
+#pragma unroll
+    for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
+    // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at j ^ (r % 8).
+    // For one j the warp's 32 stores hit 32 distinct banks.
+#pragma unroll
+    for (int j = 0; j < kScoreAcc / 4; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = wg_key0 + row_in_wg + 8 * half;
+        const uint32_t at = ds_tile.base + row * kBwdRowBytes + ((j ^ (row % kBwdAtomRows)) * 16) + t * 4;
+        ptx::st_shared_b32(at, dst[2 * j + half]);
+      }
+
+    // dK += dS^T Q.
+    ptx::wgmma_fence();
+    const uint32_t q_mn_word = q_tile.mn_major_word(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < kQuerySteps; ++kk) {
+      const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
+      ptx::wgmma_rs<Element, kHeadDim>(dk, a, SlabTile<kBlockM>::mn_major(q_mn_word, kk), true);
+    }
+    ptx::wgmma_commit_group();
+
+    // dQ (kBlockM x kDqCols) = dS K over this warpgroup's share: dS^T's rows are keys, so dS is
+    // M-major; K's rows are keys too, so it is N-major. Every warpgroup's dS^T rows must be in
+    // shared memory and visible to the async proxy first, and the last iteration's dQ staging
+    // read by its bulk reductions.
+    if (dq_issuer) ptx::tma_store_wait_read();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    float dq[kDqAcc];
+    ptx::wgmma_fence();
+    const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
+    const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
+                                            SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::fence_operands(dq);
+    ptx::fence_operands(dk);
+    ptx::fence_operands(dv);
+
+    // dQ staged in fp32 as the workspace's rows [kBlockM][dq_pitch] (columns past the head dim
+    // are left out: they lie in the next row), then added by bulk reductions, which take the
+    // L2's atomics off the warps' instruction stream: rows past the sequence add zeros to
+    // padding rows the workspace has (kBwdRowPad).
+    const uint32_t dq_stage = ptx::smem_addr(smem.dq);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = row_in_wg + 8 * half;
+#pragma unroll
+      for (int j = 0; j < kDqAcc / 4; ++j) {
+        const int col = dq_col0 + 8 * j + 2 * t;
+        if (col < p.head_dim)
+          ptx::st_shared_v2_f32(dq_stage + static_cast<uint32_t>((r * ws.dq_pitch + col) * sizeof(float)),
+                                dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+      }
+    }
+    // The next block's operands (issued at the top) have landed for this thread; the barrier
+    // makes them, and the staged dQ, visible to every thread and to the async proxy.
+    ptx::cp_async_wait<0>();
+    ptx::fence_proxy_async_shared();
+    __syncthreads();
+    if (dq_issuer) {
+      const uint32_t bytes = static_cast<uint32_t>(kBlockM * ws.dq_pitch * sizeof(float));
+      ptx::bulk_reduce_add_f32(ws.dq_acc + ws_row * ws.dq_pitch, dq_stage, bytes);
+      ptx::tma_store_commit();
+    }
+    cur = next;
+  }
+
+  // The CTA's shared memory must outlive the reductions' reads of it.
+  if (dq_issuer) ptx::tma_store_wait_all();
+
+  // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
+  // keys no query sees keep their zeros.
+  const int64_t rows = cta.seq.len_k - key0;
+  auto* dk_out = const_cast<Element*>(sm80::operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
+  auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = wg_key0 + row_in_wg + 8 * half;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int j = 0; j < kAcc / 4; ++j) {
+      const int col = 8 * j + 2 * t;
+      if (col >= p.head_dim) continue;
+      *reinterpret_cast<uint32_t*>(dk_out + r * p.dk_stride.row + col) =
+          pack2<Element>(dk[4 * j + 2 * half] * p.scale, dk[4 * j + 2 * half + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_out + r * p.dv_stride.row + col) =
+          pack2<Element>(dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+__global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
+    bwd_main_kernel(const BwdParams p, const sm80::BwdWorkspace ws, int schedule_shift) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift);
+#endif
+}
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,47 @@
+// Host launcher of the Hopper backward: the portable backward's preprocess kernel, the wgmma main
+// kernel (bwd_kernel.cuh), the portable dQ convert, all on p.stream, with the portable backward's
+// workspace (sm80/bwd_workspace.h). Instantiated once per (element, head dim, mask kind) in
+// src/cuda/instances/; dispatch.cu sends deterministic calls and column masks to the portable one.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/check.cuh"
+#include "cuda/common/int_math.h"
+#include "cuda/common/kinds.h"
+#include "cuda/common/schedule.h"
+#include "cuda/sm80/bwd_aux.h"
+#include "cuda/sm80/bwd_workspace.h"
+#include "cuda/sm90/bwd_kernel.cuh"
+
+namespace fusedattn::cuda::sm90 {
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStream_t stream) {
+  using T = BwdTile<kHeadDim>;
+  constexpr int kSharedBytes = static_cast<int>(sizeof(BwdSharedStorage<Element, kHeadDim>));
+  const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask>;
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
+  const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);
+  const dim3 grid(static_cast<unsigned>(kv_blocks), static_cast<unsigned>(p.heads_kv), static_cast<unsigned>(p.batch));
+  // Masked launches go in the portable kernel's grouped order: what one (batch, KV head) pair's
+  // CTAs read again and again (its query heads' Q, dO and fp32 dQ rows) shares the L2.
+  const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
+                             (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
+  const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
+  FUSEDATTN_CHECK_LAUNCH();
+}
+
+template <typename Element, int kHeadDim, MaskKind kMask>
+void run_bwd(const BwdParams& p) {
+  auto stream = static_cast<cudaStream_t>(p.stream);
+  const sm80::BwdWorkspace ws = sm80::bwd_workspace_view(p);
+  sm80::launch_bwd_preprocess<Element>(p, ws, stream);
+  if (p.seqlen_k > 0) launch_bwd_main<Element, kHeadDim, kMask>(p, ws, stream);
+  sm80::launch_bwd_convert_dq<Element>(p, ws, stream);
+}
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,57 @@
+// Tile of the Hopper backward main kernel (bwd_kernel.cuh) and its shared-memory layout.
+//
+// A CTA owns kBlockN keys of one (sequence, KV head): two warpgroups of 64 key rows each (the M of
+// every wgmma that produces a per-key result: S^T, dP^T, dV, dK), and walks the query blocks of
+// kBlockM rows that see them. dQ of a query block (kBlockM x head dim) is split between the
+// warpgroups by 64-column slabs, each summing over all the block's keys.
+//
+// d128 only: at d64 the same tile (each warpgroup summing dQ over its own keys) ran at the
+// portable kernel's speed on an H200 (0.99-1.00x; docs/perf.md, fifty-sixth session), so the
+// portable kernel keeps d64.
+#pragma once
+
+#include <cstdint>
+
+namespace fusedattn::cuda::sm90 {
+
+constexpr int kBwdWarpgroupThreads = 128;
+constexpr int kBwdSlabElems = 64;   // one 128-byte swizzle row of 16-bit elements
+constexpr int kBwdRowBytes = 128;   // bytes of such a row
+constexpr int kBwdAtomBytes = 1024; // 8 rows: the 128-byte swizzle's atom (descriptors' SBO)
+constexpr int kBwdAtomRows = kBwdAtomBytes / kBwdRowBytes;  // chunk c of row r sits at c ^ (r % 8)
+
+template <int kHeadDim>
+struct BwdTile {
+  static_assert(kHeadDim == 128, "the Hopper backward has a d128 tile");
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kWarpgroupKeys = 64;  // wgmma's M
+  static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
+  static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
+  static constexpr int kThreads = kWarpgroups * kBwdWarpgroupThreads;
+  static constexpr int kStages = 2;   // Q/dO/lse2/delta: the next query block loads during this one
+  static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
+  static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
+};
+
+// Every 16-bit tile is [slab][row][64 elements] with the 128-byte swizzle (chunk ^= row % 8),
+// each starting on an atom boundary: the layout TMA would write and wgmma's descriptors read, as
+// K-major operands (rows are M/N, the head dim is the reduction) and as MN-major ones (rows are
+// the reduction). dS^T is [key][query]: one slab of the kBlockM queries.
+template <typename Element, int kHeadDim>
+struct BwdSharedStorage {
+  using T = BwdTile<kHeadDim>;
+  struct Stage {
+    alignas(kBwdAtomBytes) Element q[T::kBlockM * kHeadDim];
+    alignas(kBwdAtomBytes) Element dout[T::kBlockM * kHeadDim];
+    alignas(16) float lse2[T::kBlockM];
+    alignas(16) float delta[T::kBlockM];
+  };
+  alignas(kBwdAtomBytes) Element k[T::kBlockN * kHeadDim];
+  alignas(kBwdAtomBytes) Element v[T::kBlockN * kHeadDim];
+  alignas(kBwdAtomBytes) Element ds[T::kBlockN * T::kBlockM];
+  Stage stage[T::kStages];
+  // dQ rows [kBlockM][dq_pitch] as in the workspace, for one bulk reduction (bytes in order).
+  alignas(16) float dq[T::kBlockM * kHeadDim];
+};
+
+}  // namespace fusedattn::cuda::sm90

@@ -1,0 +1,144 @@
+// The CUDA backward through the public API against the float64 reference, shared by the suites
+// of its kernels (test_sm80_bwd.cpp, test_sm90_bwd.cpp): every gradient obeys the 2x rule, and
+// deterministic mode is bit-identical run to run. Out and lse come from the reference forward, so
+// these checks judge the backward alone.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fusedattn/attention.h"
+#include "gpu/missing_instance.h"
+#include "reference/problems.h"
+#include "reference/test_util.h"
+
+namespace fusedattn::testing {
+
+// fp16/bf16 absolute slack of the 2x rule: one storage ulp near 1.
+constexpr double kFp16Atol = 1e-3;
+constexpr double kBf16Atol = 8e-3;
+constexpr int kDeterminismRuns = 3;
+
+inline double atol_of(DType dtype) { return dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol; }
+
+inline void cuda_ok(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
+
+// A device copy of a host tensor with the same strides.
+class HostMirror {
+ public:
+  explicit HostMirror(HostTensor& host) : host_(&host) {
+    cuda_ok(cudaMalloc(&data_, host.nbytes() > 0 ? host.nbytes() : 1));
+    upload();
+  }
+  ~HostMirror() { cudaFree(data_); }
+  HostMirror(const HostMirror&) = delete;
+  HostMirror& operator=(const HostMirror&) = delete;
+  void upload() { cuda_ok(cudaMemcpy(data_, host_->data(), host_->nbytes(), cudaMemcpyHostToDevice)); }
+  void download() { cuda_ok(cudaMemcpy(host_->data(), data_, host_->nbytes(), cudaMemcpyDeviceToHost)); }
+  TensorView view() const {
+    TensorView v = host_->view();
+    v.data = data_;
+    v.device = {DeviceType::kCUDA, 0};
+    return v;
+  }
+
+ private:
+  HostTensor* host_;
+  void* data_ = nullptr;
+};
+
+struct GpuCase {
+  Problem problem;
+  DType dtype = DType::kFloat16;
+  Layout layout = Layout::kBSHD;
+  bool deterministic = false;
+  double query_gain = 1.0;  // scales q to test large logits
+};
+
+inline std::string name_of(const GpuCase& c) {
+  return c.problem.str() + " " + dtype_name(c.dtype) + (c.layout == Layout::kBHSD ? " BHSD" : " BSHD") +
+         (c.deterministic ? " deterministic" : "");
+}
+
+inline void check_backward(const GpuCase& gc) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  SCOPED_TRACE(name_of(gc));
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(gc.problem, gc.dtype, gc.layout, rng);
+  if (gc.query_gain != 1.0) {
+    for (double& x : c.values.q) x = round_to(gc.dtype, x * gc.query_gain);
+    refill_inputs(c);
+  }
+  Tensors ref = c.values;
+  reference_forward(gc.problem, ref);
+  c.out.fill(ref.out);
+  c.lse.fill(ref.lse);
+  reference_backward(gc.problem, ref);
+  Tensors plain = c.values;
+  plain_backward(gc.problem, gc.dtype, plain);
+
+  HostMirror q(c.q), k(c.k), v(c.v), out(c.out), lse(c.lse), dout(c.dout), dq(c.dq), dk(c.dk), dv(c.dv);
+  std::vector<std::unique_ptr<HostMirror>> cu;
+  BackwardArgs a = backward_args(c);
+  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.lse = lse.view(), a.dout = dout.view();
+  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view();
+  if (gc.problem.varlen()) {
+    cu.push_back(std::make_unique<HostMirror>(c.cu_q));
+    cu.push_back(std::make_unique<HostMirror>(c.cu_k));
+    a.options.cu_seqlens_q = cu[0]->view();
+    a.options.cu_seqlens_k = cu[1]->view();
+  }
+  a.deterministic = gc.deterministic;
+
+  std::vector<unsigned char> first[3];
+  HostTensor* grads[3] = {&c.dq, &c.dk, &c.dv};
+  HostMirror* dgrads[3] = {&dq, &dk, &dv};
+  const int runs = gc.deterministic ? kDeterminismRuns : 1;
+  for (int run = 0; run < runs; ++run) {
+    for (int i = 0; i < 3; ++i) {
+      grads[i]->poison();
+      dgrads[i]->upload();
+    }
+    // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do.
+    FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { backward(a); }));
+    cuda_ok(cudaDeviceSynchronize());
+    for (int i = 0; i < 3; ++i) dgrads[i]->download();
+    if (run == 0) {
+      const double atol = atol_of(gc.dtype) * gc.query_gain;
+      EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
+      EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
+      EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
+      for (int i = 0; i < 3; ++i) {
+        const auto* bytes = static_cast<const unsigned char*>(grads[i]->data());
+        first[i].assign(bytes, bytes + grads[i]->nbytes());
+      }
+    } else {
+      for (int i = 0; i < 3; ++i)
+        EXPECT_EQ(std::memcmp(first[i].data(), grads[i]->data(), first[i].size()), 0)
+            << "gradient " << i << " (dq, dk, dv) differs on run " << run;
+    }
+  }
+}
+
+inline Problem causal(Problem p) {
+  p.causal = true;
+  return p;
+}
+inline Problem window(Problem p, int64_t left, int64_t right) {
+  p.window_left = left, p.window_right = right;
+  return p;
+}
+inline Problem varlen(Problem p, std::vector<int64_t> lens_q, std::vector<int64_t> lens_k) {
+  p.batch = static_cast<int>(lens_q.size());
+  p.lens_q = std::move(lens_q);
+  p.lens_k = std::move(lens_k);
+  return p;
+}
+
+}  // namespace fusedattn::testing

@@ -1,0 +1,140 @@
+// The Hopper backward (src/cuda/sm90/bwd_kernel.cuh) through the public API against the float64
+// reference (gpu/backward_check.h), and which calls dispatch sends to it. Every case asserts
+// first that it runs on the Hopper kernel, so a dispatch change cannot move it unnoticed onto the
+// portable one; on other GPUs and in builds without the Hopper instances the cases skip.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cuda/dispatch.h"
+#include "gpu/backward_check.h"
+#include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
+
+namespace fusedattn::testing {
+namespace {
+
+// The params dispatch sees for a backward of pr.
+BwdParams backward_planning_params(const Problem& pr, DType dtype, bool deterministic = false) {
+  BwdParams p;
+  static_cast<FwdParams&>(p) = planning_params(pr, dtype);
+  p.deterministic = deterministic;
+  return p;
+}
+
+// The kernel family dispatch picks for a backward of pr on an sm_90 device ("" when this build has
+// no instance for it).
+std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = false) {
+  try {
+    return cuda::choose_backward(backward_planning_params(pr, dtype, deterministic), 9, 0).arch;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+bool on_hopper() {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
+// check_backward on the Hopper kernel: skips where it cannot run, fails where dispatch would not
+// pick it.
+void check_hopper_backward(const GpuCase& gc) {
+  if (!cuda_available() || !on_hopper()) GTEST_SKIP() << "the Hopper backward runs on sm_90 devices";
+  const std::string arch = backward_arch(gc.problem, gc.dtype, gc.deterministic);
+  if (arch.empty()) GTEST_SKIP() << "this build has no instance for " << name_of(gc);
+  if (arch != "sm90") {
+    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or their head dim left out).
+    const bool any = backward_arch(dense(1, 1, 1, 64, 64, 128), gc.dtype) == "sm90";
+    if (!any) GTEST_SKIP() << "this build has no Hopper backward instance";
+    FAIL() << name_of(gc) << " dispatches to " << arch << ", not to the Hopper backward";
+  }
+  check_backward(gc);
+}
+
+class Sm90Backward : public ::testing::TestWithParam<DType> {};
+
+// One KV block and one query block; several of each with partial last ones (77 x 133: two KV
+// blocks of 128, two query blocks of 64); many query blocks per CTA (the two-stage prefetch
+// wraps); the BHSD layout.
+TEST_P(Sm90Backward, RaggedLengths) {
+  check_hopper_backward({dense(1, 2, 2, 50, 60, 128), GetParam()});
+  check_hopper_backward({dense(2, 4, 4, 77, 133, 128), GetParam()});
+  check_hopper_backward({dense(1, 2, 1, 600, 300, 128), GetParam()});
+  check_hopper_backward({dense(1, 2, 2, 130, 260, 128), GetParam(), Layout::kBHSD});
+}
+TEST_P(Sm90Backward, CausalMoreQueriesThanKeys) {
+  check_hopper_backward({causal(dense(1, 2, 2, 200, 130, 128)), GetParam()});  // leading rows see no key
+  check_hopper_backward({causal(dense(1, 2, 2, 300, 70, 128)), GetParam()});
+}
+TEST_P(Sm90Backward, CausalMoreKeysThanQueries) {
+  check_hopper_backward({causal(dense(2, 2, 2, 130, 400, 128)), GetParam()});
+  check_hopper_backward({causal(dense(1, 2, 2, 130, 300, 128)), GetParam(), Layout::kBHSD});
+}
+TEST_P(Sm90Backward, SlidingWindow) {
+  check_hopper_backward({window(dense(1, 2, 1, 257, 300, 128), 40, 10), GetParam()});
+  check_hopper_backward({window(dense(1, 2, 2, 400, 400, 128), 100, 0), GetParam()});
+  check_hopper_backward({window(dense(1, 2, 2, 300, 5, 128), 3, 0), GetParam()});  // a narrow window, few keys
+}
+TEST_P(Sm90Backward, GroupedAndMultiQuery) {
+  check_hopper_backward({causal(dense(2, 6, 2, 150, 150, 128)), GetParam()});
+  check_hopper_backward({dense(1, 3, 1, 1, 400, 128), GetParam()});
+  check_hopper_backward({dense(1, 8, 1, 200, 260, 128), GetParam()});
+}
+TEST_P(Sm90Backward, VarlenCausalWithEmptySequences) {
+  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, 128)), {17, 0, 170, 64}, {40, 33, 200, 0}), GetParam()});
+  check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, 128), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam()});
+}
+// Head dims below the instance: the loads zero-fill the columns past them, the dQ staging and
+// the dK/dV stores leave them out, and the dQ rows are head_dim (rounded up to 8) floats apart.
+TEST_P(Sm90Backward, HeadDimsBelowInstance) {
+  check_hopper_backward({dense(1, 2, 1, 97, 260, 104), GetParam(), Layout::kBHSD});
+  check_hopper_backward({causal(dense(1, 2, 2, 130, 150, 120)), GetParam()});
+}
+TEST_P(Sm90Backward, LargeLogits) {
+  check_hopper_backward({dense(1, 2, 2, 200, 200, 128), GetParam(), Layout::kBSHD, false, 100.0});
+  check_hopper_backward({causal(dense(1, 2, 2, 200, 200, 128)), GetParam(), Layout::kBSHD, false, 100.0});
+}
+// Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*): ragged
+// lengths, a window, a varlen batch with an empty sequence.
+TEST_P(Sm90Backward, SanitizerSmallRagged) {
+  check_hopper_backward({causal(dense(2, 2, 1, 77, 133, 128)), GetParam()});
+  check_hopper_backward({window(dense(1, 2, 1, 70, 190, 128), 20, 5), GetParam()});
+  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, 128)), {17, 0, 70}, {40, 33, 20}), GetParam()});
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// What dispatch sends to the Hopper backward on an sm_90 device, and what it leaves portable.
+TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
+  const Problem full = dense(1, 2, 2, 256, 256, 128), masked = causal(dense(1, 2, 2, 256, 256, 128));
+  if (backward_arch(full, DType::kFloat16) != "sm90") GTEST_SKIP() << "this build has no Hopper backward";
+  EXPECT_EQ(backward_arch(masked, DType::kBFloat16), "sm90");
+  EXPECT_EQ(backward_arch(dense(1, 2, 2, 256, 256, 104), DType::kFloat16), "sm90");
+  // Deterministic calls take the portable kernels' ordered dQ adds.
+  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm80");
+  // Any other head dim runs on the Hopper tile only where the portable kernels would run the same
+  // instance (d72 and d96 on d128 in a build without d96), never padded onto a larger one.
+  for (int d : {32, 64, 72, 96, 192, 256}) {
+    const Problem pr = dense(1, 2, 2, 256, 256, d);
+    cuda::BwdChoice portable;
+    {
+      const ScopedEnv off("FUSEDATTN_SM90_BWD", "0");
+      try {
+        portable = cuda::choose_backward(backward_planning_params(pr, DType::kFloat16), 9, 0);
+      } catch (const Error&) {
+        continue;  // no instance in this build
+      }
+    }
+    EXPECT_EQ(backward_arch(pr, DType::kFloat16), portable.instance_head_dim == 128 ? "sm90" : "sm80") << "d" << d;
+  }
+  const ScopedEnv off("FUSEDATTN_SM90_BWD", "0");
+  EXPECT_EQ(backward_arch(full, DType::kFloat16), "sm80");
+}
+
+}  // namespace
+}  // namespace fusedattn::testing
