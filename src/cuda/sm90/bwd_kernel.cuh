@@ -31,6 +31,7 @@
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm80/bwd_mask.h"
@@ -140,7 +141,6 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   float dk[kAcc] = {}, dv[kAcc] = {};
   Cursor cur{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
   Cursor next = cur;
-  QuerySource next_src = source_of(cur);
   if (cta.iterations > 0) {
     const int64_t keys_left = cta.seq.len_k - key0;
     load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
@@ -149,7 +149,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
         v_tile.base, sm80::operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
         p.v_stride.row, keys_left, p.head_dim);
-    load_query_block(cur, next_src, 0);
+    load_query_block(cur, source_of(cur), 0);
     ptx::cp_async_commit();
     ptx::cp_async_wait<0>();
     // cp.async writes through the generic proxy; wgmma reads through the async one.
@@ -157,22 +157,17 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     __syncthreads();
   }
 
-  // The thread that issues the dQ reductions (and waits for them to have read their staging).
-  const bool dq_issuer = threadIdx.x == 0;
+  // The threads that issue the dQ reductions, one per row (and wait for them to have read it).
+  const bool dq_issuer = threadIdx.x < kBlockM;
   for (int it = 0; it < cta.iterations; ++it) {
     // This block's operands are in shared memory (the previous iteration's last barrier), and
     // the buffer refilled below was last read by the previous iteration's wgmmas, all complete.
     const int stage = it % T::kStages;
-    const int64_t ws_row = next_src.ws_row;  // this block's first workspace row (next == cur here)
-    if (next.advance(cta)) {
-      next_src = source_of(next);
-    } else {
-      next_src.q += kBlockM * p.q_stride.row;
-      next_src.dout += kBlockM * p.do_stride.row;
-      next_src.ws_row += kBlockM;
-    }
+    // The next block's sources are worked out from the cursor each time (a few 64-bit
+    // multiplies): carried across the loop, they held six registers the window instances spilled.
+    next.advance(cta);
     if (it + 1 < cta.iterations) {
-      load_query_block(next, next_src, stage ^ 1);
+      load_query_block(next, source_of(next), stage ^ 1);
       ptx::cp_async_commit();
     }
     const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
@@ -285,10 +280,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::fence_operands(dk);
     ptx::fence_operands(dv);
 
-    // dQ staged in fp32 as the workspace's rows [kBlockM][dq_pitch] (columns past the head dim
-    // are left out: they lie in the next row), then added by bulk reductions, which take the
-    // L2's atomics off the warps' instruction stream: rows past the sequence add zeros to
-    // padding rows the workspace has (kBwdRowPad).
+    // dQ staged in fp32, a row per kDqStagePitch floats (the pad spreads a warp's 8 rows over
+    // every bank: unpadded, all rows of a 512-byte pitch hit the same 8 banks), then added by one
+    // bulk reduction per row, each issued by the thread of that row: the L2's atomics leave the
+    // warps' instruction stream. Rows past the sequence are left out.
     const uint32_t dq_stage = ptx::smem_addr(smem.dq);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -296,9 +291,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 #pragma unroll
       for (int j = 0; j < kDqAcc / 4; ++j) {
         const int col = dq_col0 + 8 * j + 2 * t;
-        if (col < p.head_dim)
-          ptx::st_shared_v2_f32(dq_stage + static_cast<uint32_t>((r * ws.dq_pitch + col) * sizeof(float)),
-                                dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        ptx::st_shared_v2_f32(dq_stage + static_cast<uint32_t>((r * Storage::kDqStagePitch + col) * sizeof(float)),
+                              dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }
     }
     // The next block's operands (issued at the top) have landed for this thread; the barrier
@@ -306,9 +300,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::cp_async_wait<0>();
     ptx::fence_proxy_async_shared();
     __syncthreads();
-    if (dq_issuer) {
-      const uint32_t bytes = static_cast<uint32_t>(kBlockM * ws.dq_pitch * sizeof(float));
-      ptx::bulk_reduce_add_f32(ws.dq_acc + ws_row * ws.dq_pitch, dq_stage, bytes);
+    // The row index is read again here: carried across the loop it was spilled. The row within
+    // the sequence is a 32-bit product (64-bit, it made the window instances spill): a sequence
+    // has fewer than 2^31 rows, or its Q alone would outgrow any GPU's memory.
+    const int dq_row = ptx::thread_index_here();
+    const int row = m * kBlockM + dq_row;
+    if (dq_row < kBlockM && row < cta.seq.len_q) {
+      const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row;
+      ptx::bulk_reduce_add_f32(ws.dq_acc + ws_row * ws.dq_pitch,
+                               dq_stage + static_cast<uint32_t>(dq_row * Storage::kDqStagePitch * sizeof(float)),
+                               static_cast<uint32_t>(p.head_dim * sizeof(float)));
       ptx::tma_store_commit();
     }
     cur = next;

@@ -50,8 +50,11 @@ struct BwdSharedStorage {
   alignas(kBwdAtomBytes) Element v[T::kBlockN * kHeadDim];
   alignas(kBwdAtomBytes) Element ds[T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
-  // dQ rows [kBlockM][dq_pitch] as in the workspace, for one bulk reduction (bytes in order).
-  alignas(16) float dq[T::kBlockM * kHeadDim];
+  // dQ rows [kBlockM][kDqStagePitch], each the source of one bulk reduction: 16-byte aligned
+  // rows, 4 banks apart.
+  static constexpr int kDqStagePad = 4;
+  static constexpr int kDqStagePitch = kHeadDim + kDqStagePad;
+  alignas(16) float dq[T::kBlockM * kDqStagePitch];
 };
 
 }  // namespace fusedattn::cuda::sm90
