@@ -54,8 +54,8 @@ template <int kRows>
 struct SlabTile {
   static constexpr uint32_t kSlabBytes = kRows * kBwdRowBytes;
   static constexpr uint32_t kUnusedLbo = 16;  // K-major descriptors ignore it
-  static constexpr uint32_t kKStepBytes = 16 * 2;  // 16 elements of 16 bits
-  static constexpr int kKStepsPerSlab = kBwdSlabElems / 16;
+  static constexpr uint32_t kKStepBytes = kBwdWgmmaK * 2;  // 16 elements of 16 bits
+  static constexpr int kKStepsPerSlab = kBwdSlabElems / kBwdWgmmaK;
   uint32_t base;  // shared address of row 0 of slab 0
 
   __device__ __forceinline__ uint32_t k_major_word(int first_row) const {
@@ -69,7 +69,7 @@ struct SlabTile {
     return ptx::desc_from_words(word + static_cast<uint32_t>(ptx::desc_encode(step)), ptx::desc_high_word(kBwdAtomBytes));
   }
   static __device__ __forceinline__ uint64_t mn_major(uint32_t word, int kk) {
-    const uint32_t step = 16 * kk * kBwdRowBytes;
+    const uint32_t step = kBwdWgmmaK * kk * kBwdRowBytes;
     return ptx::desc_from_words(word + static_cast<uint32_t>(ptx::desc_encode(step)), ptx::desc_high_word(kBwdAtomBytes));
   }
 };
@@ -82,8 +82,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   constexpr int kAcc = kHeadDim / 2;         // dK/dV accumulator registers (64 rows x kHeadDim)
   constexpr int kScoreAcc = kBlockM / 2;     // S^T/dP^T registers (64 keys x kBlockM queries)
   constexpr int kDqAcc = T::kDqCols / 2;
-  constexpr int kDimSteps = kHeadDim / 16;   // k-steps of S^T and dP^T
-  constexpr int kQuerySteps = kBlockM / 16;  // k-steps of dV and dK
+  constexpr int kDimSteps = kHeadDim / kBwdWgmmaK;   // k-steps of S^T and dP^T
+  constexpr int kQuerySteps = kBlockM / kBwdWgmmaK;  // k-steps of dV and dK
+  constexpr int kKeySteps = kBlockN / kBwdWgmmaK;    // k-steps of dQ
   constexpr bool kWindowed = kMask == MaskKind::kWindow;
   static_assert(kMask != MaskKind::kColumn, "column masks run the portable backward");
   extern __shared__ __align__(kBwdAtomBytes) unsigned char smem_bytes[];
@@ -106,9 +107,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       sm80::unmasked_query_blocks(p, kWindowed, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
 
   const int wg = threadIdx.x / kBwdWarpgroupThreads;
-  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int warp = threadIdx.x / kBwdWarpSize % kBwdWarpgroupWarps, lane = threadIdx.x % kBwdWarpSize;
+  const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
   const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
-  const int row_in_wg = warp * 16 + g;              // its accumulators' first row (and + 8)
+  const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
   const int dq_col0 = wg * T::kDqCols;                // its dQ columns
 
   const SlabTile<kBlockN> k_tile{ptx::smem_addr(smem.k)}, v_tile{ptx::smem_addr(smem.v)};
@@ -271,7 +273,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
     const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk)
+    for (int kk = 0; kk < kKeySteps; ++kk)
       ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
                                             SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
     ptx::wgmma_commit_group();

@@ -6,15 +6,19 @@
 // warpgroups by 64-column slabs, each summing over all the block's keys.
 //
 // d128 only: at d64 the same tile (each warpgroup summing dQ over its own keys) ran at the
-// portable kernel's speed on an H200 (0.99-1.00x; docs/perf.md, fifty-sixth session), so the
-// portable kernel keeps d64.
+// portable kernel's speed on an H200 (0.99-1.00x), and 128-query blocks (GEMMs as large as
+// d128's) spilled 68-84 B, so the portable kernel keeps d64 (docs/perf.md, fifty-sixth session).
 #pragma once
 
 #include <cstdint>
 
 namespace fusedattn::cuda::sm90 {
 
-constexpr int kBwdWarpgroupThreads = 128;
+constexpr int kBwdWarpSize = 32;
+constexpr int kBwdWarpgroupWarps = 4;
+constexpr int kBwdWarpgroupThreads = kBwdWarpgroupWarps * kBwdWarpSize;
+constexpr int kBwdWgmmaK = 16;      // the k of every 16-bit wgmma (m64nNk16)
+constexpr int kBwdAccRows = 16;     // rows of a warp's share of a wgmma accumulator
 constexpr int kBwdSlabElems = 64;   // one 128-byte swizzle row of 16-bit elements
 constexpr int kBwdRowBytes = 128;   // bytes of such a row
 constexpr int kBwdAtomBytes = 1024; // 8 rows: the 128-byte swizzle's atom (descriptors' SBO)
