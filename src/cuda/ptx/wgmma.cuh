@@ -184,15 +184,18 @@ __device__ __forceinline__ void complete_before_wait(bool never, uint32_t smem_a
 #define FUSEDATTN_ACC_OPS_96(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_32(d, i + 64)
 #define FUSEDATTN_ACC_OPS_128(d, i) FUSEDATTN_ACC_OPS_64(d, i), FUSEDATTN_ACC_OPS_64(d, i + 64)
 
-// wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, 0, 0; sm_90a.
-// A (64x16) and B (16xN) both K-major in shared memory; p = scale-d (0: D = A*B, 1: D += A*B).
-#define FUSEDATTN_WGMMA_SS(N, NACC, TY, IA, IB, IP)                                                   \
+// wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, TA, TB; sm_90a.
+// A (64x16) and B (16xN) in shared memory, each K-major (0) or MN-major (1, imm-trans); p =
+// scale-d (0: D = A*B, 1: D += A*B).
+#define FUSEDATTN_WGMMA_SS_TRANS(N, NACC, TY, IA, IB, IP, TA, TB)                                     \
   asm volatile(                                                                                       \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                               \
       "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" FUSEDATTN_WGMMA_ACC_##NACC "}, " \
-      "%" #IA ", %" #IB ", p, 1, 1, 0, 0;\n}\n"                                                       \
+      "%" #IA ", %" #IB ", p, 1, 1, " #TA ", " #TB ";\n}\n"                                           \
       : FUSEDATTN_ACC_OPS_##NACC(d, 0)                                                                \
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)))
+// Both operands K-major.
+#define FUSEDATTN_WGMMA_SS(N, NACC, TY, IA, IB, IP) FUSEDATTN_WGMMA_SS_TRANS(N, NACC, TY, IA, IB, IP, 0, 0)
 
 // wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, {a0..a3}, descB, p, 1, 1, 1; sm_90a.
 // A (64x16) from registers, B (16xN) in shared memory N-major (imm-trans-b = 1), as V is stored.
@@ -280,24 +283,14 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[kN / 2], const uint32_t (&a)
   }
 }
 
-// wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<T>.<T> {d}, descA, descB, p, 1, 1, 1, 1; sm_90a.
-// A (64x16) and B (16xN) both MN-major in shared memory (imm-trans-a = imm-trans-b = 1).
-#define FUSEDATTN_WGMMA_SS_MN(N, NACC, TY, IA, IB, IP)                                                \
-  asm volatile(                                                                                       \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %" #IP ", 0;\n"                                               \
-      "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TY "." TY " {" FUSEDATTN_WGMMA_ACC_##NACC "}, " \
-      "%" #IA ", %" #IB ", p, 1, 1, 1, 1;\n}\n"                                                       \
-      : FUSEDATTN_ACC_OPS_##NACC(d, 0)                                                                \
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)))
-
 // D (64 x 64 fp32) = or += A (64 x 16, smem, M-major) * B (16 x 64, smem, N-major): the backward's
 // dQ = dS K, whose dS is stored transposed ([key][query], sm90/bwd_kernel.cuh) and whose K is
 // [key][d], so both operands run along the reduction's rows.
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss_mn(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(kN == 64, "instantiated for N = 64");
-  if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_MN(64, 32, "f16", 32, 33, 34);
-  else FUSEDATTN_WGMMA_SS_MN(64, 32, "bf16", 32, 33, 34);
+  if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_TRANS(64, 32, "f16", 32, 33, 34, 1, 1);
+  else FUSEDATTN_WGMMA_SS_TRANS(64, 32, "bf16", 32, 33, 34, 1, 1);
 }
 
 }  // namespace fusedattn::cuda::ptx

@@ -141,6 +141,18 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   };
 
   float dk[kAcc] = {}, dv[kAcc] = {};
+  // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
+  // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
+  auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
+    ptx::wgmma_fence();
+    const uint32_t b_word = b.mn_major_word(0, 0);
+#pragma unroll
+    for (int kk = 0; kk < kQuerySteps; ++kk) {
+      const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+      ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
+    }
+    ptx::wgmma_commit_group();
+  };
   Cursor cur{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
   Cursor next = cur;
   if (cta.iterations > 0) {
@@ -217,15 +229,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 #pragma unroll
     for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
 
-    // dV += P^T dO: k-step kk takes the accumulator chunks of queries 16kk..16kk+15.
-    ptx::wgmma_fence();
-    const uint32_t do_mn_word = do_tile.mn_major_word(0, 0);
-#pragma unroll
-    for (int kk = 0; kk < kQuerySteps; ++kk) {
-      const uint32_t a[4] = {pt[4 * kk], pt[4 * kk + 1], pt[4 * kk + 2], pt[4 * kk + 3]};
-      ptx::wgmma_rs<Element, kHeadDim>(dv, a, SlabTile<kBlockM>::mn_major(do_mn_word, kk), true);
-    }
-    ptx::wgmma_commit_group();
+    // dV += P^T dO.
+    issue_rs(dv, pt, do_tile);
 
     // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
     ptx::wgmma_wait_group<1>();
@@ -252,14 +257,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
 
     // dK += dS^T Q.
-    ptx::wgmma_fence();
-    const uint32_t q_mn_word = q_tile.mn_major_word(0, 0);
-#pragma unroll
-    for (int kk = 0; kk < kQuerySteps; ++kk) {
-      const uint32_t a[4] = {dst[4 * kk], dst[4 * kk + 1], dst[4 * kk + 2], dst[4 * kk + 3]};
-      ptx::wgmma_rs<Element, kHeadDim>(dk, a, SlabTile<kBlockM>::mn_major(q_mn_word, kk), true);
-    }
-    ptx::wgmma_commit_group();
+    issue_rs(dk, dst, q_tile);
 
     // dQ (kBlockM x kDqCols) = dS K over this warpgroup's share: dS^T's rows are keys, so dS is
     // M-major; K's rows are keys too, so it is N-major. Every warpgroup's dS^T rows must be in
