@@ -3,6 +3,8 @@
 # one launch each (the CLI's first timed one, after one warm-up), clocks left to the card.
 #   tools/ncu_point.sh name:d:mask:seqlen[:NAME=VALUE] ...
 #     mask: full or causal; NAME=VALUE an environment setting for that run (a runtime switch).
+#   NCU_KERNEL (a regex, default fwd_kernel) and NCU_CLI_ARGS (added to the CLI's) pick another
+#   kernel: NCU_KERNEL=bwd_main_kernel NCU_CLI_ARGS=--backward profiles the backward's main kernel.
 # Per point it prints the L2 and DRAM traffic, the tensor pipe's activity, the instruction cache's
 # requests and misses, and the average warp stalls per issued instruction by reason; with
 # NCU_SOURCE=1 it also keeps the report and prints tools/ncu_regions.py's summary of the SASS source
@@ -27,8 +29,9 @@ for point in "$@"; do
   echo "== $name: d$d fp16 $mask $s ${setting:-}"
   source_sections=()
   [ "${NCU_SOURCE:-0}" = 1 ] && source_sections=(--section SourceCounters -o "$dest/$name")
-  env ${setting:-} ncu --clock-control none -s 1 -c 1 -k regex:fwd_kernel --metrics "$metrics" "${source_sections[@]}" \
-    "$cli" --backend cuda $shape --dtype fp16 --warmup 1 --iters 1 --check-rows 0 \
+  # shellcheck disable=SC2086  # NCU_CLI_ARGS is a list of CLI arguments
+  env ${setting:-} ncu --clock-control none -s 1 -c 1 -k "regex:${NCU_KERNEL:-fwd_kernel}" --metrics "$metrics" \
+    "${source_sections[@]}" "$cli" --backend cuda $shape --dtype fp16 --warmup 1 --iters 1 --check-rows 0 ${NCU_CLI_ARGS:-} \
     > "$dest/$name.ncu.log" 2>&1 || { tail -5 "$dest/$name.ncu.log"; continue; }
   if [ "${NCU_SOURCE:-0}" = 1 ]; then
     # With -o the metrics went to the report only: its details page prints them as a live run does.
