@@ -56,14 +56,18 @@ __device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void*
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, map, coords, smem_src);
 }
 
-// cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [dst], [src], bytes; PTX ISA 8.0,
-// sm_90. Adds `bytes` of contiguous floats from shared memory to global memory, element-wise
-// atomically; both addresses 16-byte aligned, bytes a multiple of 16. Completes in the bulk group
-// of the stores above (tma_store_commit, tma_store_wait_read).
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t smem_src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_src), "r"(bytes)
-               : "memory");
+// cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [map, {c0, c1, c2, c3}],
+// [src]; PTX ISA 8.0, sm_90. Adds the box at the coordinates to global memory, element-wise
+// atomically, from a shared tile laid out as the map's swizzle says; elements outside the tensor
+// are dropped. Completes in the bulk group of the stores above (tma_store_commit,
+// tma_store_wait_read).
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t smem_src, int32_t c0, int32_t c1,
+                                                  int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
 }
 
 // cp.async.bulk.commit_group; PTX ISA 8.0, sm_90. Closes the group of stores issued so far.

@@ -13,7 +13,7 @@
 //   dK  += dS^T Q                          wgmma RS (dS^T from registers, Q MN-major)
 //   dQ   = dS K                            wgmma SS (dS^T through shared memory, both MN-major),
 //                                          staged in shared memory and added to the fp32
-//                                          workspace by bulk reductions
+//                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
 // while dS^T is formed. Q, dO, lse2 and delta of the next query block load (cp.async) while this
@@ -75,7 +75,8 @@ struct SlabTile {
 };
 
 template <typename Element, int kHeadDim, MaskKind kMask>
-__device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift) {
+__device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
+                                         const CUtensorMap* dq_map) {
   using T = BwdTile<kHeadDim>;
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
@@ -171,8 +172,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     __syncthreads();
   }
 
-  // The threads that issue the dQ reductions, one per row (and wait for them to have read it).
-  const bool dq_issuer = threadIdx.x < kBlockM;
+  // The thread that issues the dQ reductions (and waits for them to have read the staging),
+  // its index read again where it is used: carried across the loop, the predicate spilled.
+  auto dq_issuer = [] { return ptx::thread_index_here() == 0; };
   for (int it = 0; it < cta.iterations; ++it) {
     // This block's operands are in shared memory (the previous iteration's last barrier), and
     // the buffer refilled below was last read by the previous iteration's wgmmas, all complete.
@@ -263,7 +265,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     // M-major; K's rows are keys too, so it is N-major. Every warpgroup's dS^T rows must be in
     // shared memory and visible to the async proxy first, and the last iteration's dQ staging
     // read by its bulk reductions.
-    if (dq_issuer) ptx::tma_store_wait_read();
+    if (dq_issuer()) ptx::tma_store_wait_read();
     ptx::fence_proxy_async_shared();
     __syncthreads();
     float dq[kDqAcc];
@@ -280,43 +282,43 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::fence_operands(dk);
     ptx::fence_operands(dv);
 
-    // dQ staged in fp32, a row per kDqStagePitch floats (the pad spreads a warp's 8 rows over
-    // every bank: unpadded, all rows of a 512-byte pitch hit the same 8 banks), then added by one
-    // bulk reduction per row, each issued by the thread of that row: the L2's atomics leave the
-    // warps' instruction stream. Rows past the sequence are left out.
+    // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions, 128-byte swizzled (a warp's
+    // 8 rows spread over the banks), then added to the workspace by one reduction per box from
+    // one thread: the L2's atomics leave the warps' instruction stream. The boxes' rows past the
+    // sequence add zeros to rows the workspace pads each (batch, head) with (kBwdRowPad).
+    // The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_col0 / 32 + j / 4,
+    // 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the row's g), half t % 2 of it.
+    constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
+    constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
+    static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
     const uint32_t dq_stage = ptx::smem_addr(smem.dq);
+    const uint32_t thread_at = dq_stage + (dq_col0 / kSlabFloats) * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = row_in_wg + 8 * half;
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int j = 0; j < kDqAcc / 4; ++j) {
-        const int col = dq_col0 + 8 * j + 2 * t;
-        ptx::st_shared_v2_f32(dq_stage + static_cast<uint32_t>((r * Storage::kDqStagePitch + col) * sizeof(float)),
-                              dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
+                            ((2 * (j % kChunksPerJ) + t / 2) ^ g) * kChunkBytes;
+        ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }
-    }
     // The next block's operands (issued at the top) have landed for this thread; the barrier
     // makes them, and the staged dQ, visible to every thread and to the async proxy.
     ptx::cp_async_wait<0>();
     ptx::fence_proxy_async_shared();
     __syncthreads();
-    // The row index is read again here: carried across the loop it was spilled. The row within
-    // the sequence is a 32-bit product (64-bit, it made the window instances spill): a sequence
-    // has fewer than 2^31 rows, or its Q alone would outgrow any GPU's memory.
-    const int dq_row = ptx::thread_index_here();
-    const int row = m * kBlockM + dq_row;
-    if (dq_row < kBlockM && row < cta.seq.len_q) {
-      const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row;
-      ptx::bulk_reduce_add_f32(ws.dq_acc + ws_row * ws.dq_pitch,
-                               dq_stage + static_cast<uint32_t>(dq_row * Storage::kDqStagePitch * sizeof(float)),
-                               static_cast<uint32_t>(p.head_dim * sizeof(float)));
+    if (dq_issuer()) {
+#pragma unroll
+      for (int slab = 0; slab < Storage::kDqSlabs; ++slab)
+        if (slab * kSlabFloats < p.head_dim)
+          ptx::tma_reduce_add_4d(dq_map, dq_stage + static_cast<uint32_t>(slab * kBlockM * kBwdRowBytes),
+                                 slab * kSlabFloats, m * kBlockM, cur.h, cta.b);
       ptx::tma_store_commit();
     }
     cur = next;
   }
 
   // The CTA's shared memory must outlive the reductions' reads of it.
-  if (dq_issuer) ptx::tma_store_wait_all();
+  if (dq_issuer()) ptx::tma_store_wait_all();
 
   // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
   // keys no query sees keep their zeros.
@@ -341,9 +343,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
-    bwd_main_kernel(const BwdParams p, const sm80::BwdWorkspace ws, int schedule_shift) {
+    bwd_main_kernel(const BwdParams p, const sm80::BwdWorkspace ws, int schedule_shift,
+                    const __grid_constant__ CUtensorMap dq_map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift);
+  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift, &dq_map);
 #endif
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/sm80/bwd_aux.h"
 #include "cuda/sm80/bwd_workspace.h"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/tensor_map.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -31,7 +32,13 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
                              (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
   const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
-  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift);
+  // dQ's workspace as [batch, heads, rows, head_dim] fp32 for the kernel's tensor reductions:
+  // boxes of kBlockM rows x 32 floats (128 bytes, the swizzle's row).
+  using Storage = BwdSharedStorage<Element, kHeadDim>;
+  const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
+  const CUtensorMap dq_map = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
+                                             Storage::kDqSlabFloats, T::kBlockM);
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, dq_map);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

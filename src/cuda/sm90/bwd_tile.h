@@ -54,11 +54,11 @@ struct BwdSharedStorage {
   alignas(kBwdAtomBytes) Element v[T::kBlockN * kHeadDim];
   alignas(kBwdAtomBytes) Element ds[T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
-  // dQ rows [kBlockM][kDqStagePitch], each the source of one bulk reduction: 16-byte aligned
-  // rows, 4 banks apart.
-  static constexpr int kDqStagePad = 4;
-  static constexpr int kDqStagePitch = kHeadDim + kDqStagePad;
-  alignas(16) float dq[T::kBlockM * kDqStagePitch];
+  // dQ in fp32 as the boxes of its tensor reductions: [kHeadDim / 32][kBlockM][32 floats] with
+  // the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+  static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
+  static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
+  alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
 };
 
 }  // namespace fusedattn::cuda::sm90

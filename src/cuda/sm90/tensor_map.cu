@@ -28,6 +28,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 CUtensorMapDataType map_dtype(DType d) {
   if (d == DType::kBFloat16) return CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if (d == DType::kFloat32) return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;  // the backward's dQ workspace
   return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
 }
 

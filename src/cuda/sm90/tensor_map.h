@@ -1,4 +1,5 @@
-// Host-side construction of the TMA descriptors the Hopper forward kernel loads and stores with.
+// Host-side construction of the TMA descriptors the Hopper forward kernel loads and stores with,
+// and the one the Hopper backward adds dQ through.
 #pragma once
 
 #include <cuda.h>
@@ -21,7 +22,7 @@ struct OperandView {
 };
 
 // A tiled map with box [box_rows x box_cols] and the 128-byte swizzle (box_cols * element size
-// must be 128). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
+// must be 128; fp16, bf16 or fp32). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
 CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows);
 
 // The same operand as [batch, heads / group, rows, group, head_dim] (5-D, innermost last): the
