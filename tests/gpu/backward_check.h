@@ -9,11 +9,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "gpu/gpu_util.h"
 #include "gpu/missing_instance.h"
 #include "reference/problems.h"
 #include "reference/test_util.h"
@@ -26,32 +26,6 @@ constexpr double kBf16Atol = 8e-3;
 constexpr int kDeterminismRuns = 3;
 
 inline double atol_of(DType dtype) { return dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol; }
-
-inline void cuda_ok(cudaError_t err) { ASSERT_EQ(err, cudaSuccess) << cudaGetErrorString(err); }
-
-// A device copy of a host tensor with the same strides.
-class HostMirror {
- public:
-  explicit HostMirror(HostTensor& host) : host_(&host) {
-    cuda_ok(cudaMalloc(&data_, host.nbytes() > 0 ? host.nbytes() : 1));
-    upload();
-  }
-  ~HostMirror() { cudaFree(data_); }
-  HostMirror(const HostMirror&) = delete;
-  HostMirror& operator=(const HostMirror&) = delete;
-  void upload() { cuda_ok(cudaMemcpy(data_, host_->data(), host_->nbytes(), cudaMemcpyHostToDevice)); }
-  void download() { cuda_ok(cudaMemcpy(host_->data(), data_, host_->nbytes(), cudaMemcpyDeviceToHost)); }
-  TensorView view() const {
-    TensorView v = host_->view();
-    v.data = data_;
-    v.device = {DeviceType::kCUDA, 0};
-    return v;
-  }
-
- private:
-  HostTensor* host_;
-  void* data_ = nullptr;
-};
 
 struct GpuCase {
   Problem problem;
@@ -83,32 +57,18 @@ inline void check_backward(const GpuCase& gc) {
   Tensors plain = c.values;
   plain_backward(gc.problem, gc.dtype, plain);
 
-  HostMirror q(c.q), k(c.k), v(c.v), out(c.out), lse(c.lse), dout(c.dout), dq(c.dq), dk(c.dk), dv(c.dv);
-  std::vector<std::unique_ptr<HostMirror>> cu;
-  BackwardArgs a = backward_args(c);
-  a.q = q.view(), a.k = k.view(), a.v = v.view(), a.out = out.view(), a.lse = lse.view(), a.dout = dout.view();
-  a.dq = dq.view(), a.dk = dk.view(), a.dv = dv.view();
-  if (gc.problem.varlen()) {
-    cu.push_back(std::make_unique<HostMirror>(c.cu_q));
-    cu.push_back(std::make_unique<HostMirror>(c.cu_k));
-    a.options.cu_seqlens_q = cu[0]->view();
-    a.options.cu_seqlens_k = cu[1]->view();
-  }
+  // The device copies (gpu_util.h), out and lse the reference's; each run poisons the device
+  // gradients, runs the backward and downloads them into c.dq/dk/dv.
+  DeviceCase dc(c);
+  BackwardArgs a = dc.backward_args();
   a.deterministic = gc.deterministic;
 
   std::vector<unsigned char> first[3];
-  HostTensor* grads[3] = {&c.dq, &c.dk, &c.dv};
-  HostMirror* dgrads[3] = {&dq, &dk, &dv};
+  const HostTensor* grads[3] = {&c.dq, &c.dk, &c.dv};
   const int runs = gc.deterministic ? kDeterminismRuns : 1;
   for (int run = 0; run < runs; ++run) {
-    for (int i = 0; i < 3; ++i) {
-      grads[i]->poison();
-      dgrads[i]->upload();
-    }
     // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do.
-    FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { backward(a); }));
-    cuda_ok(cudaDeviceSynchronize());
-    for (int i = 0; i < 3; ++i) dgrads[i]->download();
+    FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
     if (run == 0) {
       const double atol = atol_of(gc.dtype) * gc.query_gain;
       EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
