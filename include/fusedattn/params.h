@@ -103,6 +103,11 @@ struct BwdParams : FwdParams {
 #define FUSEDATTN_HD inline
 #endif
 
+// Element offset of (batch b, row, head h) in an operand with strides s.
+FUSEDATTN_HD int64_t element_offset(const OperandStrides& s, int64_t b, int64_t row, int64_t h) {
+  return b * s.batch + row * s.row + h * s.head;
+}
+
 // Per-sequence lengths and offsets, the same rule on every backend.
 struct SeqInfo {
   int64_t q_start, k_start;  // first row of sequence b in the packed tensor (0 for dense)

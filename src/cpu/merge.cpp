@@ -21,10 +21,9 @@ void merge_rows(const MergeParams& p, int64_t first, int64_t end) {
   float out[kChunk], part[kChunk];
   for (int64_t r = first; r < end; ++r) {
     const int64_t h = r % p.heads, s = r / p.heads % p.seqlen, b = r / p.heads / p.seqlen;
-    const auto at = [&](const OperandStrides& st) { return b * st.batch + s * st.row + h * st.head; };
-    float& lse = p.lse[at(p.lse_stride)];
-    const MergeWeights w = merge_weights(lse, p.part_lse[at(p.part_lse_stride)]);
-    const int64_t out_at = at(p.out_stride), part_at = at(p.part_stride);
+    float& lse = p.lse[element_offset(p.lse_stride, b, s, h)];
+    const MergeWeights w = merge_weights(lse, p.part_lse[element_offset(p.part_lse_stride, b, s, h)]);
+    const int64_t out_at = element_offset(p.out_stride, b, s, h), part_at = element_offset(p.part_stride, b, s, h);
     for (int64_t d0 = 0; d0 < p.head_dim; d0 += kChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kChunk, p.head_dim - d0));
       isa::load_row(p.out, p.out_dtype, out_at + d0, n, 1.f, out);

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const __grid_constant__
   const int lane = threadIdx.x % lanes;
   const bool live = r < rows;
   const RowIndex i = row_index(p, live ? r : 0, rows <= UINT32_MAX);
-  const auto at = [&](const OperandStrides& st) { return i.b * st.batch + i.s * st.row + i.h * st.head; };
+  const auto at = [&](const OperandStrides& st) { return element_offset(st, i.b, i.s, i.h); };
   MergeWeights w{};
   if (live) w = merge_weights(p.lse[at(p.lse_stride)], p.part_lse[at(p.part_lse_stride)]);
   __syncwarp();  // the row's old LSE is read by every lane of its group before the first lane writes
