@@ -128,11 +128,7 @@ void launch_bwd_main_for_device(const BwdParams& p, const BwdWorkspace& ws, cuda
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& p) {
-  auto stream = static_cast<cudaStream_t>(p.stream);
-  const BwdWorkspace ws = bwd_workspace_view(p);
-  launch_bwd_preprocess<Element>(p, ws, stream);
-  if (p.seqlen_k > 0) launch_bwd_main_for_device<Element, kHeadDim, kMask>(p, ws, stream);
-  launch_bwd_convert_dq<Element>(p, ws, stream);
+  run_bwd_around<Element>(p, launch_bwd_main_for_device<Element, kHeadDim, kMask>);
 }
 
 }  // namespace fusedattn::cuda::sm80

@@ -44,11 +44,7 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_bwd(const BwdParams& p) {
-  auto stream = static_cast<cudaStream_t>(p.stream);
-  const sm80::BwdWorkspace ws = sm80::bwd_workspace_view(p);
-  sm80::launch_bwd_preprocess<Element>(p, ws, stream);
-  if (p.seqlen_k > 0) launch_bwd_main<Element, kHeadDim, kMask>(p, ws, stream);
-  sm80::launch_bwd_convert_dq<Element>(p, ws, stream);
+  sm80::run_bwd_around<Element>(p, launch_bwd_main<Element, kHeadDim, kMask>);
 }
 
 }  // namespace fusedattn::cuda::sm90
