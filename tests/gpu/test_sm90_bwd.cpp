@@ -32,14 +32,6 @@ std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = f
   }
 }
 
-bool on_hopper() {
-  int device = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
-}
-
 // check_backward on the Hopper kernel: skips where it cannot run, fails where dispatch would not
 // pick it.
 void check_hopper_backward(const GpuCase& gc) {
