@@ -247,14 +247,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     uint32_t dst[kScoreAcc / 2];
 #pragma unroll
     for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
-    // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at j ^ (r % 8).
+    // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
+    // swizzle_chunk(r, j) = j ^ (r % 8).
     // For one j the warp's 32 stores hit 32 distinct banks.
 #pragma unroll
     for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int row = wg_key0 + row_in_wg + 8 * half;
-        const uint32_t at = ds_tile.base + row * kBwdRowBytes + ((j ^ (row % kBwdAtomRows)) * 16) + t * 4;
+        const uint32_t at = ds_tile.base + row * kBwdRowBytes + swizzle_chunk(row, j) * 16 + t * 4;
         ptx::st_shared_b32(at, dst[2 * j + half]);
       }
 
@@ -298,7 +299,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 #pragma unroll
       for (int j = 0; j < kDqAcc / 4; ++j) {
         const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
-                            ((2 * (j % kChunksPerJ) + t / 2) ^ g) * kChunkBytes;
+                            swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
         ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
       }
     // The next block's operands (issued at the top) have landed for this thread; the barrier

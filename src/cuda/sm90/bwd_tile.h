@@ -12,6 +12,9 @@
 
 #include <cstdint>
 
+#include "cuda/common/swizzle.cuh"
+#include "cuda/ptx/wgmma.cuh"
+
 namespace fusedattn::cuda::sm90 {
 
 constexpr int kBwdWarpSize = 32;
@@ -19,10 +22,13 @@ constexpr int kBwdWarpgroupWarps = 4;
 constexpr int kBwdWarpgroupThreads = kBwdWarpgroupWarps * kBwdWarpSize;
 constexpr int kBwdWgmmaK = 16;      // the k of every 16-bit wgmma (m64nNk16)
 constexpr int kBwdAccRows = 16;     // rows of a warp's share of a wgmma accumulator
-constexpr int kBwdSlabElems = 64;   // one 128-byte swizzle row of 16-bit elements
-constexpr int kBwdRowBytes = 128;   // bytes of such a row
-constexpr int kBwdAtomBytes = 1024; // 8 rows: the 128-byte swizzle's atom (descriptors' SBO)
-constexpr int kBwdAtomRows = kBwdAtomBytes / kBwdRowBytes;  // chunk c of row r sits at c ^ (r % 8)
+// The 128-byte swizzle's geometry, as the forward's tiles (ptx/wgmma.cuh) and the portable
+// kernels' (common/swizzle.cuh: chunk c of row r sits at swizzle_chunk(r, c) = c ^ (r % 8)).
+constexpr int kBwdSlabElems = kSwizzlePitchMultiple;  // one swizzle row of 16-bit elements (64)
+constexpr int kBwdRowBytes = static_cast<int>(ptx::kSwizzleRowBytes);    // bytes of such a row
+constexpr int kBwdAtomBytes = static_cast<int>(ptx::kSwizzleAtomBytes);  // its 8-row atom (the SBO)
+static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows * kBwdRowBytes,
+              "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
 template <int kHeadDim>
 struct BwdTile {

@@ -13,7 +13,7 @@
 
 namespace fusedattn::cuda::sm90 {
 
-constexpr int kChunkElems = 8;  // one 16-byte cp.async of 16-bit elements
+constexpr int kChunkElems = kSwizzleChunkElems;  // one 16-byte cp.async of 16-bit elements
 constexpr int kChunksPerSlabRow = kBwdSlabElems / kChunkElems;
 
 // Rows [0, kRows) of `src` (row stride `row_stride` elements) into the tile at shared address
@@ -31,7 +31,7 @@ __device__ __forceinline__ void load_slabs_async(uint32_t smem, const Element* s
   for (int i = 0; i < kChunks / kThreads; ++i) {
     const int row = static_cast<int>(threadIdx.x) / kRowChunks + i * (kThreads / kRowChunks);
     const uint32_t dst = smem + static_cast<uint32_t>(slab * kRows * kBwdRowBytes + row * kBwdRowBytes +
-                                                      (in_slab ^ row % kBwdAtomRows) * 16);
+                                                      swizzle_chunk(row, in_slab) * 16);
     const bool in = column_in && row < rows_valid;
     // Out-of-range chunks read nothing (src-size 0) but still name an in-bounds address.
     ptx::cp_async_16(dst, in ? src + row * row_stride + chunk * kChunkElems : src, in);
