@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kRowCtaThreads) bwd_convert_dq_kernel(const Bw
   const SeqInfo seq = seq_info(p, b);
   if (i >= seq.len_q) return;
   const float* acc = ws.dq_acc + (ws.row_base(p, b, h) + i) * ws.dq_pitch;
-  auto* dq = static_cast<Element*>(p.dq) + operand_row_offset(p.dq_stride, b, seq.q_start + i, h);
+  auto* dq = static_cast<Element*>(p.dq) + element_offset(p.dq_stride, b, seq.q_start + i, h);
   for (int c = lane; c < p.head_dim / kChunkElems; c += kRowThreads) {
     const float4 lo = *reinterpret_cast<const float4*>(acc + c * kChunkElems);
     const float4 hi = *reinterpret_cast<const float4*>(acc + c * kChunkElems + 4);

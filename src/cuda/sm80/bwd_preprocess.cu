@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kRowCtaThreads) bwd_preprocess_kernel(const Bw
 
   float delta = 0.f;
   if (valid) {
-    const auto* dout = static_cast<const Element*>(p.dout) + operand_row_offset(p.do_stride, b, seq.q_start + i, h);
-    const auto* out = static_cast<const Element*>(p.o) + operand_row_offset(p.o_stride, b, seq.q_start + i, h);
+    const auto* dout = static_cast<const Element*>(p.dout) + element_offset(p.do_stride, b, seq.q_start + i, h);
+    const auto* out = static_cast<const Element*>(p.o) + element_offset(p.o_stride, b, seq.q_start + i, h);
     for (int c = lane; c < p.head_dim / kChunkElems; c += kRowThreads) {
       const uint4 d4 = *reinterpret_cast<const uint4*>(dout + c * kChunkElems);
       const uint4 o4 = *reinterpret_cast<const uint4*>(out + c * kChunkElems);

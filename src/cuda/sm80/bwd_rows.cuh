@@ -21,9 +21,4 @@ inline dim3 row_grid(const BwdParams& p, const BwdWorkspace& ws) {
               static_cast<unsigned>(p.batch));
 }
 
-// Element offset of (row i of sequence b at its first row q_start, head h) in a [.., row, head, dim] operand.
-__device__ __forceinline__ int64_t operand_row_offset(const OperandStrides& s, int b, int64_t row, int h) {
-  return static_cast<int64_t>(b) * s.batch + row * s.row + static_cast<int64_t>(h) * s.head;
-}
-
 }  // namespace fusedattn::cuda::sm80
