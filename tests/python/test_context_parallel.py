@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import traceback
 
 import pytest
@@ -22,6 +23,11 @@ from conftest import assert_2x_rule, attention_math, default_scale
 CASES = [(2, 2, 4, 2, 48, 32), (3, 1, 4, 1, 37, 64)]
 # float32 against the float64 reference: the kernels' float32 accumulation over a few hundred keys.
 FP32_ATOL, FP32_RTOL = 2e-5, 1e-4
+# How long a test waits for its rings' reports. A case takes ~12 s on two H200s (process start,
+# NCCL set-up) and less on the CPU; a rank that hangs (a transfer never matched) fails the test
+# after this, its processes killed, rather than holding the suite and the GPUs (session 60 saw a
+# ring test under NCCL run past 200 s once, beside another process's GPU tests; not reproduced).
+REPORT_TIMEOUT_S = 180
 
 
 def positions(rank, world, chunk, zigzag):
@@ -105,7 +111,15 @@ def _run(world, tmp_path, case, dtype, causal, zigzag, seed, groups=1, backend="
              for r in range(world)]
     for p in procs:
         p.start()
-    reports = [results.get(timeout=300) for _ in range(groups)]
+    try:
+        reports = [results.get(timeout=REPORT_TIMEOUT_S) for _ in range(groups)]
+    except queue.Empty:
+        exit_codes = [p.exitcode for p in procs]  # None: still running (hung), else it died
+        for p in procs:
+            p.kill()
+            p.join()
+        pytest.fail(f"ring of {world} ranks ({backend}): no report within {REPORT_TIMEOUT_S} s; the ranks' "
+                    f"exit codes then {exit_codes} (None: still running), all killed")
     for p in procs:
         p.join(timeout=60)
     for status, payload, _ in reports:
