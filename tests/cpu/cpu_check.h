@@ -22,14 +22,9 @@ constexpr DType kCpuDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat
 constexpr double kFp32OutAtol = 2e-5, kFp32OutRtol = 1e-5;
 constexpr double kFp32LseAtol = 2e-5, kFp32LseRtol = 1e-6;
 constexpr double kFp32GradAtol = 1e-4, kFp32GradRtol = 1e-4;
-// fp16/bf16: the 2x rule's absolute slack, one storage ulp near 1 (so that a result that is
-// exact up to its final rounding always passes, even where the plain error happens to be 0).
-constexpr double kFp16Atol = 1e-3;
-constexpr double kBf16Atol = 8e-3;
+// fp16/bf16: the 2x rule's absolute slack is test_util.h's atol_for.
 // lse is fp32 on every dtype, computed from scores of rounded inputs.
 constexpr double kLseAtol = 1e-4;
-
-inline double atol_for(DType dtype) { return dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol; }
 
 inline std::string case_name(const HostCase& c) {
   return c.problem.str() + " " + dtype_name(c.dtype) + (c.layout == Layout::kBHSD ? " BHSD" : " BSHD");

@@ -20,12 +20,7 @@
 
 namespace fusedattn::testing {
 
-// fp16/bf16 absolute slack of the 2x rule: one storage ulp near 1.
-constexpr double kFp16Atol = 1e-3;
-constexpr double kBf16Atol = 8e-3;
 constexpr int kDeterminismRuns = 3;
-
-inline double atol_of(DType dtype) { return dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol; }
 
 struct GpuCase {
   Problem problem;
@@ -70,7 +65,7 @@ inline void check_backward(const GpuCase& gc) {
     // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do.
     FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
     if (run == 0) {
-      const double atol = atol_of(gc.dtype) * gc.query_gain;
+      const double atol = atol_for(gc.dtype) * gc.query_gain;
       EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
       EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
       EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";

@@ -23,9 +23,6 @@
 namespace fusedattn::testing {
 namespace {
 
-constexpr double kFp16Atol = 1e-3;  // one storage ulp near 1, as in test_sm80_bwd.cpp
-constexpr double kBf16Atol = 8e-3;
-
 // The backward tiles of bwd_tile.h for head dims up to 128 (Hopper rows and A100 rows alike):
 // 128 key rows per CTA; 128 query rows per iteration up to d64, 64 above. bwd_tile.h itself is
 // device code; if these drift from it, the counter check below fails.
@@ -115,7 +112,7 @@ void check_split_backward(const Problem& problem, DType dtype, Row row, bool spl
   cuda_check(cudaMemset(workspace.data, kPoisonByte, a.workspace_bytes), "poison the workspace");
   const SkipReason missing = dc.backward(a);
   ASSERT_FALSE(missing) << *missing;
-  const double atol = dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol;
+  const double atol = atol_for(dtype);
   EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
   EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
   EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";

@@ -270,6 +270,12 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& got, cons
                                        << ", reference " << ref[worst];
 }
 
+// fp16/bf16: the 2x rule's absolute slack, one storage ulp near 1 (so that a result that is
+// exact up to its final rounding always passes, even where the plain error happens to be 0).
+constexpr double kFp16Atol = 1e-3;
+constexpr double kBf16Atol = 8e-3;
+inline double atol_for(DType dtype) { return dtype == DType::kBFloat16 ? kBf16Atol : kFp16Atol; }
+
 // The 2x rule as a gtest assertion.
 inline ::testing::AssertionResult obeys_2x_rule(const std::vector<double>& got, const std::vector<double>& plain,
                                                 const std::vector<double>& ref, double atol) {
