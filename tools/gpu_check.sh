@@ -24,8 +24,9 @@
 # steps' 900 s of limits, so run it in a call of its own).
 # GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call.
 # SMOKE_TEST (a gtest filter, e.g. one case of a new kernel) runs first, alone, under SMOKE_LIMIT
-# seconds (default 30); if it fails or hangs, the tests and sanitize steps are left out (they would
-# hang too: session 60 lost a call to a kernel that hung on every launch).
+# seconds (default 30); if it fails or hangs, every step that launches our kernels (tests,
+# sanitize, pytest, points, peers) is left out: they would hang too (session 60 lost a call to a
+# kernel that hung on every launch).
 # PEER_REPEAT=n runs each peers.py run n times into the same JSON lines (default 1; ~55 s per FA
 # forward+backward run of one dtype); tools/perf_table.py then shows per-point medians.
 # GPU_CUDA_FLAGS adds nvcc flags to the main build, e.g. a compile-time experiment switch
@@ -127,11 +128,11 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
   note "ptxas lines serialising wgmma: $(grep -c . "$out/wgmma_serialised.txt")"
 fi
 
-if [ -n "${SMOKE_TEST:-}" ] && { has tests || has sanitize; }; then
+if [ -n "${SMOKE_TEST:-}" ]; then
   if ! step smoke "${SMOKE_LIMIT:-30}" smoke.log "$build/tests/fusedattn_gpu_tests" --gtest_filter="$SMOKE_TEST"; then
-    note "smoke test failed or hung: tests and sanitize left out"
+    note "smoke test failed or hung: tests, sanitize, pytest, points and peers left out"
     tail -n 20 "$out/smoke.log"
-    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,sanitize,/,/; s/^,//; s/,$//')
+    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,sanitize,/,/; s/,pytest,/,/; s/,points,/,/; s/,peers,/,/; s/^,//; s/,$//')
   fi
 fi
 
