@@ -29,7 +29,9 @@
 #include "cuda/common/schedule.h"
 #include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mufu.cuh"
+#include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
@@ -74,6 +76,12 @@ struct SlabTile {
   }
 };
 
+// The producer warpgroup's two working warps, and the compute warpgroups' named barrier (id 0 is
+// __syncthreads').
+constexpr int kLoaderWarp = 0;
+constexpr int kDqWriterWarp = 1;
+constexpr uint32_t kDsBarrier = 1;
+
 template <typename Element, int kHeadDim, MaskKind kMask>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
                                          const CUtensorMap* dq_map) {
@@ -107,237 +115,268 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   const sm80::BlockRange unmasked =
       sm80::unmasked_query_blocks(p, kWindowed, cta.n, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
 
-  const int wg = threadIdx.x / kBwdWarpgroupThreads;
-  const int warp = threadIdx.x / kBwdWarpSize % kBwdWarpgroupWarps, lane = threadIdx.x % kBwdWarpSize;
-  const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
-  const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
-  const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
-  const int dq_col0 = wg * T::kDqCols;                // its dQ columns
-
   const SlabTile<kBlockN> k_tile{ptx::smem_addr(smem.k)}, v_tile{ptx::smem_addr(smem.v)};
-  const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds)};
-
-  // Where a query block's Q and dO rows and its workspace rows (lse2, delta) start.
-  struct QuerySource {
-    const Element* q;
-    const Element* dout;
-    int64_t ws_row;
-  };
   using Cursor = sm80::QueryCursor<false>;
-  auto source_of = [&](const Cursor& at) {
-    const int64_t row0 = static_cast<int64_t>(at.m) * kBlockM;
-    return QuerySource{sm80::operand_base<Element>(p.q, p.q_stride, cta.b, cta.seq.q_start, at.h) + row0 * p.q_stride.row,
-                       sm80::operand_base<Element>(p.dout, p.do_stride, cta.b, cta.seq.q_start, at.h) +
-                           row0 * p.do_stride.row,
-                       ws.row_base(p, cta.b, at.h) + row0};
-  };
-  auto load_query_block = [&](const Cursor& at, const QuerySource& src, int stage) {
-    const int64_t rows_left = cta.seq.len_q - static_cast<int64_t>(at.m) * kBlockM;
-    load_slabs_async<kBlockM, kHeadDim, T::kThreads>(ptx::smem_addr(smem.stage[stage].q), src.q, p.q_stride.row,
-                                                     rows_left, p.head_dim);
-    load_slabs_async<kBlockM, kHeadDim, T::kThreads>(ptx::smem_addr(smem.stage[stage].dout), src.dout,
-                                                     p.do_stride.row, rows_left, p.head_dim);
-    load_row_floats_async<kBlockM>(ptx::smem_addr(smem.stage[stage].lse2), ws.lse2 + src.ws_row,
-                                   ptx::smem_addr(smem.stage[stage].delta), ws.delta + src.ws_row);
-  };
+  const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
 
-  float dk[kAcc] = {}, dv[kAcc] = {};
-  // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
-  // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
-  auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
-    ptx::wgmma_fence();
-    const uint32_t b_word = b.mn_major_word(0, 0);
-#pragma unroll
-    for (int kk = 0; kk < kQuerySteps; ++kk) {
-      const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-      ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
+  constexpr int kWarpsPerStage = T::kMmaThreads / kBwdWarpSize;  // the compute warps
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&smem.kv_full, kBwdWarpSize);
+    for (int i = 0; i < T::kStages; ++i) {
+      ptx::mbarrier_init(&smem.q_full[i], kBwdWarpSize);
+      ptx::mbarrier_init(&smem.q_empty[i], kWarpsPerStage);
     }
-    ptx::wgmma_commit_group();
-  };
-  Cursor cur{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
-  Cursor next = cur;
-  if (cta.iterations > 0) {
-    const int64_t keys_left = cta.seq.len_k - key0;
-    load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
-        k_tile.base, sm80::operand_base<Element>(p.k, p.k_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
-        p.k_stride.row, keys_left, p.head_dim);
-    load_slabs_async<kBlockN, kHeadDim, T::kThreads>(
-        v_tile.base, sm80::operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
-        p.v_stride.row, keys_left, p.head_dim);
-    load_query_block(cur, source_of(cur), 0);
-    ptx::cp_async_commit();
-    ptx::cp_async_wait<0>();
+    ptx::mbarrier_init(&smem.dq_full, kWarpsPerStage);
+    ptx::mbarrier_init(&smem.dq_empty, 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles meet on mbarriers and named barriers only
+
+  const int lane = threadIdx.x % kBwdWarpSize;
+  if (threadIdx.x < kBwdWarpgroupThreads) {
+    ptx::setmaxnreg_dec<T::kProducerRegs>();
+    const int warp = threadIdx.x / kBwdWarpSize;
+    if (warp == kLoaderWarp) {
+      // K and V once, then each query block's Q, dO, lse2 and delta into the stage its last use
+      // has left; every copy completes onto the stage's q_full as one arrival per lane.
+      if (cta.iterations > 0) {
+        const int64_t keys_left = cta.seq.len_k - key0;
+        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
+            k_tile.base, sm80::operand_base<Element>(p.k, p.k_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
+            p.k_stride.row, keys_left, p.head_dim, lane);
+        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
+            v_tile.base, sm80::operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
+            p.v_stride.row, keys_left, p.head_dim, lane);
+        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.kv_full));
+      }
+      // Block `it` in the compute warpgroups' order (sm80::QueryCursor): head it / blocks, query
+      // block it % blocks from the first; worked out per block in 32 bits (a carried cursor with
+      // 64-bit bounds spilled at the producer's 32 registers).
+      const int m_begin = static_cast<int>(cta.m_blocks.begin);
+      const int blocks = static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
+      const int len_q = static_cast<int>(cta.seq.len_q), h_begin = cta.kvh * cta.group;
+      for (int it = 0; it < cta.iterations; ++it) {
+        const int stage = it % T::kStages, use = it / T::kStages;
+        const int h = h_begin + it / blocks, m = m_begin + it % blocks;
+        ptx::mbarrier_wait(&smem.q_empty[stage], (use & 1) ^ 1);
+        // The lane and the sequence read again each block (volatile moves): hoisted, the lane's
+        // offsets and the sequence's 64-bit base offsets were what the loop spilled.
+        const int lane_here = ptx::thread_index_here() % kBwdWarpSize;
+        const int b = static_cast<int>(ptx::value_here(static_cast<uint32_t>(cta.b)));
+        const int row0 = m * kBlockM;  // a sequence has fewer than 2^31 rows
+        const int rows_left = len_q - row0;
+        load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
+            ptx::smem_addr(smem.stage[stage].q),
+            sm80::operand_base<Element>(p.q, p.q_stride, b, cta.seq.q_start + row0, h), p.q_stride.row, rows_left,
+            p.head_dim, lane_here);
+        load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
+            ptx::smem_addr(smem.stage[stage].dout),
+            sm80::operand_base<Element>(p.dout, p.do_stride, b, cta.seq.q_start + row0, h), p.do_stride.row,
+            rows_left, p.head_dim, lane_here);
+        const int64_t ws_row = ws.row_base(p, b, h) + row0;
+        load_row_floats_async<kBlockM>(ptx::smem_addr(smem.stage[stage].lse2), ws.lse2 + ws_row,
+                                       ptx::smem_addr(smem.stage[stage].delta), ws.delta + ws_row, lane_here);
+        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.q_full[stage]));
+      }
+    } else if (warp == kDqWriterWarp) {
+      // Each block's dQ, once both warpgroups staged their shares: one TMA reduction per 32-column
+      // box into the workspace (boxes wholly past the head dim left out), read before the staging
+      // is handed back.
+      const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
+      const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
+      int it = 0;
+      for (int h = h_begin; h < h_end; ++h)
+        for (int m = m_begin; m < m_end; ++m, ++it) {
+          ptx::mbarrier_wait(&smem.dq_full, it & 1);
+          if (lane == 0) {
+#pragma unroll
+            for (int slab = 0; slab < Storage::kDqSlabs; ++slab)
+              if (slab * Storage::kDqSlabFloats < p.head_dim)
+                ptx::tma_reduce_add_4d(dq_map, ptx::smem_addr(smem.dq[slab]), slab * Storage::kDqSlabFloats,
+                                       m * kBlockM, h, cta.b);
+            ptx::tma_store_commit();
+            ptx::tma_store_wait_read();
+            ptx::mbarrier_arrive(&smem.dq_empty);
+          }
+          __syncwarp();
+        }
+      // The CTA's shared memory must outlive the reductions' reads of it.
+      if (lane == 0) ptx::tma_store_wait_all();
+    }
+  } else {
+    ptx::setmaxnreg_inc<T::kMmaRegs>();
+
+    const int mma_thread = threadIdx.x - kBwdWarpgroupThreads;
+    const int wg = mma_thread / kBwdWarpgroupThreads;
+    const int warp = mma_thread / kBwdWarpSize % kBwdWarpgroupWarps;
+    const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
+    const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
+    const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
+    const int dq_col0 = wg * T::kDqCols;             // its dQ columns
+
+    float dk[kAcc] = {}, dv[kAcc] = {};
+    // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
+    // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
+    auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
+      ptx::wgmma_fence();
+      const uint32_t b_word = b.mn_major_word(0, 0);
+  #pragma unroll
+      for (int kk = 0; kk < kQuerySteps; ++kk) {
+        const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+        ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
+      }
+      ptx::wgmma_commit_group();
+    };
     // cp.async writes through the generic proxy; wgmma reads through the async one.
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-  }
-
-  // The thread that issues the dQ reductions (and waits for them to have read the staging),
-  // its index read again where it is used: carried across the loop, the predicate spilled.
-  auto dq_issuer = [] { return ptx::thread_index_here() == 0; };
-  for (int it = 0; it < cta.iterations; ++it) {
-    // This block's operands are in shared memory (the previous iteration's last barrier), and
-    // the buffer refilled below was last read by the previous iteration's wgmmas, all complete.
-    const int stage = it % T::kStages;
-    // The next block's sources are worked out from the cursor each time (a few 64-bit
-    // multiplies): carried across the loop, they held six registers the window instances spilled.
-    next.advance(cta);
-    if (it + 1 < cta.iterations) {
-      load_query_block(next, source_of(next), stage ^ 1);
-      ptx::cp_async_commit();
+    if (cta.iterations > 0) {
+      ptx::mbarrier_wait(&smem.kv_full, 0);
+      ptx::fence_proxy_async_shared();
     }
-    const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
-    const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+    Cursor cur = first;
+    for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+      const int stage = it % T::kStages, use = it / T::kStages;
+      ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
+      ptx::fence_proxy_async_shared();
+      const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
+      const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+      const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
 
-    // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
-    float s[kScoreAcc], dp[kScoreAcc];
-    ptx::wgmma_fence();
-    const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
-#pragma unroll
-    for (int kk = 0; kk < kDimSteps; ++kk)
-      ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
-                                      kk > 0);
-    ptx::wgmma_commit_group();
-    const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
-#pragma unroll
-    for (int kk = 0; kk < kDimSteps; ++kk)
-      ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
-                                      SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
-    ptx::wgmma_commit_group();
+      // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
+      float s[kScoreAcc], dp[kScoreAcc];
+      ptx::wgmma_fence();
+      const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
+  #pragma unroll
+      for (int kk = 0; kk < kDimSteps; ++kk)
+        ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
+                                        kk > 0);
+      ptx::wgmma_commit_group();
+      const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
+  #pragma unroll
+      for (int kk = 0; kk < kDimSteps; ++kk)
+        ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
+                                        SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
 
-    // P^T = exp2(S^T * scale_log2 - lse2[query]); element 4j + e is key row_in_wg + 8 (e / 2),
-    // query 8j + 2t + e % 2 (ptx/wgmma.cuh's accumulator layout).
-    ptx::wgmma_wait_group<1>();
-    ptx::fence_operands(s);
-    const float* lse2 = smem.stage[stage].lse2;
-#pragma unroll
-    for (int j = 0; j < kScoreAcc / 4; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[4 * j + e] = ptx::ex2_approx(fmaf(s[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
-    }
-    const int m = cur.m;
-    if (m < unmasked.begin || m >= unmasked.end) {
-      const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + wg_key0 + row_in_wg,
-                                                  static_cast<int64_t>(m) * kBlockM + 2 * t, cta.seq.len_q,
-                                                  cta.seq.len_k);
-#pragma unroll
-      for (int j = 0; j < kScoreAcc / 4; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) s[4 * j + e] = 0.f;
-    }
-    uint32_t pt[kScoreAcc / 2];
-#pragma unroll
-    for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+      // P^T = exp2(S^T * scale_log2 - lse2[query]); element 4j + e is key row_in_wg + 8 (e / 2),
+      // query 8j + 2t + e % 2 (ptx/wgmma.cuh's accumulator layout).
+      ptx::wgmma_wait_group<1>();
+      ptx::fence_operands(s);
+      const float* lse2 = smem.stage[stage].lse2;
+  #pragma unroll
+      for (int j = 0; j < kScoreAcc / 4; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) s[4 * j + e] = ptx::ex2_approx(fmaf(s[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+      }
+      const int m = cur.m;
+      if (m < unmasked.begin || m >= unmasked.end) {
+        const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + wg_key0 + row_in_wg,
+                                                    static_cast<int64_t>(m) * kBlockM + 2 * t, cta.seq.len_q,
+                                                    cta.seq.len_k);
+  #pragma unroll
+        for (int j = 0; j < kScoreAcc / 4; ++j)
+  #pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) s[4 * j + e] = 0.f;
+      }
+      uint32_t pt[kScoreAcc / 2];
+  #pragma unroll
+      for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
 
-    // dV += P^T dO.
-    issue_rs(dv, pt, do_tile);
+      // dV += P^T dO.
+      issue_rs(dv, pt, do_tile);
 
-    // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
-    ptx::wgmma_wait_group<1>();
-    ptx::fence_operands(dp);
-    const float* delta = smem.stage[stage].delta;
-#pragma unroll
-    for (int j = 0; j < kScoreAcc / 4; ++j) {
-      const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] + (e % 2 ? nd.y : nd.x));
-    }
-    uint32_t dst[kScoreAcc / 2];
-#pragma unroll
-    for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
-    // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
+      // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
+      ptx::wgmma_wait_group<1>();
+      ptx::fence_operands(dp);
+      const float* delta = smem.stage[stage].delta;
+  #pragma unroll
+      for (int j = 0; j < kScoreAcc / 4; ++j) {
+        const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
+  #pragma unroll
+        for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] + (e % 2 ? nd.y : nd.x));
+      }
+      uint32_t dst[kScoreAcc / 2];
+  #pragma unroll
+      for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
+      // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
     // swizzle_chunk(r, j) = j ^ (r % 8).
-    // For one j the warp's 32 stores hit 32 distinct banks.
-#pragma unroll
-    for (int j = 0; j < kScoreAcc / 4; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = wg_key0 + row_in_wg + 8 * half;
-        const uint32_t at = ds_tile.base + row * kBwdRowBytes + swizzle_chunk(row, j) * 16 + t * 4;
-        ptx::st_shared_b32(at, dst[2 * j + half]);
-      }
+      // For one j the warp's 32 stores hit 32 distinct banks.
+  #pragma unroll
+      for (int j = 0; j < kScoreAcc / 4; ++j)
+  #pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = wg_key0 + row_in_wg + 8 * half;
+          const uint32_t at = ds_tile.base + row * kBwdRowBytes + swizzle_chunk(row, j) * 16 + t * 4;
+          ptx::st_shared_b32(at, dst[2 * j + half]);
+        }
 
-    // dK += dS^T Q.
-    issue_rs(dk, dst, q_tile);
+      // dK += dS^T Q.
+      issue_rs(dk, dst, q_tile);
 
-    // dQ (kBlockM x kDqCols) = dS K over this warpgroup's share: dS^T's rows are keys, so dS is
-    // M-major; K's rows are keys too, so it is N-major. Every warpgroup's dS^T rows must be in
-    // shared memory and visible to the async proxy first, and the last iteration's dQ staging
-    // read by its bulk reductions.
-    if (dq_issuer()) ptx::tma_store_wait_read();
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-    float dq[kDqAcc];
-    ptx::wgmma_fence();
-    const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
-    const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
-#pragma unroll
-    for (int kk = 0; kk < kKeySteps; ++kk)
-      ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
-                                            SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::fence_operands(dq);
-    ptx::fence_operands(dk);
-    ptx::fence_operands(dv);
+      // dQ's share of this warpgroup = dS K over the block's keys: dS^T's rows are keys, so dS is
+      // M-major; K's rows are keys too, so it is N-major. Both warpgroups' dS^T rows must be in
+      // shared memory and visible to the async proxy first (a named barrier of the compute threads).
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
+      float dq[kDqAcc];
+      ptx::wgmma_fence();
+      const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
+      const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
+  #pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk)
+        ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
+                                              SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::fence_operands(dq);
+      ptx::fence_operands(dk);
+      ptx::fence_operands(dv);
+      // Every wgmma of this warp's warpgroup on the stage's Q and dO has completed.
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(&smem.q_empty[stage]);
 
-    // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions, 128-byte swizzled (a warp's
-    // 8 rows spread over the banks), then added to the workspace by one reduction per box from
-    // one thread: the L2's atomics leave the warps' instruction stream. The boxes' rows past the
-    // sequence add zeros to rows the workspace pads each (batch, head) with (kBwdRowPad).
-    // The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_col0 / 32 + j / 4,
-    // 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the row's g), half t % 2 of it.
-    constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
-    constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
-    static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
-    const uint32_t dq_stage = ptx::smem_addr(smem.dq);
-    const uint32_t thread_at = dq_stage + (dq_col0 / kSlabFloats) * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
-#pragma unroll
-    for (int half = 0; half < 2; ++half)
-#pragma unroll
-      for (int j = 0; j < kDqAcc / 4; ++j) {
-        const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
-                            swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
-        ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-      }
-    // The next block's operands (issued at the top) have landed for this thread; the barrier
-    // makes them, and the staged dQ, visible to every thread and to the async proxy.
-    ptx::cp_async_wait<0>();
-    ptx::fence_proxy_async_shared();
-    __syncthreads();
-    if (dq_issuer()) {
-#pragma unroll
-      for (int slab = 0; slab < Storage::kDqSlabs; ++slab)
-        if (slab * kSlabFloats < p.head_dim)
-          ptx::tma_reduce_add_4d(dq_map, dq_stage + static_cast<uint32_t>(slab * kBlockM * kBwdRowBytes),
-                                 slab * kSlabFloats, m * kBlockM, cur.h, cta.b);
-      ptx::tma_store_commit();
+      // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
+      // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
+      // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_col0 / 32 +
+      // j / 4, 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the row's g), half t % 2.
+      constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
+      constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
+      static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
+      ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
+      const uint32_t thread_at = ptx::smem_addr(smem.dq) + (dq_col0 / kSlabFloats) * kSlabBytes + row_in_wg * kBwdRowBytes +
+                                 t % 2 * kPairBytes;
+  #pragma unroll
+      for (int half = 0; half < 2; ++half)
+  #pragma unroll
+        for (int j = 0; j < kDqAcc / 4; ++j) {
+          const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
+                              swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
+          ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        }
+      ptx::fence_proxy_async_shared();
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full);
     }
-    cur = next;
-  }
 
-  // The CTA's shared memory must outlive the reductions' reads of it.
-  if (dq_issuer()) ptx::tma_store_wait_all();
-
-  // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
-  // keys no query sees keep their zeros.
-  const int64_t rows = cta.seq.len_k - key0;
-  auto* dk_out = const_cast<Element*>(sm80::operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
-  auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = wg_key0 + row_in_wg + 8 * half;
-    if (r >= rows) continue;
-#pragma unroll
-    for (int j = 0; j < kAcc / 4; ++j) {
-      const int col = 8 * j + 2 * t;
-      if (col >= p.head_dim) continue;
-      *reinterpret_cast<uint32_t*>(dk_out + r * p.dk_stride.row + col) =
-          pack2<Element>(dk[4 * j + 2 * half] * p.scale, dk[4 * j + 2 * half + 1] * p.scale);
-      *reinterpret_cast<uint32_t*>(dv_out + r * p.dv_stride.row + col) =
-          pack2<Element>(dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1]);
+    // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
+    // keys no query sees keep their zeros.
+    const int64_t rows = cta.seq.len_k - key0;
+    auto* dk_out = const_cast<Element*>(sm80::operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
+    auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
+  #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = wg_key0 + row_in_wg + 8 * half;
+      if (r >= rows) continue;
+  #pragma unroll
+      for (int j = 0; j < kAcc / 4; ++j) {
+        const int col = 8 * j + 2 * t;
+        if (col >= p.head_dim) continue;
+        *reinterpret_cast<uint32_t*>(dk_out + r * p.dk_stride.row + col) =
+            pack2<Element>(dk[4 * j + 2 * half] * p.scale, dk[4 * j + 2 * half + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_out + r * p.dv_stride.row + col) =
+            pack2<Element>(dv[4 * j + 2 * half], dv[4 * j + 2 * half + 1]);
+      }
     }
   }
 }

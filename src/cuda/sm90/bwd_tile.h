@@ -37,7 +37,13 @@ struct BwdTile {
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
   static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
-  static constexpr int kThreads = kWarpgroups * kBwdWarpgroupThreads;
+  // Warpgroup 0 produces (warp 0 loads Q/dO/lse2/delta and K/V by cp.async onto mbarriers, warp
+  // 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute. setmaxnreg moves
+  // the registers: 240 for each compute thread, what is left (32) for the producer's.
+  static constexpr int kMmaThreads = kWarpgroups * kBwdWarpgroupThreads;
+  static constexpr int kThreads = kMmaThreads + kBwdWarpgroupThreads;
+  static constexpr int kMmaRegs = 240, kProducerRegs = 32;
+  static_assert(kMmaRegs * kMmaThreads + kProducerRegs * kBwdWarpgroupThreads <= 65536, "the SM's register file");
   static constexpr int kStages = 2;   // Q/dO/lse2/delta: the next query block loads during this one
   static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
   static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
@@ -58,13 +64,21 @@ struct BwdSharedStorage {
   };
   alignas(kBwdAtomBytes) Element k[T::kBlockN * kHeadDim];
   alignas(kBwdAtomBytes) Element v[T::kBlockN * kHeadDim];
-  alignas(kBwdAtomBytes) Element ds[T::kBlockN * T::kBlockM];
+  // dS^T of two blocks in turn: a warpgroup may write block i + 1's while the other still reads
+  // block i's for its dQ.
+  alignas(kBwdAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
   // dQ in fp32 as the boxes of its tensor reductions: [kHeadDim / 32][kBlockM][32 floats] with
   // the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
   alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
+  // kv_full, q_full: the loader warp's copies landed (32 cp.async arrivals); q_empty: every compute
+  // warp's wgmmas on the stage completed (8); dq_full: every compute warp staged its dQ share (8);
+  // dq_empty: the reductions read the staging (1).
+  uint64_t kv_full;
+  uint64_t q_full[T::kStages], q_empty[T::kStages];
+  uint64_t dq_full, dq_empty;
 };
 
 }  // namespace fusedattn::cuda::sm90

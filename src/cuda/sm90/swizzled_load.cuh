@@ -17,19 +17,22 @@ constexpr int kChunkElems = kSwizzleChunkElems;  // one 16-byte cp.async of 16-b
 constexpr int kChunksPerSlabRow = kBwdSlabElems / kChunkElems;
 
 // Rows [0, kRows) of `src` (row stride `row_stride` elements) into the tile at shared address
-// `smem`, by kThreads threads; each thread's chunk column is the same on every row it copies.
+// `smem`, by kThreads threads of which this is `thread`; each thread's chunk column is the same on
+// every row it copies.
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ __forceinline__ void load_slabs_async(uint32_t smem, const Element* src, int64_t row_stride,
-                                                 int64_t rows_valid, int head_dim) {
+                                                 int64_t rows_valid, int head_dim, int thread) {
   constexpr int kRowChunks = kHeadDim / kChunkElems;
   constexpr int kChunks = kRows * kRowChunks;
   static_assert(kChunks % kThreads == 0 && kThreads % kRowChunks == 0, "whole rows per pass of the threads");
-  const int chunk = static_cast<int>(threadIdx.x) % kRowChunks;
+  const int chunk = thread % kRowChunks;
   const int slab = chunk / kChunksPerSlabRow, in_slab = chunk % kChunksPerSlabRow;
   const bool column_in = chunk * kChunkElems < head_dim;
-#pragma unroll
+  // A single loader warp (32 threads, a producer's few registers) keeps the loop rolled.
+  constexpr int kUnroll = kThreads >= kBwdWarpgroupThreads ? kChunks / kThreads : 1;
+#pragma unroll kUnroll
   for (int i = 0; i < kChunks / kThreads; ++i) {
-    const int row = static_cast<int>(threadIdx.x) / kRowChunks + i * (kThreads / kRowChunks);
+    const int row = thread / kRowChunks + i * (kThreads / kRowChunks);
     const uint32_t dst = smem + static_cast<uint32_t>(slab * kRows * kBwdRowBytes + row * kBwdRowBytes +
                                                       swizzle_chunk(row, in_slab) * 16);
     const bool in = column_in && row < rows_valid;
@@ -39,13 +42,13 @@ __device__ __forceinline__ void load_slabs_async(uint32_t smem, const Element* s
 }
 
 // kRows floats of each of two fp32 rows (lse2 and delta of one query block): 16-byte copies by
-// the first 2 * kRows / 4 threads. Both sources are 16-byte aligned (workspace rows start on
-// kBwdRowPad-row boundaries, blocks on kRows-row ones).
+// threads 0 .. 2 * kRows / 4 - 1 (this is `thread`). Both sources are 16-byte aligned (workspace
+// rows start on kBwdRowPad-row boundaries, blocks on kRows-row ones).
 template <int kRows>
 __device__ __forceinline__ void load_row_floats_async(uint32_t smem_a, const float* src_a, uint32_t smem_b,
-                                                      const float* src_b) {
+                                                      const float* src_b, int thread) {
   constexpr int kChunks = kRows / 4;
-  const int i = static_cast<int>(threadIdx.x);
+  const int i = thread;
   if (i < kChunks)
     ptx::cp_async_16(smem_a + i * 16, src_a + 4 * i, true);
   else if (i < 2 * kChunks)
