@@ -176,7 +176,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         const int64_t ws_row = ws.row_base(p, b, h) + row0;
         load_row_floats_async<kBlockM>(ptx::smem_addr(smem.stage[stage].lse2), ws.lse2 + ws_row,
                                        ptx::smem_addr(smem.stage[stage].delta), ws.delta + ws_row, lane_here);
-        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.q_full[stage]));
+        // The stage read again from the block index (a volatile move): held across the copies, it
+        // was the one value the loop spilled at the producer's 24 registers.
+        const int stage_here = static_cast<int>(ptx::value_here(static_cast<uint32_t>(it))) % T::kStages;
+        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.q_full[stage_here]));
       }
     } else if (warp == kDqWriterWarp) {
       // Each block's dQ, once both warpgroups staged their shares: one TMA reduction per 32-column

@@ -14,6 +14,7 @@
 
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -39,11 +40,14 @@ struct BwdTile {
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
   // Warpgroup 0 produces (warp 0 loads Q/dO/lse2/delta and K/V by cp.async onto mbarriers, warp
   // 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute. setmaxnreg moves
-  // the registers: 240 for each compute thread, what is left (32) for the producer's.
+  // registers within the CTA only (168 a thread at launch): the producer keeps setmaxnreg's
+  // minimum, the compute threads take the rest. A sum over the CTA's launch share blocks the
+  // compute warps' setmaxnreg.inc for good (session 60: 32 + 2 x 240 hung every launch).
   static constexpr int kMmaThreads = kWarpgroups * kBwdWarpgroupThreads;
   static constexpr int kThreads = kMmaThreads + kBwdWarpgroupThreads;
-  static constexpr int kMmaRegs = 240, kProducerRegs = 32;
-  static_assert(kMmaRegs * kMmaThreads + kProducerRegs * kBwdWarpgroupThreads <= 65536, "the SM's register file");
+  static constexpr int kProducerRegs = kProducerRegisters;
+  static constexpr int kMmaRegs = consumer_registers(kWarpgroups, 1, kProducerRegs);
+  static_assert(kMmaRegs == 240, "the compute warpgroups' wgmmas serialise below 240 registers");
   static constexpr int kStages = 2;   // Q/dO/lse2/delta: the next query block loads during this one
   static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
   static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
