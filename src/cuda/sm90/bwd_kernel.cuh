@@ -303,7 +303,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   #pragma unroll
       for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
       // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
-    // swizzle_chunk(r, j) = j ^ (r % 8).
+      // swizzle_chunk(r, j) = j ^ (r % 8).
       // For one j the warp's 32 stores hit 32 distinct banks.
   #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
