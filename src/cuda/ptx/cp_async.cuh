@@ -32,11 +32,4 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// cp.async.mbarrier.arrive.noinc.shared::cta.b64 [bar];   (PTX ISA 7.0, sm_80+)
-// The mbarrier at shared address `bar` receives one arrival once every cp.async this thread has
-// issued so far has completed; .noinc: the arrival is one of the barrier's expected count.
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
 }  // namespace fusedattn::cuda::ptx

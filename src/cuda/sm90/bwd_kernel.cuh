@@ -76,10 +76,23 @@ struct SlabTile {
   }
 };
 
-// The producer warpgroup's two working warps, and the compute warpgroups' named barrier (id 0 is
-// __syncthreads').
-constexpr int kLoaderWarp = 0;
+// The producer warpgroup's warps: three loaders and the dQ writer; and the compute warpgroups'
+// named barrier (id 0 is __syncthreads').
+constexpr int kQLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
+constexpr int kDoLoaderWarp = 2;
+constexpr int kRowLoaderWarp = 3;
+constexpr int kKvLoaderWarps = 2;   // K's and V's
+constexpr int kStageLoaderWarps = 3;  // Q's, dO's, and lse2's with delta's
+
+// A loader warp's copies issued so far have landed: each lane waits for its own, the warp meets,
+// and lane 0 arrives on `bar` for the warp (its arrive releases what the warp wrote).
+__device__ __forceinline__ void arrive_when_copied(uint64_t* bar, int lane) {
+  ptx::cp_async_commit();
+  ptx::cp_async_wait<0>();
+  __syncwarp();
+  if (lane == 0) ptx::mbarrier_arrive(bar);
+}
 constexpr uint32_t kDsBarrier = 1;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
@@ -121,9 +134,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
   constexpr int kWarpsPerStage = T::kMmaThreads / kBwdWarpSize;  // the compute warps
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&smem.kv_full, kBwdWarpSize);
+    ptx::mbarrier_init(&smem.kv_full, kKvLoaderWarps);
     for (int i = 0; i < T::kStages; ++i) {
-      ptx::mbarrier_init(&smem.q_full[i], kBwdWarpSize);
+      ptx::mbarrier_init(&smem.q_full[i], kStageLoaderWarps);
       ptx::mbarrier_init(&smem.q_empty[i], kWarpsPerStage);
     }
     ptx::mbarrier_init(&smem.dq_full, kWarpsPerStage);
@@ -136,22 +149,28 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   if (threadIdx.x < kBwdWarpgroupThreads) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / kBwdWarpSize;
-    if (warp == kLoaderWarp) {
-      // K and V once, then each query block's Q, dO, lse2 and delta into the stage its last use
-      // has left; every copy completes onto the stage's q_full as one arrival per lane.
+    if (warp == kQLoaderWarp || warp == kDoLoaderWarp || warp == kRowLoaderWarp) {
+      // Three loader warps, one operand each: K once then each query block's Q (kQLoaderWarp), V
+      // once then dO (kDoLoaderWarp), lse2 and delta (kRowLoaderWarp), into the stage its last use
+      // has left. A warp waits for its own copies and then arrives once (lane 0, after the warp
+      // has met), so every write a compute warp reads after q_full is ordered by the barrier.
+      // One loader warp for all of it ran 0.54-0.64x cuDNN (session 61): 64 copies per lane at
+      // the producer's 24 registers took longer than a block's GEMMs.
+      // Each operand's pointer and strides read from the parameters where they are used: selected
+      // once and held, they spilled at the producer's 24 registers.
+      auto load_keys = [&](uint32_t tile, const void* src, const OperandStrides& stride) {
+        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
+            tile, sm80::operand_base<Element>(src, stride, cta.b, cta.seq.k_start + key0, cta.kvh), stride.row,
+            cta.seq.len_k - key0, p.head_dim, lane);
+        arrive_when_copied(&smem.kv_full, lane);
+      };
       if (cta.iterations > 0) {
-        const int64_t keys_left = cta.seq.len_k - key0;
-        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
-            k_tile.base, sm80::operand_base<Element>(p.k, p.k_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
-            p.k_stride.row, keys_left, p.head_dim, lane);
-        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
-            v_tile.base, sm80::operand_base<Element>(p.v, p.v_stride, cta.b, cta.seq.k_start + key0, cta.kvh),
-            p.v_stride.row, keys_left, p.head_dim, lane);
-        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.kv_full));
+        if (warp == kQLoaderWarp) load_keys(k_tile.base, p.k, p.k_stride);
+        if (warp == kDoLoaderWarp) load_keys(v_tile.base, p.v, p.v_stride);
       }
       // Block `it` in the compute warpgroups' order (sm80::QueryCursor): head it / blocks, query
       // block it % blocks from the first; worked out per block in 32 bits (a carried cursor with
-      // 64-bit bounds spilled at the producer's 32 registers).
+      // 64-bit bounds spilled at the producer's registers).
       const int m_begin = static_cast<int>(cta.m_blocks.begin);
       const int blocks = static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
       const int len_q = static_cast<int>(cta.seq.len_q), h_begin = cta.kvh * cta.group;
@@ -164,22 +183,25 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         const int lane_here = ptx::thread_index_here() % kBwdWarpSize;
         const int b = static_cast<int>(ptx::value_here(static_cast<uint32_t>(cta.b)));
         const int row0 = m * kBlockM;  // a sequence has fewer than 2^31 rows
-        const int rows_left = len_q - row0;
-        load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
-            ptx::smem_addr(smem.stage[stage].q),
-            sm80::operand_base<Element>(p.q, p.q_stride, b, cta.seq.q_start + row0, h), p.q_stride.row, rows_left,
-            p.head_dim, lane_here);
-        load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
-            ptx::smem_addr(smem.stage[stage].dout),
-            sm80::operand_base<Element>(p.dout, p.do_stride, b, cta.seq.q_start + row0, h), p.do_stride.row,
-            rows_left, p.head_dim, lane_here);
-        const int64_t ws_row = ws.row_base(p, b, h) + row0;
-        load_row_floats_async<kBlockM>(ptx::smem_addr(smem.stage[stage].lse2), ws.lse2 + ws_row,
-                                       ptx::smem_addr(smem.stage[stage].delta), ws.delta + ws_row, lane_here);
+        if (warp == kRowLoaderWarp) {
+          const int64_t ws_row = ws.row_base(p, b, h) + row0;
+          load_row_floats_async<kBlockM>(ptx::smem_addr(smem.rows[stage].lse2), ws.lse2 + ws_row,
+                                         ptx::smem_addr(smem.rows[stage].delta), ws.delta + ws_row, lane_here);
+        } else {
+          auto load_queries = [&](uint32_t tile, const void* src, const OperandStrides& stride) {
+            load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
+                tile, sm80::operand_base<Element>(src, stride, b, cta.seq.q_start + row0, h), stride.row, len_q - row0,
+                p.head_dim, lane_here);
+          };
+          if (warp == kQLoaderWarp)
+            load_queries(ptx::smem_addr(smem.stage[stage].q), p.q, p.q_stride);
+          else
+            load_queries(ptx::smem_addr(smem.stage[stage].dout), p.dout, p.do_stride);
+        }
         // The stage read again from the block index (a volatile move): held across the copies, it
         // was the one value the loop spilled at the producer's 24 registers.
         const int stage_here = static_cast<int>(ptx::value_here(static_cast<uint32_t>(it))) % T::kStages;
-        ptx::cp_async_mbarrier_arrive_noinc(ptx::smem_addr(&smem.q_full[stage_here]));
+        arrive_when_copied(&smem.q_full[stage_here], lane_here);
       }
     } else if (warp == kDqWriterWarp) {
       // Each block's dQ, once both warpgroups staged their shares: one TMA reduction per 32-column
@@ -264,7 +286,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       // query 8j + 2t + e % 2 (ptx/wgmma.cuh's accumulator layout).
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
-      const float* lse2 = smem.stage[stage].lse2;
+      const float* lse2 = smem.rows[stage].lse2;
   #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
@@ -292,7 +314,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(dp);
-      const float* delta = smem.stage[stage].delta;
+      const float* delta = smem.rows[stage].delta;
   #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);

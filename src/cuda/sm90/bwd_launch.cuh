@@ -23,6 +23,7 @@ template <typename Element, int kHeadDim, MaskKind kMask>
 void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStream_t stream) {
   using T = BwdTile<kHeadDim>;
   constexpr int kSharedBytes = static_cast<int>(sizeof(BwdSharedStorage<Element, kHeadDim>));
+  static_assert(kSharedBytes <= kMaxSharedBytesPerBlock, "the backward's tile fits a CTA's shared memory");
   const auto kernel = bwd_main_kernel<Element, kHeadDim, kMask>;
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSharedBytes));
   const int64_t kv_blocks = ceil_div(p.seqlen_k, T::kBlockN);

@@ -38,17 +38,19 @@ struct BwdTile {
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
   static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
-  // Warpgroup 0 produces (warp 0 loads Q/dO/lse2/delta and K/V by cp.async onto mbarriers, warp
-  // 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute. setmaxnreg moves
-  // registers within the CTA only (168 a thread at launch): the producer keeps setmaxnreg's
-  // minimum, the compute threads take the rest. A sum over the CTA's launch share blocks the
+  // Warpgroup 0 produces (three warps load K/V once and each block's Q, dO, lse2 and delta by
+  // cp.async, one operand each; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1
+  // and 2 compute. setmaxnreg moves registers within the CTA only (168 a thread at launch): the
+  // producer keeps setmaxnreg's minimum, the compute threads take the rest. A sum over the CTA's launch share blocks the
   // compute warps' setmaxnreg.inc for good (session 60: 32 + 2 x 240 hung every launch).
   static constexpr int kMmaThreads = kWarpgroups * kBwdWarpgroupThreads;
   static constexpr int kThreads = kMmaThreads + kBwdWarpgroupThreads;
   static constexpr int kProducerRegs = kProducerRegisters;
   static constexpr int kMmaRegs = consumer_registers(kWarpgroups, 1, kProducerRegs);
   static_assert(kMmaRegs == 240, "the compute warpgroups' wgmmas serialise below 240 registers");
-  static constexpr int kStages = 2;   // Q/dO/lse2/delta: the next query block loads during this one
+  // Q/dO/lse2/delta: the loaders work two blocks ahead (a third stage fits beside K, V, two dS^T
+  // buffers and the dQ staging).
+  static constexpr int kStages = 3;
   static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
   static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
 };
@@ -63,6 +65,10 @@ struct BwdSharedStorage {
   struct Stage {
     alignas(kBwdAtomBytes) Element q[T::kBlockM * kHeadDim];
     alignas(kBwdAtomBytes) Element dout[T::kBlockM * kHeadDim];
+  };
+  // A stage's fp32 rows apart from its tiles: inside Stage they would pad it to the next atom,
+  // and three such stages no longer fit.
+  struct StageRows {
     alignas(16) float lse2[T::kBlockM];
     alignas(16) float delta[T::kBlockM];
   };
@@ -77,7 +83,8 @@ struct BwdSharedStorage {
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
   alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
-  // kv_full, q_full: the loader warp's copies landed (32 cp.async arrivals); q_empty: every compute
+  StageRows rows[T::kStages];
+  // kv_full, q_full: the loader warps' copies landed (one arrival per warp); q_empty: every compute
   // warp's wgmmas on the stage completed (8); dq_full: every compute warp staged its dQ share (8);
   // dq_empty: the reductions read the staging (1).
   uint64_t kv_full;
