@@ -137,7 +137,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::mbarrier_init(&smem.kv_full, kKvLoaderWarps);
     for (int i = 0; i < T::kStages; ++i) {
       ptx::mbarrier_init(&smem.q_full[i], kStageLoaderWarps);
-      ptx::mbarrier_init(&smem.q_empty[i], kWarpsPerStage);
+      ptx::mbarrier_init(&smem.q_empty[i], T::kMmaThreads);
     }
     ptx::mbarrier_init(&smem.dq_full, kWarpsPerStage);
     ptx::mbarrier_init(&smem.dq_empty, 1);
@@ -357,9 +357,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::fence_operands(dq);
       ptx::fence_operands(dk);
       ptx::fence_operands(dv);
-      // Every wgmma of this warp's warpgroup on the stage's Q and dO has completed.
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&smem.q_empty[stage]);
+      // Every wgmma of this warp's warpgroup on the stage's Q and dO has completed, and this
+      // thread's reads of its lse2 and delta are done: each compute thread arrives for its own.
+      ptx::mbarrier_arrive(&smem.q_empty[stage]);
 
       // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
       // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
