@@ -97,7 +97,8 @@ constexpr uint32_t kDsBarrier = 1;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
-                                         const CUtensorMap* dq_map) {
+                                         const CUtensorMap* dq_map, const CUtensorMap* q_map,
+                                         const CUtensorMap* do_map, bool tma_queries) {
   using T = BwdTile<kHeadDim>;
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
@@ -188,15 +189,30 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           load_row_floats_async<kBlockM>(ptx::smem_addr(smem.rows[stage].lse2), ws.lse2 + ws_row,
                                          ptx::smem_addr(smem.rows[stage].delta), ws.delta + ws_row, lane_here);
         } else {
-          auto load_queries = [&](uint32_t tile, const void* src, const OperandStrides& stride) {
+          const bool queries = warp == kQLoaderWarp;
+          Element* tile = queries ? smem.stage[stage].q : smem.stage[stage].dout;
+          if (tma_queries) {
+            // A dense call's block by TMA (rows past the sequence zero-filled): one elected
+            // thread, one box per 64-column slab; its arrival announces the bytes.
+            if (lane_here == 0) {
+              uint64_t* full = &smem.q_full[stage];
+              ptx::mbarrier_arrive_expect_tx(full, Storage::kQueryTileBytes);
+  #pragma unroll
+              for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab)
+                ptx::tma_load_4d(tile + slab * kBlockM * kBwdSlabElems, queries ? q_map : do_map, slab * kBwdSlabElems,
+                                 row0, h, b, full);
+            }
+            continue;
+          }
+          auto load_queries = [&](const void* src, const OperandStrides& stride) {
             load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
-                tile, sm80::operand_base<Element>(src, stride, b, cta.seq.q_start + row0, h), stride.row, len_q - row0,
-                p.head_dim, lane_here);
+                ptx::smem_addr(tile), sm80::operand_base<Element>(src, stride, b, cta.seq.q_start + row0, h), stride.row,
+                len_q - row0, p.head_dim, lane_here);
           };
-          if (warp == kQLoaderWarp)
-            load_queries(ptx::smem_addr(smem.stage[stage].q), p.q, p.q_stride);
+          if (queries)
+            load_queries(p.q, p.q_stride);
           else
-            load_queries(ptx::smem_addr(smem.stage[stage].dout), p.dout, p.do_stride);
+            load_queries(p.dout, p.do_stride);
         }
         // The stage read again from the block index (a volatile move): held across the copies, it
         // was the one value the loop spilled at the producer's 24 registers.
@@ -409,9 +425,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     bwd_main_kernel(const BwdParams p, const sm80::BwdWorkspace ws, int schedule_shift,
-                    const __grid_constant__ CUtensorMap dq_map) {
+                    const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ CUtensorMap q_map,
+                    const __grid_constant__ CUtensorMap do_map, bool tma_queries) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift, &dq_map);
+  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift, &dq_map, &q_map, &do_map, tma_queries);
 #endif
 }
 

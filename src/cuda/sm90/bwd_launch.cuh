@@ -39,7 +39,17 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
   const CUtensorMap dq_map = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
                                              Storage::kDqSlabFloats, T::kBlockM);
-  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, dq_map);
+  // Dense calls load Q and dO by TMA (boxes of kBlockM rows x one 64-column slab); a
+  // variable-length batch's blocks would straddle its sequences, so its loader warps copy them
+  // by cp.async (the maps then go unused).
+  const bool tma_queries = p.cu_seqlens_q == nullptr;
+  const auto query_map = [&](const void* base, const OperandStrides& strides) {
+    if (!tma_queries) return dq_map;
+    return make_tensor_map({base, p.dtype, p.head_dim, p.seqlen_q, p.heads_q, p.batch, strides}, kBwdSlabElems,
+                           T::kBlockM);
+  };
+  const CUtensorMap q_map = query_map(p.q, p.q_stride), do_map = query_map(p.dout, p.do_stride);
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, dq_map, q_map, do_map, tma_queries);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

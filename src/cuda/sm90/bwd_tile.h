@@ -83,6 +83,8 @@ struct BwdSharedStorage {
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
   alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
+  // One query block's Q (or dO) tile, the bytes its TMA boxes deliver.
+  static constexpr uint32_t kQueryTileBytes = T::kBlockM * kHeadDim * sizeof(Element);
   StageRows rows[T::kStages];
   // kv_full, q_full: the loader warps' copies landed (one arrival per warp); q_empty: every compute
   // warp's wgmmas on the stage completed (8); dq_full: every compute warp staged its dQ share (8);
