@@ -41,6 +41,13 @@ __device__ __forceinline__ void tma_load_4d_multicast(void* smem_dst, const CUte
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, map, coords, bar,
                                     cta_mask);
 }
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], bytes, [bar];
+// PTX ISA 8.0, sm_90. A plain copy of `bytes` (a multiple of 16; both addresses 16-byte aligned)
+// that counts its bytes on bar.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, src, bytes, bar);
+}
+
 // cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [map, {c0, c1, c2, c3}], [src];
 // PTX ISA 8.0, sm_90.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* smem_src, int32_t c0, int32_t c1,

@@ -27,7 +27,6 @@
 #include "cuda/common/element.cuh"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
-#include "cuda/ptx/cp_async.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mufu.cuh"
@@ -41,7 +40,6 @@
 #include "cuda/sm80/bwd_tile_io.cuh"
 #include "cuda/sm80/bwd_workspace.h"
 #include "cuda/sm90/bwd_tile.h"
-#include "cuda/sm90/swizzled_load.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -76,29 +74,15 @@ struct SlabTile {
   }
 };
 
-// The producer warpgroup's warps: three loaders and the dQ writer; and the compute warpgroups'
-// named barrier (id 0 is __syncthreads').
-constexpr int kQLoaderWarp = 0;
+// The producer warpgroup's two working warps (one elected thread of the loader issues every
+// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads').
+constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
-constexpr int kDoLoaderWarp = 2;
-constexpr int kRowLoaderWarp = 3;
-constexpr int kKvLoaderWarps = 2;   // K's and V's
-constexpr int kStageLoaderWarps = 3;  // Q's, dO's, and lse2's with delta's
-
-// A loader warp's copies issued so far have landed: each lane waits for its own, the warp meets,
-// and lane 0 arrives on `bar` for the warp (its arrive releases what the warp wrote).
-__device__ __forceinline__ void arrive_when_copied(uint64_t* bar, int lane) {
-  ptx::cp_async_commit();
-  ptx::cp_async_wait<0>();
-  __syncwarp();
-  if (lane == 0) ptx::mbarrier_arrive(bar);
-}
 constexpr uint32_t kDsBarrier = 1;
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
-                                         const CUtensorMap* dq_map, const CUtensorMap* q_map,
-                                         const CUtensorMap* do_map, bool tma_queries) {
+                                         const BwdMaps* maps) {
   using T = BwdTile<kHeadDim>;
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
@@ -135,9 +119,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
   constexpr int kWarpsPerStage = T::kMmaThreads / kBwdWarpSize;  // the compute warps
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&smem.kv_full, kKvLoaderWarps);
+    ptx::mbarrier_init(&smem.kv_full, 1);
     for (int i = 0; i < T::kStages; ++i) {
-      ptx::mbarrier_init(&smem.q_full[i], kStageLoaderWarps);
+      ptx::mbarrier_init(&smem.q_full[i], 1);
       ptx::mbarrier_init(&smem.q_empty[i], T::kMmaThreads);
     }
     ptx::mbarrier_init(&smem.dq_full, kWarpsPerStage);
@@ -150,74 +134,41 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   if (threadIdx.x < kBwdWarpgroupThreads) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / kBwdWarpSize;
-    if (warp == kQLoaderWarp || warp == kDoLoaderWarp || warp == kRowLoaderWarp) {
-      // Three loader warps, one operand each: K once then each query block's Q (kQLoaderWarp), V
-      // once then dO (kDoLoaderWarp), lse2 and delta (kRowLoaderWarp), into the stage its last use
-      // has left. A warp waits for its own copies and then arrives once (lane 0, after the warp
-      // has met), so every write a compute warp reads after q_full is ordered by the barrier.
-      // One loader warp for all of it ran 0.54-0.64x cuDNN (session 61): 64 copies per lane at
-      // the producer's 24 registers took longer than a block's GEMMs.
-      // Each operand's pointer and strides read from the parameters where they are used: selected
-      // once and held, they spilled at the producer's 24 registers.
-      auto load_keys = [&](uint32_t tile, const void* src, const OperandStrides& stride) {
-        load_slabs_async<kBlockN, kHeadDim, kBwdWarpSize>(
-            tile, sm80::operand_base<Element>(src, stride, cta.b, cta.seq.k_start + key0, cta.kvh), stride.row,
-            cta.seq.len_k - key0, p.head_dim, lane);
-        arrive_when_copied(&smem.kv_full, lane);
-      };
+    if (warp == kLoaderWarp && lane == 0) {
+      // K and V once, then each query block's Q, dO, lse2 and delta into the stage its last use
+      // has left, all by TMA from one thread: each barrier's arrival announces the bytes. Rows
+      // past the tensors' rows in use read as zeros; in a variable-length batch, rows past a
+      // sequence are the next one's, which the masks and lse2 = +inf give no weight (as the
+      // forward's loads). Three loader warps copying by cp.async at the producer's 24 registers
+      // kept the compute warpgroups waiting on q_full (session 61: 0.66-0.70x cuDNN, this 0.89-0.96x).
+      const int batch = maps->varlen ? 0 : cta.b;  // a variable-length batch's maps are one packed sequence
       if (cta.iterations > 0) {
-        if (warp == kQLoaderWarp) load_keys(k_tile.base, p.k, p.k_stride);
-        if (warp == kDoLoaderWarp) load_keys(v_tile.base, p.v, p.v_stride);
-      }
-      // Block `it` in the compute warpgroups' order (sm80::QueryCursor): head it / blocks, query
-      // block it % blocks from the first; worked out per block in 32 bits (a carried cursor with
-      // 64-bit bounds spilled at the producer's registers).
-      const int m_begin = static_cast<int>(cta.m_blocks.begin);
-      const int blocks = static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
-      const int len_q = static_cast<int>(cta.seq.len_q), h_begin = cta.kvh * cta.group;
-      for (int it = 0; it < cta.iterations; ++it) {
-        const int stage = it % T::kStages, use = it / T::kStages;
-        const int h = h_begin + it / blocks, m = m_begin + it % blocks;
-        ptx::mbarrier_wait(&smem.q_empty[stage], (use & 1) ^ 1);
-        // The lane and the sequence read again each block (volatile moves): hoisted, the lane's
-        // offsets and the sequence's 64-bit base offsets were what the loop spilled.
-        const int lane_here = ptx::thread_index_here() % kBwdWarpSize;
-        const int b = static_cast<int>(ptx::value_here(static_cast<uint32_t>(cta.b)));
-        const int row0 = m * kBlockM;  // a sequence has fewer than 2^31 rows
-        if (warp == kRowLoaderWarp) {
-          const int64_t ws_row = ws.row_base(p, b, h) + row0;
-          load_row_floats_async<kBlockM>(ptx::smem_addr(smem.rows[stage].lse2), ws.lse2 + ws_row,
-                                         ptx::smem_addr(smem.rows[stage].delta), ws.delta + ws_row, lane_here);
-        } else {
-          const bool queries = warp == kQLoaderWarp;
-          Element* tile = queries ? smem.stage[stage].q : smem.stage[stage].dout;
-          if (tma_queries) {
-            // A dense call's block by TMA (rows past the sequence zero-filled): one elected
-            // thread, one box per 64-column slab; its arrival announces the bytes.
-            if (lane_here == 0) {
-              uint64_t* full = &smem.q_full[stage];
-              ptx::mbarrier_arrive_expect_tx(full, Storage::kQueryTileBytes);
+        const int key_row = static_cast<int>(cta.seq.k_start + key0);
+        ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * Storage::kKeyTileBytes);
   #pragma unroll
-              for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab)
-                ptx::tma_load_4d(tile + slab * kBlockM * kBwdSlabElems, queries ? q_map : do_map, slab * kBwdSlabElems,
-                                 row0, h, b, full);
-            }
-            continue;
-          }
-          auto load_queries = [&](const void* src, const OperandStrides& stride) {
-            load_slabs_async<kBlockM, kHeadDim, kBwdWarpSize>(
-                ptx::smem_addr(tile), sm80::operand_base<Element>(src, stride, b, cta.seq.q_start + row0, h), stride.row,
-                len_q - row0, p.head_dim, lane_here);
-          };
-          if (queries)
-            load_queries(p.q, p.q_stride);
-          else
-            load_queries(p.dout, p.do_stride);
+        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
+          const int col = slab * kBwdSlabElems, at = slab * kBlockN * kBwdSlabElems;
+          ptx::tma_load_4d(smem.k + at, &maps->k, col, key_row, cta.kvh, batch, &smem.kv_full);
+          ptx::tma_load_4d(smem.v + at, &maps->v, col, key_row, cta.kvh, batch, &smem.kv_full);
         }
-        // The stage read again from the block index (a volatile move): held across the copies, it
-        // was the one value the loop spilled at the producer's 24 registers.
-        const int stage_here = static_cast<int>(ptx::value_here(static_cast<uint32_t>(it))) % T::kStages;
-        arrive_when_copied(&smem.q_full[stage_here], lane_here);
+      }
+      Cursor cur = first;
+      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+        const int stage = it % T::kStages, use = it / T::kStages;
+        ptx::mbarrier_wait(&smem.q_empty[stage], (use & 1) ^ 1);
+        uint64_t* full = &smem.q_full[stage];
+        ptx::mbarrier_arrive_expect_tx(full, 2 * Storage::kQueryTileBytes + 2 * Storage::kRowBytes);
+        const int row0 = cur.m * kBlockM;  // a sequence has fewer than 2^31 rows (dispatch)
+        const int query_row = static_cast<int>(cta.seq.q_start) + row0;
+  #pragma unroll
+        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
+          const int col = slab * kBwdSlabElems, at = slab * kBlockM * kBwdSlabElems;
+          ptx::tma_load_4d(smem.stage[stage].q + at, &maps->q, col, query_row, cur.h, batch, full);
+          ptx::tma_load_4d(smem.stage[stage].dout + at, &maps->dout, col, query_row, cur.h, batch, full);
+        }
+        const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row0;
+        ptx::bulk_load(smem.rows[stage].lse2, ws.lse2 + ws_row, Storage::kRowBytes, full);
+        ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
       }
     } else if (warp == kDqWriterWarp) {
       // Each block's dQ, once both warpgroups staged their shares: one TMA reduction per 32-column
@@ -233,7 +184,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 #pragma unroll
             for (int slab = 0; slab < Storage::kDqSlabs; ++slab)
               if (slab * Storage::kDqSlabFloats < p.head_dim)
-                ptx::tma_reduce_add_4d(dq_map, ptx::smem_addr(smem.dq[slab]), slab * Storage::kDqSlabFloats,
+                ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.dq[slab]), slab * Storage::kDqSlabFloats,
                                        m * kBlockM, h, cta.b);
             ptx::tma_store_commit();
             ptx::tma_store_wait_read();
@@ -268,16 +219,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
       ptx::wgmma_commit_group();
     };
-    // cp.async writes through the generic proxy; wgmma reads through the async one.
-    if (cta.iterations > 0) {
-      ptx::mbarrier_wait(&smem.kv_full, 0);
-      ptx::fence_proxy_async_shared();
-    }
+    // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
+    if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
     Cursor cur = first;
     for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
       const int stage = it % T::kStages, use = it / T::kStages;
       ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
-      ptx::fence_proxy_async_shared();
       const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
       const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
       const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
@@ -425,10 +372,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 template <typename Element, int kHeadDim, MaskKind kMask>
 __global__ void __launch_bounds__(BwdTile<kHeadDim>::kThreads, 1)
     bwd_main_kernel(const BwdParams p, const sm80::BwdWorkspace ws, int schedule_shift,
-                    const __grid_constant__ CUtensorMap dq_map, const __grid_constant__ CUtensorMap q_map,
-                    const __grid_constant__ CUtensorMap do_map, bool tma_queries) {
+                    const __grid_constant__ BwdMaps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift, &dq_map, &q_map, &do_map, tma_queries);
+  bwd_main<Element, kHeadDim, kMask>(p, ws, schedule_shift, &maps);
 #endif
 }
 

@@ -37,19 +37,21 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   // boxes of kBlockM rows x 32 floats (128 bytes, the swizzle's row).
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
-  const CUtensorMap dq_map = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
-                                             Storage::kDqSlabFloats, T::kBlockM);
-  // Dense calls load Q and dO by TMA (boxes of kBlockM rows x one 64-column slab); a
-  // variable-length batch's blocks would straddle its sequences, so its loader warps copy them
-  // by cp.async (the maps then go unused).
-  const bool tma_queries = p.cu_seqlens_q == nullptr;
-  const auto query_map = [&](const void* base, const OperandStrides& strides) {
-    if (!tma_queries) return dq_map;
-    return make_tensor_map({base, p.dtype, p.head_dim, p.seqlen_q, p.heads_q, p.batch, strides}, kBwdSlabElems,
-                           T::kBlockM);
+  BwdMaps maps;
+  maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
+                            Storage::kDqSlabFloats, T::kBlockM);
+  // Q, dO, K and V over the rows in use (a variable-length batch's packed rows as one sequence),
+  // boxes of one 64-column slab: rows past them read as zeros.
+  maps.varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = maps.varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = maps.varlen ? p.varlen_rows_k : p.seqlen_k;
+  const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& strides) {
+    return OperandView{base, p.dtype, p.head_dim, rows, heads, maps.varlen ? 1 : p.batch, strides};
   };
-  const CUtensorMap q_map = query_map(p.q, p.q_stride), do_map = query_map(p.dout, p.do_stride);
-  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, dq_map, q_map, do_map, tma_queries);
+  maps.q = make_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
+  maps.dout = make_tensor_map(view(p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);
+  maps.k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN);
+  maps.v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN);
+  kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, maps);
   FUSEDATTN_CHECK_LAUNCH();
 }
 

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include <cuda.h>
+
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/tile_config.h"
@@ -38,9 +40,8 @@ struct BwdTile {
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
   static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
-  // Warpgroup 0 produces (three warps load K/V once and each block's Q, dO, lse2 and delta by
-  // cp.async, one operand each; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1
-  // and 2 compute. setmaxnreg moves registers within the CTA only (168 a thread at launch): the
+  // Warpgroup 0 produces (one thread of warp 0 loads K/V once and each block's Q, dO, lse2 and
+  // delta by TMA; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute. setmaxnreg moves registers within the CTA only (168 a thread at launch): the
   // producer keeps setmaxnreg's minimum, the compute threads take the rest. A sum over the CTA's launch share blocks the
   // compute warps' setmaxnreg.inc for good (session 60: 32 + 2 x 240 hung every launch).
   static constexpr int kMmaThreads = kWarpgroups * kBwdWarpgroupThreads;
@@ -48,11 +49,19 @@ struct BwdTile {
   static constexpr int kProducerRegs = kProducerRegisters;
   static constexpr int kMmaRegs = consumer_registers(kWarpgroups, 1, kProducerRegs);
   static_assert(kMmaRegs == 240, "the compute warpgroups' wgmmas serialise below 240 registers");
-  // Q/dO/lse2/delta: the loaders work two blocks ahead (a third stage fits beside K, V, two dS^T
+  // Q/dO/lse2/delta: the producer works two blocks ahead (a third stage fits beside K, V, two dS^T
   // buffers and the dQ staging).
   static constexpr int kStages = 3;
   static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
   static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
+};
+
+// The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K and V as [batch, rows, heads, head dim]
+// with boxes of one 64-column slab (kBlockM rows for Q and dO, kBlockN for K and V), and dQ's fp32
+// workspace with boxes of 32 columns. A variable-length batch's maps are one packed sequence.
+struct BwdMaps {
+  CUtensorMap q, dout, k, v, dq;
+  bool varlen;
 };
 
 // Every 16-bit tile is [slab][row][64 elements] with the 128-byte swizzle (chunk ^= row % 8),
@@ -83,12 +92,16 @@ struct BwdSharedStorage {
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
   alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
-  // One query block's Q (or dO) tile, the bytes its TMA boxes deliver.
+  // The bytes the producer's TMA loads deliver: a query block's Q (or dO) tile, the CTA's K (or
+  // V) tile, a query block's lse2 (or delta) row.
   static constexpr uint32_t kQueryTileBytes = T::kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKeyTileBytes = T::kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowBytes = T::kBlockM * sizeof(float);
   StageRows rows[T::kStages];
-  // kv_full, q_full: the loader warps' copies landed (one arrival per warp); q_empty: every compute
-  // warp's wgmmas on the stage completed (8); dq_full: every compute warp staged its dQ share (8);
-  // dq_empty: the reductions read the staging (1).
+  // kv_full, q_full: the producer's loads landed (its one arrival, with their bytes); q_empty:
+  // every compute thread is done with the stage (its wgmmas completed, its lse2 and delta read;
+  // one arrival each); dq_full: every compute warp staged its dQ share (8); dq_empty: the
+  // reductions read the staging (1).
   uint64_t kv_full;
   uint64_t q_full[T::kStages], q_empty[T::kStages];
   uint64_t dq_full, dq_empty;
