@@ -16,8 +16,10 @@
 //                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
-// while dS^T is formed. Q, dO, lse2 and delta of the next query block load (cp.async) while this
-// one computes; K and V load once. dK is scaled by the softmax scale once at the end; dQ by the
+// while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
+// thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
+// ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
+// compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers. dK is scaled by the softmax scale once at the end; dQ by the
 // convert kernel (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is
 // the portable backward's.
 #pragma once
