@@ -19,9 +19,10 @@
 // while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
 // thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
 // ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
-// compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers. dK is scaled by the softmax scale once at the end; dQ by the
-// convert kernel (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is
-// the portable backward's.
+// compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers.
+// dK is scaled by the softmax scale once at the end; dQ by the convert kernel
+// (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is the portable
+// backward's.
 #pragma once
 
 #include <cstdint>
@@ -117,16 +118,17 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
   const SlabTile<kBlockN> k_tile{ptx::smem_addr(smem.k)}, v_tile{ptx::smem_addr(smem.v)};
   using Cursor = sm80::QueryCursor<false>;
-  const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin)};
+  const int blocks_per_head = static_cast<int>(cta.m_blocks.end - cta.m_blocks.begin);
+  const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), blocks_per_head};
 
-  constexpr int kWarpsPerStage = T::kMmaThreads / kBwdWarpSize;  // the compute warps
+  constexpr int kComputeWarps = T::kMmaThreads / kBwdWarpSize;
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&smem.kv_full, 1);
     for (int i = 0; i < T::kStages; ++i) {
       ptx::mbarrier_init(&smem.q_full[i], 1);
       ptx::mbarrier_init(&smem.q_empty[i], T::kMmaThreads);
     }
-    ptx::mbarrier_init(&smem.dq_full, kWarpsPerStage);
+    ptx::mbarrier_init(&smem.dq_full, kComputeWarps);
     ptx::mbarrier_init(&smem.dq_empty, 1);
     ptx::fence_barrier_init();
   }
@@ -142,12 +144,13 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       // past the tensors' rows in use read as zeros; in a variable-length batch, rows past a
       // sequence are the next one's, which the masks and lse2 = +inf give no weight (as the
       // forward's loads). Three loader warps copying by cp.async at the producer's 24 registers
-      // kept the compute warpgroups waiting on q_full (session 61: 0.66-0.70x cuDNN, this 0.89-0.96x).
+      // kept the compute warpgroups waiting on q_full (session 61: 0.66-0.70x cuDNN; by TMA
+      // 0.93-0.99x).
       const int batch = maps->varlen ? 0 : cta.b;  // a variable-length batch's maps are one packed sequence
       if (cta.iterations > 0) {
         const int key_row = static_cast<int>(cta.seq.k_start + key0);
         ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * Storage::kKeyTileBytes);
-  #pragma unroll
+#pragma unroll
         for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
           const int col = slab * kBwdSlabElems, at = slab * kBlockN * kBwdSlabElems;
           ptx::tma_load_4d(smem.k + at, &maps->k, col, key_row, cta.kvh, batch, &smem.kv_full);
@@ -162,12 +165,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::mbarrier_arrive_expect_tx(full, 2 * Storage::kQueryTileBytes + 2 * Storage::kRowBytes);
         const int row0 = cur.m * kBlockM;  // a sequence has fewer than 2^31 rows (dispatch)
         const int query_row = static_cast<int>(cta.seq.q_start) + row0;
-  #pragma unroll
+#pragma unroll
         for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
           const int col = slab * kBwdSlabElems, at = slab * kBlockM * kBwdSlabElems;
           ptx::tma_load_4d(smem.stage[stage].q + at, &maps->q, col, query_row, cur.h, batch, full);
           ptx::tma_load_4d(smem.stage[stage].dout + at, &maps->dout, col, query_row, cur.h, batch, full);
         }
+        // Whole 64-row blocks of lse2 and delta, 16-byte aligned: the workspace pads each (batch,
+        // head)'s rows to kBwdRowPad.
+        static_assert(sm80::kBwdRowPad % kBlockM == 0, "query blocks tile the workspace's row padding");
         const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row0;
         ptx::bulk_load(smem.rows[stage].lse2, ws.lse2 + ws_row, Storage::kRowBytes, full);
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
@@ -214,7 +220,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
       ptx::wgmma_fence();
       const uint32_t b_word = b.mn_major_word(0, 0);
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kQuerySteps; ++kk) {
         const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
         ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
@@ -235,13 +241,13 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       float s[kScoreAcc], dp[kScoreAcc];
       ptx::wgmma_fence();
       const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kDimSteps; ++kk)
         ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
                                         kk > 0);
       ptx::wgmma_commit_group();
       const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kDimSteps; ++kk)
         ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
                                         SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
@@ -252,10 +258,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
       const float* lse2 = smem.rows[stage].lse2;
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) s[4 * j + e] = ptx::ex2_approx(fmaf(s[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
       }
       const int m = cur.m;
@@ -263,14 +269,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + wg_key0 + row_in_wg,
                                                     static_cast<int64_t>(m) * kBlockM + 2 * t, cta.seq.len_q,
                                                     cta.seq.len_k);
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kScoreAcc / 4; ++j)
-  #pragma unroll
+#pragma unroll
           for (int e = 0; e < 4; ++e)
             if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) s[4 * j + e] = 0.f;
       }
       uint32_t pt[kScoreAcc / 2];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
 
       // dV += P^T dO.
@@ -280,21 +286,21 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(dp);
       const float* delta = smem.rows[stage].delta;
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
-  #pragma unroll
+#pragma unroll
         for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] + (e % 2 ? nd.y : nd.x));
       }
       uint32_t dst[kScoreAcc / 2];
-  #pragma unroll
+#pragma unroll
       for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
       // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
       // swizzle_chunk(r, j) = j ^ (r % 8).
       // For one j the warp's 32 stores hit 32 distinct banks.
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
-  #pragma unroll
+#pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = wg_key0 + row_in_wg + 8 * half;
           const uint32_t at = ds_tile.base + row * kBwdRowBytes + swizzle_chunk(row, j) * 16 + t * 4;
@@ -313,7 +319,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::wgmma_fence();
       const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
       const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
-  #pragma unroll
+#pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk)
         ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
                                               SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
@@ -336,9 +342,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
       const uint32_t thread_at = ptx::smem_addr(smem.dq) + (dq_col0 / kSlabFloats) * kSlabBytes + row_in_wg * kBwdRowBytes +
                                  t % 2 * kPairBytes;
-  #pragma unroll
+#pragma unroll
       for (int half = 0; half < 2; ++half)
-  #pragma unroll
+#pragma unroll
         for (int j = 0; j < kDqAcc / 4; ++j) {
           const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
                               swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
@@ -354,11 +360,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int64_t rows = cta.seq.len_k - key0;
     auto* dk_out = const_cast<Element*>(sm80::operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
     auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
-  #pragma unroll
+#pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = wg_key0 + row_in_wg + 8 * half;
       if (r >= rows) continue;
-  #pragma unroll
+#pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
         const int col = 8 * j + 2 * t;
         if (col >= p.head_dim) continue;

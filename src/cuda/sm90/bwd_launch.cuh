@@ -43,7 +43,8 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   // Q, dO, K and V over the rows in use (a variable-length batch's packed rows as one sequence),
   // boxes of one 64-column slab: rows past them read as zeros.
   maps.varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows_q = maps.varlen ? p.varlen_rows_q : p.seqlen_q, rows_k = maps.varlen ? p.varlen_rows_k : p.seqlen_k;
+  const int64_t rows_q = maps.varlen ? p.varlen_rows_q : p.seqlen_q;
+  const int64_t rows_k = maps.varlen ? p.varlen_rows_k : p.seqlen_k;
   const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& strides) {
     return OperandView{base, p.dtype, p.head_dim, rows, heads, maps.varlen ? 1 : p.batch, strides};
   };

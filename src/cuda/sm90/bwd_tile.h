@@ -41,9 +41,10 @@ struct BwdTile {
   static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
   // Warpgroup 0 produces (one thread of warp 0 loads K/V once and each block's Q, dO, lse2 and
-  // delta by TMA; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute. setmaxnreg moves registers within the CTA only (168 a thread at launch): the
-  // producer keeps setmaxnreg's minimum, the compute threads take the rest. A sum over the CTA's launch share blocks the
-  // compute warps' setmaxnreg.inc for good (session 60: 32 + 2 x 240 hung every launch).
+  // delta by TMA; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute.
+  // setmaxnreg moves registers within the CTA only (168 a thread at launch): the producer keeps
+  // setmaxnreg's minimum, the compute threads take the rest. A sum over the CTA's launch share
+  // blocks the compute warps' setmaxnreg.inc for good (session 60: 32 + 2 x 240 hung every launch).
   static constexpr int kMmaThreads = kWarpgroups * kBwdWarpgroupThreads;
   static constexpr int kThreads = kMmaThreads + kBwdWarpgroupThreads;
   static constexpr int kProducerRegs = kProducerRegisters;
