@@ -181,8 +181,11 @@ fi
 
 export PYTHONPATH=$build/python:$root/.devbuild/carry:${PYTHONPATH:-}
 if has pytest; then
-  step pytest "${PYTEST_LIMIT:-420}" pytest.log python3 -m pytest -q -x "$root/tests/python" ${PYTEST_K:+-k "$PYTEST_K"}
-  tail -n 3 "$out/pytest.log" | tee -a "$summary"
+  # -v: a step stopped at its limit names the test it was in (session 61's quiet log did not).
+  step pytest "${PYTEST_LIMIT:-420}" pytest.log python3 -m pytest -v -x --durations=10 "$root/tests/python" \
+    ${PYTEST_K:+-k "$PYTEST_K"}
+  grep -E "^(FAILED|ERROR)|passed|failed" "$out/pytest.log" | tail -n 5 | tee -a "$summary"
+  tail -n 2 "$out/pytest.log" | tee -a "$summary"
 fi
 
 peers=$root/.devbuild/carry/peers.py
