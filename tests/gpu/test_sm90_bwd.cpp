@@ -109,6 +109,11 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   EXPECT_EQ(backward_arch(dense(1, 2, 2, 256, 256, 104), DType::kFloat16), "sm90");
   // Deterministic calls take the portable kernels' ordered dQ adds.
   EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm80");
+  // Its TMA maps need rows in use: a variable-length batch without keys (or without queries)
+  // stays portable.
+  EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {0, 0}), DType::kFloat16), "sm80");
+  EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {0, 0}, {7, 9}), DType::kFloat16), "sm80");
+  EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {7, 9}), DType::kFloat16), "sm90");
   // Any other head dim runs on the Hopper tile only where the portable kernels would run the same
   // instance (d72 and d96 on d128 in a build without d96), never padded onto a larger one.
   for (int d : {32, 64, 72, 96, 192, 256}) {
