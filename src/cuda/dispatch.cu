@@ -89,21 +89,26 @@ bool sm90_allowed() {
   return !(env && env[0] == '1');
 }
 
-// The Hopper forward kernel's limits; requests outside them use the portable path: at least one
-// query row and one key in use (TMA maps need non-empty extents), int32 TMA coordinates (the rows in use of a
-// variable-length batch, whose tiles it counts in int32), and a positive scale (its online
-// softmax takes the row max before scaling).
-bool sm90_supports(const FwdParams& p) {
-  constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
-  const bool varlen = p.cu_seqlens_q != nullptr;
+// What the Hopper kernels' TMA maps (over sm90::map_rows' rows) need: at least one query row and
+// one key in use (non-empty extents) and int32 coordinates.
+constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
+bool tma_maps_fit(const FwdParams& p) {
   const auto [rows_q, rows_k] = sm90::map_rows(p);
+  return rows_q > 0 && rows_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate;
+}
+
+// The Hopper forward kernel's limits; requests outside them use the portable path: its TMA maps'
+// (tma_maps_fit), a variable-length batch's tiles countable in int32, and a positive scale (its
+// online softmax takes the row max before scaling).
+bool sm90_supports(const FwdParams& p) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows_q = sm90::map_rows(p).q;
   // The kernel counts a variable-length batch's tiles in int32 (64 rows is the smallest tile).
   constexpr int64_t kSmallestTileRows = 64;
   const bool countable = !varlen || (rows_q / kSmallestTileRows + p.batch + 1) * p.heads_q <= kMaxTmaCoordinate;
   // Paged K/V: FUSEDATTN_SM90_PAGED=0 sends it to the portable kernels (A/B measurements).
   const bool paged_allowed = p.block_table == nullptr || env_switch_or("FUSEDATTN_SM90_PAGED", true);
-  return rows_q > 0 && rows_k > 0 && p.seqlen_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate &&
-         countable && p.scale > 0.f && paged_allowed;
+  return tma_maps_fit(p) && p.seqlen_k > 0 && countable && p.scale > 0.f && paged_allowed;
 }
 
 // seqused_k and paged K/V (loads_unwritten_rows): the Hopper kernel's TMA loads a sequence's last
@@ -135,11 +140,7 @@ bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* port
 // a larger one.
 // FUSEDATTN_SM90_BWD=0 sends every backward to the portable kernels (A/B measurements).
 bool sm90_backward_allowed(const BwdParams& p) {
-  // Its TMA maps need rows in use and int32 coordinates.
-  constexpr int64_t kMaxTmaCoordinate = INT32_MAX;
-  const auto [rows_q, rows_k] = sm90::map_rows(p);
-  const bool mappable = rows_q > 0 && rows_k > 0 && rows_q <= kMaxTmaCoordinate && rows_k <= kMaxTmaCoordinate;
-  return mappable && !p.deterministic && p.column_mask == nullptr && env_switch_or("FUSEDATTN_SM90_BWD", true);
+  return tma_maps_fit(p) && !p.deterministic && p.column_mask == nullptr && env_switch_or("FUSEDATTN_SM90_BWD", true);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "cuda/sm80/bwd_aux.h"
 #include "cuda/sm80/bwd_workspace.h"
 #include "cuda/sm90/bwd_kernel.cuh"
+#include "cuda/sm90/fwd_split.h"  // map_rows
 #include "cuda/sm90/tensor_map.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -40,18 +41,14 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   BwdMaps maps;
   maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
                             Storage::kDqSlabFloats, T::kBlockM);
-  // Q, dO, K and V over the rows in use (a variable-length batch's packed rows as one sequence),
-  // boxes of one 64-column slab: rows past them read as zeros.
+  // Q, dO, K and V over the rows in use (map_rows: a variable-length batch's packed rows as one
+  // sequence, the rows dispatch checked), boxes of one 64-column slab: rows past them read as zeros.
   maps.varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows_q = maps.varlen ? p.varlen_rows_q : p.seqlen_q;
-  const int64_t rows_k = maps.varlen ? p.varlen_rows_k : p.seqlen_k;
-  const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& strides) {
-    return OperandView{base, p.dtype, p.head_dim, rows, heads, maps.varlen ? 1 : p.batch, strides};
-  };
-  maps.q = make_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
-  maps.dout = make_tensor_map(view(p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);
-  maps.k = make_tensor_map(view(p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN);
-  maps.v = make_tensor_map(view(p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN);
+  const auto [rows_q, rows_k] = map_rows(p);
+  maps.q = make_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
+  maps.dout = make_tensor_map(operand_view(p, p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);
+  maps.k = make_tensor_map(operand_view(p, p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN);
+  maps.v = make_tensor_map(operand_view(p, p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN);
   kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, maps);
   FUSEDATTN_CHECK_LAUNCH();
 }

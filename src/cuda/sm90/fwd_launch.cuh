@@ -206,23 +206,20 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   }
   // A variable-length batch's tiles add their sequence's first row (map_rows).
   const auto [rows_q, rows_k] = map_rows(p);
-  const auto view = [&](const void* base, int64_t rows, int heads, const OperandStrides& s) {
-    return OperandView{base, p.dtype, p.head_dim, rows, heads, varlen ? 1 : p.batch, s};
-  };
   const int group = 1 << rows.packing.shift;
-  kp.tma_q = make_grouped_tensor_map(view(p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kQSlotRows);
+  kp.tma_q = make_grouped_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), group, Cfg::kSlabCols, Cfg::kQSlotRows);
   // In a cluster each CTA loads its share of a K/V block's rows (Producer::load_cluster_share).
   // Paged K/V: [pages, page rows, heads, dim], a block's box within one page (runs_block64), its
   // page from the table (Producer::kv_coordinates).
   const auto kv_view = [&](const void* base, const OperandStrides& s) {
-    if (p.block_table == nullptr) return view(base, rows_k, p.heads_kv, s);
+    if (p.block_table == nullptr) return operand_view(p, base, rows_k, p.heads_kv, s);
     return OperandView{base, p.dtype, p.head_dim, p.page_size, p.heads_kv, p.num_pages, s};
   };
   if (p.block_table != nullptr && p.page_size % Cfg::kBlockN != 0)
     throw Error(ErrorCode::kRuntime, "block_table", "this Hopper tile's KV blocks would straddle pages");
   kp.tma_k = make_tensor_map(kv_view(p.k, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
   kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
-  kp.tma_o = make_grouped_tensor_map(view(p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
+  kp.tma_o = make_grouped_tensor_map(operand_view(p, p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if constexpr (kMask == MaskKind::kColumn) {

@@ -21,6 +21,13 @@ struct OperandView {
   OperandStrides strides;  // in elements
 };
 
+// Operand `base` of a launch's tensors, `rows` rows per batch entry (the rows the maps cover,
+// fwd_split.h's map_rows): a variable-length batch is one packed sequence to the TMA.
+inline OperandView operand_view(const FwdParams& p, const void* base, int64_t rows, int heads,
+                                const OperandStrides& strides) {
+  return OperandView{base, p.dtype, p.head_dim, rows, heads, p.cu_seqlens_q != nullptr ? 1 : p.batch, strides};
+}
+
 // A tiled map with box [box_rows x box_cols] and the 128-byte swizzle (box_cols * element size
 // must be 128; fp16, bf16 or fp32). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
 CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows);
