@@ -4,7 +4,11 @@
 // portable one; on other GPUs and in builds without the Hopper instances the cases skip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "cuda/dispatch.h"
 #include "gpu/backward_check.h"
@@ -32,6 +36,9 @@ std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = f
   }
 }
 
+// The Hopper backward's tiles: each case runs at every instance head dim.
+constexpr int kHopperBackwardHeadDims[] = {64, 128};
+
 // check_backward on the Hopper kernel: skips where it cannot run, fails where dispatch would not
 // pick it.
 void check_hopper_backward(const GpuCase& gc) {
@@ -39,67 +46,87 @@ void check_hopper_backward(const GpuCase& gc) {
   const std::string arch = backward_arch(gc.problem, gc.dtype, gc.deterministic);
   if (arch.empty()) GTEST_SKIP() << "this build has no instance for " << name_of(gc);
   if (arch != "sm90") {
-    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or their head dim left out).
-    const bool any = backward_arch(dense(1, 1, 1, 64, 64, 128), gc.dtype) == "sm90";
-    if (!any) GTEST_SKIP() << "this build has no Hopper backward instance";
+    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or this head dim's left out).
+    const bool built = backward_arch(dense(1, 1, 1, 64, 64, gc.problem.head_dim), gc.dtype) == "sm90";
+    if (!built) GTEST_SKIP() << "this build has no Hopper backward instance for " << name_of(gc);
     FAIL() << name_of(gc) << " dispatches to " << arch << ", not to the Hopper backward";
   }
   check_backward(gc);
 }
 
-class Sm90Backward : public ::testing::TestWithParam<DType> {};
+struct HopperBackwardParam {
+  DType dtype;
+  int head_dim;  // an instance's
+};
+void PrintTo(const HopperBackwardParam& param, std::ostream* os) {
+  *os << dtype_name(param.dtype) << " d" << param.head_dim;
+}
+
+class Sm90Backward : public ::testing::TestWithParam<HopperBackwardParam> {
+ protected:
+  DType dtype() const { return GetParam().dtype; }
+  int d() const { return GetParam().head_dim; }
+};
 
 // One KV block and one query block; several of each with partial last ones (77 x 133: two KV
-// blocks of 128, two query blocks of 64); many query blocks per CTA (the two-stage prefetch
-// wraps); the BHSD layout.
+// blocks of 128, two query blocks of 64); many query blocks per CTA (the three-stage ring of Q
+// and dO wraps); the BHSD layout.
 TEST_P(Sm90Backward, RaggedLengths) {
-  check_hopper_backward({dense(1, 2, 2, 50, 60, 128), GetParam()});
-  check_hopper_backward({dense(2, 4, 4, 77, 133, 128), GetParam()});
-  check_hopper_backward({dense(1, 2, 1, 600, 300, 128), GetParam()});
-  check_hopper_backward({dense(1, 2, 2, 130, 260, 128), GetParam(), Layout::kBHSD});
+  check_hopper_backward({dense(1, 2, 2, 50, 60, d()), dtype()});
+  check_hopper_backward({dense(2, 4, 4, 77, 133, d()), dtype()});
+  check_hopper_backward({dense(1, 2, 1, 600, 300, d()), dtype()});
+  check_hopper_backward({dense(1, 2, 2, 130, 260, d()), dtype(), Layout::kBHSD});
 }
 TEST_P(Sm90Backward, CausalMoreQueriesThanKeys) {
-  check_hopper_backward({causal(dense(1, 2, 2, 200, 130, 128)), GetParam()});  // leading rows see no key
-  check_hopper_backward({causal(dense(1, 2, 2, 300, 70, 128)), GetParam()});
+  check_hopper_backward({causal(dense(1, 2, 2, 200, 130, d())), dtype()});  // leading rows see no key
+  check_hopper_backward({causal(dense(1, 2, 2, 300, 70, d())), dtype()});
 }
 TEST_P(Sm90Backward, CausalMoreKeysThanQueries) {
-  check_hopper_backward({causal(dense(2, 2, 2, 130, 400, 128)), GetParam()});
-  check_hopper_backward({causal(dense(1, 2, 2, 130, 300, 128)), GetParam(), Layout::kBHSD});
+  check_hopper_backward({causal(dense(2, 2, 2, 130, 400, d())), dtype()});
+  check_hopper_backward({causal(dense(1, 2, 2, 130, 300, d())), dtype(), Layout::kBHSD});
 }
 TEST_P(Sm90Backward, SlidingWindow) {
-  check_hopper_backward({window(dense(1, 2, 1, 257, 300, 128), 40, 10), GetParam()});
-  check_hopper_backward({window(dense(1, 2, 2, 400, 400, 128), 100, 0), GetParam()});
-  check_hopper_backward({window(dense(1, 2, 2, 300, 5, 128), 3, 0), GetParam()});  // a narrow window, few keys
+  check_hopper_backward({window(dense(1, 2, 1, 257, 300, d()), 40, 10), dtype()});
+  check_hopper_backward({window(dense(1, 2, 2, 400, 400, d()), 100, 0), dtype()});
+  check_hopper_backward({window(dense(1, 2, 2, 300, 5, d()), 3, 0), dtype()});  // a narrow window, few keys
 }
 TEST_P(Sm90Backward, GroupedAndMultiQuery) {
-  check_hopper_backward({causal(dense(2, 6, 2, 150, 150, 128)), GetParam()});
-  check_hopper_backward({dense(1, 3, 1, 1, 400, 128), GetParam()});
-  check_hopper_backward({dense(1, 8, 1, 200, 260, 128), GetParam()});
+  check_hopper_backward({causal(dense(2, 6, 2, 150, 150, d())), dtype()});
+  check_hopper_backward({dense(1, 3, 1, 1, 400, d()), dtype()});
+  check_hopper_backward({dense(1, 8, 1, 200, 260, d()), dtype()});
 }
 TEST_P(Sm90Backward, VarlenCausalWithEmptySequences) {
-  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, 128)), {17, 0, 170, 64}, {40, 33, 200, 0}), GetParam()});
-  check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, 128), 30, 7), {70, 129, 1}, {100, 64, 9}), GetParam()});
+  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, d())), {17, 0, 170, 64}, {40, 33, 200, 0}), dtype()});
+  check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, d()), 30, 7), {70, 129, 1}, {100, 64, 9}), dtype()});
 }
 // Head dims below the instance: the loads zero-fill the columns past them, the dQ staging and
 // the dK/dV stores leave them out, and the dQ rows are head_dim (rounded up to 8) floats apart.
 TEST_P(Sm90Backward, HeadDimsBelowInstance) {
-  check_hopper_backward({dense(1, 2, 1, 97, 260, 104), GetParam(), Layout::kBHSD});
-  check_hopper_backward({causal(dense(1, 2, 2, 130, 150, 120)), GetParam()});
+  check_hopper_backward({dense(1, 2, 1, 97, 260, d() - 24), dtype(), Layout::kBHSD});
+  check_hopper_backward({causal(dense(1, 2, 2, 130, 150, d() - 8)), dtype()});
 }
 TEST_P(Sm90Backward, LargeLogits) {
-  check_hopper_backward({dense(1, 2, 2, 200, 200, 128), GetParam(), Layout::kBSHD, false, 100.0});
-  check_hopper_backward({causal(dense(1, 2, 2, 200, 200, 128)), GetParam(), Layout::kBSHD, false, 100.0});
+  check_hopper_backward({dense(1, 2, 2, 200, 200, d()), dtype(), Layout::kBSHD, false, 100.0});
+  check_hopper_backward({causal(dense(1, 2, 2, 200, 200, d())), dtype(), Layout::kBSHD, false, 100.0});
 }
 // Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*): ragged
 // lengths, a window, a varlen batch with an empty sequence.
 TEST_P(Sm90Backward, SanitizerSmallRagged) {
-  check_hopper_backward({causal(dense(2, 2, 1, 77, 133, 128)), GetParam()});
-  check_hopper_backward({window(dense(1, 2, 1, 70, 190, 128), 20, 5), GetParam()});
-  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, 128)), {17, 0, 70}, {40, 33, 20}), GetParam()});
+  check_hopper_backward({causal(dense(2, 2, 1, 77, 133, d())), dtype()});
+  check_hopper_backward({window(dense(1, 2, 1, 70, 190, d()), 20, 5), dtype()});
+  check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, d())), {17, 0, 70}, {40, 33, 20}), dtype()});
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),
-                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+std::vector<HopperBackwardParam> hopper_backward_params() {
+  std::vector<HopperBackwardParam> params;
+  for (const DType dtype : {DType::kFloat16, DType::kBFloat16})
+    for (const int d : kHopperBackwardHeadDims) params.push_back({dtype, d});
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::ValuesIn(hopper_backward_params()), [](const auto& info) {
+  return std::string(dtype_name(info.param.dtype)) + "_d" + std::to_string(info.param.head_dim);
+});
 
 // What dispatch sends to the Hopper backward on an sm_90 device, and what it leaves portable.
 TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
@@ -114,9 +141,10 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {0, 0}), DType::kFloat16), "sm80");
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {0, 0}, {7, 9}), DType::kFloat16), "sm80");
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {7, 9}), DType::kFloat16), "sm90");
-  // Any other head dim runs on the Hopper tile only where the portable kernels would run the same
-  // instance (d72 and d96 on d128 in a build without d96), never padded onto a larger one.
-  for (int d : {32, 64, 72, 96, 192, 256}) {
+  // Any other head dim runs on a Hopper tile only where the portable kernels would run the same
+  // instance (d72 and d96 on d128 in a build without d96, d32 on d64 in one without d32), never
+  // padded onto a larger one.
+  for (int d : {32, 40, 64, 72, 96, 192, 256}) {
     const Problem pr = dense(1, 2, 2, 256, 256, d);
     cuda::BwdChoice portable;
     {
@@ -127,7 +155,13 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
         continue;  // no instance in this build
       }
     }
-    EXPECT_EQ(backward_arch(pr, DType::kFloat16), portable.instance_head_dim == 128 ? "sm90" : "sm80") << "d" << d;
+    const bool hopper_tile = std::find(std::begin(kHopperBackwardHeadDims), std::end(kHopperBackwardHeadDims),
+                                       portable.instance_head_dim) != std::end(kHopperBackwardHeadDims);
+    const std::string arch = backward_arch(pr, DType::kFloat16);
+    if (hopper_tile && arch == "sm80" && backward_arch(dense(1, 2, 2, 256, 256, portable.instance_head_dim),
+                                                       DType::kFloat16) != "sm90")
+      continue;  // this build left that Hopper instance out
+    EXPECT_EQ(arch, hopper_tile ? "sm90" : "sm80") << "d" << d;
   }
   const ScopedEnv off("FUSEDATTN_SM90_BWD", "0");
   EXPECT_EQ(backward_arch(full, DType::kFloat16), "sm80");

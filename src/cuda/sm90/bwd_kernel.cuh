@@ -78,7 +78,8 @@ struct SlabTile {
 };
 
 // The producer warpgroup's two working warps (one elected thread of the loader issues every
-// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads').
+// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads'; at d64 each
+// warpgroup has its own, kDsBarrier + its index).
 constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
 constexpr uint32_t kDsBarrier = 1;
@@ -94,7 +95,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   constexpr int kDqAcc = T::kDqCols / 2;
   constexpr int kDimSteps = kHeadDim / kBwdWgmmaK;   // k-steps of S^T and dP^T
   constexpr int kQuerySteps = kBlockM / kBwdWgmmaK;  // k-steps of dV and dK
-  constexpr int kKeySteps = kBlockN / kBwdWgmmaK;    // k-steps of dQ
+  constexpr int kKeySteps = T::kDqKeys / kBwdWgmmaK;  // k-steps of dQ
   constexpr bool kWindowed = kMask == MaskKind::kWindow;
   static_assert(kMask != MaskKind::kColumn, "column masks run the portable backward");
   extern __shared__ __align__(kBwdAtomBytes) unsigned char smem_bytes[];
@@ -179,9 +180,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
       }
     } else if (warp == kDqWriterWarp) {
-      // Each block's dQ, once both warpgroups staged their shares: one TMA reduction per 32-column
-      // box into the workspace (boxes wholly past the head dim left out), read before the staging
-      // is handed back.
+      // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
+      // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the head
+      // dim left out), read before the staging is handed back.
       const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
       const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
       int it = 0;
@@ -190,10 +191,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           ptx::mbarrier_wait(&smem.dq_full, it & 1);
           if (lane == 0) {
 #pragma unroll
-            for (int slab = 0; slab < Storage::kDqSlabs; ++slab)
-              if (slab * Storage::kDqSlabFloats < p.head_dim)
-                ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.dq[slab]), slab * Storage::kDqSlabFloats,
-                                       m * kBlockM, h, cta.b);
+            for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
+              const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
+              if (col < p.head_dim)
+                ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.dq[slab]), col, m * kBlockM, h, cta.b);
+            }
             ptx::tma_store_commit();
             ptx::tma_store_wait_read();
             ptx::mbarrier_arrive(&smem.dq_empty);
@@ -212,7 +214,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
     const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
     const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
-    const int dq_col0 = wg * T::kDqCols;             // its dQ columns
+    const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
+    const int dq_key0 = T::kDqSplitsKeys ? wg_key0 : 0;           // and the first key they sum over
 
     float dk[kAcc] = {}, dv[kAcc] = {};
     // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
@@ -310,15 +313,19 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       // dK += dS^T Q.
       issue_rs(dk, dst, q_tile);
 
-      // dQ's share of this warpgroup = dS K over the block's keys: dS^T's rows are keys, so dS is
-      // M-major; K's rows are keys too, so it is N-major. Both warpgroups' dS^T rows must be in
-      // shared memory and visible to the async proxy first (a named barrier of the compute threads).
+      // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is M-major;
+      // K's rows are keys too, so it is N-major. The dS^T rows it reads must be in shared memory
+      // and visible to the async proxy first: a named barrier of both warpgroups, or at d64 (its
+      // own keys) of its own four warps.
       ptx::fence_proxy_async_shared();
-      ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
+      if constexpr (T::kDqSplitsKeys)
+        ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
+      else
+        ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
       float dq[kDqAcc];
       ptx::wgmma_fence();
-      const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
-      const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, 0);
+      const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
+      const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, dq_key0);
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk)
         ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
@@ -334,14 +341,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
       // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
       // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
-      // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_col0 / 32 +
-      // j / 4, 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the row's g), half t % 2.
+      // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_slab0 +
+      // j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2 of its row
+      // (swizzled by the row's g), half t % 2.
       constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
       constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
       static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
       ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
-      const uint32_t thread_at = ptx::smem_addr(smem.dq) + (dq_col0 / kSlabFloats) * kSlabBytes + row_in_wg * kBwdRowBytes +
-                                 t % 2 * kPairBytes;
+      const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
+      const uint32_t thread_at =
+          ptx::smem_addr(smem.dq) + dq_slab0 * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll

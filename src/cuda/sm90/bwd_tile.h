@@ -3,11 +3,13 @@
 // A CTA owns kBlockN keys of one (sequence, KV head): two warpgroups of 64 key rows each (the M of
 // every wgmma that produces a per-key result: S^T, dP^T, dV, dK), and walks the query blocks of
 // kBlockM rows that see them. dQ of a query block (kBlockM x head dim) is split between the
-// warpgroups by 64-column slabs, each summing over all the block's keys.
+// warpgroups (BwdTile::kDqSplitsKeys).
 //
-// d128 only: at d64 the same tile (each warpgroup summing dQ over its own keys) ran at the
-// portable kernel's speed on an H200 (0.99-1.00x), and 128-query blocks (GEMMs as large as
-// d128's) spilled 68-84 B, so the portable kernel keeps d64 (docs/perf.md, fifty-sixth session).
+// d64 and d128. At d64 the same tile, before the producer warpgroup (the compute threads loading
+// by cp.async and meeting at CTA barriers), ran at the portable kernel's speed on an H200
+// (0.99-1.00x), and 128-query blocks (GEMMs as large as d128's) spilled 68-84 B
+// (docs/perf.md, fifty-sixth session); the producer's TMA loads took d128 from 0.84-0.89x cuDNN
+// to 0.93-0.99x (fifty-eighth session).
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,7 @@ static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows
 
 template <int kHeadDim>
 struct BwdTile {
-  static_assert(kHeadDim == 128, "the Hopper backward has a d128 tile");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward has d64 and d128 tiles");
   static constexpr int kWarpgroups = 2;
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
   static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
@@ -53,7 +55,14 @@ struct BwdTile {
   // Q/dO/lse2/delta: the producer works two blocks ahead (a third stage fits beside K, V, two dS^T
   // buffers and the dQ staging).
   static constexpr int kStages = 3;
-  static constexpr int kDqCols = kHeadDim / kWarpgroups;  // wgmma N of each warpgroup's dQ share
+  // dQ = dS K of a query block (kBlockM x head dim over the block's kBlockN keys) is split between
+  // the warpgroups. At d128 by 64-column slabs, each summed over every key: wgmma's N is one slab
+  // of K read MN-major, whose descriptors start on a slab. d64's one slab cannot be split so: there
+  // each warpgroup sums over its own 64 keys, and both partial tiles are added to the workspace.
+  static constexpr bool kDqSplitsKeys = kHeadDim / kWarpgroups < kBwdSlabElems;
+  static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
+  static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
+  static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
   static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
 };
 
@@ -88,11 +97,11 @@ struct BwdSharedStorage {
   // block i's for its dQ.
   alignas(kBwdAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
-  // dQ in fp32 as the boxes of its tensor reductions: [kHeadDim / 32][kBlockM][32 floats] with
-  // the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+  // dQ in fp32 as the boxes of its tensor reductions: [part][kHeadDim / 32][kBlockM][32 floats]
+  // with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
-  static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;
-  alignas(kBwdAtomBytes) float dq[kDqSlabs][T::kBlockM * kDqSlabFloats];
+  static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;  // of one part
+  alignas(kBwdAtomBytes) float dq[T::kDqParts * kDqSlabs][T::kBlockM * kDqSlabFloats];
   // The bytes the producer's TMA loads deliver: a query block's Q (or dO) tile, the CTA's K (or
   // V) tile, a query block's lse2 (or delta) row.
   static constexpr uint32_t kQueryTileBytes = T::kBlockM * kHeadDim * sizeof(Element);
