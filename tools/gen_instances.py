@@ -18,9 +18,9 @@ MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "colum
 # and d128 (128 x 128), src/cuda/sm90/column_mask.cuh; the others, and the backward, run the
 # portable kernels.
 MASK_HEAD_DIMS = {("sm90", "column"): (64, 128)}
-# The Hopper backward (src/cuda/sm90/bwd_kernel.cuh): d64 and d128, full and window masks; the
+# The Hopper backward (src/cuda/sm90/bwd_kernel.cuh): d64, d128 and d256, full and window masks; the
 # other head dims, column masks and deterministic calls run the portable backward.
-BWD_HEAD_DIMS = {"sm90": (64, 128)}
+BWD_HEAD_DIMS = {"sm90": (64, 128, 256)}
 BWD_MASKS = {"sm90": ("full", "window")}
 
 # The Hopper forward's clustered kernels (fwd_launch.cuh, launch_fwd_maybe_paired): full masks,

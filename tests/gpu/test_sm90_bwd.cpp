@@ -37,7 +37,7 @@ std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = f
 }
 
 // The Hopper backward's tiles: each case runs at every instance head dim.
-constexpr int kHopperBackwardHeadDims[] = {64, 128};
+constexpr int kHopperBackwardHeadDims[] = {64, 128, 256};
 
 // check_backward on the Hopper kernel: skips where it cannot run, fails where dispatch would not
 // pick it.
@@ -144,7 +144,7 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   // Any other head dim runs on a Hopper tile only where the portable kernels would run the same
   // instance (d72 and d96 on d128 in a build without d96, d32 on d64 in one without d32), never
   // padded onto a larger one.
-  for (int d : {32, 40, 64, 72, 96, 192, 256}) {
+  for (int d : {32, 40, 64, 72, 96, 192, 224, 256}) {
     const Problem pr = dense(1, 2, 2, 256, 256, d);
     cuda::BwdChoice portable;
     {

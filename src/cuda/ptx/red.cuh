@@ -28,4 +28,15 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
 #endif
 }
 
+// red.global.add.v2.f32 [addr], {x, y};   (PTX ISA 8.1, sm_90+): a wgmma accumulator's column
+// pair. addr must be 8-byte aligned. Device code for sm_90 or later only.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
+#else
+  atomicAdd(addr + 0, x);
+  atomicAdd(addr + 1, y);
+#endif
+}
+
 }  // namespace fusedattn::cuda::ptx

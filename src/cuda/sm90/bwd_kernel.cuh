@@ -16,7 +16,13 @@
 //                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
-// while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
+// while dS^T is formed.
+//
+// d256 (BwdTile::kSplitsColumns): kBlockN = 64 keys shared by both warpgroups; warpgroup w forms
+// S^T, dP^T, P^T and dS^T for queries [32 w, 32 w + 32) of the block and writes P^T and dS^T to
+// shared memory; after a named barrier of both, it runs dV += P^T dO and dK += dS^T Q (wgmma SS,
+// P^T and dS^T K-major, dO and Q MN-major) and dQ = dS K over columns [128 w, 128 w + 128), and
+// adds dQ to the workspace with vector reductions from registers (no room to stage it). Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
 // thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
 // ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
 // compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers.
@@ -90,8 +96,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   using T = BwdTile<kHeadDim>;
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
-  constexpr int kAcc = kHeadDim / 2;         // dK/dV accumulator registers (64 rows x kHeadDim)
-  constexpr int kScoreAcc = kBlockM / 2;     // S^T/dP^T registers (64 keys x kBlockM queries)
+  constexpr int kAcc = T::kColumns / 2;          // dK/dV accumulator registers (64 rows x kColumns)
+  constexpr int kScoreAcc = T::kScoreQueries / 2;  // S^T/dP^T registers (64 keys x kScoreQueries)
   constexpr int kDqAcc = T::kDqCols / 2;
   constexpr int kDimSteps = kHeadDim / kBwdWgmmaK;   // k-steps of S^T and dP^T
   constexpr int kQuerySteps = kBlockM / kBwdWgmmaK;  // k-steps of dV and dK
@@ -180,30 +186,32 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
       }
     } else if (warp == kDqWriterWarp) {
-      // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
-      // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the head
-      // dim left out), read before the staging is handed back.
-      const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
-      const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
-      int it = 0;
-      for (int h = h_begin; h < h_end; ++h)
-        for (int m = m_begin; m < m_end; ++m, ++it) {
-          ptx::mbarrier_wait(&smem.dq_full, it & 1);
-          if (lane == 0) {
+      if constexpr (T::kDqStaged) {  // d256's compute threads add their dQ themselves
+        // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
+        // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the head
+        // dim left out), read before the staging is handed back.
+        const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
+        const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
+        int it = 0;
+        for (int h = h_begin; h < h_end; ++h)
+          for (int m = m_begin; m < m_end; ++m, ++it) {
+            ptx::mbarrier_wait(&smem.dq_full, it & 1);
+            if (lane == 0) {
 #pragma unroll
-            for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
-              const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
-              if (col < p.head_dim)
-                ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.dq[slab]), col, m * kBlockM, h, cta.b);
+              for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
+                const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
+                if (col < p.head_dim)
+                  ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.scratch.slab[slab]), col, m * kBlockM, h, cta.b);
+              }
+              ptx::tma_store_commit();
+              ptx::tma_store_wait_read();
+              ptx::mbarrier_arrive(&smem.dq_empty);
             }
-            ptx::tma_store_commit();
-            ptx::tma_store_wait_read();
-            ptx::mbarrier_arrive(&smem.dq_empty);
+            __syncwarp();
           }
-          __syncwarp();
-        }
-      // The CTA's shared memory must outlive the reductions' reads of it.
-      if (lane == 0) ptx::tma_store_wait_all();
+        // The CTA's shared memory must outlive the reductions' reads of it.
+        if (lane == 0) ptx::tma_store_wait_all();
+      }
     }
   } else {
     ptx::setmaxnreg_inc<T::kMmaRegs>();
@@ -212,156 +220,265 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int wg = mma_thread / kBwdWarpgroupThreads;
     const int warp = mma_thread / kBwdWarpSize % kBwdWarpgroupWarps;
     const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
-    const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
     const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
-    const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
-    const int dq_key0 = T::kDqSplitsKeys ? wg_key0 : 0;           // and the first key they sum over
-
+    const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;  // its dK/dV columns
     float dk[kAcc] = {}, dv[kAcc] = {};
-    // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
-    // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
-    auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
-      ptx::wgmma_fence();
-      const uint32_t b_word = b.mn_major_word(0, 0);
-#pragma unroll
-      for (int kk = 0; kk < kQuerySteps; ++kk) {
-        const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-        ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
-      }
-      ptx::wgmma_commit_group();
-    };
-    // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
-    if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
-    Cursor cur = first;
-    for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-      const int stage = it % T::kStages, use = it / T::kStages;
-      ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
-      const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
-      const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
-      const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
-
-      // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
-      float s[kScoreAcc], dp[kScoreAcc];
-      ptx::wgmma_fence();
-      const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
-#pragma unroll
-      for (int kk = 0; kk < kDimSteps; ++kk)
-        ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
-                                        kk > 0);
-      ptx::wgmma_commit_group();
-      const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
-#pragma unroll
-      for (int kk = 0; kk < kDimSteps; ++kk)
-        ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
-                                        SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
-      ptx::wgmma_commit_group();
-
-      // P^T = exp2(S^T * scale_log2 - lse2[query]); element 4j + e is key row_in_wg + 8 (e / 2),
-      // query 8j + 2t + e % 2 (ptx/wgmma.cuh's accumulator layout).
-      ptx::wgmma_wait_group<1>();
-      ptx::fence_operands(s);
-      const float* lse2 = smem.rows[stage].lse2;
+    // The masks' and softmax's part common to both tiles: P^T = exp2(S^T * scale_log2 - lse2[query])
+    // in place, masked where the block is; element 4j + e of a 64 x N accumulator is row
+    // row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh's layout).
+    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m, int64_t key, int query0) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[4 * j + e] = ptx::ex2_approx(fmaf(s[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
+        for (int e = 0; e < 4; ++e) sc[4 * j + e] = ptx::ex2_approx(fmaf(sc[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
       }
-      const int m = cur.m;
       if (m < unmasked.begin || m >= unmasked.end) {
-        const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + wg_key0 + row_in_wg,
-                                                    static_cast<int64_t>(m) * kBlockM + 2 * t, cta.seq.len_q,
-                                                    cta.seq.len_k);
+        const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key, static_cast<int64_t>(m) * kBlockM + query0 + 2 * t,
+                                                    cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
         for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) s[4 * j + e] = 0.f;
+            if (!mask.visible(e / 2 * 8, 8 * j + e % 2)) sc[4 * j + e] = 0.f;
       }
-      uint32_t pt[kScoreAcc / 2];
-#pragma unroll
-      for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
-
-      // dV += P^T dO.
-      issue_rs(dv, pt, do_tile);
-
-      // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
-      ptx::wgmma_wait_group<1>();
-      ptx::fence_operands(dp);
-      const float* delta = smem.rows[stage].delta;
+    };
+    // dS^T = P^T o (dP^T + delta[query]) in place of dP^T.
+    auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const float* delta) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
         const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] + (e % 2 ? nd.y : nd.x));
+        for (int e = 0; e < 4; ++e) d[4 * j + e] = pr[4 * j + e] * (d[4 * j + e] + (e % 2 ? nd.y : nd.x));
       }
-      uint32_t dst[kScoreAcc / 2];
-#pragma unroll
-      for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
-      // Row r of dS^T (key), query chunk j: the 128-byte swizzle puts chunk j of row r at
-      // swizzle_chunk(r, j) = j ^ (r % 8).
-      // For one j the warp's 32 stores hit 32 distinct banks.
+    };
+    // Packed 16-bit accumulator pairs into a [key][query] tile: key row_in_wg (+ 8), query chunk
+    // chunk0 + j at swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte swizzle. For one j
+    // the warp's 32 stores hit 32 distinct banks.
+    auto store_transposed = [&](uint32_t tile, int key0_in_block, int chunk0, const uint32_t (&packed)[kScoreAcc / 2]) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = wg_key0 + row_in_wg + 8 * half;
-          const uint32_t at = ds_tile.base + row * kBwdRowBytes + swizzle_chunk(row, j) * 16 + t * 4;
-          ptx::st_shared_b32(at, dst[2 * j + half]);
+          const int row = key0_in_block + row_in_wg + 8 * half;
+          ptx::st_shared_b32(tile + row * kBwdRowBytes + swizzle_chunk(row, chunk0 + j) * 16 + t * 4, packed[2 * j + half]);
         }
+    };
 
-      // dK += dS^T Q.
-      issue_rs(dk, dst, q_tile);
+    if constexpr (T::kSplitsColumns) {
+      // d256: S^T and dP^T of all 64 keys x this warpgroup's 32 queries; P^T and dS^T through
+      // shared memory to both warpgroups; dV, dK and dQ over this warpgroup's 128 columns.
+      const int q0 = wg * T::kScoreQueries;
+      if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
+      Cursor cur = first;
+      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+        const int stage = it % T::kStages, use = it / T::kStages;
+        ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
+        const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
+        const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+        const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
+        const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
 
-      // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is M-major;
-      // K's rows are keys too, so it is N-major. The dS^T rows it reads must be in shared memory
-      // and visible to the async proxy first: a named barrier of both warpgroups, or at d64 (its
-      // own keys) of its own four warps.
-      ptx::fence_proxy_async_shared();
-      if constexpr (T::kDqSplitsKeys)
-        ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
-      else
+        // S^T = K Q_w^T and dP^T = V dO_w^T over this warpgroup's queries, one commit group each.
+        float s[kScoreAcc], dp[kScoreAcc];
+        ptx::wgmma_fence();
+        const uint32_t k_word = k_tile.k_major_word(0), q_word = q_tile.k_major_word(q0);
+#pragma unroll
+        for (int kk = 0; kk < kDimSteps; ++kk)
+          ptx::wgmma_ss<Element, T::kScoreQueries>(s, SlabTile<kBlockN>::k_major(k_word, kk),
+                                                   SlabTile<kBlockM>::k_major(q_word, kk), kk > 0);
+        ptx::wgmma_commit_group();
+        const uint32_t v_word = v_tile.k_major_word(0), do_word = do_tile.k_major_word(q0);
+#pragma unroll
+        for (int kk = 0; kk < kDimSteps; ++kk)
+          ptx::wgmma_ss<Element, T::kScoreQueries>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
+                                                   SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
+        ptx::wgmma_commit_group();
+
+        ptx::wgmma_wait_group<1>();
+        ptx::fence_operands(s);
+        probabilities(s, smem.rows[stage].lse2 + q0, cur.m, key0 + row_in_wg, q0);
+        uint32_t packed[kScoreAcc / 2];
+#pragma unroll
+        for (int i = 0; i < kScoreAcc / 2; ++i) packed[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+        constexpr int kChunkQueries = 8;
+        store_transposed(pt_tile.base, 0, q0 / kChunkQueries, packed);
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dp);
+        score_grads(dp, s, smem.rows[stage].delta + q0);
+#pragma unroll
+        for (int i = 0; i < kScoreAcc / 2; ++i) packed[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
+        store_transposed(ds_tile.base, 0, q0 / kChunkQueries, packed);
+
+        // Both warpgroups' halves of P^T and dS^T in shared memory, visible to the async proxy.
+        ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
-      float dq[kDqAcc];
-      ptx::wgmma_fence();
-      const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
-      const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, dq_key0);
-#pragma unroll
-      for (int kk = 0; kk < kKeySteps; ++kk)
-        ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
-                                              SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
-      ptx::wgmma_commit_group();
-      ptx::wgmma_wait_group<0>();
-      ptx::fence_operands(dq);
-      ptx::fence_operands(dk);
-      ptx::fence_operands(dv);
-      // Every wgmma of this warp's warpgroup on the stage's Q and dO has completed, and this
-      // thread's reads of its lse2 and delta are done: each compute thread arrives for its own.
-      ptx::mbarrier_arrive(&smem.q_empty[stage]);
 
-      // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
-      // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
-      // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_slab0 +
-      // j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2 of its row
-      // (swizzled by the row's g), half t % 2.
-      constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
-      constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
-      static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
-      ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
-      const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
-      const uint32_t thread_at =
-          ptx::smem_addr(smem.dq) + dq_slab0 * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
+        // dV += P^T dO and dK += dS^T Q over this warpgroup's columns; dQ = dS K over them.
+        ptx::wgmma_fence();
+        const uint32_t pt_word = pt_tile.k_major_word(0), do_cols = do_tile.mn_major_word(col0 / kBwdSlabElems, 0);
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
+        for (int kk = 0; kk < kQuerySteps; ++kk)
+          ptx::wgmma_ss_bmn<Element, T::kColumns>(dv, SlabTile<kBlockN>::k_major(pt_word, kk),
+                                                  SlabTile<kBlockM>::mn_major(do_cols, kk), true);
+        const uint32_t ds_word = ds_tile.k_major_word(0), q_cols = q_tile.mn_major_word(col0 / kBwdSlabElems, 0);
 #pragma unroll
-        for (int j = 0; j < kDqAcc / 4; ++j) {
-          const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
-                              swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
-          ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+        for (int kk = 0; kk < kQuerySteps; ++kk)
+          ptx::wgmma_ss_bmn<Element, T::kColumns>(dk, SlabTile<kBlockN>::k_major(ds_word, kk),
+                                                  SlabTile<kBlockM>::mn_major(q_cols, kk), true);
+        ptx::wgmma_commit_group();
+        // dQ = dS K over this warpgroup's columns one slab of K at a time (all 128 columns' fp32
+        // beside dK's and dV's spilled), each slab's rows added to the workspace from registers:
+        // query row_in_wg (+ 8), columns 8j + 2t (+ 1) of the slab. Rows past the sequence stay
+        // inside its padded rows (sm80/bwd_workspace.h); columns past the head dim would reach the
+        // next row.
+        float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
+        const uint32_t ds_mn = ds_tile.mn_major_word(0, 0);
+#pragma unroll
+        for (int slab = 0; slab < T::kDqCols / kBwdSlabElems; ++slab) {
+          const int slab_col0 = col0 + slab * kBwdSlabElems;
+          float dq[kBwdSlabElems / 2];
+          ptx::wgmma_fence();
+          const uint32_t k_cols = k_tile.mn_major_word(slab_col0 / kBwdSlabElems, 0);
+#pragma unroll
+          for (int kk = 0; kk < kKeySteps; ++kk)
+            ptx::wgmma_ss_mn<Element, kBwdSlabElems>(dq, SlabTile<kBlockN>::mn_major(ds_mn, kk),
+                                                     SlabTile<kBlockN>::mn_major(k_cols, kk), kk > 0);
+          ptx::wgmma_commit_group();
+          ptx::wgmma_wait_group<0>();
+          ptx::fence_operands(dq);
+          if (slab == 0) {
+            // dV's and dK's wgmmas on the stage's dO and Q have completed, and this thread's reads
+            // of its lse2 and delta are done.
+            ptx::fence_operands(dk);
+            ptx::fence_operands(dv);
+            ptx::mbarrier_arrive(&smem.q_empty[stage]);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int j = 0; j < kBwdSlabElems / 8; ++j) {
+              const int col = slab_col0 + 8 * j + 2 * t;
+              if (col < p.head_dim)
+                ptx::red_add_f32x2(dq_rows + (row_in_wg + 8 * half) * ws.dq_pitch + col, dq[4 * j + 2 * half],
+                                   dq[4 * j + 2 * half + 1]);
+            }
         }
-      ptx::fence_proxy_async_shared();
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full);
+      }
+    } else {
+      const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
+      const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
+      const int dq_key0 = T::kDqSplitsKeys ? wg_key0 : 0;           // and the first key they sum over
+      // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
+      // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
+      auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
+        ptx::wgmma_fence();
+        const uint32_t b_word = b.mn_major_word(0, 0);
+#pragma unroll
+        for (int kk = 0; kk < kQuerySteps; ++kk) {
+          const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+          ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
+        }
+        ptx::wgmma_commit_group();
+      };
+      // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
+      if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
+      Cursor cur = first;
+      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+        const int stage = it % T::kStages, use = it / T::kStages;
+        ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
+        const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
+        const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+        const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
+
+        // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
+        float s[kScoreAcc], dp[kScoreAcc];
+        ptx::wgmma_fence();
+        const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
+#pragma unroll
+        for (int kk = 0; kk < kDimSteps; ++kk)
+          ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
+                                          kk > 0);
+        ptx::wgmma_commit_group();
+        const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
+#pragma unroll
+        for (int kk = 0; kk < kDimSteps; ++kk)
+          ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
+                                          SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
+        ptx::wgmma_commit_group();
+
+        ptx::wgmma_wait_group<1>();
+        ptx::fence_operands(s);
+        probabilities(s, smem.rows[stage].lse2, cur.m, key0 + wg_key0 + row_in_wg, 0);
+        uint32_t pt[kScoreAcc / 2];
+#pragma unroll
+        for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+
+        // dV += P^T dO.
+        issue_rs(dv, pt, do_tile);
+
+        // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
+        ptx::wgmma_wait_group<1>();
+        ptx::fence_operands(dp);
+        score_grads(dp, s, smem.rows[stage].delta);
+        uint32_t dst[kScoreAcc / 2];
+#pragma unroll
+        for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
+        store_transposed(ds_tile.base, wg_key0, 0, dst);
+
+        // dK += dS^T Q.
+        issue_rs(dk, dst, q_tile);
+
+        // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is M-major;
+        // K's rows are keys too, so it is N-major. The dS^T rows it reads must be in shared memory
+        // and visible to the async proxy first: a named barrier of both warpgroups, or at d64 (its
+        // own keys) of its own four warps.
+        ptx::fence_proxy_async_shared();
+        if constexpr (T::kDqSplitsKeys)
+          ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
+        else
+          ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
+        float dq[kDqAcc];
+        ptx::wgmma_fence();
+        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
+        const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, dq_key0);
+#pragma unroll
+        for (int kk = 0; kk < kKeySteps; ++kk)
+          ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
+                                                SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dq);
+        ptx::fence_operands(dk);
+        ptx::fence_operands(dv);
+        // Every wgmma of this warp's warpgroup on the stage's Q and dO has completed, and this
+        // thread's reads of its lse2 and delta are done: each compute thread arrives for its own.
+        ptx::mbarrier_arrive(&smem.q_empty[stage]);
+
+        // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
+        // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
+        // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_slab0 +
+        // j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2 of its row
+        // (swizzled by the row's g), half t % 2.
+        constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
+        constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
+        static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
+        ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
+        const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
+        const uint32_t thread_at =
+            ptx::smem_addr(smem.scratch.slab) + dq_slab0 * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int j = 0; j < kDqAcc / 4; ++j) {
+            const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
+                                swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
+            ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
+          }
+        ptx::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full);
+      }
     }
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
@@ -371,11 +488,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = wg_key0 + row_in_wg + 8 * half;
+      const int r = (T::kSplitsColumns ? 0 : wg * T::kWarpgroupKeys) + row_in_wg + 8 * half;
       if (r >= rows) continue;
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
-        const int col = 8 * j + 2 * t;
+        const int col = col0 + 8 * j + 2 * t;
         if (col >= p.head_dim) continue;
         *reinterpret_cast<uint32_t*>(dk_out + r * p.dk_stride.row + col) =
             pack2<Element>(dk[4 * j + 2 * half] * p.scale, dk[4 * j + 2 * half + 1] * p.scale);

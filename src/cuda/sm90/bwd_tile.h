@@ -1,11 +1,13 @@
 // Tile of the Hopper backward main kernel (bwd_kernel.cuh) and its shared-memory layout.
 //
-// A CTA owns kBlockN keys of one (sequence, KV head): two warpgroups of 64 key rows each (the M of
-// every wgmma that produces a per-key result: S^T, dP^T, dV, dK), and walks the query blocks of
-// kBlockM rows that see them. dQ of a query block (kBlockM x head dim) is split between the
-// warpgroups (BwdTile::kDqSplitsKeys).
+// A CTA owns kBlockN keys of one (sequence, KV head) and walks the query blocks of kBlockM rows
+// that see them. At d64 and d128 two warpgroups own 64 key rows each (the M of every wgmma that
+// produces a per-key result: S^T, dP^T, dV, dK), and dQ of a query block (kBlockM x head dim) is
+// split between them (BwdTile::kDqSplitsKeys). At d256 dK and dV of 64 keys x 256 columns do not
+// fit one warpgroup's registers (BwdTile::kSplitsColumns): both warpgroups share the block's 64
+// keys, each owns half the columns of dK, dV and dQ and half the queries of S^T and dP^T.
 //
-// d64 and d128. At d64 the same tile, before the producer warpgroup (the compute threads loading
+// d64, d128 and d256. At d64 the same tile, before the producer warpgroup (the compute threads loading
 // by cp.async and meeting at CTA barriers), ran at the portable kernel's speed on an H200
 // (0.99-1.00x), and 128-query blocks (GEMMs as large as d128's) spilled 68-84 B
 // (docs/perf.md, fifty-sixth session); the producer's TMA loads took d128 from 0.84-0.89x cuDNN
@@ -13,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 
@@ -37,11 +40,18 @@ static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows
 
 template <int kHeadDim>
 struct BwdTile {
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the Hopper backward has d64 and d128 tiles");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
   static constexpr int kWarpgroups = 2;
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
-  static constexpr int kBlockN = kWarpgroups * kWarpgroupKeys;
+  // d256: the warpgroups split columns, not keys. P^T and dS^T then pass through shared memory
+  // (each warpgroup forms half the queries' and reads all of them), dV and dK read them from there,
+  // and each thread adds its dQ rows to the workspace itself: K, V, two Q/dO stages and two P^T
+  // and dS^T buffers fill the shared memory, leaving no room to stage dQ.
+  static constexpr bool kSplitsColumns = kHeadDim > 2 * kBwdSlabElems;
+  static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
+  static constexpr int kScoreQueries = kSplitsColumns ? kBlockM / kWarpgroups : kBlockM;  // a warpgroup's S^T N
+  static constexpr int kColumns = kSplitsColumns ? kHeadDim / kWarpgroups : kHeadDim;     // its dK/dV N
   // Warpgroup 0 produces (one thread of warp 0 loads K/V once and each block's Q, dO, lse2 and
   // delta by TMA; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute.
   // setmaxnreg moves registers within the CTA only (168 a thread at launch): the producer keeps
@@ -53,17 +63,19 @@ struct BwdTile {
   static constexpr int kMmaRegs = consumer_registers(kWarpgroups, 1, kProducerRegs);
   static_assert(kMmaRegs == 240, "the compute warpgroups' wgmmas serialise below 240 registers");
   // Q/dO/lse2/delta: the producer works two blocks ahead (a third stage fits beside K, V, two dS^T
-  // buffers and the dQ staging).
-  static constexpr int kStages = 3;
+  // buffers and the dQ staging); at d256 one block ahead.
+  static constexpr int kStages = kSplitsColumns ? 2 : 3;
   // dQ = dS K of a query block (kBlockM x head dim over the block's kBlockN keys) is split between
   // the warpgroups. At d128 by 64-column slabs, each summed over every key: wgmma's N is one slab
   // of K read MN-major, whose descriptors start on a slab. d64's one slab cannot be split so: there
   // each warpgroup sums over its own 64 keys, and both partial tiles are added to the workspace.
+  // At d256 by 128-column halves summed over the block's 64 keys, added from registers.
   static constexpr bool kDqSplitsKeys = kHeadDim / kWarpgroups < kBwdSlabElems;
   static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
   static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
   static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
-  static_assert(kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
+  static constexpr bool kDqStaged = !kSplitsColumns;  // dQ reaches the workspace by the writer warp's TMA
+  static_assert(kSplitsColumns || kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
 };
 
 // The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K and V as [batch, rows, heads, head dim]
@@ -97,11 +109,18 @@ struct BwdSharedStorage {
   // block i's for its dQ.
   alignas(kBwdAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
-  // dQ in fp32 as the boxes of its tensor reductions: [part][kHeadDim / 32][kBlockM][32 floats]
-  // with the 128-byte swizzle (16-byte chunk c of row r at c ^ (r % 8)).
+  // Beside the operands, one of two: at d64 and d128 dQ in fp32 as the boxes of its tensor
+  // reductions, [part][kHeadDim / 32][kBlockM][32 floats] with the 128-byte swizzle (16-byte chunk
+  // c of row r at c ^ (r % 8)); at d256 (no dQ staging) P^T of two blocks in turn, as dS^T.
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;  // of one part
-  alignas(kBwdAtomBytes) float dq[T::kDqParts * kDqSlabs][T::kBlockM * kDqSlabFloats];
+  struct DqStaging {
+    alignas(kBwdAtomBytes) float slab[T::kDqParts * kDqSlabs][T::kBlockM * kDqSlabFloats];
+  };
+  struct PtBuffers {
+    alignas(kBwdAtomBytes) Element buf[2][T::kBlockN * T::kBlockM];
+  };
+  std::conditional_t<T::kDqStaged, DqStaging, PtBuffers> scratch;
   // The bytes the producer's TMA loads deliver: a query block's Q (or dO) tile, the CTA's K (or
   // V) tile, a query block's lse2 (or delta) row.
   static constexpr uint32_t kQueryTileBytes = T::kBlockM * kHeadDim * sizeof(Element);
