@@ -3,7 +3,8 @@
 //
 // One CTA owns KV block n (kBlockN keys) of (sequence b, KV head kvh) and keeps dK and dV in
 // registers while it walks every (query head of the GQA group, query block that sees block n).
-// Warpgroup w owns the block's keys [64 w, 64 w + 64) and works on transposed scores:
+// At d64 and d128 warpgroup w owns the block's keys [64 w, 64 w + 64); both tiles work on transposed
+// scores:
 //
 //   S^T  = K_w Q^T                         wgmma SS (K, Q K-major)
 //   dP^T = V_w dO^T                        wgmma SS (V, dO K-major)
@@ -16,21 +17,22 @@
 //                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
-// while dS^T is formed.
-//
-// d256 (BwdTile::kSplitsColumns): kBlockN = 64 keys shared by both warpgroups; warpgroup w forms
-// S^T, dP^T, P^T and dS^T for queries [32 w, 32 w + 32) of the block and writes P^T and dS^T to
-// shared memory; after a named barrier of both, it runs dV += P^T dO and dK += dS^T Q (wgmma SS,
-// P^T and dS^T K-major, dO and Q MN-major) and dQ = dS K over columns [128 w, 128 w + 128), and
-// adds dQ to the workspace with vector reductions from registers (no room to stage it). Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
+// while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
 // thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
 // ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
 // compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers.
 // dK is scaled by the softmax scale once at the end; dQ by the convert kernel
 // (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is the portable
 // backward's.
+//
+// d256 (BwdTile::kSplitsColumns): one 64-key block shared by both warpgroups. Warpgroup w forms
+// S^T, dP^T, P^T and dS^T for queries [32 w, 32 w + 32) of the block and writes P^T and dS^T to
+// shared memory; after the named barrier it runs dV += P^T dO and dK += dS^T Q (wgmma SS, P^T
+// and dS^T K-major, dO and Q MN-major) and dQ = dS K over columns [128 w, 128 w + 128), and adds
+// dQ to the workspace with vector reductions from registers (no room to stage it; no writer warp).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "cuda/common/element.cuh"
@@ -221,20 +223,24 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int warp = mma_thread / kBwdWarpSize % kBwdWarpgroupWarps;
     const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
     const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
-    const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;  // its dK/dV columns
+    // The warpgroup's share of the block: at d64/d128 its 64 keys, at d256 its 32 queries of S^T
+    // and dP^T and its 128 columns of dK, dV and dQ.
+    const int key_row0 = T::kSplitsColumns ? 0 : wg * T::kWarpgroupKeys;
+    const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
+    const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
     float dk[kAcc] = {}, dv[kAcc] = {};
-    // The masks' and softmax's part common to both tiles: P^T = exp2(S^T * scale_log2 - lse2[query])
-    // in place, masked where the block is; element 4j + e of a 64 x N accumulator is row
-    // row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh's layout).
-    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m, int64_t key, int query0) {
+    // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is; element 4j + e
+    // of a 64 x N accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh).
+    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * t);
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + query0 + 8 * j + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[4 * j + e] = ptx::ex2_approx(fmaf(sc[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
       }
       if (m < unmasked.begin || m >= unmasked.end) {
-        const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key, static_cast<int64_t>(m) * kBlockM + query0 + 2 * t,
+        const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + key_row0 + row_in_wg,
+                                                    static_cast<int64_t>(m) * kBlockM + query0 + 2 * t,
                                                     cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
         for (int j = 0; j < kScoreAcc / 4; ++j)
@@ -247,86 +253,101 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const float* delta) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 nd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * t);
+        const float2 nd = *reinterpret_cast<const float2*>(delta + query0 + 8 * j + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[4 * j + e] = pr[4 * j + e] * (d[4 * j + e] + (e % 2 ? nd.y : nd.x));
       }
     };
-    // Packed 16-bit accumulator pairs into a [key][query] tile: key row_in_wg (+ 8), query chunk
-    // chunk0 + j at swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte swizzle. For one j
-    // the warp's 32 stores hit 32 distinct banks.
-    auto store_transposed = [&](uint32_t tile, int key0_in_block, int chunk0, const uint32_t (&packed)[kScoreAcc / 2]) {
+    auto packed = [](const float (&x)[kScoreAcc]) {
+      std::array<uint32_t, kScoreAcc / 2> r;
+#pragma unroll
+      for (int i = 0; i < kScoreAcc / 2; ++i) r[i] = pack2<Element>(x[2 * i], x[2 * i + 1]);
+      return r;
+    };
+    // Packed pairs into a [key][query] tile (P^T, dS^T): key key_row0 + row_in_wg (+ 8), query
+    // chunk query0 / 8 + j, at swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte
+    // swizzle. For one j the warp's 32 stores hit 32 distinct banks.
+    auto store_transposed = [&](uint32_t tile, const std::array<uint32_t, kScoreAcc / 2>& x) {
+      constexpr int kChunkElems = 8;
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = key0_in_block + row_in_wg + 8 * half;
-          ptx::st_shared_b32(tile + row * kBwdRowBytes + swizzle_chunk(row, chunk0 + j) * 16 + t * 4, packed[2 * j + half]);
+          const int row = key_row0 + row_in_wg + 8 * half, chunk = query0 / kChunkElems + j;
+          ptx::st_shared_b32(tile + row * kBwdRowBytes + swizzle_chunk(row, chunk) * 16 + t * 4, x[2 * j + half]);
         }
     };
+    // acc (64 keys x kColumns) += A (64 keys x kBlockM queries: P^T or dS^T, from registers) x B
+    // (the block's dO or Q, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
+    auto issue_rs = [](auto& acc, const std::array<uint32_t, kScoreAcc / 2>& a, const SlabTile<kBlockM>& b) {
+      ptx::wgmma_fence();
+      const uint32_t b_word = b.mn_major_word(0, 0);
+#pragma unroll
+      for (int kk = 0; kk < kQuerySteps; ++kk) {
+        const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
+        ptx::wgmma_rs<Element, T::kColumns>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
+      }
+      ptx::wgmma_commit_group();
+    };
+    // acc (64 keys x this warpgroup's kColumns) += A (64 keys x kBlockM queries, P^T or dS^T in
+    // shared memory, K-major) x B (dO or Q, its columns, MN-major): d256.
+    auto issue_ss = [&](auto& acc, const SlabTile<kBlockN>& a, const SlabTile<kBlockM>& b) {
+      const uint32_t a_word = a.k_major_word(0), b_word = b.mn_major_word(col0 / kBwdSlabElems, 0);
+#pragma unroll
+      for (int kk = 0; kk < kQuerySteps; ++kk)
+        ptx::wgmma_ss_bmn<Element, T::kColumns>(acc, SlabTile<kBlockN>::k_major(a_word, kk),
+                                                SlabTile<kBlockM>::mn_major(b_word, kk), true);
+    };
 
-    if constexpr (T::kSplitsColumns) {
-      // d256: S^T and dP^T of all 64 keys x this warpgroup's 32 queries; P^T and dS^T through
-      // shared memory to both warpgroups; dV, dK and dQ over this warpgroup's 128 columns.
-      const int q0 = wg * T::kScoreQueries;
-      if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
-      Cursor cur = first;
-      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-        const int stage = it % T::kStages, use = it / T::kStages;
-        ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
-        const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
-        const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
-        const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
+    // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
+    if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
+    Cursor cur = first;
+    for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+      const int stage = it % T::kStages, use = it / T::kStages;
+      ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
+      const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
+      const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
+      const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
+      const float* lse2 = smem.rows[stage].lse2;
+      const float* delta = smem.rows[stage].delta;
+
+      // S^T = K Q^T and dP^T = V dO^T over the warpgroup's keys and queries, one commit group each.
+      float s[kScoreAcc], dp[kScoreAcc];
+      ptx::wgmma_fence();
+      const uint32_t k_word = k_tile.k_major_word(key_row0), q_word = q_tile.k_major_word(query0);
+#pragma unroll
+      for (int kk = 0; kk < kDimSteps; ++kk)
+        ptx::wgmma_ss<Element, T::kScoreQueries>(s, SlabTile<kBlockN>::k_major(k_word, kk),
+                                                 SlabTile<kBlockM>::k_major(q_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
+      const uint32_t v_word = v_tile.k_major_word(key_row0), do_word = do_tile.k_major_word(query0);
+#pragma unroll
+      for (int kk = 0; kk < kDimSteps; ++kk)
+        ptx::wgmma_ss<Element, T::kScoreQueries>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
+                                                 SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
+
+      ptx::wgmma_wait_group<1>();
+      ptx::fence_operands(s);
+      probabilities(s, lse2, cur.m);
+      const auto pt = packed(s);
+
+      if constexpr (T::kSplitsColumns) {
+        // d256: P^T and dS^T of this warpgroup's queries into shared memory; after a barrier of
+        // both warpgroups, dV += P^T dO and dK += dS^T Q over this warpgroup's columns.
         const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
-
-        // S^T = K Q_w^T and dP^T = V dO_w^T over this warpgroup's queries, one commit group each.
-        float s[kScoreAcc], dp[kScoreAcc];
-        ptx::wgmma_fence();
-        const uint32_t k_word = k_tile.k_major_word(0), q_word = q_tile.k_major_word(q0);
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk)
-          ptx::wgmma_ss<Element, T::kScoreQueries>(s, SlabTile<kBlockN>::k_major(k_word, kk),
-                                                   SlabTile<kBlockM>::k_major(q_word, kk), kk > 0);
-        ptx::wgmma_commit_group();
-        const uint32_t v_word = v_tile.k_major_word(0), do_word = do_tile.k_major_word(q0);
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk)
-          ptx::wgmma_ss<Element, T::kScoreQueries>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
-                                                   SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
-        ptx::wgmma_commit_group();
-
-        ptx::wgmma_wait_group<1>();
-        ptx::fence_operands(s);
-        probabilities(s, smem.rows[stage].lse2 + q0, cur.m, key0 + row_in_wg, q0);
-        uint32_t packed[kScoreAcc / 2];
-#pragma unroll
-        for (int i = 0; i < kScoreAcc / 2; ++i) packed[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
-        constexpr int kChunkQueries = 8;
-        store_transposed(pt_tile.base, 0, q0 / kChunkQueries, packed);
+        store_transposed(pt_tile.base, pt);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dp);
-        score_grads(dp, s, smem.rows[stage].delta + q0);
-#pragma unroll
-        for (int i = 0; i < kScoreAcc / 2; ++i) packed[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
-        store_transposed(ds_tile.base, 0, q0 / kChunkQueries, packed);
-
-        // Both warpgroups' halves of P^T and dS^T in shared memory, visible to the async proxy.
+        score_grads(dp, s, delta);
+        store_transposed(ds_tile.base, packed(dp));
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
-
-        // dV += P^T dO and dK += dS^T Q over this warpgroup's columns; dQ = dS K over them.
         ptx::wgmma_fence();
-        const uint32_t pt_word = pt_tile.k_major_word(0), do_cols = do_tile.mn_major_word(col0 / kBwdSlabElems, 0);
-#pragma unroll
-        for (int kk = 0; kk < kQuerySteps; ++kk)
-          ptx::wgmma_ss_bmn<Element, T::kColumns>(dv, SlabTile<kBlockN>::k_major(pt_word, kk),
-                                                  SlabTile<kBlockM>::mn_major(do_cols, kk), true);
-        const uint32_t ds_word = ds_tile.k_major_word(0), q_cols = q_tile.mn_major_word(col0 / kBwdSlabElems, 0);
-#pragma unroll
-        for (int kk = 0; kk < kQuerySteps; ++kk)
-          ptx::wgmma_ss_bmn<Element, T::kColumns>(dk, SlabTile<kBlockN>::k_major(ds_word, kk),
-                                                  SlabTile<kBlockM>::mn_major(q_cols, kk), true);
+        issue_ss(dv, pt_tile, do_tile);
+        issue_ss(dk, ds_tile, q_tile);
         ptx::wgmma_commit_group();
+
         // dQ = dS K over this warpgroup's columns one slab of K at a time (all 128 columns' fp32
         // beside dK's and dV's spilled), each slab's rows added to the workspace from registers:
         // query row_in_wg (+ 8), columns 8j + 2t (+ 1) of the slab. Rows past the sequence stay
@@ -364,67 +385,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
                                    dq[4 * j + 2 * half + 1]);
             }
         }
-      }
-    } else {
-      const int wg_key0 = wg * T::kWarpgroupKeys;      // this warpgroup's first key row in the block
-      const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
-      const int dq_key0 = T::kDqSplitsKeys ? wg_key0 : 0;           // and the first key they sum over
-      // acc (64 keys x d) += A (64 keys x kBlockM queries, the 16-bit accumulator pairs of P^T or
-      // dS^T) x B (the block's Q or dO, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
-      auto issue_rs = [](float (&acc)[kAcc], const uint32_t (&a)[kScoreAcc / 2], const SlabTile<kBlockM>& b) {
-        ptx::wgmma_fence();
-        const uint32_t b_word = b.mn_major_word(0, 0);
-#pragma unroll
-        for (int kk = 0; kk < kQuerySteps; ++kk) {
-          const uint32_t step[4] = {a[4 * kk], a[4 * kk + 1], a[4 * kk + 2], a[4 * kk + 3]};
-          ptx::wgmma_rs<Element, kHeadDim>(acc, step, SlabTile<kBlockM>::mn_major(b_word, kk), true);
-        }
-        ptx::wgmma_commit_group();
-      };
-      // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
-      if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
-      Cursor cur = first;
-      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-        const int stage = it % T::kStages, use = it / T::kStages;
-        ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
-        const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
-        const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
-        const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
-
-        // S^T = K_w Q^T and dP^T = V_w dO^T, one commit group each.
-        float s[kScoreAcc], dp[kScoreAcc];
-        ptx::wgmma_fence();
-        const uint32_t k_word = k_tile.k_major_word(wg_key0), q_word = q_tile.k_major_word(0);
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk)
-          ptx::wgmma_ss<Element, kBlockM>(s, SlabTile<kBlockN>::k_major(k_word, kk), SlabTile<kBlockM>::k_major(q_word, kk),
-                                          kk > 0);
-        ptx::wgmma_commit_group();
-        const uint32_t v_word = v_tile.k_major_word(wg_key0), do_word = do_tile.k_major_word(0);
-#pragma unroll
-        for (int kk = 0; kk < kDimSteps; ++kk)
-          ptx::wgmma_ss<Element, kBlockM>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
-                                          SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
-        ptx::wgmma_commit_group();
-
-        ptx::wgmma_wait_group<1>();
-        ptx::fence_operands(s);
-        probabilities(s, smem.rows[stage].lse2, cur.m, key0 + wg_key0 + row_in_wg, 0);
-        uint32_t pt[kScoreAcc / 2];
-#pragma unroll
-        for (int i = 0; i < kScoreAcc / 2; ++i) pt[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
-
+      } else {
         // dV += P^T dO.
         issue_rs(dv, pt, do_tile);
 
         // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
         ptx::wgmma_wait_group<1>();
         ptx::fence_operands(dp);
-        score_grads(dp, s, smem.rows[stage].delta);
-        uint32_t dst[kScoreAcc / 2];
-#pragma unroll
-        for (int i = 0; i < kScoreAcc / 2; ++i) dst[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
-        store_transposed(ds_tile.base, wg_key0, 0, dst);
+        score_grads(dp, s, delta);
+        const auto dst = packed(dp);
+        store_transposed(ds_tile.base, dst);
 
         // dK += dS^T Q.
         issue_rs(dk, dst, q_tile);
@@ -433,6 +403,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // K's rows are keys too, so it is N-major. The dS^T rows it reads must be in shared memory
         // and visible to the async proxy first: a named barrier of both warpgroups, or at d64 (its
         // own keys) of its own four warps.
+        const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
+        const int dq_key0 = T::kDqSplitsKeys ? key_row0 : 0;          // and the first key they sum over
         ptx::fence_proxy_async_shared();
         if constexpr (T::kDqSplitsKeys)
           ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
@@ -488,7 +460,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = (T::kSplitsColumns ? 0 : wg * T::kWarpgroupKeys) + row_in_wg + 8 * half;
+      const int r = key_row0 + row_in_wg + 8 * half;
       if (r >= rows) continue;
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
