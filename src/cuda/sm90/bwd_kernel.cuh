@@ -3,8 +3,8 @@
 //
 // One CTA owns KV block n (kBlockN keys) of (sequence b, KV head kvh) and keeps dK and dV in
 // registers while it walks every (query head of the GQA group, query block that sees block n).
-// At d64 and d128 warpgroup w owns the block's keys [64 w, 64 w + 64); both tiles work on transposed
-// scores:
+// At d64 and d128 warpgroup w owns the block's keys [64 w, 64 w + 64); both tiles work on
+// transposed scores:
 //
 //   S^T  = K_w Q^T                         wgmma SS (K, Q K-major)
 //   dP^T = V_w dO^T                        wgmma SS (V, dO K-major)
@@ -190,8 +190,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     } else if (warp == kDqWriterWarp) {
       if constexpr (T::kDqStaged) {  // d256's compute threads add their dQ themselves
         // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
-        // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the head
-        // dim left out), read before the staging is handed back.
+        // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the
+        // head dim left out), read before the staging is handed back.
         const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
         const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
         int it = 0;
@@ -229,8 +229,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
     const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
     float dk[kAcc] = {}, dv[kAcc] = {};
-    // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is; element 4j + e
-    // of a 64 x N accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh).
+    // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is; element
+    // 4j + e of a 64 x N accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2
+    // (ptx/wgmma.cuh).
     auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
@@ -399,10 +400,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // dK += dS^T Q.
         issue_rs(dk, dst, q_tile);
 
-        // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is M-major;
-        // K's rows are keys too, so it is N-major. The dS^T rows it reads must be in shared memory
-        // and visible to the async proxy first: a named barrier of both warpgroups, or at d64 (its
-        // own keys) of its own four warps.
+        // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is
+        // M-major; K's rows are keys too, so it is N-major. The dS^T rows it reads must be in
+        // shared memory and visible to the async proxy first: a named barrier of both warpgroups,
+        // or at d64 (its own keys) of its own four warps.
         const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
         const int dq_key0 = T::kDqSplitsKeys ? key_row0 : 0;          // and the first key they sum over
         ptx::fence_proxy_async_shared();
@@ -427,11 +428,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // thread's reads of its lse2 and delta are done: each compute thread arrives for its own.
         ptx::mbarrier_arrive(&smem.q_empty[stage]);
 
-        // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's), 128-byte
-        // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
-        // read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab dq_slab0 +
-        // j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2 of its row
-        // (swizzled by the row's g), half t % 2.
+        // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's),
+        // 128-byte swizzled (a warp's 8 rows spread over the banks), once the last block's boxes
+        // have been read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab
+        // dq_slab0 + j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2
+        // of its row (swizzled by the row's g), half t % 2.
         constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
         constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
         static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");

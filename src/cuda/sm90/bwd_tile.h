@@ -7,9 +7,9 @@
 // fit one warpgroup's registers (BwdTile::kSplitsColumns): both warpgroups share the block's 64
 // keys, each owns half the columns of dK, dV and dQ and half the queries of S^T and dP^T.
 //
-// d64, d128 and d256. At d64 the same tile, before the producer warpgroup (the compute threads loading
-// by cp.async and meeting at CTA barriers), ran at the portable kernel's speed on an H200
-// (0.99-1.00x), and 128-query blocks (GEMMs as large as d128's) spilled 68-84 B
+// At d64 the same tile, before the producer warpgroup (the compute threads loading by cp.async
+// and meeting at CTA barriers), ran at the portable kernel's speed on an H200 (0.99-1.00x), and
+// 128-query blocks (GEMMs as large as d128's) spilled 68-84 B
 // (docs/perf.md, fifty-sixth session); the producer's TMA loads took d128 from 0.84-0.89x cuDNN
 // to 0.93-0.99x (fifty-eighth session).
 #pragma once
