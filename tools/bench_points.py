@@ -15,7 +15,9 @@ visible pairs); `fa-fwd` or `fa-bwd` names every
 forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
 measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
 `env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
-library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run.
+library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run. The
+provider `ours_deterministic` is ours called with deterministic=True (the backward's dQ adds in a
+fixed order).
 
 --repeat N measures every point N times in a row, the columns in reverse order on every second
 time (so neither side always runs first or last), and prints each column's median with its
@@ -85,6 +87,15 @@ def install_window(left):
                                               softmax_scale=scale, causal=causal, window_size=(left, 0))
         return o.transpose(1, 2)
     peers.PROVIDERS["ours_window"] = windowed
+
+
+def install_deterministic():
+    """The `ours_deterministic` column: ours with deterministic=True (no peer takes the flag)."""
+    def deterministic(q, k, v, causal, scale):
+        o = peers.OURS["mod"].flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              softmax_scale=scale, causal=causal, deterministic=True)
+        return o.transpose(1, 2)
+    peers.PROVIDERS["ours_deterministic"] = deterministic
 
 
 @contextlib.contextmanager
@@ -195,6 +206,7 @@ def main():
         raise SystemExit(f"--gemm must be a matrix size (0: none), got {args.gemm}")
     out = open(args.out, "a") if args.out else None
     peers.OURS["mod"] = __import__(args.module)
+    install_deterministic()
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
     # Column headers: an env column by its setting without the common prefixes (16 characters).
     short = lambda e: e.replace("FUSEDATTN_", "").replace("SM90_", "")
