@@ -98,6 +98,8 @@ const std::vector<Flag>& flags() {
       {"iters", "N", "timed iterations; the median is reported", [](CliArgs& a, std::string_view v) { a.iters = parse_int("iters", v, 1, kMaxInt); }},
       {"warmup", "N", "untimed iterations before timing", [](CliArgs& a, std::string_view v) { a.warmup = parse_int("warmup", v, 0, kMaxInt); }},
       {"backward", nullptr, "time and check the backward pass (dq, dk, dv)", [](CliArgs& a, std::string_view) { a.backward = true; }},
+      {"deterministic", nullptr, "with --backward: the deterministic backward, its checked call repeated and compared bit for bit",
+       [](CliArgs& a, std::string_view) { a.deterministic = true; }},
       {"threads", "N", "host threads for the cpu backend and the check (default 0: all cores)",
        [](CliArgs& a, std::string_view v) { a.threads = parse_int("threads", v, 0, kMaxInt); }},
       {"seed", "N", "random seed of the inputs",
@@ -166,6 +168,9 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   c.iters = static_cast<int>(a.iters.value_or(d.iters));
   c.warmup = static_cast<int>(a.warmup.value_or(d.warmup));
   c.backward = a.backward;
+  c.deterministic = a.deterministic;
+  if (c.deterministic && !c.backward)
+    throw UsageError("--deterministic applies to the backward pass; add --backward");
   c.threads = static_cast<int>(a.threads);
   c.seed = a.seed;
   c.check_rows = a.check_rows;

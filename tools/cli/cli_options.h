@@ -38,6 +38,7 @@ struct CliArgs {
   Backend backend = Backend::kAuto;
   std::optional<int64_t> iters, warmup;
   bool backward = false;
+  bool deterministic = false;
   int64_t threads = 0;
   uint64_t seed = kDefaultSeed;
   int64_t check_rows = kDefaultCheckRows;
@@ -58,6 +59,9 @@ struct RunConfig {
   Layout layout = Layout::kBSHD;
   int iters = 0, warmup = 0;
   bool backward = false;
+  // The backward in deterministic mode (BackwardArgs::deterministic); the run repeats its checked
+  // call and compares dq, dk and dv bit for bit.
+  bool deterministic = false;
   int threads = 0;  // host threads: the CPU backend's, the check's and the naive peer's
   uint64_t seed = kDefaultSeed;
   int64_t check_rows = 0;

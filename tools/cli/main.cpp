@@ -26,6 +26,7 @@ void print_row(const RunConfig& c, const RunResult& r) {
               c.backward ? "bwd" : "fwd", dtype_name(c.dtype), layout_name(c.layout), c.shape_str().c_str(),
               c.mask_str().c_str(), c.kv_str().c_str(), r.median_ms, r.tflops, r.check.str().c_str(),
               r.check.tensors.empty() ? "off" : (r.check.passed() ? "pass" : "FAIL"));
+  if (r.repeat_identical) std::printf(" repeat=%s", *r.repeat_identical ? "identical" : "DIFFERS");
   if (r.naive) {
     const NaiveTiming& n = *r.naive;
     std::printf(" naive_f64_ms=%.1f naive_speedup=%.1fx naive_note=\"%s%lld/%lld heads, %d threads\"", n.ms,
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
                   "cuda was requested but this build has no CUDA backend or no GPU is visible");
     const RunResult result = run(config);
     print_row(config, result);
-    return result.check.passed() ? kOk : kCheckFailed;
+    return result.passed() ? kOk : kCheckFailed;
   } catch (const Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
   } catch (const std::bad_alloc&) {

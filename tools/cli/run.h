@@ -15,7 +15,10 @@ struct RunResult {
   double median_ms = 0;
   double tflops = 0;  // FlashAttention convention, see attention_flops()
   CheckReport check;
+  // --deterministic: whether a second checked backward gave dq, dk and dv bit for bit again.
+  std::optional<bool> repeat_identical;
   std::optional<NaiveTiming> naive;
+  bool passed() const { return check.passed() && repeat_identical.value_or(true); }
 };
 
 // Throws fusedattn::Error for anything the library or the CUDA runtime rejects.

@@ -104,6 +104,11 @@ void Operand::fetch() {
   if (buffer_.on_device()) buffer_.download(mirror_.data());
 }
 
+std::vector<unsigned char> Operand::host_bytes() const {
+  const auto* bytes = static_cast<const unsigned char*>(host());
+  return {bytes, bytes + buffer_.bytes()};
+}
+
 void Operand::read_row(int64_t b, int64_t s, int64_t h, double* dst) const {
   const int64_t base = b * stride_[0] + s * stride_[1] + h * stride_[2];
   for (int64_t d = 0; d < shape_[3]; ++d) dst[d] = numeric::load(dtype_, host(), base + d);
@@ -223,6 +228,7 @@ BackwardArgs Workload::backward_args() const {
   a.dk = dk.view();
   a.dv = dv.view();
   a.options = options();
+  a.deterministic = config.deterministic;
   a.workspace = workspace.data();
   a.workspace_bytes = workspace.bytes();
   return a;

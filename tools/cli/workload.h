@@ -24,6 +24,7 @@ class Operand {
   void randomize(uint64_t seed, int threads);  // fresh N(0,1) values rounded to the dtype
   void poison();                      // NaN in the backend's memory, so an unwritten element shows
   void fetch();                       // copies the backend's memory to the host copy (no-op on CPU)
+  std::vector<unsigned char> host_bytes() const;  // the host copy's bytes (after fetch())
 
   // The head_dim values of row (b, s, h) from the host copy, as doubles.
   void read_row(int64_t b, int64_t s, int64_t h, double* dst) const;
