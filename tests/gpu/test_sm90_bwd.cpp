@@ -68,9 +68,9 @@ class Sm90Backward : public ::testing::TestWithParam<HopperBackwardParam> {
   int d() const { return GetParam().head_dim; }
 };
 
-// One KV block and one query block; several of each with partial last ones (77 x 133: two KV
-// blocks of 128, two query blocks of 64); many query blocks per CTA (the three-stage ring of Q
-// and dO wraps); the BHSD layout.
+// One KV block and one query block; several of each with partial last ones (77 x 133: two or
+// three KV blocks of 128 or 64 keys, two query blocks of 64); many query blocks per CTA (the ring
+// of Q and dO stages wraps); the BHSD layout.
 TEST_P(Sm90Backward, RaggedLengths) {
   check_hopper_backward({dense(1, 2, 2, 50, 60, d()), dtype()});
   check_hopper_backward({dense(2, 4, 4, 77, 133, d()), dtype()});
@@ -99,8 +99,8 @@ TEST_P(Sm90Backward, VarlenCausalWithEmptySequences) {
   check_hopper_backward({varlen(causal(dense(0, 2, 2, 0, 0, d())), {17, 0, 170, 64}, {40, 33, 200, 0}), dtype()});
   check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, d()), 30, 7), {70, 129, 1}, {100, 64, 9}), dtype()});
 }
-// Head dims below the instance: the loads zero-fill the columns past them, the dQ staging and
-// the dK/dV stores leave them out, and the dQ rows are head_dim (rounded up to 8) floats apart.
+// Head dims below the instance: the loads zero-fill the columns past them, the dQ adds and the
+// dK/dV stores leave them out, and the dQ rows are head_dim (rounded up to 8) floats apart.
 TEST_P(Sm90Backward, HeadDimsBelowInstance) {
   check_hopper_backward({dense(1, 2, 1, 97, 260, d() - 24), dtype(), Layout::kBHSD});
   check_hopper_backward({causal(dense(1, 2, 2, 130, 150, d() - 8)), dtype()});
