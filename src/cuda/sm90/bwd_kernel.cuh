@@ -269,13 +269,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     // chunk query0 / 8 + j, at swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte
     // swizzle. For one j the warp's 32 stores hit 32 distinct banks.
     auto store_transposed = [&](uint32_t tile, const std::array<uint32_t, kScoreAcc / 2>& x) {
-      constexpr int kChunkElems = 8;
+      constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int row = key_row0 + row_in_wg + 8 * half, chunk = query0 / kChunkElems + j;
-          ptx::st_shared_b32(tile + row * kBwdRowBytes + swizzle_chunk(row, chunk) * 16 + t * 4, x[2 * j + half]);
+          const uint32_t at = tile + row * kBwdRowBytes + swizzle_chunk(row, chunk) * kChunkBytes + t * sizeof(uint32_t);
+          ptx::st_shared_b32(at, x[2 * j + half]);
         }
     };
     // acc (64 keys x kColumns) += A (64 keys x kBlockM queries: P^T or dS^T, from registers) x B
