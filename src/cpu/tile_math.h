@@ -152,24 +152,26 @@ FUSEDATTN_CPU_INLINE void matmul_transposed_b(const float* a, int rows, int dim,
 }
 
 namespace detail {
-// c[i * dim + col, + kColsPerPass) += sum_{j in [j0, j1)} p[i * ldp + j] * b[j * dim + col, ...)
-// for i < kRows: score_pass's register blocking for the accumulating product, each b vector
+// c[i * dim + col, + kColsPerPass) += sum_{t in [t0, t1)} weight(i, t) * source(t)[col, ...) for
+// i < kRows: score_pass's register blocking for the accumulating products, each source vector
 // loaded once for kRows rows (the pair fold loads it once for two, and GCC folded that load into
 // both rows' FMAs, so it waited on loads). Each element's sum is fold_terms' (the same terms in
 // the same order from the same start), so results do not change.
-template <int kRows>
-FUSEDATTN_CPU_INLINE void pb_pass(const float* p, int ldp, int j0, int j1, const float* b, int dim, int col, float* c) {
+template <int kRows, class Weight, class Source>
+FUSEDATTN_CPU_INLINE void blocked_fold(float* c, int dim, int col, int t0, int t1, const Weight& weight,
+                                       const Source& source) {
   Vec acc[kRows][2];
   for (int i = 0; i < kRows; ++i) {
     acc[i][0] = load_vec(c + int64_t{i} * dim + col);
     acc[i][1] = load_vec(c + int64_t{i} * dim + col + kVecWidth);
   }
-  for (int j = j0; j < j1; ++j) {
-    const Vec b0 = load_vec(b + int64_t{j} * dim + col), b1 = load_vec(b + int64_t{j} * dim + col + kVecWidth);
+  for (int t = t0; t < t1; ++t) {
+    const float* src = source(t);
+    const Vec x0 = load_vec(src + col), x1 = load_vec(src + col + kVecWidth);
     for (int i = 0; i < kRows; ++i) {
-      const float w = p[int64_t{i} * ldp + j];
-      acc[i][0] += w * b0;
-      acc[i][1] += w * b1;
+      const float w = weight(i, t);
+      acc[i][0] += w * x0;
+      acc[i][1] += w * x1;
     }
   }
   for (int i = 0; i < kRows; ++i) {
@@ -177,34 +179,12 @@ FUSEDATTN_CPU_INLINE void pb_pass(const float* p, int ldp, int j0, int j1, const
     store_vec(c + int64_t{i} * dim + col + kVecWidth, acc[i][1]);
   }
 }
-
-// The same for the transposed product: c[(j + i) * dim + col, + kColsPerPass) += sum_{r < rows}
-// p[r * ldp + j + i] * a[r * dim + col, ...) for i < kRows, rows folded in order.
-template <int kRows>
-FUSEDATTN_CPU_INLINE void ptb_pass(const float* p, int ldp, int rows, const float* a, int dim, int j, int col, float* c) {
-  Vec acc[kRows][2];
-  for (int i = 0; i < kRows; ++i) {
-    acc[i][0] = load_vec(c + int64_t{j + i} * dim + col);
-    acc[i][1] = load_vec(c + int64_t{j + i} * dim + col + kVecWidth);
-  }
-  for (int r = 0; r < rows; ++r) {
-    const Vec a0 = load_vec(a + int64_t{r} * dim + col), a1 = load_vec(a + int64_t{r} * dim + col + kVecWidth);
-    for (int i = 0; i < kRows; ++i) {
-      const float w = p[int64_t{r} * ldp + j + i];
-      acc[i][0] += w * a0;
-      acc[i][1] += w * a1;
-    }
-  }
-  for (int i = 0; i < kRows; ++i) {
-    store_vec(c + int64_t{j + i} * dim + col, acc[i][0]);
-    store_vec(c + int64_t{j + i} * dim + col + kVecWidth, acc[i][1]);
-  }
-}
 }  // namespace detail
 
 // c[r * dim + :] += sum_{j in ranges[r]} p[r * ldp + j] * b[j * dim + :], keys folded in order.
 // (O += P V, dQ += dS K.) kRowsPerPass rows that see the same keys (every row of a tile no mask
-// cuts) take detail::pb_pass over the head dim's whole kColsPerPass columns, the rest the folds.
+// cuts) take detail::blocked_fold over the head dim's whole kColsPerPass columns, the rest the
+// folds.
 FUSEDATTN_CPU_INLINE void accumulate_pb(const float* p, int ldp, const ColRange* ranges, int rows, const float* b,
                                          int dim, float* c) {
   const int dim_blocked = dim / kColsPerPass * kColsPerPass;
@@ -217,7 +197,9 @@ FUSEDATTN_CPU_INLINE void accumulate_pb(const float* p, int ldp, const ColRange*
     if (block) {
       float* c0 = c + int64_t{r} * dim;
       for (int col = 0; col < dim_blocked; col += kColsPerPass)
-        detail::pb_pass<kRowsPerPass>(p0, ldp, range.begin, range.end, b, dim, col, c0);
+        detail::blocked_fold<kRowsPerPass>(
+            c0, dim, col, range.begin, range.end, [&](int i, int j) { return p0[int64_t{i} * ldp + j]; },
+            [&](int j) { return b + int64_t{j} * dim; });
       for (int i = 0; i < kRowsPerPass; ++i)  // columns past the blocked ones
         detail::fold_terms(c0 + int64_t{i} * dim + dim_blocked, dim - dim_blocked, [&](auto&& term) {
           for (int j = range.begin; j < range.end; ++j) term(p0[int64_t{i} * ldp + j], b + int64_t{j} * dim + dim_blocked);
@@ -244,14 +226,17 @@ FUSEDATTN_CPU_INLINE void accumulate_pb(const float* p, int ldp, const ColRange*
 FUSEDATTN_CPU_INLINE void accumulate_ptb(const float* p, int ldp, const ColRange* ranges, int rows, const float* a,
                                           int dim, int cols, float* c) {
   // Where every row sees every column (tiles no mask cuts), the same terms without the test, and
-  // kRowsPerPass output rows at a time through detail::ptb_pass over the blocked columns.
+  // kRowsPerPass output rows at a time through detail::blocked_fold over the blocked columns.
   bool whole = true;
   for (int r = 0; r < rows; ++r) whole = whole && ranges[r].begin == 0 && ranges[r].end >= cols;
   const int dim_blocked = dim / kColsPerPass * kColsPerPass;
   int j = 0;
   if (whole && dim_blocked > 0)
     for (; j + kRowsPerPass <= cols; j += kRowsPerPass) {
-      for (int col = 0; col < dim_blocked; col += kColsPerPass) detail::ptb_pass<kRowsPerPass>(p, ldp, rows, a, dim, j, col, c);
+      for (int col = 0; col < dim_blocked; col += kColsPerPass)
+        detail::blocked_fold<kRowsPerPass>(
+            c + int64_t{j} * dim, dim, col, 0, rows, [&](int i, int r) { return p[int64_t{r} * ldp + j + i]; },
+            [&](int r) { return a + int64_t{r} * dim; });
       for (int i = 0; i < kRowsPerPass; ++i)  // columns past the blocked ones
         detail::fold_terms(c + int64_t{j + i} * dim + dim_blocked, dim - dim_blocked, [&](auto&& term) {
           for (int r = 0; r < rows; ++r) term(p[int64_t{r} * ldp + j + i], a + int64_t{r} * dim + dim_blocked);
