@@ -22,7 +22,8 @@
 # (a gtest filter, or `sm90`: the Hopper forward's part of the set alone, ~220 s for the three
 # tools; the whole set with its backward rows and the 192-row d64 runs takes longer, up to the
 # steps' 900 s of limits, so run it in a call of its own).
-# GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call.
+# GPU_TEST_LIMIT (seconds, default 540) bounds each shard, so a hang costs less than the call; the
+# summary names the test a shard was in when its limit cut it off.
 # SMOKE_TEST (a gtest filter, e.g. one case of a new kernel) runs first, alone, under SMOKE_LIMIT
 # seconds (default 30); if it fails or hangs, every step that launches our kernels (tests,
 # sanitize, pytest, points, peers) is left out: they would hang too (session 60 lost a call to a
@@ -74,13 +75,19 @@ gpu_tests_sharded() {
   local shards=${GPU_TEST_SHARDS:-6} limit=$1 t0=$SECONDS rc=0 pids=() i
   for ((i = 0; i < shards; ++i)); do
     GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "$limit" "$build/tests/fusedattn_gpu_tests" \
-      --gtest_brief=1 --gtest_filter="${GPU_TEST_FILTER:-*}" --gtest_output="xml:$out/gpu_tests_$i.xml" \
+      --gtest_filter="${GPU_TEST_FILTER:-*}" --gtest_output="xml:$out/gpu_tests_$i.xml" \
       > "$out/gpu_tests_$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=$?; done
   cat "$out"/gpu_tests_[0-9]*.log > "$out/gpu_tests.log"
   record gpu-tests $rc $t0 "gpu_tests.log, $shards shards"
+  # A shard its time limit cut off writes no summary: name the test it was in (session 62 had to
+  # rerun a whole call's tests to find out).
+  for ((i = 0; i < shards; ++i)); do
+    grep -qE '^\[==========\] [0-9]+ tests? from .* ran\.' "$out/gpu_tests_$i.log" ||
+      note "shard $i cut off in: $(grep '^\[ RUN      \]' "$out/gpu_tests_$i.log" | tail -n 1 | cut -c 14-)"
+  done
   # The slowest tests (gtest's XML reports), to balance the shards by.
   note "slowest: $(python3 - "$out" <<'PY'
 import glob, sys, xml.etree.ElementTree as ET
@@ -138,7 +145,7 @@ fi
 
 if has tests; then
   gpu_tests_sharded "${GPU_TEST_LIMIT:-540}"
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]| tests? ran" "$out/gpu_tests.log" | tail -25 | tee -a "$summary"
+  grep -E "^\[  (PASSED  |SKIPPED )\] [0-9]+ tests?|^\[  FAILED  \]" "$out/gpu_tests.log" | tail -25 | tee -a "$summary"
   if [ "${CPU_TESTS:-1}" != 0 ]; then
     step cpu-tests 200 cpu_tests.log "$build/tests/fusedattn_tests" --gtest_brief=1
     grep -E " tests? ran|PASSED|FAILED" "$out/cpu_tests.log" | tail -5 | tee -a "$summary"
