@@ -300,6 +300,30 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::wgmma_ss_bmn<Element, T::kColumns>(acc, SlabTile<kBlockN>::k_major(a_word, kk),
                                                 SlabTile<kBlockM>::mn_major(b_word, kk), true);
     };
+    // acc (64 keys x kScoreQueries) = A (64 keys of K or V from key_row0, K-major) x B^T (the
+    // block's Q or dO rows from query0, K-major) over the head dim: S^T or dP^T, one commit group.
+    auto issue_scores = [&](float (&acc)[kScoreAcc], const SlabTile<kBlockN>& a, const SlabTile<kBlockM>& b) {
+      const uint32_t a_word = a.k_major_word(key_row0), b_word = b.k_major_word(query0);
+#pragma unroll
+      for (int kk = 0; kk < kDimSteps; ++kk)
+        ptx::wgmma_ss<Element, T::kScoreQueries>(acc, SlabTile<kBlockN>::k_major(a_word, kk),
+                                                 SlabTile<kBlockM>::k_major(b_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
+    };
+    // acc (kBlockM queries x one 64-column slab of K from column c0) = dS K over the keys from
+    // dq_key0, one commit group: dS^T's rows are keys, so dS is M-major (ds_word: the dS^T tile's
+    // mn_major_word(0, dq_key0)); K's rows are keys too, so it is N-major. A warpgroup's dQ is one
+    // such slab at d64/d128, two at d256.
+    const int dq_key0 = T::kDqSplitsKeys ? key_row0 : 0;
+    auto issue_dq = [&](float (&acc)[kBwdSlabElems / 2], uint32_t ds_word, int c0) {
+      ptx::wgmma_fence();
+      const uint32_t k_word = k_tile.mn_major_word(c0 / kBwdSlabElems, dq_key0);
+#pragma unroll
+      for (int kk = 0; kk < kKeySteps; ++kk)
+        ptx::wgmma_ss_mn<Element, kBwdSlabElems>(acc, SlabTile<kBlockN>::mn_major(ds_word, kk),
+                                                 SlabTile<kBlockN>::mn_major(k_word, kk), kk > 0);
+      ptx::wgmma_commit_group();
+    };
 
     // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
     if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
@@ -316,18 +340,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       // S^T = K Q^T and dP^T = V dO^T over the warpgroup's keys and queries, one commit group each.
       float s[kScoreAcc], dp[kScoreAcc];
       ptx::wgmma_fence();
-      const uint32_t k_word = k_tile.k_major_word(key_row0), q_word = q_tile.k_major_word(query0);
-#pragma unroll
-      for (int kk = 0; kk < kDimSteps; ++kk)
-        ptx::wgmma_ss<Element, T::kScoreQueries>(s, SlabTile<kBlockN>::k_major(k_word, kk),
-                                                 SlabTile<kBlockM>::k_major(q_word, kk), kk > 0);
-      ptx::wgmma_commit_group();
-      const uint32_t v_word = v_tile.k_major_word(key_row0), do_word = do_tile.k_major_word(query0);
-#pragma unroll
-      for (int kk = 0; kk < kDimSteps; ++kk)
-        ptx::wgmma_ss<Element, T::kScoreQueries>(dp, SlabTile<kBlockN>::k_major(v_word, kk),
-                                                 SlabTile<kBlockM>::k_major(do_word, kk), kk > 0);
-      ptx::wgmma_commit_group();
+      issue_scores(s, k_tile, q_tile);
+      issue_scores(dp, v_tile, do_tile);
 
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
@@ -356,18 +370,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // inside its padded rows (sm80/bwd_workspace.h); columns past the head dim would reach the
         // next row.
         float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
-        const uint32_t ds_mn = ds_tile.mn_major_word(0, 0);
+        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
 #pragma unroll
         for (int slab = 0; slab < T::kDqCols / kBwdSlabElems; ++slab) {
           const int slab_col0 = col0 + slab * kBwdSlabElems;
           float dq[kBwdSlabElems / 2];
-          ptx::wgmma_fence();
-          const uint32_t k_cols = k_tile.mn_major_word(slab_col0 / kBwdSlabElems, 0);
-#pragma unroll
-          for (int kk = 0; kk < kKeySteps; ++kk)
-            ptx::wgmma_ss_mn<Element, kBwdSlabElems>(dq, SlabTile<kBlockN>::mn_major(ds_mn, kk),
-                                                     SlabTile<kBlockN>::mn_major(k_cols, kk), kk > 0);
-          ptx::wgmma_commit_group();
+          issue_dq(dq, ds_word, slab_col0);
           ptx::wgmma_wait_group<0>();
           ptx::fence_operands(dq);
           if (slab == 0) {
@@ -401,26 +409,17 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // dK += dS^T Q.
         issue_rs(dk, dst, q_tile);
 
-        // dQ's share of this warpgroup = dS K over its keys: dS^T's rows are keys, so dS is
-        // M-major; K's rows are keys too, so it is N-major. The dS^T rows it reads must be in
-        // shared memory and visible to the async proxy first: a named barrier of both warpgroups,
-        // or at d64 (its own keys) of its own four warps.
+        // dQ's share of this warpgroup = dS K over its keys (issue_dq). The dS^T rows it reads
+        // must be in shared memory and visible to the async proxy first: a named barrier of both
+        // warpgroups, or at d64 (its own keys) of its own four warps.
         const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
-        const int dq_key0 = T::kDqSplitsKeys ? key_row0 : 0;          // and the first key they sum over
         ptx::fence_proxy_async_shared();
         if constexpr (T::kDqSplitsKeys)
           ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
         else
           ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
         float dq[kDqAcc];
-        ptx::wgmma_fence();
-        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
-        const uint32_t k_mn_word = k_tile.mn_major_word(dq_col0 / kBwdSlabElems, dq_key0);
-#pragma unroll
-        for (int kk = 0; kk < kKeySteps; ++kk)
-          ptx::wgmma_ss_mn<Element, T::kDqCols>(dq, SlabTile<kBlockN>::mn_major(ds_word, kk),
-                                                SlabTile<kBlockN>::mn_major(k_mn_word, kk), kk > 0);
-        ptx::wgmma_commit_group();
+        issue_dq(dq, ds_tile.mn_major_word(0, dq_key0), dq_col0);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dq);
         ptx::fence_operands(dk);
