@@ -80,22 +80,24 @@ def window_flops(batch, heads, sq, sk, d, left, mode):
     return 4.0 * batch * heads * pairs * d * (2.5 if mode == "bwd" else 1.0)
 
 
+def install_ours(name, **kwargs):
+    """Provider `name`: ours through flash_attn_func with these extra arguments (peers.py's
+    providers take [B, H, S, D] tensors; flash_attn_func [B, S, H, D] views of them)."""
+    def provider(q, k, v, causal, scale):
+        o = peers.OURS["mod"].flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              softmax_scale=scale, causal=causal, **kwargs)
+        return o.transpose(1, 2)
+    peers.PROVIDERS[name] = provider
+
+
 def install_window(left):
     """Points with a window run ours through window_size (the peers have no sliding window)."""
-    def windowed(q, k, v, causal, scale):
-        o = peers.OURS["mod"].flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              softmax_scale=scale, causal=causal, window_size=(left, 0))
-        return o.transpose(1, 2)
-    peers.PROVIDERS["ours_window"] = windowed
+    install_ours("ours_window", window_size=(left, 0))
 
 
 def install_deterministic():
     """The `ours_deterministic` column: ours with deterministic=True (no peer takes the flag)."""
-    def deterministic(q, k, v, causal, scale):
-        o = peers.OURS["mod"].flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              softmax_scale=scale, causal=causal, deterministic=True)
-        return o.transpose(1, 2)
-    peers.PROVIDERS["ours_deterministic"] = deterministic
+    install_ours("ours_deterministic", deterministic=True)
 
 
 @contextlib.contextmanager
