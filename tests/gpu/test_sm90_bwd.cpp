@@ -109,6 +109,17 @@ TEST_P(Sm90Backward, LargeLogits) {
   check_hopper_backward({dense(1, 2, 2, 200, 200, d()), dtype(), Layout::kBSHD, false, 100.0});
   check_hopper_backward({causal(dense(1, 2, 2, 200, 200, d())), dtype(), Layout::kBSHD, false, 100.0});
 }
+// Deterministic calls: the writer warp adds each query block's dQ in ascending KV block order
+// (d64's two partial tiles one after the other), so repeated runs are bit-identical
+// (check_backward runs them twice and compares); several KV blocks meet in each query block, with
+// GQA, a window, a varlen batch. d256 runs them on the portable kernels (the dispatch test).
+TEST_P(Sm90Backward, DeterministicRunsAreBitIdentical) {
+  if (!cuda::sm90_backward_orders_dq(d())) GTEST_SKIP() << "deterministic d" << d() << " runs the portable backward";
+  check_hopper_backward({causal(dense(1, 4, 2, 300, 700, d())), dtype(), Layout::kBSHD, true});
+  check_hopper_backward({dense(2, 2, 2, 200, 530, d()), dtype(), Layout::kBHSD, true});
+  check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, d()), 90, 7), {170, 329, 1}, {400, 264, 9}), dtype(),
+                         Layout::kBSHD, true});
+}
 // Small shapes for compute-sanitizer (tools/gpu_check.sh runs tests matching *Sanitizer*): ragged
 // lengths, a window, a varlen batch with an empty sequence.
 TEST_P(Sm90Backward, SanitizerSmallRagged) {
@@ -134,8 +145,12 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   if (backward_arch(full, DType::kFloat16) != "sm90") GTEST_SKIP() << "this build has no Hopper backward";
   EXPECT_EQ(backward_arch(masked, DType::kBFloat16), "sm90");
   EXPECT_EQ(backward_arch(dense(1, 2, 2, 256, 256, 104), DType::kFloat16), "sm90");
-  // Deterministic calls take the portable kernels' ordered dQ adds.
-  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm80");
+  // Deterministic calls run on the tiles that order their dQ adds (d64, d128); d256's adds from
+  // registers in no fixed order, so there they take the portable kernels'.
+  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm90");
+  EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), "sm90");
+  if (const Problem wide = dense(1, 2, 2, 256, 256, 256); backward_arch(wide, DType::kFloat16) == "sm90")
+    EXPECT_EQ(backward_arch(wide, DType::kFloat16, true), "sm80");
   // Its TMA maps need rows in use: a variable-length batch without keys (or without queries)
   // stays portable.
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {0, 0}), DType::kFloat16), "sm80");

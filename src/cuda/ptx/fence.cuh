@@ -12,4 +12,10 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
 }
 
+// fence.proxy.async.global; PTX ISA 8.0, sm_90: orders this thread's global accesses in the async
+// proxy (bulk tensor reductions) against its ordinary ones (a semaphore's acquire or release).
+__device__ __forceinline__ void fence_proxy_async_global() {
+  ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global);
+}
+
 }  // namespace fusedattn::cuda::ptx

@@ -39,4 +39,17 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
 #endif
 }
 
+// The same where `on`, as one predicated instruction: no branch for the compiler to wait for
+// in-flight wgmma accumulators at (sm_90 or later only).
+__device__ __forceinline__ void red_add_f32x2_if(bool on, float* addr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(addr), "f"(x),
+      "f"(y), "r"(static_cast<int>(on))
+      : "memory");
+#else
+  if (on) red_add_f32x2(addr, x, y);
+#endif
+}
+
 }  // namespace fusedattn::cuda::ptx

@@ -35,6 +35,8 @@
 #include <array>
 #include <cstdint>
 
+#include <cuda/atomic>
+
 #include "cuda/common/element.cuh"
 #include "cuda/common/kinds.h"
 #include "cuda/common/schedule.h"
@@ -192,6 +194,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
         // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the
         // head dim left out), read before the staging is handed back.
+        // Deterministic calls (ws.dq_sem set) add each query block's shares in ascending KV block
+        // order, as the portable kernel does (sm80/bwd_tile_io.cuh, ordered_add_dq): the writer
+        // waits until the block's semaphore counts the KV blocks before this one, issues the
+        // reductions (d64's two partial tiles one after the other), waits for them to complete and
+        // passes the turn on. Lower KV blocks of a head start first (grid_item), so the wait ends.
+        const bool ordered = ws.dq_sem != nullptr;
         const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
         const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
         int it = 0;
@@ -199,15 +207,35 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           for (int m = m_begin; m < m_end; ++m, ++it) {
             ptx::mbarrier_wait(&smem.dq_full, it & 1);
             if (lane == 0) {
+              int32_t* sem = nullptr;
+              if (ordered) {
+                sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + static_cast<int64_t>(m) * kBlockM) / sm80::kBwdSemRows;
+                const int64_t first =
+                    sm80::first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+                const ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> turn(*sem);
+                while (turn.load(::cuda::memory_order_acquire) != static_cast<int32_t>(cta.n - first)) {
+                }
+                ptx::fence_proxy_async_global();  // the earlier blocks' adds before this one's
+              }
 #pragma unroll
               for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
                 const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
                 if (col < p.head_dim)
                   ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.scratch.slab[slab]), col, m * kBlockM, h, cta.b);
+                if (ordered && T::kDqParts > 1 && slab == Storage::kDqSlabs - 1) {
+                  // The first partial tile's adds complete before the second's begin.
+                  ptx::tma_store_commit();
+                  ptx::tma_store_wait_all();
+                }
               }
               ptx::tma_store_commit();
               ptx::tma_store_wait_read();
               ptx::mbarrier_arrive(&smem.dq_empty);
+              if (ordered) {
+                ptx::tma_store_wait_all();
+                ptx::fence_proxy_async_global();
+                ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
+              }
             }
             __syncwarp();
           }
@@ -324,6 +352,21 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
                                                  SlabTile<kBlockN>::mn_major(k_word, kk), kk > 0);
       ptx::wgmma_commit_group();
     };
+    // d256's dQ rows of one slab added to the workspace from registers: query row_in_wg (+ 8),
+    // columns c0 + 8j + 2t (+ 1). Rows past the sequence stay inside its padded rows
+    // (sm80/bwd_workspace.h); columns past the head dim would reach the next row. Predicated, not
+    // branched: a branch while wgmmas are in flight made ptxas serialise them.
+    auto add_dq_slab = [&](float* rows, int c0, const float (&acc)[kBwdSlabElems / 2]) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < kBwdSlabElems / 8; ++j) {
+          const int col = c0 + 8 * j + 2 * t;
+          ptx::red_add_f32x2_if(col < p.head_dim, rows + (row_in_wg + 8 * half) * ws.dq_pitch + col,
+                                acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+        }
+    };
+    static_assert(!T::kSplitsColumns || T::kDqCols == 2 * kBwdSlabElems, "d256's dQ is two slabs per warpgroup");
 
     // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
     if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
@@ -359,42 +402,31 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         store_transposed(ds_tile.base, packed(dp));
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
-        ptx::wgmma_fence();
+
+        // dQ = dS K over this warpgroup's columns, one 64-column slab of K at a time (all 128
+        // columns' fp32 beside dK's and dV's spilled): slab 0 is issued before dV and dK, and its
+        // adds run under their wgmmas; slab 1 after them (main: both slabs after dV and dK, each
+        // waited for and added in turn).
+        float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
+        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
+        float dq[kBwdSlabElems / 2];
+        issue_dq(dq, ds_word, col0);
         issue_ss(dv, pt_tile, do_tile);
         issue_ss(dk, ds_tile, q_tile);
         ptx::wgmma_commit_group();
-
-        // dQ = dS K over this warpgroup's columns one slab of K at a time (all 128 columns' fp32
-        // beside dK's and dV's spilled), each slab's rows added to the workspace from registers:
-        // query row_in_wg (+ 8), columns 8j + 2t (+ 1) of the slab. Rows past the sequence stay
-        // inside its padded rows (sm80/bwd_workspace.h); columns past the head dim would reach the
-        // next row.
-        float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
-        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
-#pragma unroll
-        for (int slab = 0; slab < T::kDqCols / kBwdSlabElems; ++slab) {
-          const int slab_col0 = col0 + slab * kBwdSlabElems;
-          float dq[kBwdSlabElems / 2];
-          issue_dq(dq, ds_word, slab_col0);
-          ptx::wgmma_wait_group<0>();
-          ptx::fence_operands(dq);
-          if (slab == 0) {
-            // dV's and dK's wgmmas on the stage's dO and Q have completed, and this thread's reads
-            // of its lse2 and delta are done.
-            ptx::fence_operands(dk);
-            ptx::fence_operands(dv);
-            ptx::mbarrier_arrive(&smem.q_empty[stage]);
-          }
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-#pragma unroll
-            for (int j = 0; j < kBwdSlabElems / 8; ++j) {
-              const int col = slab_col0 + 8 * j + 2 * t;
-              if (col < p.head_dim)
-                ptx::red_add_f32x2(dq_rows + (row_in_wg + 8 * half) * ws.dq_pitch + col, dq[4 * j + 2 * half],
-                                   dq[4 * j + 2 * half + 1]);
-            }
-        }
+        ptx::wgmma_wait_group<1>();
+        ptx::fence_operands(dq);
+        add_dq_slab(dq_rows, col0, dq);
+        // dV's and dK's wgmmas on the stage's dO and Q have completed, and this thread's reads of
+        // its lse2 and delta are done.
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dk);
+        ptx::fence_operands(dv);
+        ptx::mbarrier_arrive(&smem.q_empty[stage]);
+        issue_dq(dq, ds_word, col0 + kBwdSlabElems);
+        ptx::wgmma_wait_group<0>();
+        ptx::fence_operands(dq);
+        add_dq_slab(dq_rows, col0 + kBwdSlabElems, dq);
       } else {
         // dV += P^T dO.
         issue_rs(dv, pt, do_tile);

@@ -38,6 +38,10 @@ constexpr int kBwdAtomBytes = static_cast<int>(ptx::kSwizzleAtomBytes);  // its 
 static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows * kBwdRowBytes,
               "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
+// Whether a head dim's tile stages dQ for the writer warp's TMA reductions (d64, d128; d256 adds
+// it from registers): only those tiles order the adds for deterministic calls (dispatch).
+constexpr bool bwd_tile_stages_dq(int head_dim) { return head_dim <= 2 * kBwdSlabElems; }
+
 template <int kHeadDim>
 struct BwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
@@ -47,7 +51,7 @@ struct BwdTile {
   // (each warpgroup forms half the queries' and reads all of them), dV and dK read them from there,
   // and each thread adds its dQ rows to the workspace itself: K, V, two Q/dO stages and two P^T
   // and dS^T buffers fill the shared memory, leaving no room to stage dQ.
-  static constexpr bool kSplitsColumns = kHeadDim > 2 * kBwdSlabElems;
+  static constexpr bool kSplitsColumns = !bwd_tile_stages_dq(kHeadDim);
   static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
   static constexpr int kScoreQueries = kSplitsColumns ? kBlockM / kWarpgroups : kBlockM;  // a warpgroup's S^T N
