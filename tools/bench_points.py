@@ -7,7 +7,7 @@ numbers compare with the performance log. peers.py is read from .devbuild/carry/
 from ../shared/bench and carried with the device call).
 
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
-      [--dtype float16] [--env NAME=VALUE[+NAME=VALUE...] ...]
+      [--dtype float16] [--env [PROVIDER@]NAME=VALUE[+NAME=VALUE...] ...]
 A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048), or any shape as
 mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; mask is full, causal or windowN (a causal
 sliding window of N keys to the left: window_size=(N, 0), ours only, its FLOPs counted over the
@@ -15,7 +15,8 @@ visible pairs); `fa-fwd` or `fa-bwd` names every
 forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
 measurement in peers.py's record format (tools/perf_table.py reads it; the --env columns carry an
 `env` key, which it skips). Each --env setting adds one more `ours` column measured with that environment variable set (read by the
-library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run. The
+library at launch time, e.g. FUSEDATTN_DISABLE_SM90=1), so variants compare in one run;
+`PROVIDER@NAME=VALUE` makes it a column of that provider instead (`ours_deterministic@FUSEDATTN_SM90_BWD=0`). The
 provider `ours_deterministic` is ours called with deterministic=True (the backward's dQ adds in a
 fixed order).
 
@@ -194,7 +195,8 @@ def main():
     ap.add_argument("--points", required=True)
     ap.add_argument("--providers", default="sdpa_flash,ours")
     ap.add_argument("--dtype", default="float16")
-    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE[+NAME=VALUE...]: one more `ours` column with these set")
+    ap.add_argument("--env", action="append", default=[],
+                    help="[PROVIDER@]NAME=VALUE[+NAME=VALUE...]: one more column of PROVIDER (default ours) with these set")
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--out", default=None, help="append JSON lines (peers.py's record format) to this file")
     ap.add_argument("--repeat", type=int, default=1, help="readings per point and column, the order alternating; medians shown")
@@ -209,10 +211,13 @@ def main():
     out = open(args.out, "a") if args.out else None
     peers.OURS["mod"] = __import__(args.module)
     install_deterministic()
-    columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
-    # Column headers: an env column by its setting without the common prefixes (16 characters).
-    short = lambda e: e.replace("FUSEDATTN_", "").replace("SM90_", "")
-    names = [p if e is None else short(e) for p, e in columns]
+    # An env column runs `ours` unless its setting names another provider (`ours_deterministic@...`).
+    columns = [(p, None) for p in args.providers.split(",")]
+    columns += [tuple(e.split("@", 1)) if "@" in e else ("ours", e) for e in args.env]
+    # Column headers: an env column by its setting without the common prefixes (16 characters),
+    # after its provider's suffix where it is not `ours`.
+    short = lambda p, e: (p[len("ours_"):] + "@" if p != "ours" else "") + e.replace("FUSEDATTN_", "").replace("SM90_", "")
+    names = [p if e is None else short(p, e) for p, e in columns]
     what = "TFLOP/s" if args.repeat == 1 else f"median TFLOP/s of {args.repeat} (min-max)"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}")
     print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
