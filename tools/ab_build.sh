@@ -6,7 +6,8 @@
 #   tools/ab_build.sh SWITCH d:mask:seqlen [d:mask:seqlen ...]
 #     mask: full or causal; the FA grid's shape (16k tokens, model dim 2048), fp16 unless
 #     AB_DTYPE=bf16. AB_HEADS="64;128" (default: the head dims of the points) is the build's
-#     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds.
+#     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds. AB_CLI_ARGS adds CLI arguments to every run
+#     (`--backward` times the backward).
 # Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
 # build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the
@@ -59,7 +60,7 @@ for round in $(seq "${REPEAT:-3}"); do
     for v in "${values[@]}"; do
       # shellcheck disable=SC2086  # $shape is a list of CLI arguments
       result=$("$root/build-ab$v/fusedattn" --backend cuda $shape --dtype "$dtype" --warmup 3 --iters 20 \
-        --check-rows 16 2>&1)
+        --check-rows 16 ${AB_CLI_ARGS:-} 2>&1)
       rc=$?
       echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc" | tee -a "$runs"
     done

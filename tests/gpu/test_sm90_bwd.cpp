@@ -26,14 +26,23 @@ BwdParams backward_planning_params(const Problem& pr, DType dtype, bool determin
   return p;
 }
 
-// The kernel family dispatch picks for a backward of pr on an sm_90 device ("" when this build has
+// The kernel dispatch picks for a backward of pr on an sm_90 device (arch "" when this build has
 // no instance for it).
-std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = false) {
+cuda::BwdChoice backward_choice(const Problem& pr, DType dtype, bool deterministic = false) {
   try {
-    return cuda::choose_backward(backward_planning_params(pr, dtype, deterministic), 9, 0).arch;
+    return cuda::choose_backward(backward_planning_params(pr, dtype, deterministic), 9, 0);
   } catch (const Error&) {
-    return "";
+    return {};
   }
+}
+std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = false) {
+  return backward_choice(pr, dtype, deterministic).arch;
+}
+// Whether a deterministic backward of pr should run on the Hopper kernel: the instance its default
+// call runs on (the next larger one in a build without its own) orders its dQ adds.
+bool hopper_orders_dq_of(const Problem& pr, DType dtype) {
+  const cuda::BwdChoice choice = backward_choice(pr, dtype);
+  return std::string(choice.arch) == "sm90" && cuda::sm90_backward_orders_dq(choice.instance_head_dim);
 }
 
 // The Hopper backward's tiles: each case runs at every instance head dim.
@@ -46,8 +55,11 @@ void check_hopper_backward(const GpuCase& gc) {
   const std::string arch = backward_arch(gc.problem, gc.dtype, gc.deterministic);
   if (arch.empty()) GTEST_SKIP() << "this build has no instance for " << name_of(gc);
   if (arch != "sm90") {
-    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or this head dim's left out).
-    const bool built = backward_arch(dense(1, 1, 1, 64, 64, gc.problem.head_dim), gc.dtype) == "sm90";
+    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or this head dim's left out), or a
+    // deterministic call whose head dim runs on a tile that adds dQ in no fixed order (d256's; in
+    // a build without d64/d128 those head dims run there too).
+    const Problem probe = dense(1, 1, 1, 64, 64, gc.problem.head_dim);
+    const bool built = gc.deterministic ? hopper_orders_dq_of(probe, gc.dtype) : backward_arch(probe, gc.dtype) == "sm90";
     if (!built) GTEST_SKIP() << "this build has no Hopper backward instance for " << name_of(gc);
     FAIL() << name_of(gc) << " dispatches to " << arch << ", not to the Hopper backward";
   }
@@ -147,8 +159,11 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   EXPECT_EQ(backward_arch(dense(1, 2, 2, 256, 256, 104), DType::kFloat16), "sm90");
   // Deterministic calls run on the tiles that order their dQ adds (d64, d128); d256's adds from
   // registers in no fixed order, so there they take the portable kernels'.
-  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm90");
-  EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), "sm90");
+  // (A build without d128 runs d128 on the d256 tile.)
+  const bool d128_ordered = hopper_orders_dq_of(full, DType::kFloat16);
+  EXPECT_EQ(d128_ordered, backward_choice(full, DType::kFloat16).instance_head_dim <= 128);
+  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), d128_ordered ? "sm90" : "sm80");
+  EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), d128_ordered ? "sm90" : "sm80");
   if (const Problem wide = dense(1, 2, 2, 256, 256, 256); backward_arch(wide, DType::kFloat16) == "sm90")
     EXPECT_EQ(backward_arch(wide, DType::kFloat16, true), "sm80");
   // Its TMA maps need rows in use: a variable-length batch without keys (or without queries)

@@ -353,18 +353,29 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::wgmma_commit_group();
     };
     // d256's dQ rows of one slab added to the workspace from registers: query row_in_wg (+ 8),
-    // columns c0 + 8j + 2t (+ 1). Rows past the sequence stay inside its padded rows
-    // (sm80/bwd_workspace.h); columns past the head dim would reach the next row. Predicated, not
-    // branched: a branch while wgmmas are in flight made ptxas serialise them.
+    // columns c0 + 8j + 2t (+ 1), each an immediate offset from one of two row pointers. (With an
+    // address computed per add, ptxas wrote those into registers the earlier reds still had to
+    // read, and the waits for them were ~30% of the kernel's stall samples, ncu at full 8k.) Rows
+    // past the sequence stay inside its padded rows (sm80/bwd_workspace.h); columns past the head
+    // dim would reach the next row, so a slab the head dim ends in adds under a predicate (never
+    // at d256 itself).
     auto add_dq_slab = [&](float* rows, int c0, const float (&acc)[kBwdSlabElems / 2]) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
+      float* const first_row = rows + row_in_wg * ws.dq_pitch + c0 + 2 * t;
+      float* const second_row = first_row + 8 * ws.dq_pitch;
+      if (c0 + kBwdSlabElems <= p.head_dim) {
 #pragma unroll
         for (int j = 0; j < kBwdSlabElems / 8; ++j) {
-          const int col = c0 + 8 * j + 2 * t;
-          ptx::red_add_f32x2_if(col < p.head_dim, rows + (row_in_wg + 8 * half) * ws.dq_pitch + col,
-                                acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+          ptx::red_add_f32x2(first_row + 8 * j, acc[4 * j], acc[4 * j + 1]);
+          ptx::red_add_f32x2(second_row + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
         }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kBwdSlabElems / 8; ++j) {
+          const bool in_head = c0 + 8 * j + 2 * t < p.head_dim;
+          ptx::red_add_f32x2_if(in_head, first_row + 8 * j, acc[4 * j], acc[4 * j + 1]);
+          ptx::red_add_f32x2_if(in_head, second_row + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
     };
     static_assert(!T::kSplitsColumns || T::kDqCols == 2 * kBwdSlabElems, "d256's dQ is two slabs per warpgroup");
 
@@ -405,8 +416,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
         // dQ = dS K over this warpgroup's columns, one 64-column slab of K at a time (all 128
         // columns' fp32 beside dK's and dV's spilled): slab 0 is issued before dV and dK, and its
-        // adds run under their wgmmas; slab 1 after them (main: both slabs after dV and dK, each
-        // waited for and added in turn).
+        // adds run under their wgmmas; slab 1 after them.
         float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
         const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
         float dq[kBwdSlabElems / 2];
