@@ -39,8 +39,9 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
 #endif
 }
 
-// The same where `on`, as one predicated instruction: no branch for the compiler to wait for
-// in-flight wgmma accumulators at (sm_90 or later only).
+// The same where `on`, predicated inside the asm: the compiler sees no branch, which in C++ here
+// made ptxas serialise the wgmmas in flight around it (ptxas may still branch around the red in
+// SASS, which it did without serialising). sm_90 or later only.
 __device__ __forceinline__ void red_add_f32x2_if(bool on, float* addr, float x, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
