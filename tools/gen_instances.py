@@ -19,7 +19,7 @@ MASKS = {"sm80": ("full", "window", "column"), "sm90": ("full", "window", "colum
 # portable kernels.
 MASK_HEAD_DIMS = {("sm90", "column"): (64, 128)}
 # The Hopper backward (src/cuda/sm90/bwd_kernel.cuh): d64, d128 and d256, full and window masks; the
-# other head dims, column masks and deterministic calls run the portable backward.
+# other head dims, column masks and deterministic d256 calls run the portable backward.
 BWD_HEAD_DIMS = {"sm90": (64, 128, 256)}
 BWD_MASKS = {"sm90": ("full", "window")}
 

@@ -406,7 +406,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::wgmma_fence();
       issue_scores(s, k_tile, q_tile);
       issue_scores(dp, v_tile, do_tile);
-      if constexpr (!T::kSplitsColumns)
+      if constexpr (T::kDqStaged)
         if (it > 0) hand_over_dq();
 
       ptx::wgmma_wait_group<1>();
@@ -505,7 +505,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // Handed over after the next block's S^T/dP^T issue (hand_over_dq).
       }
     }
-    if constexpr (!T::kSplitsColumns)
+    if constexpr (T::kDqStaged)
       if (cta.iterations > 0) hand_over_dq();
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;

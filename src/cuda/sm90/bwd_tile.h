@@ -78,7 +78,7 @@ struct BwdTile {
   static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
   static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
   static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
-  static constexpr bool kDqStaged = !kSplitsColumns;  // dQ reaches the workspace by the writer warp's TMA
+  static constexpr bool kDqStaged = bwd_tile_stages_dq(kHeadDim);  // by the writer warp's TMA reductions
   static_assert(kSplitsColumns || kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
 };
 
