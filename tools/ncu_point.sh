@@ -8,7 +8,8 @@
 # Per point it prints the L2 and DRAM traffic, the tensor pipe's activity, the instruction cache's
 # requests and misses, and the average warp stalls per issued instruction by reason; with
 # NCU_SOURCE=1 it also keeps the report and prints tools/ncu_regions.py's summary of the SASS source
-# page (which runs of code stall, and on what). Reports and source pages go to $OUT.
+# page (which runs of code stall, and on what, and the 30 instructions with the most stall
+# samples). Reports and source pages go to $OUT.
 # Uses build-gpu/fusedattn (tools/gpu_check.sh sm90 build makes it).
 set -uo pipefail
 dest=${OUT:-$PWD/gpu_logs}
@@ -37,7 +38,7 @@ for point in "$@"; do
     # With -o the metrics went to the report only: its details page prints them as a live run does.
     ncu --import "$dest/$name.ncu-rep" --page details > "$dest/$name.ncu.log" 2>&1
     ncu --import "$dest/$name.ncu-rep" --page source --csv --print-source sass > "$dest/$name.source.csv" 2>&1
-    python3 "$root/tools/ncu_regions.py" "$dest/$name.source.csv" --min-run 16
+    python3 "$root/tools/ncu_regions.py" "$dest/$name.source.csv" --min-run 16 --top 30
   fi
   # The metric lines, the stall reasons shortened to their names; zero stalls left out.
   grep -E "^\s+(lts|dram|sm__|smsp)" "$dest/$name.ncu.log" |
