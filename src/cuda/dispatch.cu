@@ -136,8 +136,8 @@ bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* port
 
 // The Hopper backward's limits (sm90/bwd_kernel.cuh); the rest runs the portable backward:
 // calls without rows in use or beyond int32 TMA coordinates, column masks (no Hopper instance),
-// and deterministic calls at d256, whose tile adds dQ from registers in no fixed order (the d64
-// and d128 tiles order their writer warp's reductions). A head dim runs on a Hopper
+// and deterministic calls at d256, whose writer warp does not take the ordered turns (the d64
+// and d128 tiles' writers do). A head dim runs on a Hopper
 // tile (d64, d128, d256) only where that is the instance the portable kernels would run too, not
 // padded onto a larger one.
 // FUSEDATTN_SM90_BWD=0 sends every backward to the portable kernels (A/B measurements).

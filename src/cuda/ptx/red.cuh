@@ -28,29 +28,4 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
 #endif
 }
 
-// red.global.add.v2.f32 [addr], {x, y};   (PTX ISA 8.1, sm_90+): a wgmma accumulator's column
-// pair. addr must be 8-byte aligned. Device code for sm_90 or later only.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(x), "f"(y) : "memory");
-#else
-  atomicAdd(addr + 0, x);
-  atomicAdd(addr + 1, y);
-#endif
-}
-
-// The same where `on`, predicated inside the asm: the compiler sees no branch, which in C++ here
-// made ptxas serialise the wgmmas in flight around it (ptxas may still branch around the red in
-// SASS, which it did without serialising). sm_90 or later only.
-__device__ __forceinline__ void red_add_f32x2_if(bool on, float* addr, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(addr), "f"(x),
-      "f"(y), "r"(static_cast<int>(on))
-      : "memory");
-#else
-  if (on) red_add_f32x2(addr, x, y);
-#endif
-}
-
 }  // namespace fusedattn::cuda::ptx

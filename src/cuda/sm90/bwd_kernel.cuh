@@ -28,8 +28,10 @@
 // d256 (BwdTile::kSplitsColumns): one 64-key block shared by both warpgroups. Warpgroup w forms
 // S^T, dP^T, P^T and dS^T for queries [32 w, 32 w + 32) of the block and writes P^T and dS^T to
 // shared memory; after the named barrier it runs dV += P^T dO and dK += dS^T Q (wgmma SS, P^T
-// and dS^T K-major, dO and Q MN-major) and dQ = dS K over columns [128 w, 128 w + 128), and adds
-// dQ to the workspace with vector reductions from registers (no room to stage it; no writer warp).
+// and dS^T K-major, dO and Q MN-major) and dQ = dS K over columns [128 w, 128 w + 128). The tile
+// has no room of its own to stage dQ: each warpgroup stages it in the stage's Q and dO slabs of
+// its own columns once its dK and dV have read them, and the writer warp's TMA reductions add it
+// to the workspace and give the stage back (BwdTile::kDqInStage).
 #pragma once
 
 #include <array>
@@ -133,11 +135,29 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), blocks_per_head};
 
   constexpr int kComputeWarps = T::kMmaThreads / kBwdWarpSize;
+  // dQ is staged as boxes of the workspace's tensor map: [64 rows][32 floats] with the 128-byte
+  // swizzle, one 8 KiB box per 32 columns, the size of a Q/dO slab. d256 (kDqInStage): box b of a
+  // block (columns 32b..32b+31) in stage s. Warpgroup w's boxes, 4w..4w+3, go to the Q and dO
+  // slabs of its own columns (2w, 2w + 1), which only its dK and dV read: its first dQ slab's two
+  // boxes to Q's, its second's to dO's.
+  constexpr uint32_t kDqBoxBytes = kBlockM * kBwdRowBytes;
+  constexpr int kBoxesPerDqSlab = kBwdSlabElems / Storage::kDqSlabFloats;
+  constexpr int kBoxesPerWarpgroup = T::kColumns / Storage::kDqSlabFloats;
+  static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && kDqBoxBytes * kBoxesPerDqSlab ==
+                                   T::kColumns * kBlockM * sizeof(Element)),
+                "a warpgroup's two dQ slabs fill its halves of the Q and dO tiles");
+  auto dq_box_in_stage = [&](int s, int box) -> uint32_t {
+    const int w = box / kBoxesPerWarpgroup, i = box % kBoxesPerWarpgroup;
+    const Element* tile = i < kBoxesPerDqSlab ? smem.stage[s].q : smem.stage[s].dout;
+    return ptx::smem_addr(tile) + (w * kBoxesPerDqSlab + i % kBoxesPerDqSlab) * kDqBoxBytes;
+  };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&smem.kv_full, 1);
     for (int i = 0; i < T::kStages; ++i) {
       ptx::mbarrier_init(&smem.q_full[i], 1);
-      ptx::mbarrier_init(&smem.q_empty[i], T::kMmaThreads);
+      // d256: the writer warp gives the stage back, once its reductions have read the dQ staged there.
+      ptx::mbarrier_init(&smem.q_empty[i], T::kDqInStage ? 1 : T::kMmaThreads);
+      if constexpr (T::kDqInStage) ptx::mbarrier_init(&smem.dq_in_stage[i], T::kMmaThreads);
     }
     ptx::mbarrier_init(&smem.dq_full, kComputeWarps);
     ptx::mbarrier_init(&smem.dq_empty, 1);
@@ -190,7 +210,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
       }
     } else if (warp == kDqWriterWarp) {
-      if constexpr (T::kDqStaged) {  // d256's compute threads add their dQ themselves
+      if constexpr (T::kDqStaged) {
         // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
         // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the
         // head dim left out), read before the staging is handed back.
@@ -240,6 +260,29 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
             __syncwarp();
           }
         // The CTA's shared memory must outlive the reductions' reads of it.
+        if (lane == 0) ptx::tma_store_wait_all();
+      } else {
+        // d256 (kDqInStage): each block's dQ, once both warpgroups staged it in the block's stage:
+        // one TMA reduction per box (boxes wholly past the head dim left out); the stage goes back
+        // to the producer once they have read it. (Deterministic d256 calls run the portable
+        // kernel: dispatch, sm90_backward_orders_dq.)
+        Cursor cur = first;
+        for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
+          const int stage = it % T::kStages, use = it / T::kStages;
+          ptx::mbarrier_wait(&smem.dq_in_stage[stage], use & 1);
+          if (lane == 0) {
+#pragma unroll
+            for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box) {
+              const int col = box * Storage::kDqSlabFloats;
+              if (col < p.head_dim)
+                ptx::tma_reduce_add_4d(&maps->dq, dq_box_in_stage(stage, box), col, cur.m * kBlockM, cur.h, cta.b);
+            }
+            ptx::tma_store_commit();
+            ptx::tma_store_wait_read();
+            ptx::mbarrier_arrive(&smem.q_empty[stage]);
+          }
+          __syncwarp();
+        }
         if (lane == 0) ptx::tma_store_wait_all();
       }
     }
@@ -352,30 +395,22 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
                                                  SlabTile<kBlockN>::mn_major(k_word, kk), kk > 0);
       ptx::wgmma_commit_group();
     };
-    // d256's dQ rows of one slab added to the workspace from registers: query row_in_wg (+ 8),
-    // columns c0 + 8j + 2t (+ 1), each an immediate offset from one of two row pointers. (With an
-    // address computed per add, ptxas wrote those into registers the earlier reds still had to
-    // read, and the waits for them were ~30% of the kernel's stall samples, ncu at full 8k.) Rows
-    // past the sequence stay inside its padded rows (sm80/bwd_workspace.h); columns past the head
-    // dim would reach the next row, so a slab the head dim ends in adds under a predicate (never
-    // at d256 itself).
-    auto add_dq_slab = [&](float* rows, int c0, const float (&acc)[kBwdSlabElems / 2]) {
-      float* const first_row = rows + row_in_wg * ws.dq_pitch + c0 + 2 * t;
-      float* const second_row = first_row + 8 * ws.dq_pitch;
-      if (c0 + kBwdSlabElems <= p.head_dim) {
+    // One 64-column slab of dQ accumulators into the two boxes from first_box (fp32, once the
+    // boxes' last reads are done): the pair of accumulator chunk j sits at column 8j + 2t of rows
+    // row_in_wg (+ 8): box j / 4, 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the
+    // row's g), half t % 2.
+    auto stage_dq = [&](uint32_t first_box, const float (&acc)[kBwdSlabElems / 2]) {
+      constexpr int kChunksPerJ = 4;
+      constexpr uint32_t kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
+      const uint32_t thread_at = first_box + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int j = 0; j < kBwdSlabElems / 8; ++j) {
-          ptx::red_add_f32x2(first_row + 8 * j, acc[4 * j], acc[4 * j + 1]);
-          ptx::red_add_f32x2(second_row + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+          const uint32_t at = thread_at + (j / kChunksPerJ) * kDqBoxBytes + half * 8 * kBwdRowBytes +
+                              swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
+          ptx::st_shared_v2_f32(at, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kBwdSlabElems / 8; ++j) {
-          const bool in_head = c0 + 8 * j + 2 * t < p.head_dim;
-          ptx::red_add_f32x2_if(in_head, first_row + 8 * j, acc[4 * j], acc[4 * j + 1]);
-          ptx::red_add_f32x2_if(in_head, second_row + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
-        }
-      }
     };
     static_assert(!T::kSplitsColumns || T::kDqCols == 2 * kBwdSlabElems, "d256's dQ is two slabs per warpgroup");
 
@@ -427,28 +462,31 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
 
         // dQ = dS K over this warpgroup's columns, one 64-column slab of K at a time (all 128
-        // columns' fp32 beside dK's and dV's spilled): slab 0 is issued before dV and dK, and its
-        // adds run under their wgmmas; slab 1 after them.
-        float* dq_rows = ws.dq_acc + (ws.row_base(p, cta.b, cur.h) + static_cast<int64_t>(cur.m) * kBlockM) * ws.dq_pitch;
+        // columns' fp32 beside dK's and dV's spilled), staged in the stage (kDqInStage): slab 0
+        // in this warpgroup's Q slabs once dK has read them, under dV; slab 1 in its dO slabs
+        // once dV has. The S^T/dP^T reads of both warpgroups ended before the barrier above.
         const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
+        const int box0 = wg * kBoxesPerWarpgroup;
         float dq[kBwdSlabElems / 2];
         issue_dq(dq, ds_word, col0);
-        issue_ss(dv, pt_tile, do_tile);
         issue_ss(dk, ds_tile, q_tile);
         ptx::wgmma_commit_group();
-        ptx::wgmma_wait_group<1>();
+        issue_ss(dv, pt_tile, do_tile);
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group<1>();  // dQ's slab 0 and dK
         ptx::fence_operands(dq);
-        add_dq_slab(dq_rows, col0, dq);
-        // dV's and dK's wgmmas on the stage's dO and Q have completed, and this thread's reads of
-        // its lse2 and delta are done.
-        ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dk);
-        ptx::fence_operands(dv);
-        ptx::mbarrier_arrive(&smem.q_empty[stage]);
+        stage_dq(dq_box_in_stage(stage, box0), dq);
         issue_dq(dq, ds_word, col0 + kBwdSlabElems);
-        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_wait_group<0>();  // dV and dQ's slab 1
         ptx::fence_operands(dq);
-        add_dq_slab(dq_rows, col0 + kBwdSlabElems, dq);
+        ptx::fence_operands(dv);
+        stage_dq(dq_box_in_stage(stage, box0 + kBoxesPerDqSlab), dq);
+        // To the writer warp, visible to its reductions (the async proxy). This thread's reads of
+        // the stage's lse2 and delta are done too, and the writer gives the stage back: each
+        // compute thread arrives for its own, as on q_empty at d64/d128.
+        ptx::fence_proxy_async_shared();
+        ptx::mbarrier_arrive(&smem.dq_in_stage[stage]);
       } else {
         // dV += P^T dO.
         issue_rs(dv, pt, do_tile);
@@ -477,26 +515,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::wgmma_wait_group<1>();  // dV and dQ
         ptx::fence_operands(dq);
 
-        // dQ staged in fp32 as the 64 x 32 boxes of its tensor reductions (the writer warp's),
-        // 128-byte swizzled (a warp's 8 rows spread over the banks), once the last block's boxes
-        // have been read. The pair of accumulator chunk j sits at column dq_col0 + 8j + 2t: slab
-        // dq_slab0 + j / 4 (at d64 in the warpgroup's own part), 16-byte chunk 2 (j % 4) + t / 2
-        // of its row (swizzled by the row's g), half t % 2.
-        constexpr int kSlabFloats = Storage::kDqSlabFloats, kChunksPerJ = 4;
-        constexpr uint32_t kSlabBytes = kBlockM * kBwdRowBytes, kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
-        static_assert(kSlabFloats == 32 && T::kDqCols % kSlabFloats == 0, "a warpgroup's dQ columns are whole slabs");
+        // dQ staged in fp32 as the boxes of its tensor reductions (the writer warp's), 128-byte
+        // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
+        // read: from box dq_slab0 (at d64 in the warpgroup's own part).
+        constexpr int kSlabFloats = Storage::kDqSlabFloats;
+        static_assert(kSlabFloats == 32 && T::kDqCols == kBwdSlabElems, "a warpgroup's dQ is one slab of two boxes");
         ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
         const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
-        const uint32_t thread_at =
-            ptx::smem_addr(smem.scratch.slab) + dq_slab0 * kSlabBytes + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int j = 0; j < kDqAcc / 4; ++j) {
-            const uint32_t at = thread_at + (j / kChunksPerJ) * kSlabBytes + half * 8 * kBwdRowBytes +
-                                swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
-            ptx::st_shared_v2_f32(at, dq[4 * j + 2 * half], dq[4 * j + 2 * half + 1]);
-          }
+        stage_dq(ptx::smem_addr(smem.scratch.slab) + dq_slab0 * kDqBoxBytes, dq);
         // Handed over after the next block's S^T/dP^T issue (hand_over_dq): there, rather than
         // after the softmax, since the writer's reductions must read the staging before the next
         // block's dQ can be staged (handed over after the probabilities: d64 -20%, d128 -10%).

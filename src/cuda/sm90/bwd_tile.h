@@ -38,8 +38,9 @@ constexpr int kBwdAtomBytes = static_cast<int>(ptx::kSwizzleAtomBytes);  // its 
 static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows * kBwdRowBytes,
               "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
-// Whether a head dim's tile stages dQ for the writer warp's TMA reductions (d64, d128; d256 adds
-// it from registers): only those tiles order the adds for deterministic calls (dispatch).
+// Whether a head dim's tile stages dQ in a buffer of its own for the writer warp's TMA reductions
+// (d64, d128; d256 stages it in the Q/dO stage): only those tiles order the adds for
+// deterministic calls (dispatch).
 constexpr bool bwd_tile_stages_dq(int head_dim) { return head_dim <= 2 * kBwdSlabElems; }
 
 template <int kHeadDim>
@@ -48,9 +49,9 @@ struct BwdTile {
   static constexpr int kWarpgroups = 2;
   static constexpr int kWarpgroupKeys = 64;  // wgmma's M
   // d256: the warpgroups split columns, not keys. P^T and dS^T then pass through shared memory
-  // (each warpgroup forms half the queries' and reads all of them), dV and dK read them from there,
-  // and each thread adds its dQ rows to the workspace itself: K, V, two Q/dO stages and two P^T
-  // and dS^T buffers fill the shared memory, leaving no room to stage dQ.
+  // (each warpgroup forms half the queries' and reads all of them), and dV and dK read them from
+  // there. K, V, two Q/dO stages and two P^T and dS^T buffers fill the shared memory, leaving no
+  // room of its own to stage dQ: it is staged in the stage's Q and dO tiles (kDqInStage).
   static constexpr bool kSplitsColumns = !bwd_tile_stages_dq(kHeadDim);
   static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
@@ -79,6 +80,11 @@ struct BwdTile {
   static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
   static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
   static constexpr bool kDqStaged = bwd_tile_stages_dq(kHeadDim);  // by the writer warp's TMA reductions
+  // d256: each warpgroup stages its block's dQ (64 rows x its 128 columns in fp32, 32 KiB) in the
+  // stage's Q and dO slabs that only its own dK and dV read, once they have; the writer warp adds
+  // it to the workspace by TMA reductions and then gives the stage back. (Added from registers by
+  // 8-byte reds, the adds filled the LSU queue and L2 ran at 88% of its peak: ncu, full 8k.)
+  static constexpr bool kDqInStage = kSplitsColumns;
   static_assert(kSplitsColumns || kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
 };
 
@@ -133,11 +139,14 @@ struct BwdSharedStorage {
   StageRows rows[T::kStages];
   // kv_full, q_full: the producer's loads landed (its one arrival, with their bytes); q_empty:
   // every compute thread is done with the stage (its wgmmas completed, its lse2 and delta read;
-  // one arrival each); dq_full: every compute warp staged its dQ share (8); dq_empty: the
-  // reductions read the staging (1).
+  // one arrival each), at d256 the writer's reductions have read the dQ staged in it (1);
+  // dq_full: every compute warp staged its dQ share (8); dq_empty: the reductions read the
+  // staging (1); dq_in_stage (d256): every compute thread staged its dQ share in the stage and
+  // read its lse2 and delta (one arrival each).
   uint64_t kv_full;
   uint64_t q_full[T::kStages], q_empty[T::kStages];
   uint64_t dq_full, dq_empty;
+  uint64_t dq_in_stage[T::kStages];
 };
 
 }  // namespace fusedattn::cuda::sm90
