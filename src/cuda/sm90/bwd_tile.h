@@ -74,7 +74,7 @@ struct BwdTile {
   // the warpgroups. At d128 by 64-column slabs, each summed over every key: wgmma's N is one slab
   // of K read MN-major, whose descriptors start on a slab. d64's one slab cannot be split so: there
   // each warpgroup sums over its own 64 keys, and both partial tiles are added to the workspace.
-  // At d256 by 128-column halves summed over the block's 64 keys, added from registers.
+  // At d256 by 128-column halves summed over the block's 64 keys, staged in the stage (kDqInStage).
   static constexpr bool kDqSplitsKeys = kHeadDim / kWarpgroups < kBwdSlabElems;
   static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
   static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
