@@ -138,8 +138,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   // dQ is staged as boxes of the workspace's tensor map: [64 rows][32 floats] with the 128-byte
   // swizzle, one 8 KiB box per 32 columns, the size of a Q/dO slab. d256 (kDqInStage): box b of a
   // block (columns 32b..32b+31) in stage s. Warpgroup w's boxes, 4w..4w+3, go to the Q and dO
-  // slabs of its own columns (2w, 2w + 1), which only its dK and dV read: its first dQ slab's two
-  // boxes to Q's, its second's to dO's.
+  // slabs of its own columns (2w, 2w + 1), which after the block's S^T and dP^T only its own dK
+  // and dV read: its first dQ slab's two boxes to Q's, its second's to dO's.
   constexpr uint32_t kDqBoxBytes = kBlockM * kBwdRowBytes;
   constexpr int kBoxesPerDqSlab = kBwdSlabElems / Storage::kDqSlabFloats;
   constexpr int kBoxesPerWarpgroup = T::kColumns / Storage::kDqSlabFloats;
