@@ -10,7 +10,6 @@
 #include <string>
 
 #include "cuda/common/kinds.h"
-#include "cuda/sm90/bwd_tile.h"
 #include "cuda/sm90/fwd_split.h"
 #include "fusedattn/error.h"
 
@@ -135,9 +134,9 @@ bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* port
 }
 
 // The Hopper backward's limits (sm90/bwd_kernel.cuh); the rest runs the portable backward:
-// calls without rows in use or beyond int32 TMA coordinates, column masks (no Hopper instance),
-// and deterministic calls at d256, whose writer warp does not take the ordered turns (the d64
-// and d128 tiles' writers do). A head dim runs on a Hopper
+// calls without rows in use or beyond int32 TMA coordinates and column masks (no Hopper
+// instance). Deterministic calls run on it too: its writer warp adds dQ in ordered turns. A head
+// dim runs on a Hopper
 // tile (d64, d128, d256) only where that is the instance the portable kernels would run too, not
 // padded onto a larger one.
 // FUSEDATTN_SM90_BWD=0 sends every backward to the portable kernels (A/B measurements).
@@ -168,14 +167,11 @@ BwdChoice choose_backward(const BwdParams& p, int cc_major, int cc_minor) {
   const Entry* portable = find(80, true, p);
   if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_backward_allowed(p))
     if (const Entry* e = find(90, true, p);
-        e && (portable == nullptr || portable->head_dim == e->head_dim) &&
-        (!p.deterministic || sm90_backward_orders_dq(e->head_dim)))
+        e && (portable == nullptr || portable->head_dim == e->head_dim))
       return {e->bwd, "sm90", e->head_dim};
   if (const Entry* e = portable) return {e->bwd, "sm80", e->head_dim};
   no_instance(p, "backward");
 }
-
-bool sm90_backward_orders_dq(int instance_head_dim) { return sm90::bwd_tile_stages_dq(instance_head_dim); }
 
 bool has_head_dim(int head_dim) {
   for (const Entry& e : kTable)

@@ -23,9 +23,6 @@ using BwdChoice = KernelChoice<BwdFn>;
 FwdChoice choose_forward(const FwdParams& params, int cc_major, int cc_minor);
 BwdChoice choose_backward(const BwdParams& params, int cc_major, int cc_minor);
 bool has_head_dim(int head_dim);
-// Whether the Hopper backward's tile for this instance head dim orders its dQ adds, so that
-// deterministic calls run on it (d64, d128) rather than on the portable kernels (d256).
-bool sm90_backward_orders_dq(int instance_head_dim);
 std::string compiled_head_dims();
 
 }  // namespace fusedattn::cuda

@@ -38,12 +38,6 @@ cuda::BwdChoice backward_choice(const Problem& pr, DType dtype, bool determinist
 std::string backward_arch(const Problem& pr, DType dtype, bool deterministic = false) {
   return backward_choice(pr, dtype, deterministic).arch;
 }
-// Whether a deterministic backward of pr should run on the Hopper kernel: the instance its default
-// call runs on (the next larger one in a build without its own) orders its dQ adds.
-bool hopper_orders_dq_of(const Problem& pr, DType dtype) {
-  const cuda::BwdChoice choice = backward_choice(pr, dtype);
-  return std::string(choice.arch) == "sm90" && cuda::sm90_backward_orders_dq(choice.instance_head_dim);
-}
 
 // The Hopper backward's tiles: each case runs at every instance head dim.
 constexpr int kHopperBackwardHeadDims[] = {64, 128, 256};
@@ -55,12 +49,9 @@ void check_hopper_backward(const GpuCase& gc) {
   const std::string arch = backward_arch(gc.problem, gc.dtype, gc.deterministic);
   if (arch.empty()) GTEST_SKIP() << "this build has no instance for " << name_of(gc);
   if (arch != "sm90") {
-    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or this head dim's left out), or a
-    // deterministic call whose head dim runs on a tile that adds dQ in no fixed order (d256's; in
-    // a build without d64/d128 those head dims run there too).
+    // A build without the Hopper kernels (FUSEDATTN_SM90=OFF, or this head dim's left out).
     const Problem probe = dense(1, 1, 1, 64, 64, gc.problem.head_dim);
-    const bool built = gc.deterministic ? hopper_orders_dq_of(probe, gc.dtype) : backward_arch(probe, gc.dtype) == "sm90";
-    if (!built) GTEST_SKIP() << "this build has no Hopper backward instance for " << name_of(gc);
+    if (backward_arch(probe, gc.dtype) != "sm90") GTEST_SKIP() << "this build has no Hopper backward instance for " << name_of(gc);
     FAIL() << name_of(gc) << " dispatches to " << arch << ", not to the Hopper backward";
   }
   check_backward(gc);
@@ -122,11 +113,10 @@ TEST_P(Sm90Backward, LargeLogits) {
   check_hopper_backward({causal(dense(1, 2, 2, 200, 200, d())), dtype(), Layout::kBSHD, false, 100.0});
 }
 // Deterministic calls: the writer warp adds each query block's dQ in ascending KV block order
-// (d64's two partial tiles one after the other), so repeated runs are bit-identical
-// (check_backward runs them twice and compares); several KV blocks meet in each query block, with
-// GQA, a window, a varlen batch. d256 runs them on the portable kernels (the dispatch test).
+// (d64's two partial tiles one after the other; d256's from the stage), so repeated runs are
+// bit-identical (check_backward runs them twice and compares); several KV blocks meet in each
+// query block, with GQA, a window, a varlen batch.
 TEST_P(Sm90Backward, DeterministicRunsAreBitIdentical) {
-  if (!cuda::sm90_backward_orders_dq(d())) GTEST_SKIP() << "deterministic d" << d() << " runs the portable backward";
   check_hopper_backward({causal(dense(1, 4, 2, 300, 700, d())), dtype(), Layout::kBSHD, true});
   check_hopper_backward({dense(2, 2, 2, 200, 530, d()), dtype(), Layout::kBHSD, true});
   check_hopper_backward({varlen(window(dense(0, 4, 2, 0, 0, d()), 90, 7), {170, 329, 1}, {400, 264, 9}), dtype(),
@@ -157,15 +147,11 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   if (backward_arch(full, DType::kFloat16) != "sm90") GTEST_SKIP() << "this build has no Hopper backward";
   EXPECT_EQ(backward_arch(masked, DType::kBFloat16), "sm90");
   EXPECT_EQ(backward_arch(dense(1, 2, 2, 256, 256, 104), DType::kFloat16), "sm90");
-  // Deterministic calls run on the tiles that order their dQ adds (d64, d128); d256's adds from
-  // registers in no fixed order, so there they take the portable kernels'.
-  // (A build without d128 runs d128 on the d256 tile.)
-  const bool d128_ordered = hopper_orders_dq_of(full, DType::kFloat16);
-  EXPECT_EQ(d128_ordered, backward_choice(full, DType::kFloat16).instance_head_dim <= 128);
-  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), d128_ordered ? "sm90" : "sm80");
-  EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), d128_ordered ? "sm90" : "sm80");
+  // Deterministic calls run there too: every tile's writer warp adds dQ in ordered turns.
+  EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm90");
+  EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), "sm90");
   if (const Problem wide = dense(1, 2, 2, 256, 256, 256); backward_arch(wide, DType::kFloat16) == "sm90")
-    EXPECT_EQ(backward_arch(wide, DType::kFloat16, true), "sm80");
+    EXPECT_EQ(backward_arch(wide, DType::kFloat16, true), "sm90");
   // Its TMA maps need rows in use: a variable-length batch without keys (or without queries)
   // stays portable.
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {0, 0}), DType::kFloat16), "sm80");

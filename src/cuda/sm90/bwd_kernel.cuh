@@ -210,16 +210,33 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
       }
     } else if (warp == kDqWriterWarp) {
+      // Deterministic calls (ws.dq_sem set) add each query block's dQ in ascending KV block order,
+      // as the portable kernel does (sm80/bwd_tile_io.cuh, ordered_add_dq): before a block's
+      // reductions the writer waits until the block's semaphore counts the KV blocks before this
+      // one; after them it waits for them to complete and passes the turn on. Lower KV blocks of
+      // a head start first (grid_item), so the wait ends. Lane 0 alone.
+      const bool ordered = ws.dq_sem != nullptr;
+      auto await_turn = [&](int h, int m) -> int32_t* {
+        if (!ordered) return nullptr;
+        int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + static_cast<int64_t>(m) * kBlockM) / sm80::kBwdSemRows;
+        const int64_t first_kv = sm80::first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
+        const ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> turn(*sem);
+        while (turn.load(::cuda::memory_order_acquire) != static_cast<int32_t>(cta.n - first_kv)) {
+        }
+        ptx::fence_proxy_async_global();  // the earlier blocks' adds before this one's
+        return sem;
+      };
+      auto pass_turn = [](int32_t* sem) {
+        if (sem == nullptr) return;
+        ptx::tma_store_wait_all();
+        ptx::fence_proxy_async_global();
+        ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
+      };
       if constexpr (T::kDqStaged) {
         // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
         // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the
-        // head dim left out), read before the staging is handed back.
-        // Deterministic calls (ws.dq_sem set) add each query block's shares in ascending KV block
-        // order, as the portable kernel does (sm80/bwd_tile_io.cuh, ordered_add_dq): the writer
-        // waits until the block's semaphore counts the KV blocks before this one, issues the
-        // reductions (d64's two partial tiles one after the other), waits for them to complete and
-        // passes the turn on. Lower KV blocks of a head start first (grid_item), so the wait ends.
-        const bool ordered = ws.dq_sem != nullptr;
+        // head dim left out), read before the staging is handed back. Ordered, d64's two partial
+        // tiles are added one after the other.
         const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
         const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
         int it = 0;
@@ -227,16 +244,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           for (int m = m_begin; m < m_end; ++m, ++it) {
             ptx::mbarrier_wait(&smem.dq_full, it & 1);
             if (lane == 0) {
-              int32_t* sem = nullptr;
-              if (ordered) {
-                sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + static_cast<int64_t>(m) * kBlockM) / sm80::kBwdSemRows;
-                const int64_t first =
-                    sm80::first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
-                const ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> turn(*sem);
-                while (turn.load(::cuda::memory_order_acquire) != static_cast<int32_t>(cta.n - first)) {
-                }
-                ptx::fence_proxy_async_global();  // the earlier blocks' adds before this one's
-              }
+              int32_t* const sem = await_turn(h, m);
 #pragma unroll
               for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
                 const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
@@ -251,26 +259,20 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
               ptx::tma_store_commit();
               ptx::tma_store_wait_read();
               ptx::mbarrier_arrive(&smem.dq_empty);
-              if (ordered) {
-                ptx::tma_store_wait_all();
-                ptx::fence_proxy_async_global();
-                ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
-              }
+              pass_turn(sem);
             }
             __syncwarp();
           }
-        // The CTA's shared memory must outlive the reductions' reads of it.
-        if (lane == 0) ptx::tma_store_wait_all();
       } else {
         // d256 (kDqInStage): each block's dQ, once both warpgroups staged it in the block's stage:
         // one TMA reduction per box (boxes wholly past the head dim left out); the stage goes back
-        // to the producer once they have read it. (Deterministic d256 calls run the portable
-        // kernel: dispatch, sm90_backward_orders_dq.)
+        // to the producer once they have read it.
         Cursor cur = first;
         for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
           const int stage = it % T::kStages, use = it / T::kStages;
           ptx::mbarrier_wait(&smem.dq_in_stage[stage], use & 1);
           if (lane == 0) {
+            int32_t* const sem = await_turn(cur.h, cur.m);
 #pragma unroll
             for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box) {
               const int col = box * Storage::kDqSlabFloats;
@@ -280,11 +282,13 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
             ptx::tma_store_commit();
             ptx::tma_store_wait_read();
             ptx::mbarrier_arrive(&smem.q_empty[stage]);
+            pass_turn(sem);
           }
           __syncwarp();
         }
-        if (lane == 0) ptx::tma_store_wait_all();
       }
+      // The CTA's shared memory must outlive the reductions' reads of it.
+      if (lane == 0) ptx::tma_store_wait_all();
     }
   } else {
     ptx::setmaxnreg_inc<T::kMmaRegs>();

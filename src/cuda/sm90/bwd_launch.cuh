@@ -1,8 +1,7 @@
 // Host launcher of the Hopper backward: the portable backward's preprocess kernel, the wgmma main
 // kernel (bwd_kernel.cuh), the portable dQ convert, all on p.stream, with the portable backward's
 // workspace (sm80/bwd_workspace.h). Instantiated once per (element, head dim, mask kind) in
-// src/cuda/instances/; dispatch.cu sends column masks and deterministic d256 calls to the portable
-// one.
+// src/cuda/instances/; dispatch.cu sends column masks to the portable one.
 #pragma once
 
 #include <cuda_runtime.h>

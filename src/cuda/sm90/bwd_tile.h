@@ -39,8 +39,7 @@ static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows
               "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
 // Whether a head dim's tile stages dQ in a buffer of its own for the writer warp's TMA reductions
-// (d64, d128; d256 stages it in the Q/dO stage): only those tiles order the adds for
-// deterministic calls (dispatch).
+// (d64, d128); d256's tile splits columns instead and stages dQ in the Q/dO stage.
 constexpr bool bwd_tile_stages_dq(int head_dim) { return head_dim <= 2 * kBwdSlabElems; }
 
 template <int kHeadDim>
