@@ -159,8 +159,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::mbarrier_init(&smem.q_empty[i], T::kDqInStage ? 1 : T::kMmaThreads);
       if constexpr (T::kDqInStage) ptx::mbarrier_init(&smem.dq_in_stage[i], T::kMmaThreads);
     }
-    ptx::mbarrier_init(&smem.dq_full, kComputeWarps);
-    ptx::mbarrier_init(&smem.dq_empty, 1);
+    for (int i = 0; i < T::kDqBuffers; ++i) {
+      ptx::mbarrier_init(&smem.dq_full[i], kComputeWarps);
+      ptx::mbarrier_init(&smem.dq_empty[i], 1);
+    }
     ptx::fence_barrier_init();
   }
   __syncthreads();  // the last CTA-wide barrier: the roles meet on mbarriers and named barriers only
@@ -242,14 +244,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         int it = 0;
         for (int h = h_begin; h < h_end; ++h)
           for (int m = m_begin; m < m_end; ++m, ++it) {
-            ptx::mbarrier_wait(&smem.dq_full, it & 1);
+            const int buf = it % T::kDqBuffers;
+            ptx::mbarrier_wait(&smem.dq_full[buf], it / T::kDqBuffers & 1);
             if (lane == 0) {
               int32_t* const sem = await_turn(h, m);
 #pragma unroll
               for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
                 const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
                 if (col < p.head_dim)
-                  ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.scratch.slab[slab]), col, m * kBlockM, h, cta.b);
+                  ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.scratch.slab[buf][slab]), col, m * kBlockM, h, cta.b);
                 if (ordered && T::kDqParts > 1 && slab == Storage::kDqSlabs - 1) {
                   // The first partial tile's adds complete before the second's begin.
                   ptx::tma_store_commit();
@@ -258,7 +261,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
               }
               ptx::tma_store_commit();
               ptx::tma_store_wait_read();
-              ptx::mbarrier_arrive(&smem.dq_empty);
+              ptx::mbarrier_arrive(&smem.dq_empty[buf]);
               pass_turn(sem);
             }
             __syncwarp();
@@ -418,14 +421,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     };
     static_assert(!T::kSplitsColumns || T::kDqCols == 2 * kBwdSlabElems, "d256's dQ is two slabs per warpgroup");
 
-    // d64/d128: the previous block's dQ, staged by this warp, handed to the writer warp once its
-    // stores are visible to the async proxy. That is done after the next block's S^T/dP^T issue,
-    // so that the fence waits for the stores under those wgmmas: right after the stores it was
-    // ~10% of d64's stall samples (ncu at full 8k).
-    auto hand_over_dq = [&] {
+    // d64/d128: block it's dQ, staged by this warp, handed to the writer warp once its stores are
+    // visible to the async proxy. That is done after the next block's S^T/dP^T issue, so that the
+    // fence waits for the stores under those wgmmas: right after the stores it was ~10% of d64's
+    // stall samples (ncu at full 8k).
+    auto hand_over_dq = [&](int it) {
       ptx::fence_proxy_async_shared();
       __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full);
+      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full[it % T::kDqBuffers]);
     };
 
     // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
@@ -446,7 +449,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       issue_scores(s, k_tile, q_tile);
       issue_scores(dp, v_tile, do_tile);
       if constexpr (T::kDqStaged)
-        if (it > 0) hand_over_dq();
+        if (it > 0) hand_over_dq(it - 1);
 
       ptx::wgmma_wait_group<1>();
       ptx::fence_operands(s);
@@ -520,13 +523,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::fence_operands(dq);
 
         // dQ staged in fp32 as the boxes of its tensor reductions (the writer warp's), 128-byte
-        // swizzled (a warp's 8 rows spread over the banks), once the last block's boxes have been
-        // read: from box dq_slab0 (at d64 in the warpgroup's own part).
+        // swizzled (a warp's 8 rows spread over the banks), in buffer it % kDqBuffers once the
+        // writer's reductions have read the block's before it there: from box dq_slab0 (at d64
+        // in the warpgroup's own part).
         constexpr int kSlabFloats = Storage::kDqSlabFloats;
         static_assert(kSlabFloats == 32 && T::kDqCols == kBwdSlabElems, "a warpgroup's dQ is one slab of two boxes");
-        ptx::mbarrier_wait(&smem.dq_empty, (it & 1) ^ 1);
+        const int buf = it % T::kDqBuffers;
+        ptx::mbarrier_wait(&smem.dq_empty[buf], (it / T::kDqBuffers & 1) ^ 1);
         const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
-        stage_dq(ptx::smem_addr(smem.scratch.slab) + dq_slab0 * kDqBoxBytes, dq);
+        stage_dq(ptx::smem_addr(smem.scratch.slab[buf]) + dq_slab0 * kDqBoxBytes, dq);
         // Handed over after the next block's S^T/dP^T issue (hand_over_dq): there, rather than
         // after the softmax, since the writer's reductions must read the staging before the next
         // block's dQ can be staged (handed over after the probabilities: d64 -20%, d128 -10%).
@@ -540,7 +545,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
     }
     if constexpr (T::kDqStaged)
-      if (cta.iterations > 0) hand_over_dq();
+      if (cta.iterations > 0) hand_over_dq(cta.iterations - 1);
 
     // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
     // keys no query sees keep their zeros.
