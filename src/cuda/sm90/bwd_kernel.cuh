@@ -234,11 +234,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::fence_proxy_async_global();
         ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
       };
+      // One box of query block m's dQ added into the workspace; boxes wholly past the head dim
+      // are left out.
+      auto reduce_box = [&](uint32_t box, int col, int h, int m) {
+        if (col < p.head_dim) ptx::tma_reduce_add_4d(&maps->dq, box, col, m * kBlockM, h, cta.b);
+      };
       if constexpr (T::kDqStaged) {
         // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
-        // tiles): one TMA reduction per 32-column box into the workspace (boxes wholly past the
-        // head dim left out), read before the staging is handed back. Ordered, d64's two partial
-        // tiles are added one after the other.
+        // tiles): one TMA reduction per 32-column box into the workspace, read before the staging
+        // is handed back. Ordered, d64's two partial tiles are added one after the other.
         const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
         const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
         int it = 0;
@@ -251,8 +255,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 #pragma unroll
               for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
                 const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
-                if (col < p.head_dim)
-                  ptx::tma_reduce_add_4d(&maps->dq, ptx::smem_addr(smem.scratch.slab[buf][slab]), col, m * kBlockM, h, cta.b);
+                reduce_box(ptx::smem_addr(smem.scratch.slab[buf][slab]), col, h, m);
                 if (ordered && T::kDqParts > 1 && slab == Storage::kDqSlabs - 1) {
                   // The first partial tile's adds complete before the second's begin.
                   ptx::tma_store_commit();
@@ -268,8 +271,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           }
       } else {
         // d256 (kDqInStage): each block's dQ, once both warpgroups staged it in the block's stage:
-        // one TMA reduction per box (boxes wholly past the head dim left out); the stage goes back
-        // to the producer once they have read it.
+        // one TMA reduction per box; the stage goes back to the producer once they have read it.
         Cursor cur = first;
         for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
           const int stage = it % T::kStages, use = it / T::kStages;
@@ -277,11 +279,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           if (lane == 0) {
             int32_t* const sem = await_turn(cur.h, cur.m);
 #pragma unroll
-            for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box) {
-              const int col = box * Storage::kDqSlabFloats;
-              if (col < p.head_dim)
-                ptx::tma_reduce_add_4d(&maps->dq, dq_box_in_stage(stage, box), col, cur.m * kBlockM, cur.h, cta.b);
-            }
+            for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box)
+              reduce_box(dq_box_in_stage(stage, box), box * Storage::kDqSlabFloats, cur.h, cur.m);
             ptx::tma_store_commit();
             ptx::tma_store_wait_read();
             ptx::mbarrier_arrive(&smem.q_empty[stage]);
