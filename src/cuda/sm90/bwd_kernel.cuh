@@ -96,6 +96,17 @@ constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
 constexpr uint32_t kDsBarrier = 1;
 
+// Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
+// buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
+// the other: a buffer starts empty). The ring's one place for this arithmetic.
+template <int kDepth>
+struct RingUse {
+  int slot;
+  uint32_t full_parity;
+  __device__ __forceinline__ explicit RingUse(int it) : slot(it % kDepth), full_parity(it / kDepth & 1) {}
+  __device__ __forceinline__ uint32_t empty_parity() const { return full_parity ^ 1; }
+};
+
 template <typename Element, int kHeadDim, MaskKind kMask>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
                                          const BwdMaps* maps) {
@@ -192,8 +203,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
       Cursor cur = first;
       for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-        const int stage = it % T::kStages, use = it / T::kStages;
-        ptx::mbarrier_wait(&smem.q_empty[stage], (use & 1) ^ 1);
+        const RingUse<T::kStages> use(it);
+        const int stage = use.slot;
+        ptx::mbarrier_wait(&smem.q_empty[stage], use.empty_parity());
         uint64_t* full = &smem.q_full[stage];
         ptx::mbarrier_arrive_expect_tx(full, 2 * Storage::kQueryTileBytes + 2 * Storage::kRowBytes);
         const int row0 = cur.m * kBlockM;  // a sequence has fewer than 2^31 rows (dispatch)
@@ -248,8 +260,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         int it = 0;
         for (int h = h_begin; h < h_end; ++h)
           for (int m = m_begin; m < m_end; ++m, ++it) {
-            const int buf = it % T::kDqBuffers;
-            ptx::mbarrier_wait(&smem.dq_full[buf], it / T::kDqBuffers & 1);
+            const RingUse<T::kDqBuffers> use(it);
+            const int buf = use.slot;
+            ptx::mbarrier_wait(&smem.dq_full[buf], use.full_parity);
             if (lane == 0) {
               int32_t* const sem = await_turn(h, m);
 #pragma unroll
@@ -274,8 +287,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // one TMA reduction per box; the stage goes back to the producer once they have read it.
         Cursor cur = first;
         for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-          const int stage = it % T::kStages, use = it / T::kStages;
-          ptx::mbarrier_wait(&smem.dq_in_stage[stage], use & 1);
+          const RingUse<T::kStages> use(it);
+          const int stage = use.slot;
+          ptx::mbarrier_wait(&smem.dq_in_stage[stage], use.full_parity);
           if (lane == 0) {
             int32_t* const sem = await_turn(cur.h, cur.m);
 #pragma unroll
@@ -427,15 +441,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto hand_over_dq = [&](int it) {
       ptx::fence_proxy_async_shared();
       __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full[it % T::kDqBuffers]);
+      if (lane == 0) ptx::mbarrier_arrive(&smem.dq_full[RingUse<T::kDqBuffers>(it).slot]);
     };
 
     // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
     if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
     Cursor cur = first;
     for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-      const int stage = it % T::kStages, use = it / T::kStages;
-      ptx::mbarrier_wait(&smem.q_full[stage], use & 1);
+      const RingUse<T::kStages> use(it);
+      const int stage = use.slot;
+      ptx::mbarrier_wait(&smem.q_full[stage], use.full_parity);
       const SlabTile<kBlockM> q_tile{ptx::smem_addr(smem.stage[stage].q)};
       const SlabTile<kBlockM> do_tile{ptx::smem_addr(smem.stage[stage].dout)};
       const SlabTile<kBlockN> ds_tile{ptx::smem_addr(smem.ds[it % 2])};
@@ -527,8 +542,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // in the warpgroup's own part).
         constexpr int kSlabFloats = Storage::kDqSlabFloats;
         static_assert(kSlabFloats == 32 && T::kDqCols == kBwdSlabElems, "a warpgroup's dQ is one slab of two boxes");
-        const int buf = it % T::kDqBuffers;
-        ptx::mbarrier_wait(&smem.dq_empty[buf], (it / T::kDqBuffers & 1) ^ 1);
+        const RingUse<T::kDqBuffers> dq_use(it);
+        const int buf = dq_use.slot;
+        ptx::mbarrier_wait(&smem.dq_empty[buf], dq_use.empty_parity());
         const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
         stage_dq(ptx::smem_addr(smem.scratch.slab[buf]) + dq_slab0 * kDqBoxBytes, dq);
         // Handed over after the next block's S^T/dP^T issue (hand_over_dq): there, rather than
