@@ -434,10 +434,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     };
     static_assert(!T::kSplitsColumns || T::kDqCols == 2 * kBwdSlabElems, "d256's dQ is two slabs per warpgroup");
 
-    // d64/d128: block it's dQ, staged by this warp, handed to the writer warp once its stores are
-    // visible to the async proxy. That is done after the next block's S^T/dP^T issue, so that the
-    // fence waits for the stores under those wgmmas: right after the stores it was ~10% of d64's
-    // stall samples (ncu at full 8k).
+    // d64/d128: the dQ of block `it`, staged by this warp, handed to the writer warp once its
+    // stores are visible to the async proxy. That is done after the next block's S^T/dP^T issue,
+    // so that the fence waits for the stores under those wgmmas: right after the stores it was
+    // ~10% of d64's stall samples (ncu at full 8k).
     auto hand_over_dq = [&](int it) {
       ptx::fence_proxy_async_shared();
       __syncwarp();
