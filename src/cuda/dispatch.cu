@@ -136,9 +136,8 @@ bool sm90_runs_head_dim(const FwdParams& p, const Entry& sm90, const Entry* port
 // The Hopper backward's limits (sm90/bwd_kernel.cuh); the rest runs the portable backward:
 // calls without rows in use or beyond int32 TMA coordinates and column masks (no Hopper
 // instance). Deterministic calls run on it too: its writer warp adds dQ in ordered turns. A head
-// dim runs on a Hopper
-// tile (d64, d128, d256) only where that is the instance the portable kernels would run too, not
-// padded onto a larger one.
+// dim runs on a Hopper tile (d64, d128, d256) only where that is the instance the portable
+// kernels would run too, not padded onto a larger one.
 // FUSEDATTN_SM90_BWD=0 sends every backward to the portable kernels (A/B measurements).
 bool sm90_backward_allowed(const BwdParams& p) {
   return tma_maps_fit(p) && p.column_mask == nullptr && env_switch_or("FUSEDATTN_SM90_BWD", true);

@@ -38,10 +38,6 @@ constexpr int kBwdAtomBytes = static_cast<int>(ptx::kSwizzleAtomBytes);  // its 
 static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows * kBwdRowBytes,
               "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
-// Whether a head dim's tile stages dQ in a buffer of its own for the writer warp's TMA reductions
-// (d64, d128); d256's tile splits columns instead and stages dQ in the Q/dO stage.
-constexpr bool bwd_tile_stages_dq(int head_dim) { return head_dim <= 2 * kBwdSlabElems; }
-
 template <int kHeadDim>
 struct BwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
@@ -51,7 +47,7 @@ struct BwdTile {
   // (each warpgroup forms half the queries' and reads all of them), and dV and dK read them from
   // there. K, V, two Q/dO stages and two P^T and dS^T buffers fill the shared memory, leaving no
   // room of its own to stage dQ: it is staged in the stage's Q and dO tiles (kDqInStage).
-  static constexpr bool kSplitsColumns = !bwd_tile_stages_dq(kHeadDim);
+  static constexpr bool kSplitsColumns = kHeadDim > 2 * kBwdSlabElems;
   static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
   static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
   static constexpr int kScoreQueries = kSplitsColumns ? kBlockM / kWarpgroups : kBlockM;  // a warpgroup's S^T N
@@ -78,7 +74,7 @@ struct BwdTile {
   static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
   static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
   static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
-  static constexpr bool kDqStaged = bwd_tile_stages_dq(kHeadDim);  // by the writer warp's TMA reductions
+  static constexpr bool kDqStaged = !kSplitsColumns;  // in buffers of its own (d256: kDqInStage)
   // Staging buffers for dQ, used in turn: d64 has the room for two (its tiles are half d128's),
   // so a block's dQ need not wait for the writer's reductions to have read the block before's
   // (the wait before the staging: ~5% of d64's stall samples, ncu at full 8k).
