@@ -293,13 +293,19 @@ __device__ __forceinline__ void wgmma_ss_mn(float (&d)[kN / 2], uint64_t desc_a,
   else FUSEDATTN_WGMMA_SS_TRANS(64, 32, "bf16", 32, 33, 34, 1, 1);
 }
 
-// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, N-major): the d256
-// backward's dV += P^T dO and dK += dS^T Q, whose P^T and dS^T pass through shared memory.
+// D (64 x kN fp32) = or += A (64 x 16, smem, K-major) * B (16 x kN, smem, N-major): the
+// backward's dK += dS^T Q at d64 (N = 64) and dV += P^T dO and dK += dS^T Q at d256 (N = 128),
+// whose dS^T (and P^T) pass through shared memory.
 template <typename Element, int kN>
 __device__ __forceinline__ void wgmma_ss_bmn(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(kN == 128, "instantiated for N = 128");
-  if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_TRANS(128, 64, "f16", 64, 65, 66, 0, 1);
-  else FUSEDATTN_WGMMA_SS_TRANS(128, 64, "bf16", 64, 65, 66, 0, 1);
+  static_assert(kN == 64 || kN == 128, "instantiated for N = 64 and 128");
+  if constexpr (kN == 64) {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_TRANS(64, 32, "f16", 32, 33, 34, 0, 1);
+    else FUSEDATTN_WGMMA_SS_TRANS(64, 32, "bf16", 32, 33, 34, 0, 1);
+  } else {
+    if constexpr (kIsHalf<Element>) FUSEDATTN_WGMMA_SS_TRANS(128, 64, "f16", 64, 65, 66, 0, 1);
+    else FUSEDATTN_WGMMA_SS_TRANS(128, 64, "bf16", 64, 65, 66, 0, 1);
+  }
 }
 
 }  // namespace fusedattn::cuda::ptx

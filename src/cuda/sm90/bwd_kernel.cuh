@@ -13,7 +13,9 @@
 //   dS^T = P^T o (dP^T + delta[query])     (delta = -rowsum(dO o O), the preprocess kernel's)
 //   dK  += dS^T Q                          wgmma RS (dS^T from registers, Q MN-major)
 //   dQ   = dS K                            wgmma SS (dS^T through shared memory, both MN-major),
-//                                          staged in shared memory and added to the fp32
+//                                          a 64 x 64 tile per warpgroup (d128: its column slab,
+//                                          d64: its half of the 128 queries) over the block's
+//                                          keys, staged in shared memory and added to the fp32
 //                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
@@ -90,8 +92,7 @@ struct SlabTile {
 };
 
 // The producer warpgroup's two working warps (one elected thread of the loader issues every
-// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads'; at d64 each
-// warpgroup has its own, kDsBarrier + its index).
+// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads').
 constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
 constexpr uint32_t kDsBarrier = 1;
@@ -115,10 +116,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
   constexpr int kAcc = T::kColumns / 2;          // dK/dV accumulator registers (64 rows x kColumns)
   constexpr int kScoreAcc = T::kScoreQueries / 2;  // S^T/dP^T registers (64 keys x kScoreQueries)
+  using BlockPacked = std::array<uint32_t, kBlockM / 4>;  // P^T or dS^T of 64 keys x kBlockM, packed pairs
   constexpr int kDqAcc = T::kDqCols / 2;
   constexpr int kDimSteps = kHeadDim / kBwdWgmmaK;   // k-steps of S^T and dP^T
   constexpr int kQuerySteps = kBlockM / kBwdWgmmaK;  // k-steps of dV and dK
-  constexpr int kKeySteps = T::kDqKeys / kBwdWgmmaK;  // k-steps of dQ
+  constexpr int kKeySteps = kBlockN / kBwdWgmmaK;    // k-steps of dQ
   constexpr bool kWindowed = kMask == MaskKind::kWindow;
   static_assert(kMask != MaskKind::kColumn, "column masks run the portable backward");
   extern __shared__ __align__(kBwdAtomBytes) unsigned char smem_bytes[];
@@ -151,11 +153,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   // block (columns 32b..32b+31) in stage s. Warpgroup w's boxes, 4w..4w+3, go to the Q and dO
   // slabs of its own columns (2w, 2w + 1), which after the block's S^T and dP^T only its own dK
   // and dV read: its first dQ slab's two boxes to Q's, its second's to dO's.
-  constexpr uint32_t kDqBoxBytes = kBlockM * kBwdRowBytes;
+  constexpr uint32_t kDqBoxBytes = T::kDqRows * kBwdRowBytes;
   constexpr int kBoxesPerDqSlab = kBwdSlabElems / Storage::kDqSlabFloats;
-  constexpr int kBoxesPerWarpgroup = T::kColumns / Storage::kDqSlabFloats;
-  static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && kDqBoxBytes * kBoxesPerDqSlab ==
-                                   T::kColumns * kBlockM * sizeof(Element)),
+  constexpr int kBoxesPerWarpgroup = Storage::kDqBoxesPerWarpgroup;
+  static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && T::kDqRows == kBlockM &&
+                                   kDqBoxBytes * kBoxesPerDqSlab == T::kColumns * kBlockM * sizeof(Element)),
                 "a warpgroup's two dQ slabs fill its halves of the Q and dO tiles");
   auto dq_box_in_stage = [&](int s, int box) -> uint32_t {
     const int w = box / kBoxesPerWarpgroup, i = box % kBoxesPerWarpgroup;
@@ -246,15 +248,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::fence_proxy_async_global();
         ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
       };
-      // One box of query block m's dQ added into the workspace; boxes wholly past the head dim
-      // are left out.
-      auto reduce_box = [&](uint32_t box, int col, int h, int m) {
-        if (col < p.head_dim) ptx::tma_reduce_add_4d(&maps->dq, box, col, m * kBlockM, h, cta.b);
+      // One box of dQ added into the workspace at (row, col) of head h; boxes wholly past the
+      // head dim are left out.
+      auto reduce_box = [&](uint32_t box, int col, int row, int h) {
+        if (col < p.head_dim) ptx::tma_reduce_add_4d(&maps->dq, box, col, row, h, cta.b);
       };
       if constexpr (T::kDqStaged) {
-        // Each block's dQ, once both warpgroups staged their shares (or, at d64, their partial
-        // tiles): one TMA reduction per 32-column box into the workspace, read before the staging
-        // is handed back. Ordered, d64's two partial tiles are added one after the other.
+        // Each block's dQ, once both warpgroups staged their tiles: one TMA reduction per box
+        // (kDqRows x 32 columns) into the workspace, read before the staging is handed back.
         const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
         const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
         int it = 0;
@@ -266,14 +267,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
             if (lane == 0) {
               int32_t* const sem = await_turn(h, m);
 #pragma unroll
-              for (int slab = 0; slab < T::kDqParts * Storage::kDqSlabs; ++slab) {
-                const int col = slab % Storage::kDqSlabs * Storage::kDqSlabFloats;
-                reduce_box(ptx::smem_addr(smem.scratch.slab[buf][slab]), col, h, m);
-                if (ordered && T::kDqParts > 1 && slab == Storage::kDqSlabs - 1) {
-                  // The first partial tile's adds complete before the second's begin.
-                  ptx::tma_store_commit();
-                  ptx::tma_store_wait_all();
-                }
+              for (int box = 0; box < Storage::kDqBoxes; ++box) {
+                const int w = box / kBoxesPerWarpgroup, i = box % kBoxesPerWarpgroup;
+                reduce_box(ptx::smem_addr(smem.scratch.slab[buf][box]), T::dq_col0(w) + i * Storage::kDqSlabFloats,
+                           m * kBlockM + T::dq_row0(w), h);
               }
               ptx::tma_store_commit();
               ptx::tma_store_wait_read();
@@ -294,7 +291,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
             int32_t* const sem = await_turn(cur.h, cur.m);
 #pragma unroll
             for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box)
-              reduce_box(dq_box_in_stage(stage, box), box * Storage::kDqSlabFloats, cur.h, cur.m);
+              reduce_box(dq_box_in_stage(stage, box), box * Storage::kDqSlabFloats, cur.m * kBlockM, cur.h);
             ptx::tma_store_commit();
             ptx::tma_store_wait_read();
             ptx::mbarrier_arrive(&smem.q_empty[stage]);
@@ -315,7 +312,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
     const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
     // The warpgroup's share of the block: at d64/d128 its 64 keys, at d256 its 32 queries of S^T
-    // and dP^T and its 128 columns of dK, dV and dQ.
+    // and dP^T and its 128 columns of dK, dV and dQ. A pass's queries start at q0 (query0 plus the
+    // pass's kScoreQueries).
     const int key_row0 = T::kSplitsColumns ? 0 : wg * T::kWarpgroupKeys;
     const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
     const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
@@ -323,16 +321,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is; element
     // 4j + e of a 64 x N accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2
     // (ptx/wgmma.cuh).
-    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m) {
+    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m, int q0) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + query0 + 8 * j + 2 * t);
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + 8 * j + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[4 * j + e] = ptx::ex2_approx(fmaf(sc[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
       }
       if (m < unmasked.begin || m >= unmasked.end) {
         const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + key_row0 + row_in_wg,
-                                                    static_cast<int64_t>(m) * kBlockM + query0 + 2 * t,
+                                                    static_cast<int64_t>(m) * kBlockM + q0 + 2 * t,
                                                     cta.seq.len_q, cta.seq.len_k);
 #pragma unroll
         for (int j = 0; j < kScoreAcc / 4; ++j)
@@ -342,10 +340,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
     };
     // dS^T = P^T o (dP^T + delta[query]) in place of dP^T.
-    auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const float* delta) {
+    auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const float* delta, int q0) {
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 nd = *reinterpret_cast<const float2*>(delta + query0 + 8 * j + 2 * t);
+        const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + 8 * j + 2 * t);
 #pragma unroll
         for (int e = 0; e < 4; ++e) d[4 * j + e] = pr[4 * j + e] * (d[4 * j + e] + (e % 2 ? nd.y : nd.x));
       }
@@ -356,23 +354,25 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       for (int i = 0; i < kScoreAcc / 2; ++i) r[i] = pack2<Element>(x[2 * i], x[2 * i + 1]);
       return r;
     };
-    // Packed pairs into a [key][query] tile (P^T, dS^T): key key_row0 + row_in_wg (+ 8), query
-    // chunk query0 / 8 + j, at swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte
-    // swizzle. For one j the warp's 32 stores hit 32 distinct banks.
-    auto store_transposed = [&](uint32_t tile, const std::array<uint32_t, kScoreAcc / 2>& x) {
+    // Packed pairs into a [query slab][key][64 queries] tile (P^T, dS^T): key key_row0 + row_in_wg
+    // (+ 8), query chunk q0 / 8 + j (slab chunk / 8), at swizzle_chunk(row, chunk % 8) = chunk ^
+    // (row % 8) of the 128-byte swizzle. For one j the warp's 32 stores hit 32 distinct banks.
+    auto store_transposed = [&](uint32_t tile, const std::array<uint32_t, kScoreAcc / 2>& x, int q0) {
       constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
+      constexpr int kSlabChunks = kBwdRowBytes / kChunkBytes;
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = key_row0 + row_in_wg + 8 * half, chunk = query0 / kChunkElems + j;
-          const uint32_t at = tile + row * kBwdRowBytes + swizzle_chunk(row, chunk) * kChunkBytes + t * sizeof(uint32_t);
+          const int row = key_row0 + row_in_wg + 8 * half, chunk = q0 / kChunkElems + j;
+          const uint32_t at = tile + chunk / kSlabChunks * SlabTile<kBlockN>::kSlabBytes + row * kBwdRowBytes +
+                              swizzle_chunk(row, chunk % kSlabChunks) * kChunkBytes + t * sizeof(uint32_t);
           ptx::st_shared_b32(at, x[2 * j + half]);
         }
     };
     // acc (64 keys x kColumns) += A (64 keys x kBlockM queries: P^T or dS^T, from registers) x B
     // (the block's dO or Q, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
-    auto issue_rs = [](auto& acc, const std::array<uint32_t, kScoreAcc / 2>& a, const SlabTile<kBlockM>& b) {
+    auto issue_rs = [](auto& acc, const BlockPacked& a, const SlabTile<kBlockM>& b) {
       ptx::wgmma_fence();
       const uint32_t b_word = b.mn_major_word(0, 0);
 #pragma unroll
@@ -382,33 +382,32 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
       ptx::wgmma_commit_group();
     };
-    // acc (64 keys x this warpgroup's kColumns) += A (64 keys x kBlockM queries, P^T or dS^T in
-    // shared memory, K-major) x B (dO or Q, its columns, MN-major): d256.
+    // acc (64 keys x this warpgroup's kColumns) += A (its 64 keys x kBlockM queries, P^T or dS^T
+    // in shared memory, K-major) x B (dO or Q, its columns, MN-major): d256's dV and dK, d64's dK.
     auto issue_ss = [&](auto& acc, const SlabTile<kBlockN>& a, const SlabTile<kBlockM>& b) {
-      const uint32_t a_word = a.k_major_word(0), b_word = b.mn_major_word(col0 / kBwdSlabElems, 0);
+      const uint32_t a_word = a.k_major_word(key_row0), b_word = b.mn_major_word(col0 / kBwdSlabElems, 0);
 #pragma unroll
       for (int kk = 0; kk < kQuerySteps; ++kk)
         ptx::wgmma_ss_bmn<Element, T::kColumns>(acc, SlabTile<kBlockN>::k_major(a_word, kk),
                                                 SlabTile<kBlockM>::mn_major(b_word, kk), true);
     };
     // acc (64 keys x kScoreQueries) = A (64 keys of K or V from key_row0, K-major) x B^T (the
-    // block's Q or dO rows from query0, K-major) over the head dim: S^T or dP^T, one commit group.
-    auto issue_scores = [&](float (&acc)[kScoreAcc], const SlabTile<kBlockN>& a, const SlabTile<kBlockM>& b) {
-      const uint32_t a_word = a.k_major_word(key_row0), b_word = b.k_major_word(query0);
+    // block's Q or dO rows from q0, K-major) over the head dim: S^T or dP^T, one commit group.
+    auto issue_scores = [&](float (&acc)[kScoreAcc], const SlabTile<kBlockN>& a, const SlabTile<kBlockM>& b, int q0) {
+      const uint32_t a_word = a.k_major_word(key_row0), b_word = b.k_major_word(q0);
 #pragma unroll
       for (int kk = 0; kk < kDimSteps; ++kk)
         ptx::wgmma_ss<Element, T::kScoreQueries>(acc, SlabTile<kBlockN>::k_major(a_word, kk),
                                                  SlabTile<kBlockM>::k_major(b_word, kk), kk > 0);
       ptx::wgmma_commit_group();
     };
-    // acc (kBlockM queries x one 64-column slab of K from column c0) = dS K over the keys from
-    // dq_key0, one commit group: dS^T's rows are keys, so dS is M-major (ds_word: the dS^T tile's
-    // mn_major_word(0, dq_key0)); K's rows are keys too, so it is N-major. A warpgroup's dQ is one
-    // such slab at d64/d128, two at d256.
-    const int dq_key0 = T::kDqSplitsKeys ? key_row0 : 0;
+    // acc (64 queries x one 64-column slab of K from column c0) = dS K over the block's keys, one
+    // commit group: dS^T's rows are keys, so dS is M-major (ds_word: the dS^T tile's
+    // mn_major_word(the queries' slab, 0)); K's rows are keys too, so it is N-major. A
+    // warpgroup's dQ is one such slab at d64/d128, two at d256.
     auto issue_dq = [&](float (&acc)[kBwdSlabElems / 2], uint32_t ds_word, int c0) {
       ptx::wgmma_fence();
-      const uint32_t k_word = k_tile.mn_major_word(c0 / kBwdSlabElems, dq_key0);
+      const uint32_t k_word = k_tile.mn_major_word(c0 / kBwdSlabElems, 0);
 #pragma unroll
       for (int kk = 0; kk < kKeySteps; ++kk)
         ptx::wgmma_ss_mn<Element, kBwdSlabElems>(acc, SlabTile<kBlockN>::mn_major(ds_word, kk),
@@ -457,28 +456,23 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       const float* lse2 = smem.rows[stage].lse2;
       const float* delta = smem.rows[stage].delta;
 
-      // S^T = K Q^T and dP^T = V dO^T over the warpgroup's keys and queries, one commit group each.
-      float s[kScoreAcc], dp[kScoreAcc];
-      ptx::wgmma_fence();
-      issue_scores(s, k_tile, q_tile);
-      issue_scores(dp, v_tile, do_tile);
-      if constexpr (T::kDqStaged)
-        if (it > 0) hand_over_dq(it - 1);
-
-      ptx::wgmma_wait_group<1>();
-      ptx::fence_operands(s);
-      probabilities(s, lse2, cur.m);
-      const auto pt = packed(s);
-
       if constexpr (T::kSplitsColumns) {
-        // d256: P^T and dS^T of this warpgroup's queries into shared memory; after a barrier of
-        // both warpgroups, dV += P^T dO and dK += dS^T Q over this warpgroup's columns.
+        // d256: S^T = K Q^T and dP^T = V dO^T over this warpgroup's queries, one commit group
+        // each; P^T and dS^T of them into shared memory; after a barrier of both warpgroups, dV
+        // += P^T dO and dK += dS^T Q over this warpgroup's columns.
+        float s[kScoreAcc], dp[kScoreAcc];
+        ptx::wgmma_fence();
+        issue_scores(s, k_tile, q_tile, query0);
+        issue_scores(dp, v_tile, do_tile, query0);
+        ptx::wgmma_wait_group<1>();
+        ptx::fence_operands(s);
+        probabilities(s, lse2, cur.m, query0);
         const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
-        store_transposed(pt_tile.base, pt);
+        store_transposed(pt_tile.base, packed(s), query0);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dp);
-        score_grads(dp, s, delta);
-        store_transposed(ds_tile.base, packed(dp));
+        score_grads(dp, s, delta, query0);
+        store_transposed(ds_tile.base, packed(dp), query0);
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
 
@@ -486,7 +480,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // columns' fp32 beside dK's and dV's spilled), staged in the stage (kDqInStage): slab 0
         // in this warpgroup's Q slabs once dK has read them, under dV; slab 1 in its dO slabs
         // once dV has. The S^T/dP^T reads of both warpgroups ended before the barrier above.
-        const uint32_t ds_word = ds_tile.mn_major_word(0, dq_key0);
+        const uint32_t ds_word = ds_tile.mn_major_word(0, 0);
         const int box0 = wg * kBoxesPerWarpgroup;
         float dq[kBwdSlabElems / 2];
         issue_dq(dq, ds_word, col0);
@@ -509,44 +503,66 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::fence_proxy_async_shared();
         ptx::mbarrier_arrive(&smem.dq_in_stage[stage]);
       } else {
-        // dV += P^T dO.
-        issue_rs(dv, pt, do_tile);
+        // S^T = K Q^T and dP^T = V dO^T over the warpgroup's keys, one commit group each, in passes
+        // of kScoreQueries queries; P^T packed for dV, dS^T = P^T o (dP^T + delta[query]) to shared
+        // memory (dQ's A, and d64's dK's) and at d128 to registers (dK's A).
+        BlockPacked pt, dst;
+#pragma unroll
+        for (int pass = 0; pass < T::kScorePasses; ++pass) {
+          const int q0 = pass * T::kScoreQueries;
+          constexpr int kPassPacked = kScoreAcc / 2;
+          float s[kScoreAcc], dp[kScoreAcc];
+          ptx::wgmma_fence();
+          issue_scores(s, k_tile, q_tile, q0);
+          issue_scores(dp, v_tile, do_tile, q0);
+          if (pass == 0 && it > 0) hand_over_dq(it - 1);
 
-        // dS^T = P^T o (dP^T + delta[query]), to registers (dK's A) and to shared memory (dQ's A).
-        ptx::wgmma_wait_group<1>();
-        ptx::fence_operands(dp);
-        score_grads(dp, s, delta);
-        const auto dst = packed(dp);
-        store_transposed(ds_tile.base, dst);
+          ptx::wgmma_wait_group<1>();
+          ptx::fence_operands(s);
+          probabilities(s, lse2, cur.m, q0);
+          const auto pt_pass = packed(s);
+#pragma unroll
+          for (int i = 0; i < kPassPacked; ++i) pt[pass * kPassPacked + i] = pt_pass[i];
+          // dV += P^T dO once every pass's P^T is packed: in one pass under dP^T's wgmmas, else
+          // under the last pass's dS^T.
+          if constexpr (T::kScorePasses == 1) issue_rs(dv, pt, do_tile);
+          ptx::wgmma_wait_group<T::kScorePasses == 1 ? 1 : 0>();
+          ptx::fence_operands(dp);
+          if constexpr (T::kScorePasses > 1)
+            if (pass == T::kScorePasses - 1) issue_rs(dv, pt, do_tile);
+          score_grads(dp, s, delta, q0);
+          const auto ds_pass = packed(dp);
+          store_transposed(ds_tile.base, ds_pass, q0);
+          if constexpr (!T::kDkFromShared)
+#pragma unroll
+            for (int i = 0; i < kPassPacked; ++i) dst[pass * kPassPacked + i] = ds_pass[i];
+        }
 
-        // dQ's share of this warpgroup = dS K over its keys (issue_dq), then dK += dS^T Q, so that
-        // dQ is staged while dK's wgmmas run (issued the other way round, the wait for both was
-        // 7-12% of the stall samples; this order: d64 full 8k +1.7%, d128 +0.9-1.5%). The dS^T
-        // rows dQ reads must be in shared memory and visible to the async proxy first: a named
-        // barrier of both warpgroups, or at d64 (its own keys) of its own four warps.
-        const int dq_col0 = T::kDqSplitsKeys ? 0 : wg * T::kDqCols;  // its dQ columns
+        // This warpgroup's dQ tile = dS K over the block's keys (issue_dq), then dK += dS^T Q, so
+        // that dQ is staged while dK's wgmmas run (issued the other way round, the wait for both
+        // was 7-12% of the stall samples; this order: d64 full 8k +1.7%, d128 +0.9-1.5%). Both
+        // warpgroups' dS^T rows must be in shared memory and visible to the async proxy first.
         ptx::fence_proxy_async_shared();
-        if constexpr (T::kDqSplitsKeys)
-          ptx::named_barrier_sync(kDsBarrier + wg, kBwdWarpgroupThreads);
-        else
-          ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
+        ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
         float dq[kDqAcc];
-        issue_dq(dq, ds_tile.mn_major_word(0, dq_key0), dq_col0);
-        issue_rs(dk, dst, q_tile);
+        issue_dq(dq, ds_tile.mn_major_word(T::dq_row0(wg) / kBwdSlabElems, 0), T::dq_col0(wg));
+        if constexpr (T::kDkFromShared) {
+          issue_ss(dk, ds_tile, q_tile);
+          ptx::wgmma_commit_group();
+        } else {
+          issue_rs(dk, dst, q_tile);
+        }
         ptx::wgmma_wait_group<1>();  // dV and dQ
         ptx::fence_operands(dq);
 
         // dQ staged in fp32 as the boxes of its tensor reductions (the writer warp's), 128-byte
-        // swizzled (a warp's 8 rows spread over the banks), in buffer it % kDqBuffers once the
-        // writer's reductions have read the block's before it there: from box dq_slab0 (at d64
-        // in the warpgroup's own part).
-        constexpr int kSlabFloats = Storage::kDqSlabFloats;
-        static_assert(kSlabFloats == 32 && T::kDqCols == kBwdSlabElems, "a warpgroup's dQ is one slab of two boxes");
+        // swizzled (a warp's 8 rows spread over the banks), in the warpgroup's boxes of buffer
+        // it % kDqBuffers once the writer's reductions have read the block's before it there.
+        static_assert(Storage::kDqSlabFloats == 32 && T::kDqCols == kBwdSlabElems, "a warpgroup's dQ is one slab of two boxes");
         const RingUse<T::kDqBuffers> dq_use(it);
         const int buf = dq_use.slot;
         ptx::mbarrier_wait(&smem.dq_empty[buf], dq_use.empty_parity());
-        const int dq_slab0 = (T::kDqSplitsKeys ? wg * Storage::kDqSlabs : 0) + dq_col0 / kSlabFloats;
-        stage_dq(ptx::smem_addr(smem.scratch.slab[buf]) + dq_slab0 * kDqBoxBytes, dq);
+        stage_dq(ptx::smem_addr(smem.scratch.slab[buf][wg * kBoxesPerWarpgroup]), dq);
         // Handed over after the next block's S^T/dP^T issue (hand_over_dq): there, rather than
         // after the softmax, since the writer's reductions must read the staging before the next
         // block's dQ can be staged (handed over after the probabilities: d64 -20%, d128 -10%).

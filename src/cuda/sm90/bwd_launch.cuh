@@ -35,12 +35,12 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
                              (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
   const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
   // dQ's workspace as [batch, heads, rows, head_dim] fp32 for the kernel's tensor reductions:
-  // boxes of kBlockM rows x 32 floats (128 bytes, the swizzle's row).
+  // boxes of a warpgroup's dQ rows x 32 floats (128 bytes, the swizzle's row).
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
   BwdMaps maps;
   maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
-                            Storage::kDqSlabFloats, T::kBlockM);
+                            Storage::kDqSlabFloats, T::kDqRows);
   // Q, dO, K and V over the rows in use (map_rows: a variable-length batch's packed rows as one
   // sequence, the rows dispatch checked), boxes of one 64-column slab: rows past them read as zeros.
   maps.varlen = p.cu_seqlens_q != nullptr;

@@ -3,15 +3,16 @@
 // A CTA owns kBlockN keys of one (sequence, KV head) and walks the query blocks of kBlockM rows
 // that see them. At d64 and d128 two warpgroups own 64 key rows each (the M of every wgmma that
 // produces a per-key result: S^T, dP^T, dV, dK), and dQ of a query block (kBlockM x head dim) is
-// split between them (BwdTile::kDqSplitsKeys). At d256 dK and dV of 64 keys x 256 columns do not
-// fit one warpgroup's registers (BwdTile::kSplitsColumns): both warpgroups share the block's 64
-// keys, each owns half the columns of dK, dV and dQ and half the queries of S^T and dP^T.
+// split between them: at d128 by 64-column slabs, at d64 by 64-row halves of its 128 queries
+// (BwdTile::kDqSplitsRows). At d256 dK and dV of 64 keys x 256 columns do not fit one
+// warpgroup's registers (BwdTile::kSplitsColumns): both warpgroups share the block's 64 keys,
+// each owns half the columns of dK, dV and dQ and half the queries of S^T and dP^T.
 //
-// At d64 the same tile, before the producer warpgroup (the compute threads loading by cp.async
-// and meeting at CTA barriers), ran at the portable kernel's speed on an H200 (0.99-1.00x), and
-// 128-query blocks (GEMMs as large as d128's) spilled 68-84 B
-// (docs/perf.md, fifty-sixth session); the producer's TMA loads took d128 from 0.84-0.89x cuDNN
-// to 0.93-0.99x (fifty-eighth session).
+// d64 runs 128-query blocks (FlashAttention-3's d64 backward tile is 128 x 128 too): with 64 the
+// GEMMs were d128's halves (N = 64 everywhere) and a block's fixed costs (its barriers, waits
+// and dQ hand-over) came twice as often per FLOP. On the first producer-less tile 128-query
+// blocks spilled 68-84 B (docs/perf.md, fifty-sixth session); the producer's TMA loads took
+// d128 from 0.84-0.89x cuDNN to 0.93-0.99x (fifty-eighth session) and freed the registers.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +50,18 @@ struct BwdTile {
   // room of its own to stage dQ: it is staged in the stage's Q and dO tiles (kDqInStage).
   static constexpr bool kSplitsColumns = kHeadDim > 2 * kBwdSlabElems;
   static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
-  static constexpr int kBlockM = 64;  // S^T's N, the reduction of dV and dK
-  static constexpr int kScoreQueries = kSplitsColumns ? kBlockM / kWarpgroups : kBlockM;  // a warpgroup's S^T N
+  // S^T's N and the reduction of dV and dK: see the header comment for d64's 128.
+  static constexpr int kBlockM = kHeadDim <= kBwdSlabElems ? 2 * kWarpgroupKeys : kWarpgroupKeys;
+  // S^T's and dP^T's N: at d256 a warpgroup's half of the block's queries; at d64 and d128 64
+  // queries a pass, kScorePasses passes a block. d64's one pass of 128 queries (S^T and dP^T 64 x
+  // 128 each in fp32 beside dK and dV) left too few of the 240 registers: ptxas spilled and
+  // serialised every wgmma.
+  static constexpr int kScoreQueries = kSplitsColumns ? kBlockM / kWarpgroups : kWarpgroupKeys;
+  static constexpr int kScorePasses = kSplitsColumns ? 1 : kBlockM / kScoreQueries;
+  // dK += dS^T Q reads dS^T from shared memory (wgmma SS) rather than registers (RS) where dS^T
+  // passes through shared memory whole (d256) or its registers are better spent (d64, whose
+  // passes would keep all 128 queries' dS^T packed beside the next pass's S^T and dP^T).
+  static constexpr bool kDkFromShared = kSplitsColumns || kScorePasses > 1;
   static constexpr int kColumns = kSplitsColumns ? kHeadDim / kWarpgroups : kHeadDim;     // its dK/dV N
   // Warpgroup 0 produces (one thread of warp 0 loads K/V once and each block's Q, dO, lse2 and
   // delta by TMA; warp 1 adds dQ to the workspace by TMA reductions); warpgroups 1 and 2 compute.
@@ -62,29 +73,32 @@ struct BwdTile {
   static constexpr int kProducerRegs = kProducerRegisters;
   static constexpr int kMmaRegs = consumer_registers(kWarpgroups, 1, kProducerRegs);
   static_assert(kMmaRegs == 240, "the compute warpgroups' wgmmas serialise below 240 registers");
-  // Q/dO/lse2/delta: the producer works two blocks ahead (a third stage fits beside K, V, two dS^T
-  // buffers and the dQ staging); at d256 one block ahead.
-  static constexpr int kStages = kSplitsColumns ? 2 : 3;
+  // Q/dO/lse2/delta: the producer works two blocks ahead at d128 (a third stage fits beside K, V,
+  // two dS^T buffers and the dQ staging); one ahead at d256 and at d64, whose stages and dS^T
+  // buffers are twice d128's (128 queries) and whose two dQ buffers take the third's room.
+  static constexpr int kStages = kSplitsColumns || kBlockM > kWarpgroupKeys ? 2 : 3;
   // dQ = dS K of a query block (kBlockM x head dim over the block's kBlockN keys) is split between
-  // the warpgroups. At d128 by 64-column slabs, each summed over every key: wgmma's N is one slab
-  // of K read MN-major, whose descriptors start on a slab. d64's one slab cannot be split so: there
-  // each warpgroup sums over its own 64 keys, and both partial tiles are added to the workspace.
-  // At d256 by 128-column halves summed over the block's 64 keys, staged in the stage (kDqInStage).
-  static constexpr bool kDqSplitsKeys = kHeadDim / kWarpgroups < kBwdSlabElems;
-  static constexpr int kDqCols = kDqSplitsKeys ? kHeadDim : kHeadDim / kWarpgroups;  // a warpgroup's wgmma N
-  static constexpr int kDqKeys = kDqSplitsKeys ? kWarpgroupKeys : kBlockN;          // and its reduction
-  static constexpr int kDqParts = kDqSplitsKeys ? kWarpgroups : 1;  // partial dQ tiles staged per block
+  // the warpgroups, each a 64 x 64 tile (wgmma's M by one slab of K read MN-major, whose
+  // descriptors start on a slab) summed over every key of the block: at d128 by column slabs, at
+  // d64 (one slab) by row halves. At d256 by 128-column halves, staged in the stage (kDqInStage).
+  static constexpr bool kDqSplitsRows = kBlockM == kWarpgroups * kWarpgroupKeys;
+  static constexpr int kDqRows = kWarpgroupKeys;                                      // wgmma's M
+  static constexpr int kDqCols = kDqSplitsRows ? kHeadDim : kHeadDim / kWarpgroups;  // its N
   static constexpr bool kDqStaged = !kSplitsColumns;  // in buffers of its own (d256: kDqInStage)
-  // Staging buffers for dQ, used in turn: d64 has the room for two (its tiles are half d128's),
-  // so a block's dQ need not wait for the writer's reductions to have read the block before's
-  // (the wait before the staging: ~5% of d64's stall samples, ncu at full 8k).
+  // Where warpgroup w's dQ tile starts in the block.
+  static constexpr int dq_row0(int w) { return kDqSplitsRows ? w * kDqRows : 0; }
+  static constexpr int dq_col0(int w) { return kDqSplitsRows ? 0 : w * kDqCols; }
+  // Staging buffers for dQ, used in turn: d64 has the room for two, so a block's dQ need not wait
+  // for the writer's reductions to have read the block before's (the wait before the staging:
+  // ~5% of d64's stall samples, ncu at full 8k, on 64-query blocks).
   static constexpr int kDqBuffers = kHeadDim <= kBwdSlabElems ? 2 : 1;
   // d256: each warpgroup stages its block's dQ (64 rows x its 128 columns in fp32, 32 KiB) in the
   // stage's Q and dO slabs that only its own dK and dV read, once they have; the writer warp adds
   // it to the workspace by TMA reductions and then gives the stage back. (Added from registers by
   // 8-byte reds, the adds filled the LSU queue and L2 ran at 88% of its peak: ncu, full 8k.)
   static constexpr bool kDqInStage = kSplitsColumns;
-  static_assert(kSplitsColumns || kDqCols == kBwdSlabElems, "a warpgroup's dQ columns are one slab of K");
+  static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
+                "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
 
 // The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K and V as [batch, rows, heads, head dim]
@@ -119,13 +133,14 @@ struct BwdSharedStorage {
   alignas(kBwdAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
   Stage stage[T::kStages];
   // Beside the operands, one of two: at d64 and d128 dQ in fp32 as the boxes of its tensor
-  // reductions, [buffer][part][kHeadDim / 32][kBlockM][32 floats] with the 128-byte swizzle
-  // (16-byte chunk c of row r at c ^ (r % 8)); at d256 (dQ staged in the stage) P^T of two blocks
-  // in turn, as dS^T.
+  // reductions, [buffer][box][kDqRows][32 floats] with the 128-byte swizzle (16-byte chunk c of row
+  // r at c ^ (r % 8)), warpgroup w's tile in boxes kDqBoxesPerWarpgroup w..; at d256 (dQ staged
+  // in the stage) P^T of two blocks in turn, as dS^T.
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
-  static constexpr int kDqSlabs = kHeadDim / kDqSlabFloats;  // of one part
+  static constexpr int kDqBoxesPerWarpgroup = T::kDqCols / kDqSlabFloats;
+  static constexpr int kDqBoxes = T::kWarpgroups * kDqBoxesPerWarpgroup;  // of a block
   struct DqStaging {
-    alignas(kBwdAtomBytes) float slab[T::kDqBuffers][T::kDqParts * kDqSlabs][T::kBlockM * kDqSlabFloats];
+    alignas(kBwdAtomBytes) float slab[T::kDqBuffers][kDqBoxes][T::kDqRows * kDqSlabFloats];
   };
   struct PtBuffers {
     alignas(kBwdAtomBytes) Element buf[2][T::kBlockN * T::kBlockM];
