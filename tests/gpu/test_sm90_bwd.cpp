@@ -72,8 +72,8 @@ class Sm90Backward : public ::testing::TestWithParam<HopperBackwardParam> {
 };
 
 // One KV block and one query block; several of each with partial last ones (77 x 133: two or
-// three KV blocks of 128 or 64 keys, two query blocks of 64); many query blocks per CTA (the ring
-// of Q and dO stages wraps); the BHSD layout.
+// three KV blocks of 128 or 64 keys, one query block of 128 or two of 64); many query blocks per
+// CTA (the ring of Q and dO stages wraps); the BHSD layout.
 TEST_P(Sm90Backward, RaggedLengths) {
   check_hopper_backward({dense(1, 2, 2, 50, 60, d()), dtype()});
   check_hopper_backward({dense(2, 4, 4, 77, 133, d()), dtype()});
@@ -113,9 +113,8 @@ TEST_P(Sm90Backward, LargeLogits) {
   check_hopper_backward({causal(dense(1, 2, 2, 200, 200, d())), dtype(), Layout::kBSHD, false, 100.0});
 }
 // Deterministic calls: the writer warp adds each query block's dQ in ascending KV block order
-// (d64's two partial tiles one after the other; d256's from the stage), so repeated runs are
-// bit-identical (check_backward runs them twice and compares); several KV blocks meet in each
-// query block, with GQA, a window, a varlen batch.
+// (d256's from the stage), so repeated runs are bit-identical (check_backward runs them twice
+// and compares); several KV blocks meet in each query block, with GQA, a window, a varlen batch.
 TEST_P(Sm90Backward, DeterministicRunsAreBitIdentical) {
   check_hopper_backward({causal(dense(1, 4, 2, 300, 700, d())), dtype(), Layout::kBSHD, true});
   check_hopper_backward({dense(2, 2, 2, 200, 530, d()), dtype(), Layout::kBHSD, true});
