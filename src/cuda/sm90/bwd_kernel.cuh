@@ -355,18 +355,20 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       return r;
     };
     // Packed pairs into a [query slab][key][64 queries] tile (P^T, dS^T): key key_row0 + row_in_wg
-    // (+ 8), query chunk q0 / 8 + j (slab chunk / 8), at swizzle_chunk(row, chunk % 8) = chunk ^
-    // (row % 8) of the 128-byte swizzle. For one j the warp's 32 stores hit 32 distinct banks.
+    // (+ 8), query chunk j of the pass's queries from q0 (which lie in one slab), at
+    // swizzle_chunk(row, chunk) = chunk ^ (row % 8) of the 128-byte swizzle. For one j the warp's
+    // 32 stores hit 32 distinct banks.
+    static_assert(T::kScoreQueries <= kBwdSlabElems && kBwdSlabElems % T::kScoreQueries == 0,
+                  "a pass's queries lie in one slab of the tile");
     auto store_transposed = [&](uint32_t tile, const std::array<uint32_t, kScoreAcc / 2>& x, int q0) {
       constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
-      constexpr int kSlabChunks = kBwdRowBytes / kChunkBytes;
+      const uint32_t slab = tile + q0 / kBwdSlabElems * SlabTile<kBlockN>::kSlabBytes;
 #pragma unroll
       for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = key_row0 + row_in_wg + 8 * half, chunk = q0 / kChunkElems + j;
-          const uint32_t at = tile + chunk / kSlabChunks * SlabTile<kBlockN>::kSlabBytes + row * kBwdRowBytes +
-                              swizzle_chunk(row, chunk % kSlabChunks) * kChunkBytes + t * sizeof(uint32_t);
+          const int row = key_row0 + row_in_wg + 8 * half, chunk = q0 % kBwdSlabElems / kChunkElems + j;
+          const uint32_t at = slab + row * kBwdRowBytes + swizzle_chunk(row, chunk) * kChunkBytes + t * sizeof(uint32_t);
           ptx::st_shared_b32(at, x[2 * j + half]);
         }
     };
