@@ -4,14 +4,15 @@
 // One CTA owns KV block n (kBlockN keys) of (sequence b, KV head kvh) and keeps dK and dV in
 // registers while it walks every (query head of the GQA group, query block that sees block n).
 // At d64 and d128 warpgroup w owns the block's keys [64 w, 64 w + 64); both tiles work on
-// transposed scores:
+// transposed scores (d64's 128-query blocks in two passes of 64 queries up to dS^T):
 //
 //   S^T  = K_w Q^T                         wgmma SS (K, Q K-major)
 //   dP^T = V_w dO^T                        wgmma SS (V, dO K-major)
 //   P^T  = exp2(S^T * scale_log2 - lse2[query])   (lse2 = +inf where a row has no keys: P = 0)
 //   dV  += P^T dO                          wgmma RS (P^T from registers, dO MN-major)
 //   dS^T = P^T o (dP^T + delta[query])     (delta = -rowsum(dO o O), the preprocess kernel's)
-//   dK  += dS^T Q                          wgmma RS (dS^T from registers, Q MN-major)
+//   dK  += dS^T Q                          wgmma RS (dS^T from registers, Q MN-major); d64: SS
+//                                          (dS^T from shared memory, K-major)
 //   dQ   = dS K                            wgmma SS (dS^T through shared memory, both MN-major),
 //                                          a 64 x 64 tile per warpgroup (d128: its column slab,
 //                                          d64: its half of the 128 queries) over the block's
@@ -508,7 +509,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // S^T = K Q^T and dP^T = V dO^T over the warpgroup's keys, one commit group each, in passes
         // of kScoreQueries queries; P^T packed for dV, dS^T = P^T o (dP^T + delta[query]) to shared
         // memory (dQ's A, and d64's dK's) and at d128 to registers (dK's A).
-        BlockPacked pt, dst;
+        BlockPacked pt;
+        [[maybe_unused]] BlockPacked dst;  // d128's dK operand
 #pragma unroll
         for (int pass = 0; pass < T::kScorePasses; ++pass) {
           const int q0 = pass * T::kScoreQueries;

@@ -8,11 +8,11 @@
 // warpgroup's registers (BwdTile::kSplitsColumns): both warpgroups share the block's 64 keys,
 // each owns half the columns of dK, dV and dQ and half the queries of S^T and dP^T.
 //
-// d64 runs 128-query blocks (FlashAttention-3's d64 backward tile is 128 x 128 too): with 64 the
-// GEMMs were d128's halves (N = 64 everywhere) and a block's fixed costs (its barriers, waits
-// and dQ hand-over) came twice as often per FLOP. On the first producer-less tile 128-query
-// blocks spilled 68-84 B (docs/perf.md, fifty-sixth session); the producer's TMA loads took
-// d128 from 0.84-0.89x cuDNN to 0.93-0.99x (fifty-eighth session) and freed the registers.
+// d64 runs 128-query blocks, as FlashAttention-3's d64 backward tile (128 x 128): on 64-query
+// blocks every GEMM had N = 64 and a block's fixed costs (its barriers, waits, dQ hand-over and
+// reductions) came twice as often per FLOP; 128 took d64 from 0.83-0.99x cuDNN to 0.92-1.06x
+// (docs/perf.md, sixty-fourth session). On the tile before the producer warpgroup, whose compute
+// threads also loaded, 128-query blocks had spilled 68-84 B (fifty-sixth session).
 #pragma once
 
 #include <cstdint>
