@@ -219,8 +219,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           ptx::tma_load_4d(smem.stage[stage].q + at, &maps->q, col, query_row, cur.h, batch, full);
           ptx::tma_load_4d(smem.stage[stage].dout + at, &maps->dout, col, query_row, cur.h, batch, full);
         }
-        // Whole 64-row blocks of lse2 and delta, 16-byte aligned: the workspace pads each (batch,
-        // head)'s rows to kBwdRowPad.
+        // Whole kBlockM-row blocks of lse2 and delta, 16-byte aligned: the workspace pads each
+        // (batch, head)'s rows to kBwdRowPad.
         static_assert(sm80::kBwdRowPad % kBlockM == 0, "query blocks tile the workspace's row padding");
         const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row0;
         ptx::bulk_load(smem.rows[stage].lse2, ws.lse2 + ws_row, Storage::kRowBytes, full);
@@ -313,8 +313,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int g = lane / 4, t = lane % 4;  // the accumulator layout's row group and column pair
     const int row_in_wg = warp * kBwdAccRows + g;    // its accumulators' first row (and + 8)
     // The warpgroup's share of the block: at d64/d128 its 64 keys, at d256 its 32 queries of S^T
-    // and dP^T and its 128 columns of dK, dV and dQ. A pass's queries start at q0 (query0 plus the
-    // pass's kScoreQueries).
+    // and dP^T and its 128 columns of dK, dV and dQ. A pass's queries start at q0: query0 at d256,
+    // pass x kScoreQueries at d64/d128 (whose query0 is 0).
     const int key_row0 = T::kSplitsColumns ? 0 : wg * T::kWarpgroupKeys;
     const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
     const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
