@@ -50,6 +50,7 @@
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -93,10 +94,12 @@ struct SlabTile {
 };
 
 // The producer warpgroup's two working warps (one elected thread of the loader issues every
-// TMA load), and the compute warpgroups' named barrier (id 0 is __syncthreads').
+// TMA load), and the compute warpgroups' named barriers (id 0 is __syncthreads').
 constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
 constexpr uint32_t kDsBarrier = 1;
+constexpr uint32_t kKeyTilesReadBarrier = 2;  // the compute warpgroups are done with K and V
+constexpr uint32_t kKeysStagedBarrier = 3;    // + w: warpgroup w staged its dK and dV
 
 // Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
 // buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
@@ -373,6 +376,31 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           ptx::st_shared_b32(at, x[2 * j + half]);
         }
     };
+    // This warpgroup's 64 keys x kColumns accumulator (dK or dV) times `scale`, as elements into
+    // its rows (from key_row0) and columns (from col0) of a K/V tile, swizzled as the TMA loaded
+    // it. stmatrix.x4 stores two neighbouring 16-byte chunks of a warp's 16 rows as four 8x8
+    // matrices in the order of the accumulator's quads: acc[8i .. 8i + 7] are {rows 0-7, chunk 2i},
+    // {rows 8-15, chunk 2i}, {rows 0-7, chunk 2i + 1}, {rows 8-15, chunk 2i + 1}, and lane l gives
+    // the address of row l % 8 of matrix l / 8 (as the forward's epilogue, epilogue.cuh).
+    auto stage_keys = [&](const Element* tile, const float (&acc)[kAcc], float scale) {
+      constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
+      constexpr int kChunksPerSlab = kBwdSlabElems / kChunkElems, kAtomRows = kBwdAtomBytes / kBwdRowBytes;
+      static_assert(kChunkElems == 8, "an accumulator's 8-column group is one 16-byte chunk");
+      const int matrix = lane / kAtomRows, row_in_atom = lane % kAtomRows;
+      const int row = key_row0 + warp * kBwdAccRows + matrix % 2 * kAtomRows + row_in_atom;
+      const uint32_t row_address = ptx::smem_addr(tile) + row * kBwdRowBytes;
+#pragma unroll
+      for (int i = 0; i < kAcc / 8; ++i) {
+        const int chunk = col0 / kChunkElems + 2 * i + matrix / 2;  // of the tile's row, across slabs
+        const uint32_t at = row_address + chunk / kChunksPerSlab * SlabTile<kBlockN>::kSlabBytes +
+                            swizzle_chunk(row, chunk % kChunksPerSlab) * kChunkBytes;
+        const uint32_t regs[4] = {pack2<Element>(acc[8 * i] * scale, acc[8 * i + 1] * scale),
+                                  pack2<Element>(acc[8 * i + 2] * scale, acc[8 * i + 3] * scale),
+                                  pack2<Element>(acc[8 * i + 4] * scale, acc[8 * i + 5] * scale),
+                                  pack2<Element>(acc[8 * i + 6] * scale, acc[8 * i + 7] * scale)};
+        ptx::stmatrix_x4(at, regs);
+      }
+    };
     // acc (64 keys x kColumns) += A (64 keys x kBlockM queries: P^T or dS^T, from registers) x B
     // (the block's dO or Q, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
     auto issue_rs = [](auto& acc, const BlockPacked& a, const SlabTile<kBlockM>& b) {
@@ -582,9 +610,36 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     if constexpr (T::kDqStaged)
       if (cta.iterations > 0) hand_over_dq(cta.iterations - 1);
 
-    // dK (times the softmax scale) and dV of this warpgroup's keys, straight from the accumulators;
-    // keys no query sees keep their zeros.
+    // dK (times the softmax scale) and dV of this warpgroup's keys; keys no query sees keep their
+    // zeros. Written by 4-byte stores straight from the accumulators, the epilogue was ~23% of
+    // d128's stall samples at full 512 (ncu, sixty-fifth session): with one CTA an SM nothing
+    // runs beside it. So they are staged in the K and V tiles, free once both warpgroups' last
+    // wgmmas have read them (dQ = dS K reads every key of K), and written by TMA stores of 64 keys
+    // x one slab, which run on after the CTA's threads are done. A variable-length batch's rows
+    // past a sequence's end are the next sequence's, which the TMA cannot clip: a warpgroup whose
+    // keys reach past its sequence's end stores from its registers.
     const int64_t rows = cta.seq.len_k - key0;
+    ptx::named_barrier_sync(kKeyTilesReadBarrier, T::kMmaThreads);
+    if (!maps->varlen || key_row0 + T::kWarpgroupKeys <= rows) {
+      stage_keys(smem.k, dk, p.scale);
+      stage_keys(smem.v, dv, 1.f);
+      // Generic stores -> the TMA's (async proxy) reads: a fence in every writing thread, then meet.
+      ptx::fence_proxy_async_shared();
+      ptx::named_barrier_sync(kKeysStagedBarrier + wg, kBwdWarpgroupThreads);
+      if (mma_thread % kBwdWarpgroupThreads == 0) {
+        const int key_row = static_cast<int>(cta.seq.k_start + key0) + key_row0;
+        const int batch = maps->varlen ? 0 : cta.b;
+#pragma unroll
+        for (int slab = col0 / kBwdSlabElems; slab < (col0 + T::kColumns) / kBwdSlabElems; ++slab) {
+          const int at = (slab * kBlockN + key_row0) * kBwdSlabElems;
+          ptx::tma_store_4d(&maps->dk, smem.k + at, slab * kBwdSlabElems, key_row, cta.kvh, batch);
+          ptx::tma_store_4d(&maps->dv, smem.v + at, slab * kBwdSlabElems, key_row, cta.kvh, batch);
+        }
+        ptx::tma_store_commit();
+        ptx::tma_store_wait_read();  // the CTA's shared memory must outlive the stores' reads
+      }
+      return;
+    }
     auto* dk_out = const_cast<Element*>(sm80::operand_base<Element>(p.dk, p.dk_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
     auto* dv_out = const_cast<Element*>(sm80::operand_base<Element>(p.dv, p.dv_stride, cta.b, cta.seq.k_start + key0, cta.kvh));
 #pragma unroll

@@ -41,14 +41,17 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   BwdMaps maps;
   maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
                             Storage::kDqSlabFloats, T::kDqRows);
-  // Q, dO, K and V over the rows in use (map_rows: a variable-length batch's packed rows as one
-  // sequence, the rows dispatch checked), boxes of one 64-column slab: rows past them read as zeros.
+  // Q, dO, K, V, dK and dV over the rows in use (map_rows: a variable-length batch's packed rows
+  // as one sequence, the rows dispatch checked), boxes of one 64-column slab: rows and columns
+  // past them read as zeros, and stores drop them.
   maps.varlen = p.cu_seqlens_q != nullptr;
   const auto [rows_q, rows_k] = map_rows(p);
   maps.q = make_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
   maps.dout = make_tensor_map(operand_view(p, p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);
   maps.k = make_tensor_map(operand_view(p, p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN);
   maps.v = make_tensor_map(operand_view(p, p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN);
+  maps.dk = make_tensor_map(operand_view(p, p.dk, rows_k, p.heads_kv, p.dk_stride), kBwdSlabElems, T::kWarpgroupKeys);
+  maps.dv = make_tensor_map(operand_view(p, p.dv, rows_k, p.heads_kv, p.dv_stride), kBwdSlabElems, T::kWarpgroupKeys);
   kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, maps);
   FUSEDATTN_CHECK_LAUNCH();
 }
