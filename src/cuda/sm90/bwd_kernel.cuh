@@ -24,9 +24,9 @@
 // thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
 // ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
 // compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers.
-// dK is scaled by the softmax scale once at the end; dQ by the convert kernel
-// (sm80/bwd_convert.cu), which with the preprocess kernel and the workspace is the portable
-// backward's.
+// dK is scaled by the softmax scale once at the end, and dK and dV are staged in the K and V
+// tiles and written by TMA stores; dQ is scaled by the convert kernel (sm80/bwd_convert.cu), which
+// with the preprocess kernel and the workspace is the portable backward's.
 //
 // d256 (BwdTile::kSplitsColumns): one 64-key block shared by both warpgroups. Warpgroup w forms
 // S^T, dP^T, P^T and dS^T for queries [32 w, 32 w + 32) of the block and writes P^T and dS^T to
