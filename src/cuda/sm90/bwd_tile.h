@@ -50,8 +50,11 @@ struct BwdTile {
   // room of its own to stage dQ: it is staged in the stage's Q and dO tiles (kDqInStage).
   static constexpr bool kSplitsColumns = kHeadDim > 2 * kBwdSlabElems;
   static constexpr int kBlockN = kSplitsColumns ? kWarpgroupKeys : kWarpgroups * kWarpgroupKeys;
-  // S^T's N and the reduction of dV and dK: see the header comment for d64's 128.
-  static constexpr int kBlockM = kHeadDim <= kBwdSlabElems ? 2 * kWarpgroupKeys : kWarpgroupKeys;
+  // d64's tile (a head dim of one slab): 128-query blocks (see the header comment). kStages,
+  // kDqSplitsRows and kDqBuffers follow from it.
+  static constexpr bool kWideBlocks = kHeadDim <= kBwdSlabElems;
+  // S^T's N and the reduction of dV and dK.
+  static constexpr int kBlockM = kWideBlocks ? kWarpgroups * kWarpgroupKeys : kWarpgroupKeys;
   // S^T's and dP^T's N: at d256 a warpgroup's half of the block's queries; at d64 and d128 64
   // queries a pass, kScorePasses passes a block. d64's one pass of 128 queries (S^T and dP^T 64 x
   // 128 each in fp32 beside dK and dV) left too few of the 240 registers: ptxas spilled and
@@ -76,12 +79,12 @@ struct BwdTile {
   // Q/dO/lse2/delta: the producer works two blocks ahead at d128 (a third stage fits beside K, V,
   // two dS^T buffers and the dQ staging); one ahead at d256 and at d64, whose stages and dS^T
   // buffers are twice d128's (128 queries) and whose two dQ buffers take the third's room.
-  static constexpr int kStages = kSplitsColumns || kBlockM > kWarpgroupKeys ? 2 : 3;
+  static constexpr int kStages = kSplitsColumns || kWideBlocks ? 2 : 3;
   // dQ = dS K of a query block (kBlockM x head dim over the block's kBlockN keys) is split between
   // the warpgroups, each a 64 x 64 tile (wgmma's M by one slab of K read MN-major, whose
   // descriptors start on a slab) summed over every key of the block: at d128 by column slabs, at
   // d64 (one slab) by row halves. At d256 by 128-column halves, staged in the stage (kDqInStage).
-  static constexpr bool kDqSplitsRows = kBlockM == kWarpgroups * kWarpgroupKeys;
+  static constexpr bool kDqSplitsRows = kWideBlocks;
   static constexpr int kDqRows = kWarpgroupKeys;                                      // wgmma's M
   static constexpr int kDqCols = kDqSplitsRows ? kHeadDim : kHeadDim / kWarpgroups;  // its N
   static constexpr bool kDqStaged = !kSplitsColumns;  // in buffers of its own (d256: kDqInStage)
@@ -91,7 +94,7 @@ struct BwdTile {
   // Staging buffers for dQ, used in turn: d64 has the room for two, so a block's dQ need not wait
   // for the writer's reductions to have read the block before's (the wait before the staging:
   // ~5% of d64's stall samples, ncu at full 8k, on 64-query blocks).
-  static constexpr int kDqBuffers = kHeadDim <= kBwdSlabElems ? 2 : 1;
+  static constexpr int kDqBuffers = kWideBlocks ? 2 : 1;
   // d256: each warpgroup stages its block's dQ (64 rows x its 128 columns in fp32, 32 KiB) in the
   // stage's Q and dO slabs that only its own dK and dV read, once they have; the writer warp adds
   // it to the workspace by TMA reductions and then gives the stage back. (Added from registers by
