@@ -23,7 +23,8 @@
 // while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
 // thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
 // ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
-// compute warpgroups meet only on a named barrier per block (dS^T complete) and on mbarriers.
+// compute warpgroups meet only on a named barrier per block (dS^T complete), on mbarriers, and
+// once at the end (both done with K and V, where dK and dV are staged).
 // dK is scaled by the softmax scale once at the end, and dK and dV are staged in the K and V
 // tiles and written by TMA stores; dQ is scaled by the convert kernel (sm80/bwd_convert.cu), which
 // with the preprocess kernel and the workspace is the portable backward's.

@@ -104,10 +104,10 @@ struct BwdTile {
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
 
-// The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K and V as [batch, rows, heads, head dim]
-// with boxes of one 64-column slab (kBlockM rows for Q and dO, kBlockN for K and V; the stores of
-// dK and dV a warpgroup's kWarpgroupKeys), and dQ's fp32 workspace with boxes of 32 columns. A
-// variable-length batch's maps are one packed sequence.
+// The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K, V, dK and dV as [batch, rows, heads,
+// head dim] with boxes of one 64-column slab (kBlockM rows for Q and dO, kBlockN for K and V, a
+// warpgroup's kWarpgroupKeys for the stores of dK and dV), and dQ's fp32 workspace with boxes of
+// 32 columns. A variable-length batch's maps are one packed sequence.
 struct BwdMaps {
   CUtensorMap q, dout, k, v, dk, dv, dq;
   bool varlen;
