@@ -30,7 +30,8 @@ struct RowSoftmax {
     // While every score so far is -inf, subtracting new_max would compute -inf - (-inf) = NaN;
     // offsetting by 0 instead gives p = 0 and keeps the row at "nothing seen yet".
     const float offset = new_max == kNegInf ? 0.f : new_max;
-    exp2_scaled(x, n, 1.f, offset);
+    // Every score is at most new_max (NaNs aside), so x - offset <= 0; all -inf with offset 0.
+    exp2_scaled<Exp2Inputs::kNonPositive>(x, n, 1.f, offset);
     const float rescale = exp2_approx(max - offset);
     sum = sum * rescale + lane_sum(x, n);
     max = new_max;
