@@ -387,18 +387,20 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
       constexpr int kChunksPerSlab = kBwdSlabElems / kChunkElems, kAtomRows = kBwdAtomBytes / kBwdRowBytes;
       static_assert(kChunkElems == 8, "an accumulator's 8-column group is one 16-byte chunk");
+      constexpr int kValuesPerStore = 8;  // four matrices, a pair of values of each a thread
       const int matrix = lane / kAtomRows, row_in_atom = lane % kAtomRows;
       const int row = key_row0 + warp * kBwdAccRows + matrix % 2 * kAtomRows + row_in_atom;
       const uint32_t row_address = ptx::smem_addr(tile) + row * kBwdRowBytes;
 #pragma unroll
-      for (int i = 0; i < kAcc / 8; ++i) {
+      for (int i = 0; i < kAcc / kValuesPerStore; ++i) {
         const int chunk = col0 / kChunkElems + 2 * i + matrix / 2;  // of the tile's row, across slabs
         const uint32_t at = row_address + chunk / kChunksPerSlab * SlabTile<kBlockN>::kSlabBytes +
                             swizzle_chunk(row, chunk % kChunksPerSlab) * kChunkBytes;
-        const uint32_t regs[4] = {pack2<Element>(acc[8 * i] * scale, acc[8 * i + 1] * scale),
-                                  pack2<Element>(acc[8 * i + 2] * scale, acc[8 * i + 3] * scale),
-                                  pack2<Element>(acc[8 * i + 4] * scale, acc[8 * i + 5] * scale),
-                                  pack2<Element>(acc[8 * i + 6] * scale, acc[8 * i + 7] * scale)};
+        const int v = kValuesPerStore * i;
+        const uint32_t regs[4] = {pack2<Element>(acc[v] * scale, acc[v + 1] * scale),
+                                  pack2<Element>(acc[v + 2] * scale, acc[v + 3] * scale),
+                                  pack2<Element>(acc[v + 4] * scale, acc[v + 5] * scale),
+                                  pack2<Element>(acc[v + 6] * scale, acc[v + 7] * scale)};
         ptx::stmatrix_x4(at, regs);
       }
     };
