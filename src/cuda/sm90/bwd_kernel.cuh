@@ -170,7 +170,8 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     return ptx::smem_addr(tile) + (w * kBoxesPerDqSlab + i % kBoxesPerDqSlab) * kDqBoxBytes;
   };
   if (threadIdx.x == 0) {
-    ptx::mbarrier_init(&smem.kv_full, 1);
+    ptx::mbarrier_init(&smem.k_full, 1);
+    ptx::mbarrier_init(&smem.v_full, 1);
     for (int i = 0; i < T::kStages; ++i) {
       ptx::mbarrier_init(&smem.q_full[i], 1);
       // d256: the writer warp gives the stage back, once its reductions have read the dQ staged there.
@@ -190,24 +191,25 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / kBwdWarpSize;
     if (warp == kLoaderWarp && lane == 0) {
-      // K and V once, then each query block's Q, dO, lse2 and delta into the stage its last use
-      // has left, all by TMA from one thread: each barrier's arrival announces the bytes. Rows
+      // K and V once (V after the first block's loads), then each query block's Q, dO, lse2 and
+      // delta into the stage its last use has left, all by TMA from one thread: each barrier's
+      // arrival announces the bytes. Rows
       // past the tensors' rows in use read as zeros; in a variable-length batch, rows past a
       // sequence are the next one's, which the masks and lse2 = +inf give no weight (as the
       // forward's loads). Three loader warps copying by cp.async at the producer's 24 registers
       // kept the compute warpgroups waiting on q_full (session 61: 0.66-0.70x cuDNN; by TMA
       // 0.93-0.99x).
       const int batch = maps->varlen ? 0 : cta.b;  // a variable-length batch's maps are one packed sequence
-      if (cta.iterations > 0) {
-        const int key_row = static_cast<int>(cta.seq.k_start + key0);
-        ptx::mbarrier_arrive_expect_tx(&smem.kv_full, 2 * Storage::kKeyTileBytes);
+      // K (or V) whole onto its barrier. K goes first and V after the first block's Q and dO: the
+      // first S^T needs only K and Q, and V lands under it.
+      const int key_row = static_cast<int>(cta.seq.k_start + key0);
+      auto load_keys = [&](Element* tile, const CUtensorMap* map, uint64_t* full) {
+        ptx::mbarrier_arrive_expect_tx(full, Storage::kKeyTileBytes);
 #pragma unroll
-        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
-          const int col = slab * kBwdSlabElems, at = slab * kBlockN * kBwdSlabElems;
-          ptx::tma_load_4d(smem.k + at, &maps->k, col, key_row, cta.kvh, batch, &smem.kv_full);
-          ptx::tma_load_4d(smem.v + at, &maps->v, col, key_row, cta.kvh, batch, &smem.kv_full);
-        }
-      }
+        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab)
+          ptx::tma_load_4d(tile + slab * kBlockN * kBwdSlabElems, map, slab * kBwdSlabElems, key_row, cta.kvh, batch, full);
+      };
+      if (cta.iterations > 0) load_keys(smem.k, &maps->k, &smem.k_full);
       Cursor cur = first;
       for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
         const RingUse<T::kStages> use(it);
@@ -229,6 +231,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row0;
         ptx::bulk_load(smem.rows[stage].lse2, ws.lse2 + ws_row, Storage::kRowBytes, full);
         ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
+        if (it == 0) load_keys(smem.v, &maps->v, &smem.v_full);
       }
     } else if (warp == kDqWriterWarp) {
       // Deterministic calls (ws.dq_sem set) add each query block's dQ in ascending KV block order,
@@ -478,7 +481,13 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     };
 
     // The TMA writes and wgmma reads through the async proxy alike: no proxy fence after the waits.
-    if (cta.iterations > 0) ptx::mbarrier_wait(&smem.kv_full, 0);
+    if (cta.iterations > 0) ptx::mbarrier_wait(&smem.k_full, 0);
+    // V lands after the first block's Q and dO: waited for before the first dP^T's issue. The
+    // fence after the branch keeps ptxas from inserting its own before dP^T's wgmmas (C7519).
+    auto await_v = [&](int it) {
+      if (it == 0) ptx::mbarrier_wait(&smem.v_full, 0);
+      ptx::wgmma_fence();
+    };
     Cursor cur = first;
     for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
       const RingUse<T::kStages> use(it);
@@ -497,6 +506,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         float s[kScoreAcc], dp[kScoreAcc];
         ptx::wgmma_fence();
         issue_scores(s, k_tile, q_tile, query0);
+        await_v(it);
         issue_scores(dp, v_tile, do_tile, query0);
         ptx::wgmma_wait_group<1>();
         ptx::fence_operands(s);
@@ -549,6 +559,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           float s[kScoreAcc], dp[kScoreAcc];
           ptx::wgmma_fence();
           issue_scores(s, k_tile, q_tile, q0);
+          if (pass == 0) await_v(it);
           issue_scores(dp, v_tile, do_tile, q0);
           if (pass == 0 && it > 0) hand_over_dq(it - 1);
 
