@@ -160,12 +160,13 @@ struct BwdSharedStorage {
   // every compute thread is done with the stage (its wgmmas completed, its lse2 and delta read;
   // one arrival each), at d256 the writer's reductions have read the dQ staged in it (1);
   // dq_full: every compute warp staged its dQ share in the buffer (8); dq_empty: the reductions
-  // read the buffer (1); dq_in_stage (d256): every compute thread staged its dQ share in the
-  // stage and read its lse2 and delta (one arrival each).
+  // read the buffer (1); dq_in_stage (d256 only, no bytes elsewhere): every compute thread staged
+  // its dQ share in the stage and read its lse2 and delta (one arrival each).
   uint64_t k_full, v_full;
   uint64_t q_full[T::kStages], q_empty[T::kStages];
   uint64_t dq_full[T::kDqBuffers], dq_empty[T::kDqBuffers];
-  uint64_t dq_in_stage[T::kStages];
+  struct NoBarriers {};
+  [[no_unique_address]] std::conditional_t<T::kDqInStage, uint64_t[T::kStages], NoBarriers> dq_in_stage;
 };
 
 }  // namespace fusedattn::cuda::sm90
