@@ -193,12 +193,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     if (warp == kLoaderWarp && lane == 0) {
       // K and V once (V after the first block's loads), then each query block's Q, dO, lse2 and
       // delta into the stage its last use has left, all by TMA from one thread: each barrier's
-      // arrival announces the bytes. Rows
-      // past the tensors' rows in use read as zeros; in a variable-length batch, rows past a
-      // sequence are the next one's, which the masks and lse2 = +inf give no weight (as the
-      // forward's loads). Three loader warps copying by cp.async at the producer's 24 registers
-      // kept the compute warpgroups waiting on q_full (session 61: 0.66-0.70x cuDNN; by TMA
-      // 0.93-0.99x).
+      // arrival announces the bytes. Rows past the tensors' rows in use read as zeros; in a
+      // variable-length batch, rows past a sequence are the next one's, which the masks and
+      // lse2 = +inf give no weight (as the forward's loads). Three loader warps copying by
+      // cp.async at the producer's 24 registers kept the compute warpgroups waiting on q_full
+      // (session 61: 0.66-0.70x cuDNN; by TMA 0.93-0.99x).
       const int batch = maps->varlen ? 0 : cta.b;  // a variable-length batch's maps are one packed sequence
       // K (or V) whole onto its barrier. K goes first and V after the first block's Q and dO: the
       // first S^T needs only K and Q, and V lands under it.
