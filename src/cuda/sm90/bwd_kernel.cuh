@@ -20,11 +20,11 @@
 //                                          workspace by TMA tensor reductions
 //
 // S^T and dP^T are issued together; P^T's exponentials run while dP^T's wgmmas do, and dV's
-// while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum) has one
-// thread load K and V once and each query block's Q, dO, lse2 and delta up to kStages blocks
-// ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA reductions; the two
-// compute warpgroups meet only on a named barrier per block (dS^T complete), on mbarriers, and
-// once at the end (both done with K and V, where dK and dV are staged).
+// while dS^T is formed. Warp specialised: a producer warpgroup (setmaxnreg's minimum,
+// bwd_producer.cuh) has one thread load K and V once and each query block's Q, dO, lse2 and delta
+// up to kStages blocks ahead, all by TMA onto mbarriers, and one warp add each block's dQ by TMA
+// reductions; the two compute warpgroups meet only on a named barrier per block (dS^T complete),
+// on mbarriers, and once at the end (both done with K and V, where dK and dV are staged).
 // dK is scaled by the softmax scale once at the end, and dK and dV are staged in the K and V
 // tiles and written by TMA stores; dQ is scaled by the convert kernel (sm80/bwd_convert.cu), which
 // with the preprocess kernel and the workspace is the portable backward's.
@@ -40,8 +40,6 @@
 
 #include <array>
 #include <cstdint>
-
-#include <cuda/atomic>
 
 #include "cuda/common/element.cuh"
 #include "cuda/common/kinds.h"
@@ -59,6 +57,7 @@
 #include "cuda/sm80/bwd_shared.cuh"
 #include "cuda/sm80/bwd_tile_io.cuh"
 #include "cuda/sm80/bwd_workspace.h"
+#include "cuda/sm90/bwd_producer.cuh"
 #include "cuda/sm90/bwd_tile.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -94,24 +93,10 @@ struct SlabTile {
   }
 };
 
-// The producer warpgroup's two working warps (one elected thread of the loader issues every
-// TMA load), and the compute warpgroups' named barriers (id 0 is __syncthreads').
-constexpr int kLoaderWarp = 0;
-constexpr int kDqWriterWarp = 1;
+// The compute warpgroups' named barriers (id 0 is __syncthreads').
 constexpr uint32_t kDsBarrier = 1;
 constexpr uint32_t kKeyTilesReadBarrier = 2;  // the compute warpgroups are done with K and V
 constexpr uint32_t kKeysStagedBarrier = 3;    // + w: warpgroup w staged its dK and dV
-
-// Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
-// buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
-// the other: a buffer starts empty). The ring's one place for this arithmetic.
-template <int kDepth>
-struct RingUse {
-  int slot;
-  uint32_t full_parity;
-  __device__ __forceinline__ explicit RingUse(int it) : slot(it % kDepth), full_parity(it / kDepth & 1) {}
-  __device__ __forceinline__ uint32_t empty_parity() const { return full_parity ^ 1; }
-};
 
 template <typename Element, int kHeadDim, MaskKind kMask>
 __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, int schedule_shift,
@@ -153,22 +138,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), blocks_per_head};
 
   constexpr int kComputeWarps = T::kMmaThreads / kBwdWarpSize;
-  // dQ is staged as boxes of the workspace's tensor map: [64 rows][32 floats] with the 128-byte
-  // swizzle, one 8 KiB box per 32 columns, the size of a Q/dO slab. d256 (kDqInStage): box b of a
-  // block (columns 32b..32b+31) in stage s. Warpgroup w's boxes, 4w..4w+3, go to the Q and dO
-  // slabs of its own columns (2w, 2w + 1), which after the block's S^T and dP^T only its own dK
-  // and dV read: its first dQ slab's two boxes to Q's, its second's to dO's.
-  constexpr uint32_t kDqBoxBytes = T::kDqRows * kBwdRowBytes;
-  constexpr int kBoxesPerDqSlab = kBwdSlabElems / Storage::kDqSlabFloats;
+  // dQ's staging boxes (BwdSharedStorage): their bytes, a Q/dO slab's count, a warpgroup's.
+  constexpr uint32_t kDqBoxBytes = Storage::kDqBoxBytes;
+  constexpr int kBoxesPerDqSlab = Storage::kDqBoxesPerSlab;
   constexpr int kBoxesPerWarpgroup = Storage::kDqBoxesPerWarpgroup;
-  static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && T::kDqRows == kBlockM &&
-                                   kDqBoxBytes * kBoxesPerDqSlab == T::kColumns * kBlockM * sizeof(Element)),
-                "a warpgroup's two dQ slabs fill its halves of the Q and dO tiles");
-  auto dq_box_in_stage = [&](int s, int box) -> uint32_t {
-    const int w = box / kBoxesPerWarpgroup, i = box % kBoxesPerWarpgroup;
-    const Element* tile = i < kBoxesPerDqSlab ? smem.stage[s].q : smem.stage[s].dout;
-    return ptx::smem_addr(tile) + (w * kBoxesPerDqSlab + i % kBoxesPerDqSlab) * kDqBoxBytes;
-  };
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&smem.k_full, 1);
     ptx::mbarrier_init(&smem.v_full, 1);
@@ -191,124 +164,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / kBwdWarpSize;
     if (warp == kLoaderWarp && lane == 0) {
-      // K and V once (V after the first block's loads), then each query block's Q, dO, lse2 and
-      // delta into the stage its last use has left, all by TMA from one thread: each barrier's
-      // arrival announces the bytes. Rows past the tensors' rows in use read as zeros; in a
-      // variable-length batch, rows past a sequence are the next one's, which the masks and
-      // lse2 = +inf give no weight (as the forward's loads). Three loader warps copying by
-      // cp.async at the producer's 24 registers kept the compute warpgroups waiting on q_full
-      // (session 61: 0.66-0.70x cuDNN; by TMA 0.93-0.99x).
-      const int batch = maps->varlen ? 0 : cta.b;  // a variable-length batch's maps are one packed sequence
-      // K (or V) whole onto its barrier. K goes first and V after the first block's Q and dO: the
-      // first S^T needs only K and Q, and V lands under it.
-      const int key_row = static_cast<int>(cta.seq.k_start + key0);
-      auto load_keys = [&](Element* tile, const CUtensorMap* map, uint64_t* full) {
-        ptx::mbarrier_arrive_expect_tx(full, Storage::kKeyTileBytes);
-#pragma unroll
-        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab)
-          ptx::tma_load_4d(tile + slab * kBlockN * kBwdSlabElems, map, slab * kBwdSlabElems, key_row, cta.kvh, batch, full);
-      };
-      if (cta.iterations > 0) load_keys(smem.k, &maps->k, &smem.k_full);
-      Cursor cur = first;
-      for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-        const RingUse<T::kStages> use(it);
-        const int stage = use.slot;
-        ptx::mbarrier_wait(&smem.q_empty[stage], use.empty_parity());
-        uint64_t* full = &smem.q_full[stage];
-        ptx::mbarrier_arrive_expect_tx(full, 2 * Storage::kQueryTileBytes + 2 * Storage::kRowBytes);
-        const int row0 = cur.m * kBlockM;  // a sequence has fewer than 2^31 rows (dispatch)
-        const int query_row = static_cast<int>(cta.seq.q_start) + row0;
-#pragma unroll
-        for (int slab = 0; slab < kHeadDim / kBwdSlabElems; ++slab) {
-          const int col = slab * kBwdSlabElems, at = slab * kBlockM * kBwdSlabElems;
-          ptx::tma_load_4d(smem.stage[stage].q + at, &maps->q, col, query_row, cur.h, batch, full);
-          ptx::tma_load_4d(smem.stage[stage].dout + at, &maps->dout, col, query_row, cur.h, batch, full);
-        }
-        // Whole kBlockM-row blocks of lse2 and delta, 16-byte aligned: the workspace pads each
-        // (batch, head)'s rows to kBwdRowPad.
-        static_assert(sm80::kBwdRowPad % kBlockM == 0, "query blocks tile the workspace's row padding");
-        const int64_t ws_row = ws.row_base(p, cta.b, cur.h) + row0;
-        ptx::bulk_load(smem.rows[stage].lse2, ws.lse2 + ws_row, Storage::kRowBytes, full);
-        ptx::bulk_load(smem.rows[stage].delta, ws.delta + ws_row, Storage::kRowBytes, full);
-        if (it == 0) load_keys(smem.v, &maps->v, &smem.v_full);
-      }
+      bwd_load_operands(p, ws, maps, cta, first, key0, smem);
     } else if (warp == kDqWriterWarp) {
-      // Deterministic calls (ws.dq_sem set) add each query block's dQ in ascending KV block order,
-      // as the portable kernel does (sm80/bwd_tile_io.cuh, ordered_add_dq): before a block's
-      // reductions the writer waits until the block's semaphore counts the KV blocks before this
-      // one; after them it waits for them to complete and passes the turn on. Lower KV blocks of
-      // a head start first (grid_item), so the wait ends. Lane 0 alone.
-      const bool ordered = ws.dq_sem != nullptr;
-      auto await_turn = [&](int h, int m) -> int32_t* {
-        if (!ordered) return nullptr;
-        int32_t* sem = ws.dq_sem + (ws.row_base(p, cta.b, h) + static_cast<int64_t>(m) * kBlockM) / sm80::kBwdSemRows;
-        const int64_t first_kv = sm80::first_kv_block_of_query_block(p, m, kBlockM, kBlockN, cta.seq.len_q, cta.seq.len_k);
-        const ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> turn(*sem);
-        while (turn.load(::cuda::memory_order_acquire) != static_cast<int32_t>(cta.n - first_kv)) {
-        }
-        ptx::fence_proxy_async_global();  // the earlier blocks' adds before this one's
-        return sem;
-      };
-      auto pass_turn = [](int32_t* sem) {
-        if (sem == nullptr) return;
-        ptx::tma_store_wait_all();
-        ptx::fence_proxy_async_global();
-        ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
-      };
-      // One box of dQ added into the workspace at (row, col) of head h; boxes wholly past the
-      // head dim are left out.
-      auto reduce_box = [&](uint32_t box, int col, int row, int h) {
-        if (col < p.head_dim) ptx::tma_reduce_add_4d(&maps->dq, box, col, row, h, cta.b);
-      };
-      if constexpr (T::kDqStaged) {
-        // Each block's dQ, once both warpgroups staged their tiles: one TMA reduction per box
-        // (kDqRows x 32 columns) into the workspace, read before the staging is handed back.
-        const int m_begin = static_cast<int>(cta.m_blocks.begin), m_end = static_cast<int>(cta.m_blocks.end);
-        const int h_begin = cta.kvh * cta.group, h_end = h_begin + (m_end > m_begin ? cta.group : 0);
-        int it = 0;
-        for (int h = h_begin; h < h_end; ++h)
-          for (int m = m_begin; m < m_end; ++m, ++it) {
-            const RingUse<T::kDqBuffers> use(it);
-            const int buf = use.slot;
-            ptx::mbarrier_wait(&smem.dq_full[buf], use.full_parity);
-            if (lane == 0) {
-              int32_t* const sem = await_turn(h, m);
-#pragma unroll
-              for (int box = 0; box < Storage::kDqBoxes; ++box) {
-                const int w = box / kBoxesPerWarpgroup, i = box % kBoxesPerWarpgroup;
-                reduce_box(ptx::smem_addr(smem.scratch.slab[buf][box]), T::dq_col0(w) + i * Storage::kDqSlabFloats,
-                           m * kBlockM + T::dq_row0(w), h);
-              }
-              ptx::tma_store_commit();
-              ptx::tma_store_wait_read();
-              ptx::mbarrier_arrive(&smem.dq_empty[buf]);
-              pass_turn(sem);
-            }
-            __syncwarp();
-          }
-      } else {
-        // d256 (kDqInStage): each block's dQ, once both warpgroups staged it in the block's stage:
-        // one TMA reduction per box; the stage goes back to the producer once they have read it.
-        Cursor cur = first;
-        for (int it = 0; it < cta.iterations; ++it, cur.advance(cta)) {
-          const RingUse<T::kStages> use(it);
-          const int stage = use.slot;
-          ptx::mbarrier_wait(&smem.dq_in_stage[stage], use.full_parity);
-          if (lane == 0) {
-            int32_t* const sem = await_turn(cur.h, cur.m);
-#pragma unroll
-            for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box)
-              reduce_box(dq_box_in_stage(stage, box), box * Storage::kDqSlabFloats, cur.m * kBlockM, cur.h);
-            ptx::tma_store_commit();
-            ptx::tma_store_wait_read();
-            ptx::mbarrier_arrive(&smem.q_empty[stage]);
-            pass_turn(sem);
-          }
-          __syncwarp();
-        }
-      }
-      // The CTA's shared memory must outlive the reductions' reads of it.
-      if (lane == 0) ptx::tma_store_wait_all();
+      bwd_write_dq(p, ws, maps, cta, first, lane, smem);
     }
   } else {
     ptx::setmaxnreg_inc<T::kMmaRegs>();
@@ -534,12 +392,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         ptx::wgmma_wait_group<1>();  // dQ's slab 0 and dK
         ptx::fence_operands(dq);
         ptx::fence_operands(dk);
-        stage_dq(dq_box_in_stage(stage, box0), dq);
+        stage_dq(smem.dq_box_in_stage(stage, box0), dq);
         issue_dq(dq, ds_word, col0 + kBwdSlabElems);
         ptx::wgmma_wait_group<0>();  // dV and dQ's slab 1
         ptx::fence_operands(dq);
         ptx::fence_operands(dv);
-        stage_dq(dq_box_in_stage(stage, box0 + kBoxesPerDqSlab), dq);
+        stage_dq(smem.dq_box_in_stage(stage, box0 + kBoxesPerDqSlab), dq);
         // To the writer warp, visible to its reductions (the async proxy). This thread's reads of
         // the stage's lse2 and delta are done too, and the writer gives the stage back: each
         // compute thread arrives for its own, as on q_empty at d64/d128.

@@ -21,6 +21,7 @@
 #include <cuda.h>
 
 #include "cuda/common/swizzle.cuh"
+#include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/tile_config.h"
 
@@ -104,6 +105,17 @@ struct BwdTile {
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
 
+// Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
+// buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
+// the other: a buffer starts empty). The ring's one place for this arithmetic.
+template <int kDepth>
+struct RingUse {
+  int slot;
+  uint32_t full_parity;
+  __device__ __forceinline__ explicit RingUse(int it) : slot(it % kDepth), full_parity(it / kDepth & 1) {}
+  __device__ __forceinline__ uint32_t empty_parity() const { return full_parity ^ 1; }
+};
+
 // The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K, V, dK and dV as [batch, rows, heads,
 // head dim] with boxes of one 64-column slab (kBlockM rows for Q and dO, kBlockN for K and V, a
 // warpgroup's kWarpgroupKeys for the stores of dK and dV), and dQ's fp32 workspace with boxes of
@@ -141,6 +153,8 @@ struct BwdSharedStorage {
   // r at c ^ (r % 8)), warpgroup w's tile in boxes kDqBoxesPerWarpgroup w..; at d256 (dQ staged
   // in the stage) P^T of two blocks in turn, as dS^T.
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
+  static constexpr uint32_t kDqBoxBytes = T::kDqRows * kBwdRowBytes;
+  static constexpr int kDqBoxesPerSlab = kBwdSlabElems / kDqSlabFloats;  // of a Q/dO slab's bytes
   static constexpr int kDqBoxesPerWarpgroup = T::kDqCols / kDqSlabFloats;
   static constexpr int kDqBoxes = T::kWarpgroups * kDqBoxesPerWarpgroup;  // of a block
   struct DqStaging {
@@ -167,6 +181,20 @@ struct BwdSharedStorage {
   uint64_t dq_full[T::kDqBuffers], dq_empty[T::kDqBuffers];
   struct NoBarriers {};
   [[no_unique_address]] std::conditional_t<T::kDqInStage, uint64_t[T::kStages], NoBarriers> dq_in_stage;
+
+  // d256 (kDqInStage): the shared address of box `box` of a block's dQ (columns 32 box..) staged
+  // in stage s. A box is [64 rows][32 floats] with the 128-byte swizzle, the bytes of a Q/dO
+  // slab. Warpgroup w's boxes, 4w..4w+3, go to the Q and dO slabs of its own columns (2w,
+  // 2w + 1), which after the block's S^T and dP^T only its own dK and dV read: its first dQ
+  // slab's two boxes to Q's, its second's to dO's.
+  __device__ __forceinline__ uint32_t dq_box_in_stage(int s, int box) const {
+    static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && T::kDqRows == T::kBlockM &&
+                                     kDqBoxBytes * kDqBoxesPerSlab == T::kColumns * T::kBlockM * sizeof(Element)),
+                  "a warpgroup's two dQ slabs fill its halves of the Q and dO tiles");
+    const int w = box / kDqBoxesPerWarpgroup, i = box % kDqBoxesPerWarpgroup;
+    const Element* tile = i < kDqBoxesPerSlab ? stage[s].q : stage[s].dout;
+    return ptx::smem_addr(tile) + (w * kDqBoxesPerSlab + i % kDqBoxesPerSlab) * kDqBoxBytes;
+  }
 };
 
 }  // namespace fusedattn::cuda::sm90
