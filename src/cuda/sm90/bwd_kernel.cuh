@@ -163,10 +163,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   if (threadIdx.x < kBwdWarpgroupThreads) {
     ptx::setmaxnreg_dec<T::kProducerRegs>();
     const int warp = threadIdx.x / kBwdWarpSize;
+    const BwdProducer<Element, kHeadDim> producer{p, ws, maps, cta, first, smem};
     if (warp == kLoaderWarp && lane == 0) {
-      bwd_load_operands(p, ws, maps, cta, first, key0, smem);
+      producer.load_operands(key0);
     } else if (warp == kDqWriterWarp) {
-      bwd_write_dq(p, ws, maps, cta, first, lane, smem);
+      producer.write_dq(lane);
     }
   } else {
     ptx::setmaxnreg_inc<T::kMmaRegs>();

@@ -23,16 +23,28 @@ namespace fusedattn::cuda::sm90 {
 constexpr int kLoaderWarp = 0;
 constexpr int kDqWriterWarp = 1;
 
-// The loader warp's elected thread. first: the CTA's first (query head, query block); key0: its
-// first key.
+// The CTA's producer roles over its item: cta and first (its first query head and block) as
+// bwd_kernel.cuh set them up.
 template <typename Element, int kHeadDim>
-__device__ __forceinline__ void bwd_load_operands(const BwdParams& p, const sm80::BwdWorkspace& ws, const BwdMaps* maps,
-                                                  const sm80::BwdCoords& cta, const sm80::QueryCursor<false>& first,
-                                                  int64_t key0, BwdSharedStorage<Element, kHeadDim>& smem) {
+struct BwdProducer {
   using T = BwdTile<kHeadDim>;
   using Storage = BwdSharedStorage<Element, kHeadDim>;
   using Cursor = sm80::QueryCursor<false>;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+  static constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+
+  const BwdParams& p;
+  const sm80::BwdWorkspace& ws;
+  const BwdMaps* maps;
+  const sm80::BwdCoords& cta;
+  const Cursor& first;
+  Storage& smem;
+
+  __device__ __forceinline__ void load_operands(int64_t key0) const;  // the loader warp's elected thread
+  __device__ __forceinline__ void write_dq(int lane) const;          // the dQ writer warp
+};
+
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void BwdProducer<Element, kHeadDim>::load_operands(int64_t key0) const {
   // K and V once (V after the first block's loads), then each query block's Q, dO, lse2 and
   // delta into the stage its last use has left, all by TMA from one thread: each barrier's
   // arrival announces the bytes. Rows past the tensors' rows in use read as zeros; in a
@@ -76,15 +88,8 @@ __device__ __forceinline__ void bwd_load_operands(const BwdParams& p, const sm80
   }
 }
 
-// The dQ writer warp (lane 0 issues the reductions).
 template <typename Element, int kHeadDim>
-__device__ __forceinline__ void bwd_write_dq(const BwdParams& p, const sm80::BwdWorkspace& ws, const BwdMaps* maps,
-                                             const sm80::BwdCoords& cta, const sm80::QueryCursor<false>& first,
-                                             int lane, BwdSharedStorage<Element, kHeadDim>& smem) {
-  using T = BwdTile<kHeadDim>;
-  using Storage = BwdSharedStorage<Element, kHeadDim>;
-  using Cursor = sm80::QueryCursor<false>;
-  constexpr int kBlockM = T::kBlockM, kBlockN = T::kBlockN;
+__device__ __forceinline__ void BwdProducer<Element, kHeadDim>::write_dq(int lane) const {
   constexpr int kBoxesPerWarpgroup = Storage::kDqBoxesPerWarpgroup;
   // Deterministic calls (ws.dq_sem set) add each query block's dQ in ascending KV block order,
   // as the portable kernel does (sm80/bwd_tile_io.cuh, ordered_add_dq): before a block's
