@@ -138,9 +138,10 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
   const Cursor first{cta.kvh * cta.group, Cursor::first_block(cta), blocks_per_head};
 
   constexpr int kComputeWarps = T::kMmaThreads / kBwdWarpSize;
-  // dQ's staging boxes (BwdSharedStorage): their bytes, a Q/dO slab's count, a warpgroup's.
+  // dQ's staging boxes (BwdSharedStorage): their bytes, their count in dQ's 64-column slab and
+  // in a warpgroup's tile.
   constexpr uint32_t kDqBoxBytes = Storage::kDqBoxBytes;
-  constexpr int kBoxesPerDqSlab = Storage::kDqBoxesPerSlab;
+  constexpr int kBoxesPerDqSlab = Storage::kBoxesPerDqSlab;
   constexpr int kBoxesPerWarpgroup = Storage::kDqBoxesPerWarpgroup;
   if (threadIdx.x == 0) {
     ptx::mbarrier_init(&smem.k_full, 1);

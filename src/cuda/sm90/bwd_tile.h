@@ -154,7 +154,7 @@ struct BwdSharedStorage {
   // in the stage) P^T of two blocks in turn, as dS^T.
   static constexpr int kDqSlabFloats = kBwdRowBytes / sizeof(float);
   static constexpr uint32_t kDqBoxBytes = T::kDqRows * kBwdRowBytes;
-  static constexpr int kDqBoxesPerSlab = kBwdSlabElems / kDqSlabFloats;  // of a Q/dO slab's bytes
+  static constexpr int kBoxesPerDqSlab = kBwdSlabElems / kDqSlabFloats;  // in one 64-column slab of dQ
   static constexpr int kDqBoxesPerWarpgroup = T::kDqCols / kDqSlabFloats;
   static constexpr int kDqBoxes = T::kWarpgroups * kDqBoxesPerWarpgroup;  // of a block
   struct DqStaging {
@@ -189,11 +189,11 @@ struct BwdSharedStorage {
   // slab's two boxes to Q's, its second's to dO's.
   __device__ __forceinline__ uint32_t dq_box_in_stage(int s, int box) const {
     static_assert(!T::kDqInStage || (T::kColumns == 2 * kBwdSlabElems && T::kDqRows == T::kBlockM &&
-                                     kDqBoxBytes * kDqBoxesPerSlab == T::kColumns * T::kBlockM * sizeof(Element)),
+                                     kDqBoxBytes * kBoxesPerDqSlab == T::kColumns * T::kBlockM * sizeof(Element)),
                   "a warpgroup's two dQ slabs fill its halves of the Q and dO tiles");
     const int w = box / kDqBoxesPerWarpgroup, i = box % kDqBoxesPerWarpgroup;
-    const Element* tile = i < kDqBoxesPerSlab ? stage[s].q : stage[s].dout;
-    return ptx::smem_addr(tile) + (w * kDqBoxesPerSlab + i % kDqBoxesPerSlab) * kDqBoxBytes;
+    const Element* tile = i < kBoxesPerDqSlab ? stage[s].q : stage[s].dout;
+    return ptx::smem_addr(tile) + (w * kBoxesPerDqSlab + i % kBoxesPerDqSlab) * kDqBoxBytes;
   }
 };
 
