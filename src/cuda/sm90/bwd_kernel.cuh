@@ -501,7 +501,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::named_barrier_sync(kKeysStagedBarrier + wg, kBwdWarpgroupThreads);
       if (mma_thread % kBwdWarpgroupThreads == 0) {
         const int key_row = static_cast<int>(cta.seq.k_start + key0) + key_row0;
-        const int batch = maps->varlen ? 0 : cta.b;
+        const int batch = maps->batch(cta.b);
 #pragma unroll
         for (int slab = col0 / kBwdSlabElems; slab < (col0 + T::kColumns) / kBwdSlabElems; ++slab) {
           const int at = (slab * kBlockN + key_row0) * kBwdSlabElems;

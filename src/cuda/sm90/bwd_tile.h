@@ -123,6 +123,8 @@ struct RingUse {
 struct BwdMaps {
   CUtensorMap q, dout, k, v, dk, dv, dq;
   bool varlen;
+  // The maps' batch coordinate of sequence b: 0 in a variable-length batch (one packed sequence).
+  __device__ __forceinline__ int batch(int b) const { return varlen ? 0 : b; }
 };
 
 // Every 16-bit tile is [slab][row][64 elements] with the 128-byte swizzle (chunk ^= row % 8),
