@@ -227,7 +227,7 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 // five), sustained 656.5 / 661.0; bf16 716 / 716; 2k even (678 / 676, 660 / 669, 668 / 668;
 // sustained 626 / 627). So from 4096 keys, where every fp16 reading put the pairs ahead.
 // FUSEDATTN_SM90_CLUSTER=0|1 turns them off, or on wherever they are supported.
-constexpr int64_t kPairClusterMinKeys = 4096;
+constexpr int64_t kPairClusterMinKeys = 2048;
 constexpr int64_t kPairClusterMinOddBlocks = 15;
 constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
 constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }
