@@ -262,14 +262,17 @@ int cluster_of(const FwdParams& p, int instance_head_dim) { return chosen(p, ins
 // CTA pairs (kPairCluster) by default for full masks of dense batches at d256 from
 // kPairClusterMinKeys keys, where the query blocks pair up (an even count, or enough that an idle
 // last CTA costs little); never under masks, for variable-length batches, d64, d128 or d192. By
-// default d256 pairs its 64-key tile only at 4096 keys (where 64-key blocks end) and its 80-key
-// tile above; forced, either at any length.
+// default d256 pairs its 64-key tile from kPairClusterMinKeys to 4096 keys (where 64-key blocks
+// end) and its 80-key tile above; forced, either at any length.
 TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
   EXPECT_EQ(chosen(full(1024, 8192, 256), 256).block_n, tile_shape(256).block_n);
   EXPECT_EQ(cluster_of(full(1024, 8192, 256), 256), 2);
   EXPECT_EQ(cluster_of(full(4096, kPairClusterMinKeys - 1, 256), 256), 1);
   EXPECT_EQ(cluster_of(full(4096, kPairClusterMinKeys, 256), 256), 2);
   EXPECT_EQ(chosen(full(4096, 4096, 256), 256).block_n, kD256Block64.block_n);
+  EXPECT_EQ(cluster_of(full(2048, 2048, 256), 256), 2);  // the FA grid's 2k: paired 64-key tiles
+  EXPECT_EQ(chosen(full(2048, 2048, 256), 256).block_n, kD256Block64.block_n);
+  EXPECT_EQ(cluster_of(full(1024, 1024, 256), 256), 1);
   EXPECT_EQ(cluster_of(full(3 * 128, 8192, 256), 256), 1);  // three query blocks: one CTA of two idle
   EXPECT_EQ(cluster_of(full(kPairClusterMinOddBlocks * 128, 8192, 256), 256), 2);
   EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 256), 256), 1);

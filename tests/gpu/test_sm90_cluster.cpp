@@ -75,7 +75,7 @@ INSTANTIATE_TEST_SUITE_P(OInKV, Sm90PairedShapes,
                          });
 
 // The pairs the default dispatch picks, with no switch set: d256 full masks from
-// kPairClusterMinKeys keys, at exactly 4096 keys on the 64-key tile with O staged in K/V
+// kPairClusterMinKeys keys, up to 4096 keys on the 64-key tile with O staged in K/V
 // (kPairOInKVMaxKeys), above it on the 80-key tile with O in the Q buffer.
 TEST(Sm90Cluster, DefaultPairsMatchReference) {
   SKIP_UNLESS_HOPPER();

@@ -225,9 +225,13 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 // in K/V (session 37, fwd_launch.cuh's kPairOInKVMaxKeys) the d256 pairs came level below 8k:
 // fp16 full 4k unpaired / paired 695 / 698, 680 / 689 and 674.5 / 677 (medians of five, three,
 // five), sustained 656.5 / 661.0; bf16 716 / 716; 2k even (678 / 676, 660 / 669, 668 / 668;
-// sustained 626 / 627). So from 4096 keys, where every fp16 reading put the pairs ahead.
+// sustained 626 / 627). So from 4096 keys, where every fp16 reading put the pairs ahead. Since
+// warpgroup 0's Q has slots of its own (session 46) the pairs lead at 2k too: fp16 full 2k
+// paired / unpaired 687 / 665 (medians of three), then 682 and 668 (two paired columns) / 667,
+// bf16 704 and 712 / 703 (medians of five); 1k even (629 / 628, bf16 648 / 646; docs/hopper.md,
+// session 70). So from 2048 keys.
 // FUSEDATTN_SM90_CLUSTER=0|1 turns them off, or on wherever they are supported.
-constexpr int64_t kPairClusterMinKeys = 4096;
+constexpr int64_t kPairClusterMinKeys = 2048;
 constexpr int64_t kPairClusterMinOddBlocks = 15;
 constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
 constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }
