@@ -86,6 +86,7 @@ TEST(Sm90Cluster, DefaultPairsMatchReference) {
     int block_n;
   };
   const DefaultCase cases[] = {{dense(1, 2, 2, 256, cuda::sm90::kPairClusterMinKeys, 256), cuda::sm90::kD256Block64.block_n},
+                               {dense(1, 2, 2, 256, cuda::sm90::kBlock64MaxKeys, 256), cuda::sm90::kD256Block64.block_n},
                                {dense(1, 2, 2, 256, 8192, 256), cuda::sm90::tile_shape(256).block_n}};
   for (const DType dtype : kGpuDtypes)
     for (const DefaultCase& dc : cases) {
