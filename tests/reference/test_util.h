@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <initializer_list>
 #include <map>
@@ -20,12 +21,16 @@
 namespace fusedattn::testing {
 
 // A generator seeded from the running test's full name and a per-test counter: every call gives
-// different inputs (fresh per check), and a rerun of the same test sees the same sequence.
+// different inputs (fresh per check), and a rerun of the same test sees the same sequence. The
+// environment variable FUSEDATTN_TEST_SEED (any text, as in the Python tests' conftest.py) is
+// appended to the name, so the same suite can run again on other inputs; unset, nothing changes.
 inline std::mt19937_64 fresh_rng() {
   constexpr uint64_t kFnvOffset = 14695981039346656037ull;
   constexpr uint64_t kFnvPrime = 1099511628211ull;
   const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  const std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "no-test";
+  const char* salt = std::getenv("FUSEDATTN_TEST_SEED");
+  const std::string name =
+      (info ? std::string(info->test_suite_name()) + "." + info->name() : "no-test") + (salt ? salt : "");
   static std::map<std::string, uint64_t> counters;
   uint64_t h = kFnvOffset;  // FNV-1a: stable across compilers, unlike std::hash
   for (unsigned char c : name) h = (h ^ c) * kFnvPrime;
