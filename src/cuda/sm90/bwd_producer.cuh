@@ -113,6 +113,14 @@ __device__ __forceinline__ void BwdProducer<Element, kHeadDim>::write_dq(int lan
     ptx::fence_proxy_async_global();
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(*sem).fetch_add(1, ::cuda::memory_order_release);
   };
+  // After a block's reductions are issued: once they have read its staging, the staging goes back
+  // (its empty barrier) and, in a deterministic call, the turn on.
+  auto hand_back = [&](uint64_t* empty, int32_t* sem) {
+    ptx::tma_store_commit();
+    ptx::tma_store_wait_read();
+    ptx::mbarrier_arrive(empty);
+    pass_turn(sem);
+  };
   // One box of dQ added into the workspace at (row, col) of head h; boxes wholly past the
   // head dim are left out.
   auto reduce_box = [&](uint32_t box, int col, int row, int h) {
@@ -137,10 +145,7 @@ __device__ __forceinline__ void BwdProducer<Element, kHeadDim>::write_dq(int lan
             reduce_box(ptx::smem_addr(smem.scratch.slab[buf][box]), T::dq_col0(w) + i * Storage::kDqSlabFloats,
                        m * kBlockM + T::dq_row0(w), h);
           }
-          ptx::tma_store_commit();
-          ptx::tma_store_wait_read();
-          ptx::mbarrier_arrive(&smem.dq_empty[buf]);
-          pass_turn(sem);
+          hand_back(&smem.dq_empty[buf], sem);
         }
         __syncwarp();
       }
@@ -157,10 +162,7 @@ __device__ __forceinline__ void BwdProducer<Element, kHeadDim>::write_dq(int lan
 #pragma unroll
         for (int box = 0; box < kHeadDim / Storage::kDqSlabFloats; ++box)
           reduce_box(smem.dq_box_in_stage(stage, box), box * Storage::kDqSlabFloats, cur.m * kBlockM, cur.h);
-        ptx::tma_store_commit();
-        ptx::tma_store_wait_read();
-        ptx::mbarrier_arrive(&smem.q_empty[stage]);
-        pass_turn(sem);
+        hand_back(&smem.q_empty[stage], sem);
       }
       __syncwarp();
     }
