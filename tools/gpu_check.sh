@@ -271,6 +271,11 @@ if has trace; then
   step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" "${config[@]}" \
     -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
+  # The stamps take registers: a trace kernel that spills reloads from L2 where the stamps
+  # sit, which the medians then count as boundary time (session 71: 260 B in the paired d256
+  # tile put ~1600 cycles between its epilogue and the next tile's start).
+  grep -B3 -E "[1-9][0-9]* bytes spill" "$out/trace_build.log" | grep -E "Compiling entry|spill" > "$out/trace_spills.txt"
+  note "trace build: kernels spilling $(grep -cE '[1-9][0-9]* bytes spill' "$out/trace_spills.txt"), most $(grep -oE '[0-9]+ bytes spill stores' "$out/trace_spills.txt" | sort -n | tail -1 || true) (their boundary figures include spill reloads)"
   for point in ${TRACE_POINTS//,/ }; do
     IFS=: read -r d s mask <<< "$point"
     mask=${mask:-full}

@@ -11,6 +11,11 @@ prints, per consumer warpgroup, the median cycles of each part of a tile (src/cu
 names the stamps) and of the boundary between two tiles of one CTA, also in KV steps (the loop's
 time per block), and the producer's wait for the Q buffer. Clocks are per SM: only stamps of one
 SM are compared, and each SM runs one CTA of the persistent kernel (the launch's default).
+
+The stamps cost registers: where the trace build's ptxas lines report spills (tools/gpu_check.sh
+notes them), the spill reloads from L2 land between stamps and the boundary reads long (session
+71: the paired d256 tile spilled 260 B there, none in the release build, whose boundary cost
+measured by equal-FLOP shapes of 16 to 128 blocks per tile was under one KV step).
 """
 import argparse
 import bisect
