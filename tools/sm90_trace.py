@@ -14,8 +14,9 @@ SM are compared, and each SM runs one CTA of the persistent kernel (the launch's
 
 The stamps cost registers: where the trace build's ptxas lines report spills (tools/gpu_check.sh
 notes them), the spill reloads from L2 land between stamps and the boundary reads long (session
-71: the paired d256 tile spilled 260 B there, none in the release build, whose boundary cost
-measured by equal-FLOP shapes of 16 to 128 blocks per tile was under one KV step).
+71: the paired d256 tile spilled 260 B there and read 4.3-4.8 KV steps; the release build, which
+does not spill, costs 2-4 steps of cycles per tile by shapes of equal FLOPs and 16 to 128 blocks
+per tile, docs/perf.md, sixty-eighth session).
 """
 import argparse
 import bisect
