@@ -7,6 +7,9 @@
 namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
 inline constexpr int kBlockQ = 64;  // query rows per task (forward, dQ pass)
+// The forward's query rows per task where the launch has tasks to spare (forward.cpp): each K
+// and V tile it loads then serves twice the rows.
+inline constexpr int kWideBlockQ = 2 * kBlockQ;
 inline constexpr int kBlockK = 64;  // keys per inner tile (and per task of the dK/dV pass)
 
 }  // namespace fusedattn::cpu::FUSEDATTN_CPU_ISA
