@@ -55,6 +55,9 @@ summary=$out/summary.txt
 # time limit still returns what finished (the packed logs are written only at the end).
 note() { echo "$*" | tee -a "$summary"; cp "$summary" "$dest/summary-partial.txt"; }
 has() { [[ ",$steps," == *",$1,"* ]]; }
+# ptxas_spills LOG: the ptxas -v lines of LOG with a non-zero spill or stack frame, each after
+# its kernel's "Compiling entry" line (every spill is a defect to track).
+ptxas_spills() { grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$1" | grep -E "Compiling entry|spill|stack"; }
 # step NAME LIMIT_S LOG CMD...: runs CMD under a time limit, logs it, records result and wall time.
 step() {
   local name=$1 limit=$2 log=$3; shift 3
@@ -126,8 +129,7 @@ if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; 
     -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF \
     -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}"
   step build 480 build.log cmake --build "$build" -j "$(nproc)" || { tail -40 "$out/build.log"; }
-  # ptxas lines with a non-zero spill or stack frame, per kernel instance (every spill is a defect to track)
-  grep -B3 -E "[1-9][0-9]* bytes (spill|stack)" "$out/build.log" | grep -E "Compiling entry|spill|stack" > "$out/spills.txt"
+  ptxas_spills "$out/build.log" > "$out/spills.txt"
   note "ptxas lines reporting spills or stack: $(grep -cE '[1-9][0-9]* bytes spill' "$out/spills.txt")"
   # wgmma serialised by ptxas (C7510-C7519, an "info" line, not a warning): a kernel that builds
   # and passes its tests yet runs at a fraction of its speed (docs/hopper.md, session 46).
@@ -274,7 +276,7 @@ if has trace; then
   # The stamps take registers: a trace kernel that spills reloads from L2 where the stamps
   # sit, which the medians then count as boundary time (session 71: 260 B in the paired d256
   # tile put ~1600 cycles between its epilogue and the next tile's start).
-  grep -B3 -E "[1-9][0-9]* bytes spill" "$out/trace_build.log" | grep -E "Compiling entry|spill" > "$out/trace_spills.txt"
+  ptxas_spills "$out/trace_build.log" > "$out/trace_spills.txt"
   note "trace build: kernels spilling $(grep -cE '[1-9][0-9]* bytes spill' "$out/trace_spills.txt"), most $(grep -oE '[0-9]+ bytes spill stores' "$out/trace_spills.txt" | sort -n | tail -1 || true) (their boundary figures include spill reloads)"
   for point in ${TRACE_POINTS//,/ }; do
     IFS=: read -r d s mask <<< "$point"
