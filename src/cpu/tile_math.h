@@ -17,14 +17,13 @@
 
 namespace fusedattn::cpu::FUSEDATTN_CPU_ISA {
 
-inline constexpr int kLanes = 8;  // independent partial sums of a row reduction
-
 // Register blocking of the score product: kRowsPerPass x kColsPerPass outputs live in
 // kRowsPerPass * kColsPerPass / kVecWidth vector registers, plus 2 for the shared K row. The AVX2
 // build takes 6 rows (12 + 2 of its 16 registers: 1-4% faster than 4 rows on a Zen 5 EPYC); the
-// AVX-512 build 4 (8 rows read even there, docs/perf.md fifty-second session). Every score is the
-// same sum in the same order whatever the blocking.
-inline constexpr int kRowsPerPass = kVecWidth == 8 ? 6 : 4;
+// AVX-512 build 8 (16 + 2 of its 32: even with 4 on that Zen 5, docs/perf.md fifty-second session;
+// on a 2-core Xeon the fp32 forward 5-9% and the backward 8% faster than 4 rows, sixty-ninth).
+// Every score is the same sum in the same order whatever the blocking.
+inline constexpr int kRowsPerPass = kVecWidth == 8 ? 6 : 8;
 inline constexpr int kColsPerPass = 2 * kVecWidth;
 // The accumulating products keep kChunk floats of one output row (a d64 row: kChunkVecs vectors)
 // in registers while they fold in every term, so each output element is loaded and stored once
@@ -261,26 +260,37 @@ FUSEDATTN_CPU_INLINE void accumulate_ptb(const float* p, int ldp, const ColRange
   }
 }
 
-// Fixed-lane sum of x[0, n): the same association for the same n, whatever the thread.
+// The lanes of v folded by butterfly steps (half the width apart, then a quarter, ...), each lane
+// ending with the fold of all: a fixed order whatever the data, on vector shuffles rather than a
+// chain of scalar adds or compares (whose latency the row loops waited on).
+template <class Fold>
+FUSEDATTN_CPU_INLINE float fold_lanes(Vec v, const Fold& fold) {
+  static_assert(kVecWidth == 8 || kVecWidth == 16, "the butterfly steps below cover 8 or 16 lanes");
+  if constexpr (kVecWidth >= 16) v = fold(v, xor_lanes<8>(v));
+  v = fold(v, xor_lanes<4>(v));
+  v = fold(v, xor_lanes<2>(v));
+  v = fold(v, xor_lanes<1>(v));
+  return v[0];
+}
+
+// Fixed-lane sum of x[0, n): kVecWidth partial sums (lane l takes x[l], x[l + width], ...),
+// folded by fold_lanes, then the tail in order: the same association for the same n on a given
+// build, whatever the thread.
 FUSEDATTN_CPU_INLINE float lane_sum(const float* x, int n) {
-  float acc[kLanes] = {};
+  Vec acc = broadcast(0.f);
   int j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l];
-  float total = 0.f;
-  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  for (; j + kVecWidth <= n; j += kVecWidth) acc += load_vec(x + j);
+  float total = fold_lanes(acc, [](Vec a, Vec b) { return a + b; });
   for (; j < n; ++j) total += x[j];
   return total;
 }
 
 // sum_d x[d] * y[d], with the lanes of lane_sum.
 FUSEDATTN_CPU_INLINE float lane_dot(const float* x, const float* y, int n) {
-  float acc[kLanes] = {};
+  Vec acc = broadcast(0.f);
   int j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += x[j + l] * y[j + l];
-  float total = 0.f;
-  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  for (; j + kVecWidth <= n; j += kVecWidth) acc += load_vec(x + j) * load_vec(y + j);
+  float total = fold_lanes(acc, [](Vec a, Vec b) { return a + b; });
   for (; j < n; ++j) total += x[j] * y[j];
   return total;
 }
@@ -290,7 +300,7 @@ FUSEDATTN_CPU_INLINE float lane_dot(const float* x, const float* y, int n) {
 // vectors: GCC left the scalar lanes' form scalar (3-4% of the fp32 forward's samples on an AVX2
 // Zen 3, perf, sixty-fifth session). A maximum does not depend on the order it is taken in (but
 // for the sign of a zero, which no caller can see: the softmax subtracts it), so the lanes'
-// width is free.
+// width and fold_lanes' order are free: the result is the one a scalar loop gives.
 FUSEDATTN_CPU_INLINE float lane_max(const float* x, int n, float init) {
   Vec acc = broadcast(init);
   int j = 0;
@@ -298,8 +308,7 @@ FUSEDATTN_CPU_INLINE float lane_max(const float* x, int n, float init) {
     const Vec v = load_vec(x + j);
     acc = v > acc ? v : acc;
   }
-  float best = init;
-  for (int l = 0; l < kVecWidth; ++l) best = acc[l] > best ? acc[l] : best;
+  float best = fold_lanes(acc, [](Vec a, Vec b) { return b > a ? b : a; });
   for (; j < n; ++j) best = x[j] > best ? x[j] : best;
   return best;
 }
