@@ -24,7 +24,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-from bench_power import Sampler, sustained  # noqa: E402
+from bench_power import sustained  # noqa: E402
+from gpu_sampler import Sampler  # noqa: E402
 
 BLOCK = 2048  # floats a program loads per step (8 KiB)
 

@@ -28,6 +28,11 @@ about 1% need medians (docs/hopper.md, session 24). Every reading goes to --out 
 (each one right after the one before it, FA2 first): what a column reads may depend on what ran
 just before it, since the clock the power cap allows lags the load (docs/hopper.md, session 40).
 
+--clocks samples nvidia-smi (tools/gpu_sampler.py) through the run and adds to every --out record
+the mean SM clock, board power and GPU temperature over that reading's bench_one call (its
+estimate, warm-up and timed runs): whether a column read high because it ran at a higher clock,
+e.g. after a slower column let the card cool (docs/hopper.md, session 72).
+
 --gemm N adds a first row: torch.matmul of two N x N matrices in --dtype, timed the same way and
 as often (--repeat), the card's dense-GEMM rate at its power cap in this process, against which
 the attention points' TFLOP/s read (docs/hopper.md, session 28).
@@ -39,6 +44,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbuild" / "carry"))
 import torch  # noqa: E402
@@ -135,13 +141,15 @@ def expand_points(spec):
     return points
 
 
-def measure(text, provider, env, dtype_name, rep, out):
-    """TFLOP/s of one column at one point (nan where the provider cannot run it), recorded to out."""
+def measure(text, provider, env, dtype_name, rep, out, sampler=None):
+    """TFLOP/s of one column at one point (nan where the provider cannot run it), recorded to out
+    (with the mean clock, power and temperature over the reading where a sampler runs)."""
     mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
     left = point_window(text)
     if left is not None and provider != "ours":
         return float("nan")  # no peer takes a sliding window
     dtype = getattr(torch, dtype_name)
+    start = time.perf_counter()
     with apply_env(env):
         try:
             if left is None:
@@ -156,6 +164,7 @@ def measure(text, provider, env, dtype_name, rep, out):
             return float("nan")
         finally:
             torch.cuda.empty_cache()
+    end = time.perf_counter()
     if out:
         suite = "fa" if len(text.split(":")) == 4 else "shape"
         rec = {"suite": suite, "provider": provider, "B": batch, "Hq": hq, "Hkv": hkv, "Sq": sq, "Sk": sk, "D": d,
@@ -166,6 +175,9 @@ def measure(text, provider, env, dtype_name, rep, out):
             rec["env"] = env  # perf_table.py renders only the default columns
         if rep is not None:
             rec["rep"] = rep
+        if sampler is not None:
+            mhz, watts, temp = sampler.mean(start, end)
+            rec.update(mhz=round(mhz), watts=round(watts), temp_c=round(temp, 1))
         out.write(json.dumps(rec) + "\n")
         out.flush()
     return tflops
@@ -203,12 +215,20 @@ def main():
     ap.add_argument("--order", choices=("alternate", "given"), default="alternate",
                     help="column order over the repeats: reversed every second time, or always as given")
     ap.add_argument("--gemm", type=int, default=0, metavar="N", help="first, torch.matmul at N x N x N in --dtype")
+    ap.add_argument("--clocks", action="store_true",
+                    help="add each reading's mean SM clock, board power and temperature (nvidia-smi) to its --out record")
     args = ap.parse_args()
     if args.repeat < 1:
         raise SystemExit(f"--repeat must be at least 1, got {args.repeat}")
     if args.gemm < 0:
         raise SystemExit(f"--gemm must be a matrix size (0: none), got {args.gemm}")
+    if args.clocks and not args.out:
+        raise SystemExit("--clocks adds to the --out records: give --out FILE")
     out = open(args.out, "a") if args.out else None
+    sampler = None
+    if args.clocks:
+        from gpu_sampler import Sampler  # nvidia-smi is needed only here
+        sampler = Sampler(20)
     peers.OURS["mod"] = __import__(args.module)
     install_deterministic()
     # An env column runs `ours` unless its setting names another provider (`ours_deterministic@...`).
@@ -232,12 +252,15 @@ def main():
             order = range(len(columns)) if forward else reversed(range(len(columns)))
             for i in order:
                 provider, env = columns[i]
-                readings[i].append(measure(text, provider, env, args.dtype, rep if args.repeat > 1 else None, out))
+                readings[i].append(measure(text, provider, env, args.dtype, rep if args.repeat > 1 else None, out,
+                                           sampler))
         row = [statistics.median(r) for r in readings]
         ratios = " ".join("%.3f" % (x / row[0]) for x in row[1:])
         print("%-32s" % text + "".join("%16.1f" % x for x in row) + "   " + ratios, flush=True)
         if args.repeat > 1:
             print("%-32s" % "" + "".join("%16s" % f"{min(r):.0f}-{max(r):.0f}" for r in readings), flush=True)
+    if sampler is not None:
+        sampler.stop()
 
 
 if __name__ == "__main__":
