@@ -88,9 +88,9 @@ FUSEDATTN_CPU_INLINE Vec exp2_approx(Vec x) {
 // x[j] = exp2(x[j] * mul - sub) for j < n (kNonPositive: each x[j] * mul - sub is <= 0).
 template <Exp2Inputs kInputs = Exp2Inputs::kAny>
 FUSEDATTN_CPU_INLINE void exp2_scaled(float* x, int n, float mul, float sub) {
-  const Vec vmul = broadcast(mul), vsub = broadcast(sub);
+  // Scalar operands: GCC broadcasts them with one instruction (simd.h, broadcast).
   int j = 0;
-  for (; j + kVecWidth <= n; j += kVecWidth) store_vec(x + j, exp2_approx<kInputs>(load_vec(x + j) * vmul - vsub));
+  for (; j + kVecWidth <= n; j += kVecWidth) store_vec(x + j, exp2_approx<kInputs>(load_vec(x + j) * mul - sub));
   for (; j < n; ++j) x[j] = exp2_approx(x[j] * mul - sub);
 }
 

@@ -38,14 +38,14 @@ FUSEDATTN_CPU_INLINE Vec load_vec(const float* p) {
   return v;
 }
 FUSEDATTN_CPU_INLINE void store_vec(float* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
-// x in every lane: lane 0 shuffled into all of them, one vbroadcastss. The tile loops multiply
-// by scalars instead (float * Vec), which compiles to the same. A Vec{x, x, ...} was assembled
-// one masked lane insert at a time by GCC 12, 16 of them a call in the AVX-512 build's softmax
-// (~5% of the fp32 forward's samples on a Xeon, docs/perf.md sixty-ninth session).
+// x in every lane, for constants (one load from the constant pool). The tile loops multiply by
+// scalars instead (float * Vec), which GCC turns into one broadcast; a Vec{x, x, ...} of a
+// run-time x was assembled one lane insert at a time, and so was a shuffle of lane 0 (GCC 12, in
+// the AVX-512 build's softmax: ~5% of the fp32 forward's samples on a Xeon, docs/perf.md
+// sixty-ninth session).
 template <size_t... kLane>
 FUSEDATTN_CPU_INLINE Vec broadcast_lanes(float x, std::index_sequence<kLane...>) {
-  const Vec first = {x};
-  return __builtin_shufflevector(first, first, ((void)kLane, 0)...);
+  return Vec{((void)kLane, x)...};
 }
 FUSEDATTN_CPU_INLINE Vec broadcast(float x) { return broadcast_lanes(x, std::make_index_sequence<kVecWidth>{}); }
 
