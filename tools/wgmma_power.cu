@@ -8,7 +8,7 @@
 // 16 conversions to half pairs and 4 shuffles, so its joules per FLOP say what that work costs.
 //
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude tools/wgmma_power.cu
-//        -o build-gpu/wgmma_power && build-gpu/wgmma_power [seconds per run, default 2]
+//        -o build-gpu/wgmma_power && build-gpu/wgmma_power [seconds per run, default 2] [uniform|normal]
 //
 // B is the same 128 x 128 tile in both (N-major, as V); SS adds A's 2 KiB per instruction (64 x 16),
 // a third more operand bytes. A diagnostic, not part of the library or its tests.
@@ -51,9 +51,16 @@ __device__ uint32_t mix(uint32_t x) {
   x *= 0x846ca68bU;
   return x ^ (x >> 16);
 }
-// A random half in [-1, 1): every mantissa bit toggles, as on real activations.
+// Operand values: uniform in [-1, 1), or close to N(0, 1) (a sum of four uniforms, scaled), as
+// torch.randn's inputs to the attention benchmarks; every mantissa bit toggles either way.
+__constant__ int g_normal_data;
+__device__ float uniform(uint32_t i, uint32_t seed) {
+  return static_cast<float>(mix(i * 2654435761U + seed) >> 8) * (2.f / 16777216.f) - 1.f;
+}
 __device__ __half random_half(uint32_t i, uint32_t seed) {
-  return __float2half(static_cast<float>(mix(i * 2654435761U + seed) >> 8) * (2.f / 16777216.f) - 1.f);
+  if (!g_normal_data) return __float2half(uniform(i, seed));
+  const float sum = uniform(4 * i, seed) + uniform(4 * i + 1, seed) + uniform(4 * i + 2, seed) + uniform(4 * i + 3, seed);
+  return __float2half(sum * 0.8660254f);  // four uniforms on [-1, 1) have variance 4/3
 }
 
 template <Variant kVariant>
@@ -202,13 +209,21 @@ void run(const char* name, double seconds, int sms, float* out, Sampler& sampler
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
+  const std::string data = argc > 2 ? argv[2] : "uniform";
+  if (data != "uniform" && data != "normal") {
+    std::fprintf(stderr, "data: expected uniform or normal, got %s\n", data.c_str());
+    return 2;
+  }
+  const int normal = data == "normal";
+  check(cudaMemcpyToSymbol(g_normal_data, &normal, sizeof normal), "data");
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device");
   float* out = nullptr;
   check(cudaMalloc(&out, static_cast<size_t>(sms) * kThreads * (kN / 2) * sizeof(float)), "malloc");
   Sampler sampler;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::printf("m64n128k16 fp16, two warpgroups per SM on %d SMs, random operands, %.1f s per run\n", sms, seconds);
+  std::printf("m64n128k16 fp16, two warpgroups per SM on %d SMs, %s random operands, %.1f s per run\n", sms,
+              data.c_str(), seconds);
   for (int round = 0; round < 2; ++round) {  // A B C C B A, so a drift in temperature falls on all
     if (round == 0) {
       run<Variant::kSharedA>("A in smem", seconds, sms, out, sampler);
