@@ -39,10 +39,14 @@ constexpr int kGroupSteps = 2 * kSteps;  // MMAs per commit group (two passes)
 constexpr int kABytes = 64 * 16 * kSteps * 2;   // 16 KiB: A, K-major, two 64-column slabs
 constexpr int kBBytes = kN * 16 * kSteps * 2;   // 32 KiB: B, N-major, two 64-column groups
 constexpr int kSlabBytes = 64 * 128;            // one 64-column, 64-row slab of 128-byte rows
+constexpr int kAStepBytes = 16 * 2;             // a k-step inside a K-major slab: 16 elements
+constexpr int kBStepBytes = 16 * 128;           // a k-step of the N-major B: 16 rows of 128 bytes
+constexpr uint32_t kAtom = ptx::kSwizzleAtomBytes;  // 8-row groups of either operand
 constexpr double kFlopPerMma = 2.0 * 64 * kN * 16;
 
 enum class Variant { kSharedA, kRegisterA, kRegisterASoftmax };
 constexpr int kScores = 32;  // a thread's scores of one 64-key block (two rows x 16)
+constexpr float kScaleLog2 = 0.0883883f;  // 1/sqrt(128): any scale; the mix is what is measured
 
 __device__ uint32_t mix(uint32_t x) {
   x ^= x >> 16;
@@ -91,9 +95,11 @@ __global__ void __launch_bounds__(kThreads) mma_loop(float* out, int groups, uin
 #pragma unroll
     for (int s = 0; s < kGroupSteps; ++s) {
       const int k = s % kSteps;
-      const uint64_t desc_b = ptx::make_smem_desc(b_base + k * 2048, kBBytes / 2, 1024);
+      const uint64_t desc_b = ptx::make_smem_desc(b_base + k * kBStepBytes, kBBytes / 2, kAtom);
       if constexpr (kVariant == Variant::kSharedA) {
-        const uint64_t desc_a = ptx::make_smem_desc(a_base + (k / 4) * kSlabBytes + (k % 4) * 32, 16, 1024);
+        constexpr int kStepsPerSlab = 4;  // 64 columns
+        const uint64_t desc_a = ptx::make_smem_desc(
+            a_base + (k / kStepsPerSlab) * kSlabBytes + (k % kStepsPerSlab) * kAStepBytes, 16, kAtom);
         ptx::wgmma_ss_bmn<__half, kN>(d, desc_a, desc_b, true);
       } else {  // kRegisterA, kRegisterASoftmax
         ptx::wgmma_rs<__half, kN>(d, a_regs, desc_b, true);
@@ -110,8 +116,8 @@ __global__ void __launch_bounds__(kThreads) mma_loop(float* out, int groups, uin
       float sum = 0.f;
 #pragma unroll
       for (int j = 0; j < kScores; j += 2) {
-        const float p0 = ptx::ex2_approx(fmaf(scores[j], 0.0883883f, -block_max));
-        const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], 0.0883883f, -block_max));
+        const float p0 = ptx::ex2_approx(fmaf(scores[j], kScaleLog2, -block_max));
+        const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], kScaleLog2, -block_max));
         sum += p0 + p1;
         const __half2 pair = __floats2half2_rn(p0, p1);
         packed ^= *reinterpret_cast<const uint32_t*>(&pair);
