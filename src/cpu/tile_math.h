@@ -303,20 +303,16 @@ FUSEDATTN_CPU_INLINE float lane_dot(const float* x, const float* y, int n) {
 // for the sign of a zero, which no caller can see: the softmax subtracts it), so the lanes'
 // width and fold_lanes' order are free: the result is the one a scalar loop gives.
 FUSEDATTN_CPU_INLINE float lane_max(const float* x, int n, float init) {
-  float best = init;
+  // The lanes start from -inf and meet init after the fold: GCC builds a broadcast of a run-time
+  // init lane by lane here, a constant's is one load.
+  Vec acc = broadcast(-std::numeric_limits<float>::infinity());
   int j = 0;
-  if (n >= kVecWidth) {
-    // The first vector starts the lanes, a NaN lane from -inf (GCC builds a broadcast of a
-    // run-time init lane by lane here; a constant's is one load).
-    Vec acc = load_vec(x);
-    acc = acc == acc ? acc : broadcast(-std::numeric_limits<float>::infinity());
-    for (j = kVecWidth; j + kVecWidth <= n; j += kVecWidth) {
-      const Vec v = load_vec(x + j);
-      acc = v > acc ? v : acc;
-    }
-    const float lanes = fold_lanes(acc, [](Vec a, Vec b) { return b > a ? b : a; });
-    best = lanes > best ? lanes : best;
+  for (; j + kVecWidth <= n; j += kVecWidth) {
+    const Vec v = load_vec(x + j);
+    acc = v > acc ? v : acc;
   }
+  const float lanes = fold_lanes(acc, [](Vec a, Vec b) { return b > a ? b : a; });
+  float best = lanes > init ? lanes : init;
   for (; j < n; ++j) best = x[j] > best ? x[j] : best;
   return best;
 }
