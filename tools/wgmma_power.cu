@@ -32,7 +32,8 @@ namespace ptx = fusedattn::cuda::ptx;
 
 namespace {
 
-constexpr int kThreads = 256;            // two warpgroups, as the forward's consumers
+constexpr int kWarpgroups = 2;           // as the forward's consumers
+constexpr int kThreads = kWarpgroups * 128;
 constexpr int kN = 128;                  // MMA width: the instruction both variants issue
 constexpr int kSteps = 8;                // k-steps of 16 per pass: a 64 x 128 A tile, a 128 x 128 B tile
 constexpr int kGroupSteps = 2 * kSteps;  // MMAs per commit group (two passes)
@@ -204,7 +205,7 @@ void run(const char* name, double seconds, int sms, float* out, Sampler& sampler
   const double t1 = sampler.now();
   double mhz = 0, watts = 0;
   sampler.mean(t0, t1, mhz, watts);
-  const double flop = kFlopPerMma * kGroupSteps * groups * 2.0 * sms * launches;
+  const double flop = kFlopPerMma * kGroupSteps * groups * kWarpgroups * sms * launches;
   const double tflops = flop / (t1 - t0) / 1e12;
   std::printf("%-12s %8.1f TFLOP/s %6.0f MHz %6.0f W %8.0f FLOP/SM-cycle %8.1f J/PFLOP\n", name, tflops, mhz,
               watts, tflops * 1e12 / (mhz * 1e6 * sms), watts / tflops * 1e3);
