@@ -12,6 +12,13 @@
 //
 // B is the same 128 x 128 tile in both (N-major, as V); SS adds A's 2 KiB per instruction (64 x 16),
 // a third more operand bytes. A diagnostic, not part of the library or its tests.
+//
+// The forward-shaped variants (session 73) issue what the d256 64-key kernel issues per block and
+// warpgroup: S = Q K^T as 16 m64n64k16 SS MMAs (Q and K K-major, 32 KiB each), then O += P V as 4
+// m64n256k16 RS MMAs (V N-major, 32 KiB), the same FLOPs as a group above; optionally the softmax
+// mix on S, and optionally each block's K and V brought from the L2 by bulk copies (a producer warp,
+// a ring of two stages on full/empty barriers, as the kernel's), whole (an unpaired CTA's 64 KiB per
+// block) or half (a CTA of a pair: 32 KiB per block, the other half left in place).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -24,8 +31,10 @@
 #include <vector>
 
 #include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/smem.cuh"
+#include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 
 namespace ptx = fusedattn::cuda::ptx;
@@ -46,6 +55,22 @@ constexpr uint32_t kAtom = ptx::kSwizzleAtomBytes;  // 8-row groups of either op
 constexpr double kFlopPerMma = 2.0 * 64 * kN * 16;
 
 enum class Variant { kSharedA, kRegisterA, kRegisterASoftmax };
+
+// The forward's d256 64-key block, per consumer warpgroup.
+constexpr int kHeadDim = 256;
+constexpr int kBlockKeys = 64;
+constexpr int kQkSteps = kHeadDim / 16;          // 16 m64n64k16 MMAs
+constexpr int kPvSteps = kBlockKeys / 16;        // 4 m64n256k16 MMAs
+constexpr int kTileBytes = 64 * kHeadDim * 2;    // 32 KiB: Q (64 rows), K or V (64 keys)
+constexpr int kStages = 2;
+constexpr int kStageBytes = 2 * kTileBytes;      // K then V
+constexpr int kVGroupBytes = 64 * 128;           // V's 64-column groups (64 keys of 128-byte rows)
+constexpr int kVStepBytes = 16 * 128;            // a k-step of V: 16 keys
+constexpr int kConsumerWarps = kWarpgroups * 4;
+constexpr int kLoaderThreads = kThreads + 32;    // the consumers and one producer warp
+constexpr size_t kSourceBytes = size_t{16} << 20;  // K/V source: L2-resident (the H200's L2: 50 MB)
+// forward_loop's template arguments: kSoftmax, the softmax mix on S; kLoadBytes, K and V bytes
+// copied from the L2 per block: 0, kStageBytes (unpaired) or kStageBytes / 2 (a pair's share).
 constexpr int kScores = 32;  // a thread's scores of one 64-key block (two rows x 16)
 constexpr float kScaleLog2 = 0.0883883f;  // 1/sqrt(128): any scale; the mix is what is measured
 
@@ -137,6 +162,117 @@ __global__ void __launch_bounds__(kThreads) mma_loop(float* out, int groups, uin
   if constexpr (kVariant == Variant::kRegisterASoftmax) row[0] += row_sum + row_max + static_cast<float>(packed & 1U);
 }
 
+// The softmax's instruction mix on a thread's 32 scores (in place), as in mma_loop's third variant.
+__device__ __forceinline__ void softmax_mix(float (&scores)[kScores], float& row_max, float& row_sum,
+                                            uint32_t& packed) {
+  float block_max = row_max;
+#pragma unroll
+  for (int j = 0; j < kScores; ++j) block_max = fmaxf(block_max, scores[j]);
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 1));
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 2));
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kScores; j += 2) {
+    const float p0 = ptx::ex2_approx(fmaf(scores[j], kScaleLog2, -block_max));
+    const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], kScaleLog2, -block_max));
+    sum += p0 + p1;
+    const __half2 pair = __floats2half2_rn(p0, p1);
+    packed ^= *reinterpret_cast<const uint32_t*>(&pair);
+  }
+  sum += __shfl_xor_sync(0xffffffffU, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffU, sum, 2);
+  row_sum = row_sum * 0.5f + sum;
+  row_max = block_max * 0.5f;
+}
+
+// The forward's block loop at d256 with 64-key blocks (see the top of the file). Warps 0-7: two
+// consumer warpgroups; warp 8: the producer, whose lane 0 refills each stage once both
+// warpgroups' MMAs on it have completed. S is written by the softmax mix after its MMAs complete
+// (the next block's first MMA overwrites it), so no other registers hold scores.
+// 288 threads could have 227 registers each, but __launch_bounds__ let ptxas allot only 168 (and
+// spill); the consumers need O 128 + S 32 + P 16.
+constexpr int kForwardRegisters = 224;
+template <bool kSoftmax, int kLoadBytes>
+__global__ void __maxnreg__(kForwardRegisters) forward_loop(float* out, const __half* source, int blocks, uint32_t seed) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  __shared__ uint64_t full[kStages], empty[kStages];
+  auto* h = reinterpret_cast<__half*>(smem);
+  constexpr int kSmemBytes = kTileBytes + kStages * kStageBytes;
+  for (int i = threadIdx.x; i < kSmemBytes / 2; i += blockDim.x) h[i] = random_half(i, seed);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ptx::mbarrier_init(&full[s], 1);
+      ptx::mbarrier_init(&empty[s], kConsumerWarps);
+    }
+    ptx::fence_barrier_init();
+  }
+  ptx::fence_proxy_async_shared();
+  __syncthreads();
+  const uint32_t q_base = ptx::smem_addr(smem), stage_base = q_base + kTileBytes;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  if (warp == kConsumerWarps) {  // the producer
+    if (kLoadBytes == 0 || lane != 0) return;
+    const size_t span = kSourceBytes / kStageBytes;  // stage-sized pieces of the source
+    for (int j = 0; j < blocks; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) ptx::mbarrier_wait(&empty[s], ((j / kStages) - 1) & 1);
+      const size_t piece = (static_cast<size_t>(blockIdx.x) * 7 + j) % span;
+      const unsigned char* src = reinterpret_cast<const unsigned char*>(source) + piece * kStageBytes;
+      unsigned char* dst = smem + kTileBytes + s * kStageBytes;
+      const uint32_t half_load = kLoadBytes / 2;  // of K, then of V
+      ptx::mbarrier_arrive_expect_tx(&full[s], kLoadBytes);
+      ptx::bulk_load(dst, src, half_load, &full[s]);
+      ptx::bulk_load(dst + kTileBytes, src + kTileBytes, half_load, &full[s]);
+    }
+    return;
+  }
+
+  uint32_t p_regs[kPvSteps][4];
+#pragma unroll
+  for (int k = 0; k < kPvSteps; ++k)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const __half2 pair = __halves2half2(random_half(threadIdx.x * 32 + 8 * k + 2 * r, seed ^ 0x55U),
+                                          random_half(threadIdx.x * 32 + 8 * k + 2 * r + 1, seed ^ 0x55U));
+      p_regs[k][r] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  float s_acc[kScores];
+  float o_acc[kHeadDim / 2] = {};
+  float row_max = 0.f, row_sum = 0.f;
+  uint32_t packed = 0;
+  constexpr int kStepsPerSlab = 4;  // 64 columns of a K-major tile
+  for (int j = 0; j < blocks; ++j) {
+    const int s = kLoadBytes == 0 ? 0 : j % kStages;
+    if (kLoadBytes != 0) ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
+    const uint32_t k_base = stage_base + s * kStageBytes, v_base = k_base + kTileBytes;
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kQkSteps; ++k) {
+      const uint32_t step = (k / kStepsPerSlab) * kSlabBytes + (k % kStepsPerSlab) * kAStepBytes;
+      ptx::wgmma_ss<__half, kBlockKeys>(s_acc, ptx::make_smem_desc(q_base + step, 16, kAtom),
+                                        ptx::make_smem_desc(k_base + step, 16, kAtom), k > 0);
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kPvSteps; ++k)
+      ptx::wgmma_rs<__half, kHeadDim>(o_acc, p_regs[k], ptx::make_smem_desc(v_base + k * kVStepBytes, kVGroupBytes, kAtom),
+                                      true);
+    ptx::wgmma_commit_group();
+    if constexpr (kSoftmax) softmax_mix(s_acc, row_max, row_sum, packed);  // under P V
+    ptx::wgmma_wait_group<0>();
+    if (kLoadBytes != 0) {
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+    }
+  }
+  float* row = out + (static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x) * (kHeadDim / 2);
+  for (int i = 0; i < kHeadDim / 2; ++i) row[i] = o_acc[i];
+  row[0] += row_sum + row_max + static_cast<float>(packed & 1U) + s_acc[0];
+}
+
 // nvidia-smi's SM clock and board power, sampled every 50 ms in the background.
 struct Sampler {
   struct Sample {
@@ -185,12 +321,10 @@ void check(cudaError_t e, const char* what) {
   std::exit(1);
 }
 
-template <Variant kVariant>
-void run(const char* name, double seconds, int sms, float* out, Sampler& sampler) {
-  const int smem = kABytes + kBBytes;
-  check(cudaFuncSetAttribute(mma_loop<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attribute");
-  const int groups = 4096;  // a launch of ~10 ms
-  const auto launch = [&](uint32_t seed) { mma_loop<kVariant><<<sms, kThreads, smem>>>(out, groups, seed); };
+// Runs `launch(seed)` (each launch doing flop_per_launch) back to back for `seconds` after half a
+// second's warm-up, and prints the rates over that stretch.
+template <typename Launch>
+void run(const char* name, double seconds, int sms, double flop_per_launch, Sampler& sampler, Launch launch) {
   const double warm_end = sampler.now() + 0.5;
   uint32_t seed = 1;
   while (sampler.now() < warm_end) launch(seed++);
@@ -203,13 +337,37 @@ void run(const char* name, double seconds, int sms, float* out, Sampler& sampler
     check(cudaDeviceSynchronize(), "run");
   }
   const double t1 = sampler.now();
+  check(cudaGetLastError(), name);
   double mhz = 0, watts = 0;
   sampler.mean(t0, t1, mhz, watts);
-  const double flop = kFlopPerMma * kGroupSteps * groups * kWarpgroups * sms * launches;
-  const double tflops = flop / (t1 - t0) / 1e12;
-  std::printf("%-12s %8.1f TFLOP/s %6.0f MHz %6.0f W %8.0f FLOP/SM-cycle %8.1f J/PFLOP\n", name, tflops, mhz,
+  const double tflops = flop_per_launch * launches / (t1 - t0) / 1e12;
+  std::printf("%-18s %8.1f TFLOP/s %6.0f MHz %6.0f W %8.0f FLOP/SM-cycle %8.1f J/PFLOP\n", name, tflops, mhz,
               watts, tflops * 1e12 / (mhz * 1e6 * sms), watts / tflops * 1e3);
   std::fflush(stdout);
+}
+
+template <Variant kVariant>
+void run_mma(const char* name, double seconds, int sms, float* out, Sampler& sampler) {
+  const int smem = kABytes + kBBytes;
+  check(cudaFuncSetAttribute(mma_loop<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attribute");
+  const int groups = 4096;  // a launch of ~10 ms
+  run(name, seconds, sms, kFlopPerMma * kGroupSteps * groups * kWarpgroups * sms, sampler,
+      [&](uint32_t seed) { mma_loop<kVariant><<<sms, kThreads, smem>>>(out, groups, seed); });
+}
+
+template <bool kSoftmax, int kLoadBytes>
+void run_forward(const char* name, double seconds, int sms, float* out, const __half* source, Sampler& sampler) {
+  const int smem = kTileBytes + kStages * kStageBytes;
+  check(cudaFuncSetAttribute(forward_loop<kSoftmax, kLoadBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attribute");
+  const int blocks = 4096;  // a launch of ~10 ms
+  const double flop_per_block = 2.0 * 64 * kBlockKeys * kHeadDim * 2;  // Q K^T and P V, per warpgroup
+  run(name, seconds, sms, flop_per_block * blocks * kWarpgroups * sms, sampler,
+      [&](uint32_t seed) { forward_loop<kSoftmax, kLoadBytes><<<sms, kLoaderThreads, smem>>>(out, source, blocks, seed); });
+}
+
+__global__ void fill_source(__half* source, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * static_cast<size_t>(blockDim.x))
+    source[i] = random_half(static_cast<uint32_t>(i), seed);
 }
 
 }  // namespace
@@ -217,8 +375,13 @@ void run(const char* name, double seconds, int sms, float* out, Sampler& sampler
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
   const std::string data = argc > 2 ? argv[2] : "uniform";
+  const std::string set = argc > 3 ? argv[3] : "mma";
   if (data != "uniform" && data != "normal") {
     std::fprintf(stderr, "data: expected uniform or normal, got %s\n", data.c_str());
+    return 2;
+  }
+  if (set != "mma" && set != "forward") {
+    std::fprintf(stderr, "set: expected mma or forward, got %s\n", set.c_str());
     return 2;
   }
   const int normal = data == "normal";
@@ -226,22 +389,39 @@ int main(int argc, char** argv) {
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "device");
   float* out = nullptr;
-  check(cudaMalloc(&out, static_cast<size_t>(sms) * kThreads * (kN / 2) * sizeof(float)), "malloc");
+  check(cudaMalloc(&out, static_cast<size_t>(sms) * kThreads * (kHeadDim / 2) * sizeof(float)), "malloc");
+  __half* source = nullptr;
+  check(cudaMalloc(&source, kSourceBytes), "malloc");
+  fill_source<<<sms, 256>>>(source, kSourceBytes / sizeof(__half), 7);
+  check(cudaDeviceSynchronize(), "fill");
   Sampler sampler;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  std::printf("m64n128k16 fp16, two warpgroups per SM on %d SMs, %s random operands, %.1f s per run\n", sms,
-              data.c_str(), seconds);
-  for (int round = 0; round < 2; ++round) {  // A B C C B A, so a drift in temperature falls on all
-    if (round == 0) {
-      run<Variant::kSharedA>("A in smem", seconds, sms, out, sampler);
-      run<Variant::kRegisterA>("A in regs", seconds, sms, out, sampler);
-      run<Variant::kRegisterASoftmax>("+ softmax", seconds, sms, out, sampler);
-    } else {
-      run<Variant::kRegisterASoftmax>("+ softmax", seconds, sms, out, sampler);
-      run<Variant::kRegisterA>("A in regs", seconds, sms, out, sampler);
-      run<Variant::kSharedA>("A in smem", seconds, sms, out, sampler);
+  std::printf("fp16, two warpgroups per SM on %d SMs, %s random operands, %.1f s per run, set %s\n", sms,
+              data.c_str(), seconds, set.c_str());
+  for (int round = 0; round < 2; ++round) {  // forward, then backward, so a drift in temperature falls on all
+    if (set == "mma") {
+      if (round == 0) {
+        run_mma<Variant::kSharedA>("A in smem", seconds, sms, out, sampler);
+        run_mma<Variant::kRegisterA>("A in regs", seconds, sms, out, sampler);
+        run_mma<Variant::kRegisterASoftmax>("+ softmax", seconds, sms, out, sampler);
+      } else {
+        run_mma<Variant::kRegisterASoftmax>("+ softmax", seconds, sms, out, sampler);
+        run_mma<Variant::kRegisterA>("A in regs", seconds, sms, out, sampler);
+        run_mma<Variant::kSharedA>("A in smem", seconds, sms, out, sampler);
+      }
+      continue;
+    }
+    const auto runs = {0, 1, 2, 3, 4};
+    for (int i : runs) {
+      const int v = round == 0 ? i : 4 - i;
+      if (v == 0) run_mma<Variant::kRegisterASoftmax>("n128 + softmax", seconds, sms, out, sampler);
+      if (v == 1) run_forward<false, 0>("fwd shapes", seconds, sms, out, source, sampler);
+      if (v == 2) run_forward<true, 0>("fwd + softmax", seconds, sms, out, source, sampler);
+      if (v == 3) run_forward<true, kStageBytes / 2>("+ half K/V loads", seconds, sms, out, source, sampler);
+      if (v == 4) run_forward<true, kStageBytes>("+ whole K/V loads", seconds, sms, out, source, sampler);
     }
   }
+  check(cudaFree(source), "free");
   check(cudaFree(out), "free");
   return 0;
 }
