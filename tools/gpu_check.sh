@@ -30,6 +30,9 @@
 # kernel that hung on every launch).
 # PEER_REPEAT=n runs each peers.py run n times into the same JSON lines (default 1; ~55 s per FA
 # forward+backward run of one dtype); tools/perf_table.py then shows per-point medians.
+# PEER_ORDER=balanced runs the even repeats with ours before cuDNN (peers.py runs a point's
+# providers in the order given, and FA2's turn cools the card for whichever comes next: 1-5% at
+# the power-capped points, docs/hopper.md session 72); the summary adds each order's table.
 # GPU_CUDA_FLAGS adds nvcc flags to the main build, e.g. a compile-time experiment switch
 # (-DFUSEDATTN_SM90_ASCENDING_MASKED=2) for its tests; unset, the build has none.
 # PYTEST_K picks Python tests by pytest's -k expression (default all); PYTEST_LIMIT bounds the step
@@ -234,13 +237,24 @@ if has peers && [ -f "$peers" ]; then
       step peers-decode 200 peers_decode.log env PYTHONUNBUFFERED=1 python3 "$peers" --suite decode \
         --dtype float16 --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn --out "$dest/peers_decode.jsonl"
     elif [ "$run" = "$dt" ]; then
-      # peers.py appends to --out: every repeat lands in the one file.
+      # peers.py appends to --out: every repeat lands in the one file (and, balanced, in its
+      # order's file too).
       for ((rep = 1; rep <= ${PEER_REPEAT:-1}; ++rep)); do
+        providers=sdpa_flash,sdpa_cudnn,ours order=given
+        if [ "${PEER_ORDER:-given}" = balanced ] && ((rep % 2 == 0)); then providers=sdpa_flash,ours,sdpa_cudnn order=swapped; fi
         step "peers-$suite-$run-$rep" 300 "peers_${suite}_${run}_$rep.log" env PYTHONUNBUFFERED=1 python3 "$peers" \
-          --suite "$suite" --dtype "$dt" --providers sdpa_flash,sdpa_cudnn,ours --ours-module fusedattn \
-          --out "$dest/peers_${suite}_$run.jsonl"
+          --suite "$suite" --dtype "$dt" --providers "$providers" --ours-module fusedattn \
+          --out "$dest/peers_${suite}_${run}_rep$rep.jsonl"
+        cat "$dest/peers_${suite}_${run}_rep$rep.jsonl" >> "$dest/peers_${suite}_$run.jsonl"
+        [ "${PEER_ORDER:-given}" = balanced ] && cat "$dest/peers_${suite}_${run}_rep$rep.jsonl" >> "$out/peers_${suite}_${run}_$order.jsonl"
+        rm -f "$dest/peers_${suite}_${run}_rep$rep.jsonl"
       done
       python3 "$root/tools/perf_table.py" "$dest/peers_${suite}_$run.jsonl" > "$out/peers_${suite}_${run}_table.md" 2>&1
+      if [ "${PEER_ORDER:-given}" = balanced ] && [ "${PEER_REPEAT:-1}" -gt 1 ]; then
+        for order in given swapped; do
+          python3 "$root/tools/perf_table.py" "$out/peers_${suite}_${run}_$order.jsonl" > "$out/peers_${suite}_${run}_${order}_order.md" 2>&1
+        done
+      fi
     else
       step "peers-fa-fwd-$run" 200 "peers_fa_fwd_$run.log" env FUSEDATTN_DISABLE_SM90=1 PYTHONUNBUFFERED=1 \
         python3 "$root/tools/bench_points.py" --points fa-fwd --dtype "$dt" --providers sdpa_flash,ours \
@@ -301,7 +315,7 @@ for f in "$out"/peers_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; sed -n '/^suite/,$p;/^point/,$p' "$f"; fi
 done
 if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
-  for f in "$out"/peers_*_table.md; do [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }; done
+  for f in "$out"/peers_*_order.md "$out"/peers_*_table.md; do [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }; done
 fi
 [ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }

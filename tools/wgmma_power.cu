@@ -9,16 +9,18 @@
 //
 //   nvcc -std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude tools/wgmma_power.cu
 //        -o build-gpu/wgmma_power && build-gpu/wgmma_power [seconds per run, default 2] [uniform|normal]
+//        [mma|forward]
 //
 // B is the same 128 x 128 tile in both (N-major, as V); SS adds A's 2 KiB per instruction (64 x 16),
 // a third more operand bytes. A diagnostic, not part of the library or its tests.
 //
 // The forward-shaped variants (session 73) issue what the d256 64-key kernel issues per block and
 // warpgroup: S = Q K^T as 16 m64n64k16 SS MMAs (Q and K K-major, 32 KiB each), then O += P V as 4
-// m64n256k16 RS MMAs (V N-major, 32 KiB), the same FLOPs as a group above; optionally the softmax
-// mix on S, and optionally each block's K and V brought from the L2 by bulk copies (a producer warp,
-// a ring of two stages on full/empty barriers, as the kernel's), whole (an unpaired CTA's 64 KiB per
+// m64n256k16 RS MMAs (V N-major, 32 KiB), the same FLOPs as a group above, with the softmax mix on
+// S; and optionally each block's K and V brought from the L2 by bulk copies (a producer warp, a ring
+// of two stages on full/empty barriers, as the kernel's), whole (an unpaired CTA's 64 KiB per
 // block) or half (a CTA of a pair: 32 KiB per block, the other half left in place).
+//   build-gpu/wgmma_power 3 uniform forward
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +35,7 @@
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/mufu.cuh"
+#include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -67,10 +70,13 @@ constexpr int kStageBytes = 2 * kTileBytes;      // K then V
 constexpr int kVGroupBytes = 64 * 128;           // V's 64-column groups (64 keys of 128-byte rows)
 constexpr int kVStepBytes = 16 * 128;            // a k-step of V: 16 keys
 constexpr int kConsumerWarps = kWarpgroups * 4;
-constexpr int kLoaderThreads = kThreads + 32;    // the consumers and one producer warp
+constexpr int kLoaderThreads = kThreads + 128;   // the consumers and a producer warpgroup (as the kernel's)
 constexpr size_t kSourceBytes = size_t{16} << 20;  // K/V source: L2-resident (the H200's L2: 50 MB)
-// forward_loop's template arguments: kSoftmax, the softmax mix on S; kLoadBytes, K and V bytes
-// copied from the L2 per block: 0, kStageBytes (unpaired) or kStageBytes / 2 (a pair's share).
+// forward_loop's K and V bytes copied from the L2 per block: 0, kStageBytes (unpaired) or
+// kStageBytes / 2 (a pair's share of the L2 reads; a pair's multicast still writes a whole stage
+// into each CTA's shared memory, this writes half). The softmax mix always runs on S: without a
+// reader of S, ptxas drops every Q K^T whose result the next block's first MMA overwrites (a
+// variant without it read 5540 FLOP per SM-cycle, above the tensor cores' 4096).
 constexpr int kScores = 32;  // a thread's scores of one 64-key block (two rows x 16)
 constexpr float kScaleLog2 = 0.0883883f;  // 1/sqrt(128): any scale; the mix is what is measured
 
@@ -186,14 +192,14 @@ __device__ __forceinline__ void softmax_mix(float (&scores)[kScores], float& row
 }
 
 // The forward's block loop at d256 with 64-key blocks (see the top of the file). Warps 0-7: two
-// consumer warpgroups; warp 8: the producer, whose lane 0 refills each stage once both
+// consumer warpgroups; warps 8-11 the producer, whose warp 8 lane 0 refills each stage once both
 // warpgroups' MMAs on it have completed. S is written by the softmax mix after its MMAs complete
 // (the next block's first MMA overwrites it), so no other registers hold scores.
-// 288 threads could have 227 registers each, but __launch_bounds__ let ptxas allot only 168 (and
-// spill); the consumers need O 128 + S 32 + P 16.
-constexpr int kForwardRegisters = 224;
-template <bool kSoftmax, int kLoadBytes>
-__global__ void __maxnreg__(kForwardRegisters) forward_loop(float* out, const __half* source, int blocks, uint32_t seed) {
+// The consumers need O 128 + S 32 + P 16 registers: as in the kernel, the producer warpgroup gives
+// its registers to them (288 threads, one producer warp, did not launch at 203 registers each).
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
+template <int kLoadBytes>
+__global__ void __launch_bounds__(kLoaderThreads, 1) forward_loop(float* out, const __half* source, int blocks, uint32_t seed) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ uint64_t full[kStages], empty[kStages];
   auto* h = reinterpret_cast<__half*>(smem);
@@ -211,8 +217,9 @@ __global__ void __maxnreg__(kForwardRegisters) forward_loop(float* out, const __
   const uint32_t q_base = ptx::smem_addr(smem), stage_base = q_base + kTileBytes;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (warp == kConsumerWarps) {  // the producer
-    if (kLoadBytes == 0 || lane != 0) return;
+  if (warp >= kConsumerWarps) {  // the producer
+    ptx::setmaxnreg_dec<kProducerRegisters>();
+    if (kLoadBytes == 0 || warp != kConsumerWarps || lane != 0) return;
     const size_t span = kSourceBytes / kStageBytes;  // stage-sized pieces of the source
     for (int j = 0; j < blocks; ++j) {
       const int s = j % kStages;
@@ -225,52 +232,52 @@ __global__ void __maxnreg__(kForwardRegisters) forward_loop(float* out, const __
       ptx::bulk_load(dst, src, half_load, &full[s]);
       ptx::bulk_load(dst + kTileBytes, src + kTileBytes, half_load, &full[s]);
     }
-    return;
-  }
-
-  uint32_t p_regs[kPvSteps][4];
-#pragma unroll
-  for (int k = 0; k < kPvSteps; ++k)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const __half2 pair = __halves2half2(random_half(threadIdx.x * 32 + 8 * k + 2 * r, seed ^ 0x55U),
-                                          random_half(threadIdx.x * 32 + 8 * k + 2 * r + 1, seed ^ 0x55U));
-      p_regs[k][r] = *reinterpret_cast<const uint32_t*>(&pair);
-    }
-  float s_acc[kScores];
-  float o_acc[kHeadDim / 2] = {};
-  float row_max = 0.f, row_sum = 0.f;
-  uint32_t packed = 0;
-  constexpr int kStepsPerSlab = 4;  // 64 columns of a K-major tile
-  for (int j = 0; j < blocks; ++j) {
-    const int s = kLoadBytes == 0 ? 0 : j % kStages;
-    if (kLoadBytes != 0) ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
-    const uint32_t k_base = stage_base + s * kStageBytes, v_base = k_base + kTileBytes;
-    ptx::wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kQkSteps; ++k) {
-      const uint32_t step = (k / kStepsPerSlab) * kSlabBytes + (k % kStepsPerSlab) * kAStepBytes;
-      ptx::wgmma_ss<__half, kBlockKeys>(s_acc, ptx::make_smem_desc(q_base + step, 16, kAtom),
-                                        ptx::make_smem_desc(k_base + step, 16, kAtom), k > 0);
-    }
-    ptx::wgmma_commit_group();
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence();
+  } else {
+    ptx::setmaxnreg_inc<kConsumerRegisters>();
+    uint32_t p_regs[kPvSteps][4];
 #pragma unroll
     for (int k = 0; k < kPvSteps; ++k)
-      ptx::wgmma_rs<__half, kHeadDim>(o_acc, p_regs[k], ptx::make_smem_desc(v_base + k * kVStepBytes, kVGroupBytes, kAtom),
-                                      true);
-    ptx::wgmma_commit_group();
-    if constexpr (kSoftmax) softmax_mix(s_acc, row_max, row_sum, packed);  // under P V
-    ptx::wgmma_wait_group<0>();
-    if (kLoadBytes != 0) {
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const __half2 pair = __halves2half2(random_half(threadIdx.x * 32 + 8 * k + 2 * r, seed ^ 0x55U),
+                                            random_half(threadIdx.x * 32 + 8 * k + 2 * r + 1, seed ^ 0x55U));
+        p_regs[k][r] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    float s_acc[kScores];
+    float o_acc[kHeadDim / 2] = {};
+    float row_max = 0.f, row_sum = 0.f;
+    uint32_t packed = 0;
+    constexpr int kStepsPerSlab = 4;  // 64 columns of a K-major tile
+    for (int j = 0; j < blocks; ++j) {
+      const int s = kLoadBytes == 0 ? 0 : j % kStages;
+      if (kLoadBytes != 0) ptx::mbarrier_wait(&full[s], (j / kStages) & 1);
+      const uint32_t k_base = stage_base + s * kStageBytes, v_base = k_base + kTileBytes;
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kQkSteps; ++k) {
+        const uint32_t step = (k / kStepsPerSlab) * kSlabBytes + (k % kStepsPerSlab) * kAStepBytes;
+        ptx::wgmma_ss<__half, kBlockKeys>(s_acc, ptx::make_smem_desc(q_base + step, 16, kAtom),
+                                          ptx::make_smem_desc(k_base + step, 16, kAtom), k > 0);
+      }
+      ptx::wgmma_commit_group();
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kPvSteps; ++k)
+        ptx::wgmma_rs<__half, kHeadDim>(o_acc, p_regs[k], ptx::make_smem_desc(v_base + k * kVStepBytes, kVGroupBytes, kAtom),
+                                        true);
+      ptx::wgmma_commit_group();
+      softmax_mix(s_acc, row_max, row_sum, packed);  // under P V
+      ptx::wgmma_wait_group<0>();
+      if (kLoadBytes != 0) {
+        __syncwarp();
+        if (lane == 0) ptx::mbarrier_arrive(&empty[s]);
+      }
     }
+    float* row = out + (static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x) * (kHeadDim / 2);
+    for (int i = 0; i < kHeadDim / 2; ++i) row[i] = o_acc[i];
+    row[0] += row_sum + row_max + static_cast<float>(packed & 1U) + s_acc[0];
   }
-  float* row = out + (static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x) * (kHeadDim / 2);
-  for (int i = 0; i < kHeadDim / 2; ++i) row[i] = o_acc[i];
-  row[0] += row_sum + row_max + static_cast<float>(packed & 1U) + s_acc[0];
 }
 
 // nvidia-smi's SM clock and board power, sampled every 50 ms in the background.
@@ -355,14 +362,14 @@ void run_mma(const char* name, double seconds, int sms, float* out, Sampler& sam
       [&](uint32_t seed) { mma_loop<kVariant><<<sms, kThreads, smem>>>(out, groups, seed); });
 }
 
-template <bool kSoftmax, int kLoadBytes>
+template <int kLoadBytes>
 void run_forward(const char* name, double seconds, int sms, float* out, const __half* source, Sampler& sampler) {
   const int smem = kTileBytes + kStages * kStageBytes;
-  check(cudaFuncSetAttribute(forward_loop<kSoftmax, kLoadBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attribute");
+  check(cudaFuncSetAttribute(forward_loop<kLoadBytes>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attribute");
   const int blocks = 4096;  // a launch of ~10 ms
   const double flop_per_block = 2.0 * 64 * kBlockKeys * kHeadDim * 2;  // Q K^T and P V, per warpgroup
   run(name, seconds, sms, flop_per_block * blocks * kWarpgroups * sms, sampler,
-      [&](uint32_t seed) { forward_loop<kSoftmax, kLoadBytes><<<sms, kLoaderThreads, smem>>>(out, source, blocks, seed); });
+      [&](uint32_t seed) { forward_loop<kLoadBytes><<<sms, kLoaderThreads, smem>>>(out, source, blocks, seed); });
 }
 
 __global__ void fill_source(__half* source, size_t n, uint32_t seed) {
@@ -411,14 +418,13 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    const auto runs = {0, 1, 2, 3, 4};
-    for (int i : runs) {
-      const int v = round == 0 ? i : 4 - i;
+    constexpr int kRuns = 4;
+    for (int i = 0; i < kRuns; ++i) {
+      const int v = round == 0 ? i : kRuns - 1 - i;
       if (v == 0) run_mma<Variant::kRegisterASoftmax>("n128 + softmax", seconds, sms, out, sampler);
-      if (v == 1) run_forward<false, 0>("fwd shapes", seconds, sms, out, source, sampler);
-      if (v == 2) run_forward<true, 0>("fwd + softmax", seconds, sms, out, source, sampler);
-      if (v == 3) run_forward<true, kStageBytes / 2>("+ half K/V loads", seconds, sms, out, source, sampler);
-      if (v == 4) run_forward<true, kStageBytes>("+ whole K/V loads", seconds, sms, out, source, sampler);
+      if (v == 1) run_forward<0>("fwd + softmax", seconds, sms, out, source, sampler);
+      if (v == 2) run_forward<kStageBytes / 2>("+ half K/V loads", seconds, sms, out, source, sampler);
+      if (v == 3) run_forward<kStageBytes>("+ whole K/V loads", seconds, sms, out, source, sampler);
     }
   }
   check(cudaFree(source), "free");
