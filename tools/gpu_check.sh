@@ -289,7 +289,7 @@ if has trace; then
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
   # The stamps take registers: a trace kernel that spills reloads from L2 where the stamps
   # sit, which the medians then count as boundary time (session 71: 260 B in the paired d256
-  # tile put ~1600 cycles between its epilogue and the next tile's start).
+  # tile put ~1600 cycles between its epilogue and the next tile's start; 0 B since session 73).
   ptxas_spills "$out/trace_build.log" > "$out/trace_spills.txt"
   note "trace build: kernels spilling $(grep -cE '[1-9][0-9]* bytes spill' "$out/trace_spills.txt"), most $(grep -oE '[0-9]+ bytes spill stores' "$out/trace_spills.txt" | sort -n | tail -1 || true) (their boundary figures include spill reloads)"
   for point in ${TRACE_POINTS//,/ }; do

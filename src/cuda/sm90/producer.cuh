@@ -127,7 +127,7 @@ struct Producer {
     // The slot was the O staging of an earlier tile (or, with O staged in K/V, that tile's Q
     // until its last Q K^T): wait until every warp that read it has let it go (first pass:
     // fresh barriers, parity 1 passes at once).
-    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, a.blocks.count());
+    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQWaitStart, kProducerRole, a.index, 0);
     ptx::mbarrier_wait(&smem.q_empty[slot.index], slot.phase ^ 1);
     uint64_t* q_full = &smem.q_full[slot.index];
     ptx::mbarrier_arrive_expect_tx(q_full, kQSlotBytes);
@@ -139,7 +139,7 @@ struct Producer {
     for (int s = 0; s < Cfg::kSlabs; ++s)
       ptx::tma_load_5d(smem.q[slot.index] + s * kQSlabElems, &params.tma_q, s * Cfg::kSlabCols, 0, row, t.head,
                        params.map_batch(t.batch), q_full);
-    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, a.blocks.count());
+    if (warpgroup == 0) FUSEDATTN_SM90_STAMP(params, TraceEvent::kQIssued, kProducerRole, a.index, 0);
   }
 
   // In a cluster, before the CTA exits: every K/V stage acquired once more, and every O staged
@@ -222,7 +222,9 @@ struct Producer {
       if (blocks.count() > 0) {
         at = kv_coordinates(t, n, kv_batch);
         load(kK, t, at, head_kv);
-        FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, blocks.count());
+        // Producer stamps record no block count (trace.h): with it live here, the trace build of
+        // the paired d256 kernel spilled 260 B in its consumers (docs/hopper.md, session 73).
+        FUSEDATTN_SM90_STAMP(params, TraceEvent::kFirstKIssued, kProducerRole, a.index, 0);
       }
       if (!q_first) load_q(t, a, ring, 0);
       if constexpr (Cfg::kWarpgroupQ) load_q(t, a, ring, 1);
@@ -236,7 +238,7 @@ struct Producer {
         load(kV, t, at, head_kv);
         kv.advance(params.features);
       }
-      FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, blocks.count());
+      FUSEDATTN_SM90_STAMP(params, TraceEvent::kLastLoadIssued, kProducerRole, a.index, 0);
       // The consumers stage this tile's O in its last block's stage (Epilogue::staging).
       if (o_in_kv && blocks.count() > 0) staged.mark(kv.k().previous_stage(params.features.num_stages));
       ring.advance();
