@@ -70,7 +70,7 @@ constexpr int kStageBytes = 2 * kTileBytes;      // K then V
 constexpr int kVGroupBytes = 64 * 128;           // V's 64-column groups (64 keys of 128-byte rows)
 constexpr int kVStepBytes = 16 * 128;            // a k-step of V: 16 keys
 constexpr int kConsumerWarps = kWarpgroups * 4;
-constexpr int kLoaderThreads = kThreads + 128;   // the consumers and a producer warpgroup (as the kernel's)
+constexpr int kForwardThreads = kThreads + 128;   // the consumers and a producer warpgroup (as the kernel's)
 constexpr size_t kSourceBytes = size_t{16} << 20;  // K/V source: L2-resident (the H200's L2: 50 MB)
 // forward_loop's K and V bytes copied from the L2 per block: 0, kStageBytes (unpaired) or
 // kStageBytes / 2 (a pair's share of the L2 reads; a pair's multicast still writes a whole stage
@@ -97,6 +97,37 @@ __device__ __half random_half(uint32_t i, uint32_t seed) {
   if (!g_normal_data) return __float2half(uniform(i, seed));
   const float sum = uniform(4 * i, seed) + uniform(4 * i + 1, seed) + uniform(4 * i + 2, seed) + uniform(4 * i + 3, seed);
   return __float2half(sum * 0.8660254f);  // four uniforms on [-1, 1) have variance 4/3
+}
+
+// The softmax's instruction mix on a thread's 32 scores of a 64-key d256 block: their max across
+// the row's four threads, exp2 of each against it, the row sum, the conversion to half pairs.
+// kRefresh writes the next block's scores over them (new values, so nothing is hoisted), for
+// loops whose scores no MMA rewrites.
+template <bool kRefresh>
+__device__ __forceinline__ void softmax_mix(float (&scores)[kScores], float& row_max, float& row_sum,
+                                            uint32_t& packed) {
+  float block_max = row_max;
+#pragma unroll
+  for (int j = 0; j < kScores; ++j) block_max = fmaxf(block_max, scores[j]);
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 1));
+  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 2));
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kScores; j += 2) {
+    const float p0 = ptx::ex2_approx(fmaf(scores[j], kScaleLog2, -block_max));
+    const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], kScaleLog2, -block_max));
+    sum += p0 + p1;
+    const __half2 pair = __floats2half2_rn(p0, p1);
+    packed ^= *reinterpret_cast<const uint32_t*>(&pair);
+    if constexpr (kRefresh) {
+      scores[j] = p1 - 0.5f;
+      scores[j + 1] = p0 - 0.5f;
+    }
+  }
+  sum += __shfl_xor_sync(0xffffffffU, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffU, sum, 2);
+  row_sum = row_sum * 0.5f + sum;
+  row_max = block_max * 0.5f;
 }
 
 template <Variant kVariant>
@@ -138,29 +169,8 @@ __global__ void __launch_bounds__(kThreads) mma_loop(float* out, int groups, uin
       }
     }
     ptx::wgmma_commit_group();
-    if constexpr (kVariant == Variant::kRegisterASoftmax) {
-      // The softmax's instruction mix, in flight under the group's MMAs as in the overlapped loop.
-      float block_max = row_max;
-#pragma unroll
-      for (int j = 0; j < kScores; ++j) block_max = fmaxf(block_max, scores[j]);
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 1));
-      block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 2));
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kScores; j += 2) {
-        const float p0 = ptx::ex2_approx(fmaf(scores[j], kScaleLog2, -block_max));
-        const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], kScaleLog2, -block_max));
-        sum += p0 + p1;
-        const __half2 pair = __floats2half2_rn(p0, p1);
-        packed ^= *reinterpret_cast<const uint32_t*>(&pair);
-        scores[j] = p1 - 0.5f;  // next block's scores: new values, so nothing is hoisted
-        scores[j + 1] = p0 - 0.5f;
-      }
-      sum += __shfl_xor_sync(0xffffffffU, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffU, sum, 2);
-      row_sum = row_sum * 0.5f + sum;
-      row_max = block_max * 0.5f;
-    }
+    // The softmax's instruction mix, in flight under the group's MMAs as in the overlapped loop.
+    if constexpr (kVariant == Variant::kRegisterASoftmax) softmax_mix<true>(scores, row_max, row_sum, packed);
     ptx::wgmma_wait_group<0>();
   }
   float* row = out + (static_cast<size_t>(blockIdx.x) * kThreads + threadIdx.x) * (kN / 2);
@@ -168,38 +178,16 @@ __global__ void __launch_bounds__(kThreads) mma_loop(float* out, int groups, uin
   if constexpr (kVariant == Variant::kRegisterASoftmax) row[0] += row_sum + row_max + static_cast<float>(packed & 1U);
 }
 
-// The softmax's instruction mix on a thread's 32 scores (in place), as in mma_loop's third variant.
-__device__ __forceinline__ void softmax_mix(float (&scores)[kScores], float& row_max, float& row_sum,
-                                            uint32_t& packed) {
-  float block_max = row_max;
-#pragma unroll
-  for (int j = 0; j < kScores; ++j) block_max = fmaxf(block_max, scores[j]);
-  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 1));
-  block_max = fmaxf(block_max, __shfl_xor_sync(0xffffffffU, block_max, 2));
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < kScores; j += 2) {
-    const float p0 = ptx::ex2_approx(fmaf(scores[j], kScaleLog2, -block_max));
-    const float p1 = ptx::ex2_approx(fmaf(scores[j + 1], kScaleLog2, -block_max));
-    sum += p0 + p1;
-    const __half2 pair = __floats2half2_rn(p0, p1);
-    packed ^= *reinterpret_cast<const uint32_t*>(&pair);
-  }
-  sum += __shfl_xor_sync(0xffffffffU, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffU, sum, 2);
-  row_sum = row_sum * 0.5f + sum;
-  row_max = block_max * 0.5f;
-}
-
 // The forward's block loop at d256 with 64-key blocks (see the top of the file). Warps 0-7: two
-// consumer warpgroups; warps 8-11 the producer, whose warp 8 lane 0 refills each stage once both
-// warpgroups' MMAs on it have completed. S is written by the softmax mix after its MMAs complete
+// consumer warpgroups (both read the one Q tile: operand reads cost nothing measurable, session
+// 72); warps 8-11 the producer, whose warp 8 lane 0 refills each stage once both warpgroups' MMAs
+// on it have completed. S is written by the softmax mix after its MMAs complete
 // (the next block's first MMA overwrites it), so no other registers hold scores.
 // The consumers need O 128 + S 32 + P 16 registers: as in the kernel, the producer warpgroup gives
 // its registers to them (288 threads, one producer warp, did not launch at 203 registers each).
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;
 template <int kLoadBytes>
-__global__ void __launch_bounds__(kLoaderThreads, 1) forward_loop(float* out, const __half* source, int blocks, uint32_t seed) {
+__global__ void __launch_bounds__(kForwardThreads, 1) forward_loop(float* out, const __half* source, int blocks, uint32_t seed) {
   extern __shared__ __align__(1024) unsigned char smem[];
   __shared__ uint64_t full[kStages], empty[kStages];
   auto* h = reinterpret_cast<__half*>(smem);
@@ -267,7 +255,7 @@ __global__ void __launch_bounds__(kLoaderThreads, 1) forward_loop(float* out, co
         ptx::wgmma_rs<__half, kHeadDim>(o_acc, p_regs[k], ptx::make_smem_desc(v_base + k * kVStepBytes, kVGroupBytes, kAtom),
                                         true);
       ptx::wgmma_commit_group();
-      softmax_mix(s_acc, row_max, row_sum, packed);  // under P V
+      softmax_mix<false>(s_acc, row_max, row_sum, packed);  // under P V
       ptx::wgmma_wait_group<0>();
       if (kLoadBytes != 0) {
         __syncwarp();
@@ -369,7 +357,7 @@ void run_forward(const char* name, double seconds, int sms, float* out, const __
   const int blocks = 4096;  // a launch of ~10 ms
   const double flop_per_block = 2.0 * 64 * kBlockKeys * kHeadDim * 2;  // Q K^T and P V, per warpgroup
   run(name, seconds, sms, flop_per_block * blocks * kWarpgroups * sms, sampler,
-      [&](uint32_t seed) { forward_loop<kLoadBytes><<<sms, kLoaderThreads, smem>>>(out, source, blocks, seed); });
+      [&](uint32_t seed) { forward_loop<kLoadBytes><<<sms, kForwardThreads, smem>>>(out, source, blocks, seed); });
 }
 
 __global__ void fill_source(__half* source, size_t n, uint32_t seed) {
