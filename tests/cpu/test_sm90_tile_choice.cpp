@@ -301,6 +301,22 @@ TEST(Sm90TileChoice, ClusterSwitch) {
   EXPECT_EQ(cluster_of(full(4096, 4096, 64), 64), 1);
 }
 
+// Each warpgroup's O slice goes out as one TMA box where its tile stages it in shared memory of
+// its own, for dense, unpacked rows whose head_dim fills the tile's slabs; else one box per slab.
+TEST(Sm90TileChoice, OSliceAsOneBox) {
+  const FwdParams p = full(2048, 2048, 256);
+  EXPECT_TRUE(stores_o_as_one_box(p, true, 0, 256));
+  EXPECT_FALSE(stores_o_as_one_box(p, false, 0, 256));  // staging shared by the warpgroups
+  EXPECT_FALSE(stores_o_as_one_box(p, true, 2, 256));   // GQA-packed rows
+  EXPECT_FALSE(stores_o_as_one_box(full(2048, 2048, 200), true, 0, 256));  // a part-filled last slab
+  FwdParams varlen = p;
+  const int32_t offsets[] = {0, 2048};
+  varlen.cu_seqlens_q = offsets;
+  EXPECT_FALSE(stores_o_as_one_box(varlen, true, 0, 256));
+  const testing::ScopedEnv off("FUSEDATTN_SM90_O_ONE_BOX", "0");
+  EXPECT_FALSE(stores_o_as_one_box(p, true, 0, 256));
+}
+
 // A paired launch's work items are its pairs of query blocks: 3 query blocks make 2 pairs per
 // (head, batch). Their last wave is cut into shares as tiles are, planned on the clusters (one per
 // two SMs): 2 x 8 (head, batch) of 8192 queries are 512 pairs of 103 80-key steps on 66 clusters.

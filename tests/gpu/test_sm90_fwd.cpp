@@ -479,10 +479,14 @@ TEST(Sm90Fwd, TwoQBufferTilesBackToBack) {
 // a second slice without rows), the tail split of a full mask, tiles that see no key (causal
 // Sq > Sk), windows whose slices skip blocks, and a tile with a single KV block.
 // FUSEDATTN_SM90_DEFER_O_READ=1 gives the stage back behind the next tile's first Q K^T issue
-// instead of in the epilogue (or before a slice skips a block). One test per setting and head dim.
+// instead of in the epilogue (or before a slice skips a block). d256's 64-key tile stores each
+// slice's staging as one box (stores_o_as_one_box: its dense, unpacked d256 cases, among them the
+// 700-row ones), or with FUSEDATTN_SM90_O_ONE_BOX=0 one box per slab. One test per setting and
+// head dim.
 const std::vector<EnvSettings> kOStagingSettings = {
     {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
     {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_DEFER_O_READ", "1"}},
+    {{"FUSEDATTN_SM90_O_IN_KV", "1"}, {"FUSEDATTN_SM90_O_ONE_BOX", "0"}},
     {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
 };
 class Sm90OStaging : public ::testing::TestWithParam<std::tuple<EnvSettings, int>> {};
@@ -503,7 +507,8 @@ TEST_P(Sm90OStaging, OStagedInKVStages) {
   expect_sampled_rows_match(true, rng, label + "no GQA", d, kEmptySecondSlice, 16);
   for (DType dtype : {DType::kFloat16, DType::kBFloat16})
     for (const Problem& pr : {make_problem(1, 2, 1, d, 600, 300, true), make_problem(2, 2, 2, d, 333, 333, false, 70, 20),
-                              make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true)}) {
+                              make_problem(1, 2, 1, d, 170, 60, false), make_problem(2, 3, 1, d, 260, 260, true),
+                              make_problem(1, 2, 2, d, 700, 700, false), make_problem(2, 2, 2, d, 700, 520, true)}) {
       HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
       expect_matches_reference(c);
     }
@@ -753,6 +758,7 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
       {{"FUSEDATTN_SM90_NARROW_FIRST", "0"}},
       {{"FUSEDATTN_SM90_O_IN_KV", "0"}},
       {{"FUSEDATTN_SM90_DEFER_O_READ", "0"}},
+      {{"FUSEDATTN_SM90_O_ONE_BOX", "0"}},
   };
   for (const auto& env : settings) {
     const ScopedEnvs scoped(env);

@@ -43,6 +43,15 @@ struct Epilogue {
   // A thread's O columns are 8j + col0 + {0, 1} with col0 = 2 (lane % 4) < 8 (ptx/wgmma.cuh): each
   // 8-column group of j lies in one 16-byte chunk, chunk j of the row, one stmatrix row.
   static_assert(kChunkElems == 8, "one accumulator column group per 16-byte swizzle chunk");
+  // Whether a slice's staging may go out as one box (KernelParams::o_one_box: a map whose box
+  // takes the slabs as a dimension) rather than one box per slab: where each warpgroup's staging
+  // is its slabs of 64 rows back to back (kWarpgroupQ: its own Q slot, or a 64-key K/V stage; a
+  // whole Q tile's slab holds both warpgroups' rows). The TMA unit's time goes by requests more
+  // than by bytes: with a request per slab warpgroup 1's stores waited ~1000 cycles behind
+  // warpgroup 0's to issue, with one ~170 (docs/hopper.md, session 74).
+  static constexpr bool kOneBoxStaging = Cfg::kWarpgroupQ;
+  static_assert(!kOneBoxStaging || (Cfg::kQSlotRows == kWarpgroupRows && Cfg::kBlockN == kWarpgroupRows),
+                "one box needs every staging's slabs to be 64 rows each, back to back");
 
   const KernelParams& params;
   Storage& smem;
@@ -181,10 +190,14 @@ struct Epilogue {
       stamp(TraceEvent::kOStaged);
       if (warp == 0 && lane == 0) {
         const int row = t.q_start + params.packing.position(slice_row);
+        // A box per slab (the map's dimensions: column, GQA group, row, ...), or one box of every
+        // slab where the staging allows it (column, row, slab, ...: make_slab_tensor_map).
+        const bool one_box = kOneBoxStaging && params.o_one_box;
 #pragma unroll
         for (int s = 0; s < Cfg::kSlabs; ++s)
-          ptx::tma_store_5d(&params.tma_o, to.base + s * to.slab_elems, s * Cfg::kSlabCols, 0, row, t.head,
-                            params.map_batch(t.batch));
+          if (s == 0 || !one_box)
+            ptx::tma_store_5d(&params.tma_o, to.base + s * to.slab_elems, s * Cfg::kSlabCols, one_box ? row : 0,
+                              one_box ? 0 : row, t.head, params.map_batch(t.batch));
         ptx::tma_store_commit();
         stamp(TraceEvent::kOStoreIssued);
         // This thread holds the staging until the store has read it (PendingStore).

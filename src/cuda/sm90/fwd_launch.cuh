@@ -47,6 +47,8 @@ constexpr int kMaxSplitWaves = 2;
 // kOInKVMaxKeys keys, kPairOInKVMaxKeys in CTA pairs); FUSEDATTN_SM90_DEFER_O_READ=0 waits in the epilogue for the store to leave
 // that stage instead of behind the next tile's first Q K^T (Features::defer_o_read). FUSEDATTN_SM90_TAIL_SPLIT=0 runs every tile of a full-mask launch whole and
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
+// FUSEDATTN_SM90_O_ONE_BOX=0 stores each warpgroup's O slice as one box per slab where it would
+// be one request (stores_o_as_one_box).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
 // FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities where it writes them over S
 // (Consumer::kSumCheckInPlace; every failed check then computes the scores again).
@@ -219,7 +221,11 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     throw Error(ErrorCode::kRuntime, "block_table", "this Hopper tile's KV blocks would straddle pages");
   kp.tma_k = make_tensor_map(kv_view(p.k, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
   kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows);
-  kp.tma_o = make_grouped_tensor_map(operand_view(p, p.o, rows_q, p.heads_q, p.o_stride), group, Cfg::kSlabCols, kWarpgroupRows);
+  kp.o_one_box = stores_o_as_one_box(p, Epilogue<Element, Cfg, kMask == MaskKind::kFull>::kOneBoxStaging,
+                                     rows.packing.shift, Cfg::kTileCols);
+  const OperandView o_view = operand_view(p, p.o, rows_q, p.heads_q, p.o_stride);
+  kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kWarpgroupRows)
+                          : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = static_cast<cudaStream_t>(p.stream);
   if constexpr (kMask == MaskKind::kColumn) {

@@ -232,6 +232,18 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
 // session 70). So from 2048 keys.
 // FUSEDATTN_SM90_CLUSTER=0|1 turns them off, or on wherever they are supported.
 constexpr int64_t kPairClusterMinKeys = 2048;
+// Whether a launch stores each consumer warpgroup's O slice as one TMA box (KernelParams::
+// o_one_box): where its tile stages each warpgroup's O in shared memory of its own
+// (one_box_staging, Epilogue::kOneBoxStaging), for unpacked rows (pack_shift 0) of a dense batch
+// (a variable-length batch copies a sequence's last rows from the per-slab layout, store_rows)
+// whose head_dim fills the tile's slabs (tile_cols), so the TMA clips no column within a slab.
+// FUSEDATTN_SM90_O_ONE_BOX=0 stores one box per slab. H200, fp16 d256 full 2k / 4k: the tile period
+// 0.6% / 0.3% shorter in the trace, TFLOP/s +1.2% / +0.1% (medians of five; docs/hopper.md, session 74).
+inline bool stores_o_as_one_box(const FwdParams& p, bool one_box_staging, int pack_shift, int tile_cols) {
+  return one_box_staging && pack_shift == 0 && p.cu_seqlens_q == nullptr && p.head_dim == tile_cols &&
+         env_switch_or("FUSEDATTN_SM90_O_ONE_BOX", true);
+}
+
 constexpr int64_t kPairClusterMinOddBlocks = 15;
 constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
 constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }

@@ -88,11 +88,16 @@ struct KernelParams {
   CUtensorMap tma_q;
   CUtensorMap tma_k;  // [batch, seqlen_k, heads_kv, head_dim], box 64 x kBlockN
   CUtensorMap tma_v;
-  CUtensorMap tma_o;  // each consumer warpgroup stores its own rows
+  CUtensorMap tma_o;  // each consumer warpgroup stores its own rows (o_one_box: in one request)
   FwdParams p;
   int num_m_blocks;
   RowPacking packing;  // GQA packing: which query head and position a tiled row is
   int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
+  // tma_o stores a warpgroup's whole slice as one box (make_slab_tensor_map,
+  // Epilogue::kOneBoxStaging); else one box per slab. Here, in the padding before tile_counter,
+  // rather than in Features: there it moved every later parameter, and ptxas then allocated the
+  // kernels it does not reach differently (docs/hopper.md, session 74).
+  bool o_one_box = false;
   int* tile_counter;  // zero at launch; null: static schedule
   SplitParams split;
   Features features;

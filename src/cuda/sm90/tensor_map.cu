@@ -74,4 +74,16 @@ CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_
   return encode<5>(view.dtype, view.base, dims, strides, box);
 }
 
+CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows) {
+  if (view.head_dim != int64_t{slabs} * slab_cols)
+    throw Error(ErrorCode::kRuntime, "", "a slab tensor map needs head_dim = slabs x slab columns");
+  const cuuint64_t dims[] = {static_cast<cuuint64_t>(slab_cols), static_cast<cuuint64_t>(view.rows),
+                             static_cast<cuuint64_t>(slabs), static_cast<cuuint64_t>(view.heads),
+                             static_cast<cuuint64_t>(view.batch)};
+  const int64_t strides[] = {view.strides.row, slab_cols, view.strides.head, view.strides.batch};
+  const cuuint32_t box[] = {static_cast<cuuint32_t>(slab_cols), static_cast<cuuint32_t>(box_rows),
+                            static_cast<cuuint32_t>(slabs), 1, 1};
+  return encode<5>(view.dtype, view.base, dims, strides, box);
+}
+
 }  // namespace fusedattn::cuda::sm90

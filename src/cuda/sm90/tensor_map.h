@@ -38,4 +38,11 @@ CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows)
 // divide heads and box_rows; group = 1 is the plain operand.
 CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows);
 
+// The same operand with each row's head_dim seen as `slabs` slabs of slab_cols columns: 5-D over
+// (column, row, slab, head, batch), innermost first, box [slabs x box_rows x slab_cols], so one
+// TMA request moves box_rows whole rows, laid out in shared memory [slab][row][column] as the
+// per-slab boxes of make_grouped_tensor_map (group 1) lie back to back. head_dim must be slabs *
+// slab_cols.
+CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows);
+
 }  // namespace fusedattn::cuda::sm90
