@@ -94,9 +94,10 @@ struct KernelParams {
   RowPacking packing;  // GQA packing: which query head and position a tiled row is
   int schedule_shift;  // log2 of the (head, batch) pairs per group of the tile order (cuda/common/schedule.h)
   // tma_o stores a warpgroup's whole slice as one box (make_slab_tensor_map,
-  // Epilogue::kOneBoxStaging); else one box per slab. Here, in the padding before tile_counter,
-  // rather than in Features: there it moved every later parameter, and ptxas then allocated the
-  // kernels it does not reach differently (docs/hopper.md, session 74).
+  // Epilogue::kOneBoxStaging); else one box per slab. A run-time switch like those in Features,
+  // but here, in the padding before tile_counter: a field added to Features moves every later
+  // parameter, and ptxas then allocated kernels that never read it differently (docs/hopper.md,
+  // session 74).
   bool o_one_box = false;
   int* tile_counter;  // zero at launch; null: static schedule
   SplitParams split;
