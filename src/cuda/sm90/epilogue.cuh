@@ -191,7 +191,8 @@ struct Epilogue {
       if (warp == 0 && lane == 0) {
         const int row = t.q_start + params.packing.position(slice_row);
         // A box per slab (the map's dimensions: column, GQA group, row, ...), or one box of every
-        // slab where the staging allows it (column, row, slab, ...: make_slab_tensor_map).
+        // slab where the staging allows it (column, row, slab, ...: make_slab_tensor_map). One
+        // loop for both: as an if/else around it, the paired d256 trace build spilled 272 B.
         const bool one_box = kOneBoxStaging && params.o_one_box;
 #pragma unroll
         for (int s = 0; s < Cfg::kSlabs; ++s)
