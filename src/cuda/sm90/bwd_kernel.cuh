@@ -312,18 +312,19 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     };
     // One 64-column slab of dQ accumulators into the two boxes from first_box (fp32, once the
     // boxes' last reads are done): the pair of accumulator chunk j sits at column 8j + 2t of rows
-    // row_in_wg (+ 8): box j / 4, 16-byte chunk 2 (j % 4) + t / 2 of its row (swizzled by the
-    // row's g), half t % 2.
+    // row_in_wg (+ 8): box j / 4, 16-byte chunk 2 (j % 4) + t / 2 of its staged row
+    // (dq_staged_row, swizzled by it), half t % 2.
     auto stage_dq = [&](uint32_t first_box, const float (&acc)[kBwdSlabElems / 2]) {
       constexpr int kChunksPerJ = 4;
       constexpr uint32_t kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
-      const uint32_t thread_at = first_box + row_in_wg * kBwdRowBytes + t % 2 * kPairBytes;
+      const int staged_g = dq_staged_row(g, T::kDqInterleaved);  // the row's place in its group of 8
+      const uint32_t thread_at = first_box + (row_in_wg - g + staged_g) * kBwdRowBytes + t % 2 * kPairBytes;
 #pragma unroll
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int j = 0; j < kBwdSlabElems / 8; ++j) {
           const uint32_t at = thread_at + (j / kChunksPerJ) * kDqBoxBytes + half * 8 * kBwdRowBytes +
-                              swizzle_chunk(g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
+                              swizzle_chunk(staged_g, 2 * (j % kChunksPerJ) + t / 2) * kChunkBytes;
           ptx::st_shared_v2_f32(at, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
         }
     };

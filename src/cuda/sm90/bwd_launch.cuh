@@ -34,13 +34,19 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   const int64_t pair_bytes = int64_t{p.heads_q / p.heads_kv} * p.seqlen_q * p.head_dim *
                              (2 * static_cast<int64_t>(sizeof(Element)) + static_cast<int64_t>(sizeof(float)));
   const int shift = kMask == MaskKind::kFull ? 0 : schedule_shift(pair_bytes, p.heads_kv * p.batch);
-  // dQ's workspace as [batch, heads, rows, head_dim] fp32 for the kernel's tensor reductions:
-  // boxes of a warpgroup's dQ rows x 32 floats (128 bytes, the swizzle's row).
+  // dQ's workspace for the kernel's tensor reductions, boxes of a warpgroup's dQ rows x 32 floats
+  // (128 bytes, the swizzle's row): at d64/d128 every (batch, head)'s padded rows back to back,
+  // the staged rows interleaved (dq_staged_row); at d256 [batch, heads, rows, head_dim].
   using Storage = BwdSharedStorage<Element, kHeadDim>;
-  const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
   BwdMaps maps;
-  maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
-                            Storage::kDqSlabFloats, T::kDqRows);
+  if constexpr (T::kDqInterleaved) {
+    maps.dq = make_dq_tensor_map(ws.dq_acc, p.head_dim, int64_t{p.batch} * p.heads_q * ws.rows, ws.dq_pitch,
+                                 Storage::kDqSlabFloats, T::kDqRows);
+  } else {
+    const OperandStrides dq_strides{p.heads_q * ws.rows * ws.dq_pitch, ws.dq_pitch, ws.rows * ws.dq_pitch};
+    maps.dq = make_tensor_map({ws.dq_acc, DType::kFloat32, p.head_dim, ws.rows, p.heads_q, p.batch, dq_strides},
+                              Storage::kDqSlabFloats, T::kDqRows);
+  }
   // Q, dO, K, V, dK and dV over the rows in use (map_rows: a variable-length batch's packed rows
   // as one sequence, the rows dispatch checked), boxes of one 64-column slab: rows and columns
   // past them read as zeros, and stores drop them.

@@ -40,6 +40,10 @@ constexpr int kBwdAtomBytes = static_cast<int>(ptx::kSwizzleAtomBytes);  // its 
 static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows * kBwdRowBytes,
               "the portable kernels' swizzle is the wgmma descriptors' 128-byte one");
 
+#ifndef FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256
+#define FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 0
+#endif
+
 template <int kHeadDim>
 struct BwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
@@ -101,9 +105,42 @@ struct BwdTile {
   // it to the workspace by TMA reductions and then gives the stage back. (Added from registers by
   // 8-byte reds, the adds filled the LSU queue and L2 ran at 88% of its peak: ncu, full 8k.)
   static constexpr bool kDqInStage = kSplitsColumns;
+  // The staged dQ rows interleaved (dq_staged_row, below): +1-3% on the backward at d64/d128,
+  // 4-7% slower at d256, whose stage waits for the reductions (docs/hopper.md, session 76). d256
+  // keeps the plain order unless built with -DFUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256=1 (an A/B switch).
+  static constexpr bool kDqInterleaved = kDqStaged || FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 != 0;
   static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
+
+// dQ's staging boxes keep each group of kSwizzleRows accumulator rows interleaved: row r of a group
+// in shared row dq_staged_row(r) = 2 (r % 4) + r / 4 (rows 0, 4, 1, 5, 2, 6, 3, 7 in turn), and the
+// workspace's tensor map reads them back in that order (tensor_map.h, make_dq_tensor_map). A warp
+// stores one 8-byte accumulator pair per lane, each row's four lanes 32 bytes of a 128-byte row,
+// and a half-warp holds rows 0-3 (or 4-7) of a group. In the plain order rows r and r ^ 1 fall on
+// the same two swizzled chunks, so each half-warp's store took two shared wavefronts instead of
+// one (ncu, session 76: 9% of the d128 kernel's wavefronts, 2-5% of its stall samples at full
+// 2k); interleaved, a half-warp's rows sit at swizzle phases 0, 2, 4, 6 (or 1, 3, 5, 7).
+// Tiles whose BwdTile::kDqInterleaved is off keep the plain order (dq_staged_row(r) = r).
+constexpr int kDqRowQuad = kSwizzleRows / 2;  // rows r and r + kDqRowQuad of a group are staged side by side
+__host__ __device__ constexpr int dq_staged_row(int row, bool interleaved = true) {
+  const int r = row % kSwizzleRows;
+  return interleaved ? row - r + 2 * (r % kDqRowQuad) + r / kDqRowQuad : row;
+}
+// Each 16-byte chunk pair a half-warp's store writes (j: the pair's place in the row) is hit once.
+constexpr bool dq_staging_is_conflict_free() {
+  constexpr int kHalfWarpRows = kSwizzleRows / 2, kPairsPerRow = kSwizzleRows / 2;
+  for (int half = 0; half < 2; ++half)
+    for (int j = 0; j < kPairsPerRow; ++j) {
+      int hits[kSwizzleRows] = {};
+      for (int g = half * kHalfWarpRows; g < (half + 1) * kHalfWarpRows; ++g)
+        for (int c = 2 * j; c < 2 * j + 2; ++c) ++hits[swizzle_chunk(dq_staged_row(g), c)];
+      for (int h : hits)
+        if (h != 1) return false;
+    }
+  return true;
+}
+static_assert(dq_staging_is_conflict_free(), "a half-warp's dQ staging store takes one shared wavefront");
 
 // Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
 // buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes

@@ -3,8 +3,10 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
+#include <limits>
 #include <string>
 
+#include "cuda/common/swizzle.cuh"
 #include "fusedattn/error.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -84,6 +86,21 @@ CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_co
   const cuuint32_t box[] = {static_cast<cuuint32_t>(slab_cols), static_cast<cuuint32_t>(box_rows),
                             static_cast<cuuint32_t>(slabs), 1, 1};
   return encode<5>(view.dtype, view.base, dims, strides, box);
+}
+
+CUtensorMap make_dq_tensor_map(const float* base, int64_t cols, int64_t rows, int64_t pitch, int box_cols, int box_rows) {
+  // A group is the swizzle's eight rows; its rows r and r + kQuad are staged side by side.
+  constexpr int64_t kGroup = kSwizzleRows, kQuad = kGroup / 2;
+  if (rows % kGroup != 0 || box_rows % kGroup != 0)
+    throw Error(ErrorCode::kRuntime, "", "the dQ tensor map needs rows and box rows in multiples of 8");
+  if (rows > std::numeric_limits<int32_t>::max())
+    throw Error(ErrorCode::kRuntime, "", "the dQ workspace's rows pass the TMA's 32-bit coordinates");
+  const cuuint64_t dims[] = {static_cast<cuuint64_t>(cols), kGroup / kQuad, kQuad,
+                             static_cast<cuuint64_t>(rows / kGroup)};
+  const int64_t strides[] = {kQuad * pitch, pitch, kGroup * pitch};
+  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), kGroup / kQuad, kQuad,
+                            static_cast<cuuint32_t>(box_rows / kGroup)};
+  return encode<4>(DType::kFloat32, base, dims, strides, box);
 }
 
 }  // namespace fusedattn::cuda::sm90
