@@ -23,6 +23,7 @@
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/pipeline.cuh"  // RingUse
 #include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -141,17 +142,6 @@ constexpr bool dq_staging_is_conflict_free() {
   return true;
 }
 static_assert(dq_staging_is_conflict_free(), "a half-warp's dQ staging store takes one shared wavefront");
-
-// Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
-// buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
-// the other: a buffer starts empty). The ring's one place for this arithmetic.
-template <int kDepth>
-struct RingUse {
-  int slot;
-  uint32_t full_parity;
-  __device__ __forceinline__ explicit RingUse(int it) : slot(it % kDepth), full_parity(it / kDepth & 1) {}
-  __device__ __forceinline__ uint32_t empty_parity() const { return full_parity ^ 1; }
-};
 
 // The kernel's TMA descriptors (bwd_launch.cuh): Q, dO, K, V, dK and dV as [batch, rows, heads,
 // head dim] with boxes of one 64-column slab (kBlockM rows for Q and dO, kBlockN for K and V, a

@@ -1,6 +1,7 @@
-// The K/V pipeline's phase bookkeeping: PipelineState is the only place that knows how a stage
-// index wraps and when the barrier parity flips. Producer: acquire(empty) -> expect_tx -> TMA.
-// Consumer: wait(full) -> wgmma -> release(empty).
+// The rings' phase bookkeeping: PipelineState (the forward's rings, carried from block to block,
+// run-time depth) and RingUse (the backward's, computed from the use count, compile-time depth)
+// are the only places that know how a stage index wraps and when the barrier parity flips.
+// Producer: acquire(empty) -> expect_tx -> TMA. Consumer: wait(full) -> wgmma -> release(empty).
 #pragma once
 
 #include <cstdint>
@@ -37,6 +38,17 @@ class PipelineState {
   static constexpr int kPhaseShift = 31;
   static constexpr uint32_t kPhaseBit = 1u << kPhaseShift;
   uint32_t bits_ = 0;
+};
+
+// Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
+// buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
+// the other: a buffer starts empty). The backward's rings (bwd_tile.h) step by this alone.
+template <int kDepth>
+struct RingUse {
+  int slot;
+  uint32_t full_parity;
+  __device__ __forceinline__ explicit RingUse(int it) : slot(it % kDepth), full_parity(it / kDepth & 1) {}
+  __device__ __forceinline__ uint32_t empty_parity() const { return full_parity ^ 1; }
 };
 
 // A place in the K and V rings (the producer's or a consumer's). Where the V ring is deeper than
