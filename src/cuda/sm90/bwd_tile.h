@@ -23,6 +23,7 @@
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/dq_rows.h"
 #include "cuda/sm90/pipeline.cuh"  // RingUse
 #include "cuda/sm90/tile_config.h"
 
@@ -106,7 +107,7 @@ struct BwdTile {
   // it to the workspace by TMA reductions and then gives the stage back. (Added from registers by
   // 8-byte reds, the adds filled the LSU queue and L2 ran at 88% of its peak: ncu, full 8k.)
   static constexpr bool kDqInStage = kSplitsColumns;
-  // The staged dQ rows interleaved (dq_staged_row, below): +1-3% on the backward at d64/d128,
+  // The staged dQ rows interleaved (dq_rows.h): +1-3% on the backward at d64/d128,
   // 4-7% slower at d256, whose stage waits for the reductions (docs/hopper.md, session 76). d256
   // keeps the plain order unless built with -DFUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256=1 (an A/B switch).
   static constexpr bool kDqInterleaved = kDqStaged || FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 != 0;
@@ -114,20 +115,9 @@ struct BwdTile {
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
 
-// dQ's staging boxes keep each group of kSwizzleRows accumulator rows interleaved: row r of a group
-// in shared row dq_staged_row(r) = 2 (r % 4) + r / 4 (rows 0, 4, 1, 5, 2, 6, 3, 7 in turn), and the
-// workspace's tensor map reads them back in that order (tensor_map.h, make_dq_tensor_map). A warp
-// stores one 8-byte accumulator pair per lane, each row's four lanes 32 bytes of a 128-byte row,
-// and a half-warp holds rows 0-3 (or 4-7) of a group. In the plain order rows r and r ^ 1 fall on
-// the same two swizzled chunks, so each half-warp's store took two shared wavefronts instead of
-// one (ncu, session 76: 9% of the d128 kernel's wavefronts, 2-5% of its stall samples at full
-// 2k); interleaved, a half-warp's rows sit at swizzle phases 0, 2, 4, 6 (or 1, 3, 5, 7).
-// Tiles whose BwdTile::kDqInterleaved is off keep the plain order (dq_staged_row(r) = r).
-constexpr int kDqRowQuad = kSwizzleRows / 2;  // rows r and r + kDqRowQuad of a group are staged side by side
-__host__ __device__ constexpr int dq_staged_row(int row, bool interleaved = true) {
-  const int r = row % kSwizzleRows;
-  return interleaved ? row - r + 2 * (r % kDqRowQuad) + r / kDqRowQuad : row;
-}
+// dQ's staging order (dq_rows.h): its groups are the swizzle's rows, and the interleave makes a
+// half-warp's staging store conflict free.
+static_assert(kDqRowGroup == kSwizzleRows, "dQ's row groups are the 128-byte swizzle's rows");
 // Each 16-byte chunk pair a half-warp's store writes (j: the pair's place in the row) is hit once.
 constexpr bool dq_staging_is_conflict_free() {
   constexpr int kHalfWarpRows = kSwizzleRows / 2, kPairsPerRow = kSwizzleRows / 2;

@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "cuda/common/swizzle.cuh"
+#include "cuda/sm90/dq_rows.h"
 #include "fusedattn/error.h"
 
 namespace fusedattn::cuda::sm90 {
@@ -89,18 +89,18 @@ CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_co
 }
 
 CUtensorMap make_dq_tensor_map(const float* base, int64_t cols, int64_t rows, int64_t pitch, int box_cols, int box_rows) {
-  // A group is the swizzle's eight rows; its rows r and r + kQuad are staged side by side.
-  constexpr int64_t kGroup = kSwizzleRows, kQuad = kGroup / 2;
-  if (rows % kGroup != 0 || box_rows % kGroup != 0)
+  if (rows % kDqRowGroup != 0 || box_rows % kDqRowGroup != 0)
     throw Error(ErrorCode::kRuntime, "", "the dQ tensor map needs rows and box rows in multiples of 8");
   if (rows > std::numeric_limits<int32_t>::max())
     throw Error(ErrorCode::kRuntime, "", "the dQ workspace's rows pass the TMA's 32-bit coordinates");
-  const cuuint64_t dims[] = {static_cast<cuuint64_t>(cols), kGroup / kQuad, kQuad,
-                             static_cast<cuuint64_t>(rows / kGroup)};
-  const int64_t strides[] = {kQuad * pitch, pitch, kGroup * pitch};
-  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), kGroup / kQuad, kQuad,
-                            static_cast<cuuint32_t>(box_rows / kGroup)};
-  return encode<4>(DType::kFloat32, base, dims, strides, box);
+  const DqMapShape shape = dq_interleaved_map_shape(cols, rows, pitch, box_cols, box_rows);
+  cuuint64_t dims[4];
+  cuuint32_t box[4];
+  for (int d = 0; d < 4; ++d) {
+    dims[d] = static_cast<cuuint64_t>(shape.dims[d]);
+    box[d] = static_cast<cuuint32_t>(shape.box[d]);
+  }
+  return encode<4>(DType::kFloat32, base, dims, shape.strides, box);
 }
 
 }  // namespace fusedattn::cuda::sm90

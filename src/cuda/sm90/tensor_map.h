@@ -48,8 +48,7 @@ CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_co
 // The backward's fp32 dQ workspace at d64/d128: `rows` rows of `cols` floats, `pitch` floats
 // apart (every (batch, head)'s padded rows back to back), for tensor reductions of [box_rows x
 // box_cols] boxes (box_cols floats = 128 bytes) whose shared rows hold each group of eight rows
-// interleaved as bwd_tile.h's dq_staged_row: 4-D over (column, row / 4 % 2, row % 4, row / 8),
-// innermost first, so shared row 2 (r % 4) + r / 4 of a group is global row r. A box's
+// interleaved (dq_rows.h: dq_staged_row, and the map's shape, dq_interleaved_map_shape). A box's
 // coordinates are (column, 0, 0, first row / 8); rows (< 2^31), box_rows and a box's first row
 // are multiples of 8.
 CUtensorMap make_dq_tensor_map(const float* base, int64_t cols, int64_t rows, int64_t pitch, int box_cols, int box_rows);
