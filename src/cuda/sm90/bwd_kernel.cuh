@@ -317,7 +317,9 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     auto stage_dq = [&](uint32_t first_box, const float (&acc)[kBwdSlabElems / 2]) {
       constexpr int kChunksPerJ = 4;
       constexpr uint32_t kChunkBytes = 16, kPairBytes = 2 * sizeof(float);
-      const int staged_g = dq_staged_row(g, T::kDqInterleaved);  // the row's place in its group of 8
+      // The row's place in its group of 8, from g rather than row_in_wg: so ptxas still sees the
+      // swizzle phase is g's, and the plain order (d256) compiles as it did before the interleave.
+      const int staged_g = dq_staged_row(g, T::kDqInterleaved);
       const uint32_t thread_at = first_box + (row_in_wg - g + staged_g) * kBwdRowBytes + t % 2 * kPairBytes;
 #pragma unroll
       for (int half = 0; half < 2; ++half)

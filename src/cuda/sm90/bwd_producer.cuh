@@ -123,13 +123,13 @@ __device__ __forceinline__ void BwdProducer<Element, kHeadDim>::write_dq(int lan
   };
   // One box of dQ added into the workspace at (row, col) of head h; boxes wholly past the
   // head dim are left out. Where the staged rows are interleaved the map's coordinates are the
-  // workspace row's group of kSwizzleRows rows (make_dq_tensor_map).
+  // workspace row's group of kDqRowGroup rows (dq_rows.h, make_dq_tensor_map).
   auto reduce_box = [&](uint32_t box, int col, int row, int h) {
     if (col >= p.head_dim) return;
     if constexpr (T::kDqInterleaved) {
       // In 32 bits (the producer's register budget): make_dq_tensor_map checks that the rows fit.
       const int32_t ws_row = (cta.b * p.heads_q + h) * static_cast<int32_t>(ws.rows) + row;
-      ptx::tma_reduce_add_4d(&maps->dq, box, col, 0, 0, ws_row / kSwizzleRows);
+      ptx::tma_reduce_add_4d(&maps->dq, box, col, 0, 0, ws_row / kDqRowGroup);
     } else {
       ptx::tma_reduce_add_4d(&maps->dq, box, col, row, h, cta.b);
     }
