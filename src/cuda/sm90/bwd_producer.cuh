@@ -16,6 +16,7 @@
 #include "cuda/sm80/bwd_shared.cuh"
 #include "cuda/sm80/bwd_workspace.h"
 #include "cuda/sm90/bwd_tile.h"
+#include "cuda/sm90/pipeline.cuh"  // RingUse
 
 namespace fusedattn::cuda::sm90 {
 

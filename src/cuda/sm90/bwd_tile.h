@@ -24,7 +24,6 @@
 #include "cuda/ptx/smem.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/dq_rows.h"
-#include "cuda/sm90/pipeline.cuh"  // RingUse
 #include "cuda/sm90/tile_config.h"
 
 namespace fusedattn::cuda::sm90 {

@@ -42,7 +42,8 @@ class PipelineState {
 
 // Use `it` (0, 1, ...) of a ring of kDepth buffers, each with a full and an empty barrier: its
 // buffer, and the parity of the phase its full barrier completes (the empty barrier's wait takes
-// the other: a buffer starts empty). The backward's rings (bwd_tile.h) step by this alone.
+// the other: a buffer starts empty). The backward's rings (bwd_kernel.cuh, bwd_producer.cuh) step by
+// this alone.
 template <int kDepth>
 struct RingUse {
   int slot;
