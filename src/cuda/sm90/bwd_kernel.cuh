@@ -186,16 +186,26 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
     const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
     float dk[kAcc] = {}, dv[kAcc] = {};
-    // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is; element
-    // 4j + e of a 64 x N accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2
-    // (ptx/wgmma.cuh).
-    auto probabilities = [&](float (&sc)[kScoreAcc], const float* lse2, int m, int q0) {
+    // A thread's pairs of a per-query vector (lse2, delta), read before the wait on the wgmma whose
+    // result they meet so that their shared-memory latency runs under it (read after it, the
+    // first exponent's FFMA stalled on the LDS: ncu, session 77). Element 4j + e of a 64 x N
+    // accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh).
+    struct RowPairs {
+      float2 v[kScoreAcc / 4];
+    };
+    auto load_row_pairs = [&](const float* rows, int q0) {
+      RowPairs r;
 #pragma unroll
-      for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + q0 + 8 * j + 2 * t);
+      for (int j = 0; j < kScoreAcc / 4; ++j) r.v[j] = *reinterpret_cast<const float2*>(rows + q0 + 8 * j + 2 * t);
+      return r;
+    };
+    // P^T = exp2(S^T * scale_log2 - lse2[query]) in place, masked where the block is.
+    auto probabilities = [&](float (&sc)[kScoreAcc], const RowPairs& l2, int m, int q0) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sc[4 * j + e] = ptx::ex2_approx(fmaf(sc[4 * j + e], p.scale_log2, -(e % 2 ? l2.y : l2.x)));
-      }
+      for (int j = 0; j < kScoreAcc / 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          sc[4 * j + e] = ptx::ex2_approx(fmaf(sc[4 * j + e], p.scale_log2, -(e % 2 ? l2.v[j].y : l2.v[j].x)));
       if (m < unmasked.begin || m >= unmasked.end) {
         const sm80::LaneMask mask = sm80::lane_mask(p, kWindowed, key0 + key_row0 + row_in_wg,
                                                     static_cast<int64_t>(m) * kBlockM + q0 + 2 * t,
@@ -208,13 +218,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       }
     };
     // dS^T = P^T o (dP^T + delta[query]) in place of dP^T.
-    auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const float* delta, int q0) {
+    auto score_grads = [&](float (&d)[kScoreAcc], const float (&pr)[kScoreAcc], const RowPairs& nd) {
 #pragma unroll
-      for (int j = 0; j < kScoreAcc / 4; ++j) {
-        const float2 nd = *reinterpret_cast<const float2*>(delta + q0 + 8 * j + 2 * t);
+      for (int j = 0; j < kScoreAcc / 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[4 * j + e] = pr[4 * j + e] * (d[4 * j + e] + (e % 2 ? nd.y : nd.x));
-      }
+        for (int e = 0; e < 4; ++e) d[4 * j + e] = pr[4 * j + e] * (d[4 * j + e] + (e % 2 ? nd.v[j].y : nd.v[j].x));
     };
     auto packed = [](const float (&x)[kScoreAcc]) {
       std::array<uint32_t, kScoreAcc / 2> r;
@@ -371,14 +379,16 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         issue_scores(s, k_tile, q_tile, query0);
         await_v(it);
         issue_scores(dp, v_tile, do_tile, query0);
+        const RowPairs l2 = load_row_pairs(lse2, query0);
         ptx::wgmma_wait_group<1>();
         ptx::fence_operands(s);
-        probabilities(s, lse2, cur.m, query0);
+        probabilities(s, l2, cur.m, query0);
         const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
         store_transposed(pt_tile.base, packed(s), query0);
+        const RowPairs nd = load_row_pairs(delta, query0);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dp);
-        score_grads(dp, s, delta, query0);
+        score_grads(dp, s, nd);
         store_transposed(ds_tile.base, packed(dp), query0);
         ptx::fence_proxy_async_shared();
         ptx::named_barrier_sync(kDsBarrier, T::kMmaThreads);
@@ -425,21 +435,23 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           if (pass == 0) await_v(it);
           issue_scores(dp, v_tile, do_tile, q0);
           if (pass == 0 && it > 0) hand_over_dq(it - 1);
+          const RowPairs l2 = load_row_pairs(lse2, q0);
 
           ptx::wgmma_wait_group<1>();
           ptx::fence_operands(s);
-          probabilities(s, lse2, cur.m, q0);
+          probabilities(s, l2, cur.m, q0);
           const auto pt_pass = packed(s);
 #pragma unroll
           for (int i = 0; i < kPassPacked; ++i) pt[pass * kPassPacked + i] = pt_pass[i];
           // dV += P^T dO once every pass's P^T is packed: in one pass under dP^T's wgmmas, else
           // under the last pass's dS^T.
           if constexpr (T::kScorePasses == 1) issue_rs(dv, pt, do_tile);
+          const RowPairs nd = load_row_pairs(delta, q0);
           ptx::wgmma_wait_group<T::kScorePasses == 1 ? 1 : 0>();
           ptx::fence_operands(dp);
           if constexpr (T::kScorePasses > 1)
             if (pass == T::kScorePasses - 1) issue_rs(dv, pt, do_tile);
-          score_grads(dp, s, delta, q0);
+          score_grads(dp, s, nd);
           const auto ds_pass = packed(dp);
           store_transposed(ds_tile.base, ds_pass, q0);
           if constexpr (!T::kDkFromShared)
