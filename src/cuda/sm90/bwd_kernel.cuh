@@ -379,15 +379,19 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         issue_scores(s, k_tile, q_tile, query0);
         await_v(it);
         issue_scores(dp, v_tile, do_tile, query0);
-        const RowPairs l2 = load_row_pairs(lse2, query0);
+        RowPairs l2;
+        if constexpr (T::kLseAhead) l2 = load_row_pairs(lse2, query0);
         ptx::wgmma_wait_group<1>();
         ptx::fence_operands(s);
+        if constexpr (!T::kLseAhead) l2 = load_row_pairs(lse2, query0);
         probabilities(s, l2, cur.m, query0);
         const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
         store_transposed(pt_tile.base, packed(s), query0);
-        const RowPairs nd = load_row_pairs(delta, query0);
+        RowPairs nd;
+        if constexpr (T::kDeltaAhead) nd = load_row_pairs(delta, query0);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dp);
+        if constexpr (!T::kDeltaAhead) nd = load_row_pairs(delta, query0);
         score_grads(dp, s, nd);
         store_transposed(ds_tile.base, packed(dp), query0);
         ptx::fence_proxy_async_shared();
@@ -435,10 +439,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           if (pass == 0) await_v(it);
           issue_scores(dp, v_tile, do_tile, q0);
           if (pass == 0 && it > 0) hand_over_dq(it - 1);
-          const RowPairs l2 = load_row_pairs(lse2, q0);
+          RowPairs l2;
+          if constexpr (T::kLseAhead) l2 = load_row_pairs(lse2, q0);
 
           ptx::wgmma_wait_group<1>();
           ptx::fence_operands(s);
+          if constexpr (!T::kLseAhead) l2 = load_row_pairs(lse2, q0);
           probabilities(s, l2, cur.m, q0);
           const auto pt_pass = packed(s);
 #pragma unroll
@@ -446,11 +452,13 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           // dV += P^T dO once every pass's P^T is packed: in one pass under dP^T's wgmmas, else
           // under the last pass's dS^T.
           if constexpr (T::kScorePasses == 1) issue_rs(dv, pt, do_tile);
-          const RowPairs nd = load_row_pairs(delta, q0);
+          RowPairs nd;
+          if constexpr (T::kDeltaAhead) nd = load_row_pairs(delta, q0);
           ptx::wgmma_wait_group<T::kScorePasses == 1 ? 1 : 0>();
           ptx::fence_operands(dp);
           if constexpr (T::kScorePasses > 1)
             if (pass == T::kScorePasses - 1) issue_rs(dv, pt, do_tile);
+          if constexpr (!T::kDeltaAhead) nd = load_row_pairs(delta, q0);
           score_grads(dp, s, nd);
           const auto ds_pass = packed(dp);
           store_transposed(ds_tile.base, ds_pass, q0);
