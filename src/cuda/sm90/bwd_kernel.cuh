@@ -186,10 +186,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     const int query0 = T::kSplitsColumns ? wg * T::kScoreQueries : 0;
     const int col0 = T::kSplitsColumns ? wg * T::kColumns : 0;
     float dk[kAcc] = {}, dv[kAcc] = {};
-    // A thread's pairs of a per-query vector (lse2, delta), read before the wait on the wgmma whose
-    // result they meet so that their shared-memory latency runs under it (read after it, the
-    // first exponent's FFMA stalled on the LDS: ncu, session 77). Element 4j + e of a 64 x N
-    // accumulator is row row_in_wg + 8 (e / 2), column 8j + 2t + e % 2 (ptx/wgmma.cuh).
+    // A thread's pairs of a per-query vector (lse2, delta). Where T::kRowPairsAhead (d64) they are
+    // read before the wait on the wgmma whose result they meet, so that their shared-memory latency
+    // runs under it (read after it, the first exponent's FFMA stalled on the LDS: ncu, session 77);
+    // elsewhere after it. Element 4j + e of a 64 x N accumulator is row row_in_wg + 8 (e / 2),
+    // column 8j + 2t + e % 2 (ptx/wgmma.cuh).
     struct RowPairs {
       float2 v[kScoreAcc / 4];
     };
@@ -380,18 +381,18 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         await_v(it);
         issue_scores(dp, v_tile, do_tile, query0);
         RowPairs l2;
-        if constexpr (T::kLseAhead) l2 = load_row_pairs(lse2, query0);
+        if constexpr (T::kRowPairsAhead) l2 = load_row_pairs(lse2, query0);
         ptx::wgmma_wait_group<1>();
         ptx::fence_operands(s);
-        if constexpr (!T::kLseAhead) l2 = load_row_pairs(lse2, query0);
+        if constexpr (!T::kRowPairsAhead) l2 = load_row_pairs(lse2, query0);
         probabilities(s, l2, cur.m, query0);
         const SlabTile<kBlockN> pt_tile{ptx::smem_addr(smem.scratch.buf[it % 2])};
         store_transposed(pt_tile.base, packed(s), query0);
         RowPairs nd;
-        if constexpr (T::kDeltaAhead) nd = load_row_pairs(delta, query0);
+        if constexpr (T::kRowPairsAhead) nd = load_row_pairs(delta, query0);
         ptx::wgmma_wait_group<0>();
         ptx::fence_operands(dp);
-        if constexpr (!T::kDeltaAhead) nd = load_row_pairs(delta, query0);
+        if constexpr (!T::kRowPairsAhead) nd = load_row_pairs(delta, query0);
         score_grads(dp, s, nd);
         store_transposed(ds_tile.base, packed(dp), query0);
         ptx::fence_proxy_async_shared();
@@ -440,11 +441,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           issue_scores(dp, v_tile, do_tile, q0);
           if (pass == 0 && it > 0) hand_over_dq(it - 1);
           RowPairs l2;
-          if constexpr (T::kLseAhead) l2 = load_row_pairs(lse2, q0);
+          if constexpr (T::kRowPairsAhead) l2 = load_row_pairs(lse2, q0);
 
           ptx::wgmma_wait_group<1>();
           ptx::fence_operands(s);
-          if constexpr (!T::kLseAhead) l2 = load_row_pairs(lse2, q0);
+          if constexpr (!T::kRowPairsAhead) l2 = load_row_pairs(lse2, q0);
           probabilities(s, l2, cur.m, q0);
           const auto pt_pass = packed(s);
 #pragma unroll
@@ -453,12 +454,12 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           // under the last pass's dS^T.
           if constexpr (T::kScorePasses == 1) issue_rs(dv, pt, do_tile);
           RowPairs nd;
-          if constexpr (T::kDeltaAhead) nd = load_row_pairs(delta, q0);
+          if constexpr (T::kRowPairsAhead) nd = load_row_pairs(delta, q0);
           ptx::wgmma_wait_group<T::kScorePasses == 1 ? 1 : 0>();
           ptx::fence_operands(dp);
           if constexpr (T::kScorePasses > 1)
             if (pass == T::kScorePasses - 1) issue_rs(dv, pt, do_tile);
-          if constexpr (!T::kDeltaAhead) nd = load_row_pairs(delta, q0);
+          if constexpr (!T::kRowPairsAhead) nd = load_row_pairs(delta, q0);
           score_grads(dp, s, nd);
           const auto ds_pass = packed(dp);
           store_transposed(ds_tile.base, ds_pass, q0);
