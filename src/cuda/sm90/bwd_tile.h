@@ -45,6 +45,10 @@ static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows
 #define FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 0
 #endif
 
+#ifndef FUSEDATTN_SM90_BWD_LSE_ALL_PASSES
+#define FUSEDATTN_SM90_BWD_LSE_ALL_PASSES 1
+#endif
+
 template <int kHeadDim>
 struct BwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
@@ -115,6 +119,7 @@ struct BwdTile {
   // causal 4k. At d128 and d256 both early read 0.2-0.7% behind, and lse2's alone even to 1.5%
   // behind (A/B, docs/hopper.md session 78), so there they are read after the waits.
   static constexpr bool kRowPairsAhead = kWideBlocks;
+  static constexpr bool kLseAllPasses = kRowPairsAhead && FUSEDATTN_SM90_BWD_LSE_ALL_PASSES != 0;
   static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
