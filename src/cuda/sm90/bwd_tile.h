@@ -45,10 +45,6 @@ static_assert(kBwdSlabElems * 2 == kBwdRowBytes && kBwdAtomBytes == kSwizzleRows
 #define FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 0
 #endif
 
-#ifndef FUSEDATTN_SM90_BWD_LSE_ALL_PASSES
-#define FUSEDATTN_SM90_BWD_LSE_ALL_PASSES 1
-#endif
-
 template <int kHeadDim>
 struct BwdTile {
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "the Hopper backward has d64, d128 and d256 tiles");
@@ -116,10 +112,10 @@ struct BwdTile {
   static constexpr bool kDqInterleaved = kDqStaged || FUSEDATTN_SM90_BWD_DQ_INTERLEAVE_D256 != 0;
   // lse2's and delta's pairs read into registers before the waits on S^T's and dP^T's wgmmas
   // (bwd_kernel.cuh's RowPairs), not after them: d64's backward +6.5% at full 2k and +3.9% at
-  // causal 4k. At d128 and d256 both early read 0.2-0.7% behind, and lse2's alone even to 1.5%
-  // behind (A/B, docs/hopper.md session 78), so there they are read after the waits.
+  // causal 4k; every pass's lse2 read under the first pass's S^T, a further +0.5-4.2%. At d128
+  // and d256 both early read 0.2-0.7% behind, and lse2's alone even to 1.5% behind (A/Bs,
+  // docs/hopper.md session 78), so there they are read after the waits.
   static constexpr bool kRowPairsAhead = kWideBlocks;
-  static constexpr bool kLseAllPasses = kRowPairsAhead && FUSEDATTN_SM90_BWD_LSE_ALL_PASSES != 0;
   static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
 };
