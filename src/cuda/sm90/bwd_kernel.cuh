@@ -438,18 +438,14 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
           if (pass == 0) await_v(it);
           issue_scores(dp, v_tile, do_tile, q0);
           if (pass == 0 && it > 0) hand_over_dq(it - 1);
-          RowPairs l2;
-          if constexpr (T::kRowPairsAhead) {
+          if constexpr (T::kRowPairsAhead)
             if (pass == 0)
 #pragma unroll
               for (int ps = 0; ps < T::kScorePasses; ++ps) lse_ahead[ps] = load_row_pairs(lse2, ps * T::kScoreQueries);
-            l2 = lse_ahead[pass];
-          }
 
           ptx::wgmma_wait_group<1>();
           ptx::fence_operands(s);
-          if constexpr (!T::kRowPairsAhead) l2 = load_row_pairs(lse2, q0);
-          probabilities(s, l2, cur.m, q0);
+          probabilities(s, T::kRowPairsAhead ? lse_ahead[pass] : load_row_pairs(lse2, q0), cur.m, q0);
           const auto pt_pass = packed(s);
 #pragma unroll
           for (int i = 0; i < kPassPacked; ++i) pt[pass * kPassPacked + i] = pt_pass[i];
