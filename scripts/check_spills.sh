@@ -21,11 +21,10 @@ trap 'rm -rf "${out}"' EXIT
 compile_one() {  # instance file -> its ptxas report in ${out}
   local src=$1 name
   name="$(basename "${src}" .cu)"
-  nvcc -I"${FUSEDATTN_ROOT}/include" -I"${FUSEDATTN_ROOT}/src" -O3 -DNDEBUG -Xptxas=-v \
-    --expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a -std=c++20 -x cu -cubin "${src}" \
-    -o "${out}/${name}.cubin" > "${out}/${name}.log" 2>&1 || { echo "compile failed: ${name}" >> "${out}/failed"; }
+  sm90_instance_cubin "${FUSEDATTN_ROOT}" "${name}" "${out}/${name}.cubin" -Xptxas=-v \
+    > "${out}/${name}.log" 2>&1 || { echo "compile failed: ${name}" >> "${out}/failed"; }
 }
-export -f compile_one
+export -f compile_one sm90_instance_cubin
 export out FUSEDATTN_ROOT
 instances=("${FUSEDATTN_ROOT}"/src/cuda/instances/sm90_*.cu)
 log "check_spills: compiling ${#instances[@]} sm90 instances with ptxas -v"

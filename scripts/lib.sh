@@ -1,5 +1,6 @@
 # Shared by main.sh and test.sh: install what the build needs, configure build/, build.
-# test_clang.sh takes only log and install_missing_tools. Sourced, not executed. Honours
+# test_clang.sh takes only log and install_missing_tools; check_spills.sh and tools/sass_same.sh
+# take sm90_instance_cubin. Sourced, not executed. Honours
 # FUSEDATTN_CI=1 (set by .ci/run): a smaller CUDA instance set so a from-scratch build and test fits
 # a 2-core CI runner.
 
@@ -66,4 +67,16 @@ configure_and_build() {
   jobs="$(nproc 2>/dev/null || echo 2)"
   log "building ${target} with ${jobs} jobs"
   cmake --build "${FUSEDATTN_BUILD_DIR}" --target "${target}" -j "${jobs}"
+}
+
+# One Hopper kernel instance (src/cuda/instances/<name>.cu of the source tree TREE) compiled alone
+# to a cubin for sm_90a, as the spill check (check_spills.sh) and the SASS comparison
+# (tools/sass_same.sh) both compile them; further arguments go to nvcc (e.g. -Xptxas=-v).
+#   sm90_instance_cubin TREE NAME OUT.cubin [nvcc args...]
+sm90_instance_cubin() {
+  local tree=$1 name=$2 cubin=$3
+  shift 3
+  nvcc -I"${tree}/include" -I"${tree}/src" -O3 -DNDEBUG --expt-relaxed-constexpr \
+    -gencode=arch=compute_90a,code=sm_90a -std=c++20 -x cu -cubin "$@" \
+    "${tree}/src/cuda/instances/${name}.cu" -o "${cubin}"
 }

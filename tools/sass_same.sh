@@ -2,8 +2,8 @@
 # Whether kernel instances compile to the same machine code in the working tree as at another
 # revision: a refactor that leaves every affected instance's SASS unchanged needs no GPU run to
 # prove it (the code that would run is the code that ran). Compiles each named instance
-# (src/cuda/instances/<name>.cu, sm_90a, as check_spills.sh does) in both trees and compares the
-# md5 of every SASS instruction line.
+# (src/cuda/instances/<name>.cu, sm_90a: scripts/lib.sh's sm90_instance_cubin, as check_spills.sh
+# compiles them) in both trees and compares every SASS instruction line.
 #   tools/sass_same.sh REV NAME [NAME ...]     e.g. tools/sass_same.sh main sm90_bwd_fp16_d64_full
 # Prints per instance "same" or "DIFFERS" with both instruction counts; exits 1 if any differs.
 # Every instruction line counts: a d256 forward kernel has ~8600, past address 0xffff, so a
@@ -14,6 +14,8 @@ rev=${1:?usage: tools/sass_same.sh REV NAME [NAME ...]}
 shift
 [ $# -gt 0 ] || { echo "no instance names given (e.g. sm90_bwd_fp16_d64_full)" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=../scripts/lib.sh
+source "$root/scripts/lib.sh"
 export PATH="$PATH:/usr/local/cuda/bin"
 command -v nvcc >/dev/null || { echo "nvcc not found" >&2; exit 2; }
 cuobjdump=$(command -v cuobjdump || true)
@@ -29,10 +31,10 @@ mkdir -p "$work/base"
 git -C "$root" archive "$rev" | tar x -C "$work/base" || { echo "git archive $rev failed" >&2; exit 2; }
 
 compile() {  # tree name tag
-  nvcc -std=c++20 -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a -I"$1/src" -I"$1/include" \
-    --expt-relaxed-constexpr -cubin -o "$work/$2.$3.cubin" "$1/src/cuda/instances/$2.cu" > "$work/$2.$3.log" 2>&1
+  sm90_instance_cubin "$1" "$2" "$work/$2.$3.cubin" > "$work/$2.$3.log" 2>&1
 }
-instructions() { "$cuobjdump" -sass "$1" | grep -E '^[[:space:]]+/\*[0-9a-f]+\*/'; }
+# The SASS instruction lines of a cubin, once, into a file beside it.
+instructions() { "$cuobjdump" -sass "$1" | grep -E '^[[:space:]]+/\*[0-9a-f]+\*/' > "$1.sass"; }
 
 status=0
 for name in "$@"; do
@@ -41,9 +43,10 @@ for name in "$@"; do
   for tag in tree base; do
     [ -s "$work/$name.$tag.cubin" ] || { echo "$name: the $tag build failed:"; tail -5 "$work/$name.$tag.log"; status=1; continue 2; }
   done
-  a=$(instructions "$work/$name.tree.cubin" | md5sum) b=$(instructions "$work/$name.base.cubin" | md5sum)
-  na=$(instructions "$work/$name.tree.cubin" | wc -l) nb=$(instructions "$work/$name.base.cubin" | wc -l)
-  if [ "$a" = "$b" ]; then
+  instructions "$work/$name.tree.cubin"
+  instructions "$work/$name.base.cubin"
+  na=$(wc -l < "$work/$name.tree.cubin.sass") nb=$(wc -l < "$work/$name.base.cubin.sass")
+  if cmp -s "$work/$name.tree.cubin.sass" "$work/$name.base.cubin.sass"; then
     echo "$name: same ($na instructions)"
   else
     echo "$name: DIFFERS (tree $na instructions, $rev $nb)"
