@@ -49,7 +49,6 @@
 #include "cuda/ptx/mufu.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/ptx/smem.cuh"
-#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -60,6 +59,7 @@
 #include "cuda/sm90/bwd_producer.cuh"
 #include "cuda/sm90/bwd_tile.h"
 #include "cuda/sm90/pipeline.cuh"  // RingUse
+#include "cuda/sm90/swizzled_stmatrix.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -250,31 +250,15 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         }
     };
     // This warpgroup's 64 keys x kColumns accumulator (dK or dV) times `scale`, as elements into
-    // its rows (from key_row0) and columns (from col0) of a K/V tile, swizzled as the TMA loaded
-    // it. stmatrix.x4 stores two neighbouring 16-byte chunks of a warp's 16 rows as four 8x8
-    // matrices in the order of the accumulator's quads: acc[8i .. 8i + 7] are {rows 0-7, chunk 2i},
-    // {rows 8-15, chunk 2i}, {rows 0-7, chunk 2i + 1}, {rows 8-15, chunk 2i + 1}, and lane l gives
-    // the address of row l % 8 of matrix l / 8 (as the forward's epilogue, epilogue.cuh).
+    // its rows (from key_row0) and columns (from col0, a slab's first) of a K/V tile, swizzled as
+    // the TMA loaded it (swizzled_stmatrix.cuh, as the forward's epilogue).
     auto stage_keys = [&](const Element* tile, const float (&acc)[kAcc], float scale) {
-      constexpr int kChunkBytes = 16, kChunkElems = kChunkBytes / sizeof(Element);
-      constexpr int kChunksPerSlab = kBwdSlabElems / kChunkElems, kAtomRows = kBwdAtomBytes / kBwdRowBytes;
-      static_assert(kChunkElems == 8, "an accumulator's 8-column group is one 16-byte chunk");
-      constexpr int kValuesPerStore = 8;  // four matrices, a pair of values of each a thread
-      const int matrix = lane / kAtomRows, row_in_atom = lane % kAtomRows;
-      const int row = key_row0 + warp * kBwdAccRows + matrix % 2 * kAtomRows + row_in_atom;
-      const uint32_t row_address = ptx::smem_addr(tile) + row * kBwdRowBytes;
-#pragma unroll
-      for (int i = 0; i < kAcc / kValuesPerStore; ++i) {
-        const int chunk = col0 / kChunkElems + 2 * i + matrix / 2;  // of the tile's row, across slabs
-        const uint32_t at = row_address + chunk / kChunksPerSlab * SlabTile<kBlockN>::kSlabBytes +
-                            swizzle_chunk(row, chunk % kChunksPerSlab) * kChunkBytes;
-        const int v = kValuesPerStore * i;
-        const uint32_t regs[4] = {pack2<Element>(acc[v] * scale, acc[v + 1] * scale),
-                                  pack2<Element>(acc[v + 2] * scale, acc[v + 3] * scale),
-                                  pack2<Element>(acc[v + 4] * scale, acc[v + 5] * scale),
-                                  pack2<Element>(acc[v + 6] * scale, acc[v + 7] * scale)};
-        ptx::stmatrix_x4(at, regs);
-      }
+      using Stmatrix = SwizzledStmatrix<Element>;
+      static_assert(T::kColumns % kBwdSlabElems == 0, "a warpgroup's columns start on a slab");
+      const int row = Stmatrix::row(key_row0 + warp * kBwdAccRows, lane);
+      const uint32_t row_address =
+          ptx::smem_addr(tile) + col0 / kBwdSlabElems * SlabTile<kBlockN>::kSlabBytes + row * kBwdRowBytes;
+      Stmatrix::store(row_address, Stmatrix::lane_chunk(lane), kBlockN * kBwdSlabElems, acc, scale);
     };
     // acc (64 keys x kColumns) += A (64 keys x kBlockM queries: P^T or dS^T, from registers) x B
     // (the block's dO or Q, MN-major): k-step kk takes the chunks of queries 16kk..16kk+15.
@@ -517,7 +501,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
     // keys reach past its sequence's end stores from its registers.
     const int64_t rows = cta.seq.len_k - key0;
     ptx::named_barrier_sync(kKeyTilesReadBarrier, T::kMmaThreads);
-    if (!maps->varlen || key_row0 + T::kWarpgroupKeys <= rows) {
+    if (!packs_sequences(p) || key_row0 + T::kWarpgroupKeys <= rows) {
       stage_keys(smem.k, dk, p.scale);
       stage_keys(smem.v, dv, 1.f);
       // Generic stores -> the TMA's (async proxy) reads: a fence in every writing thread, then meet.
@@ -525,7 +509,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
       ptx::named_barrier_sync(kKeysStagedBarrier + wg, kBwdWarpgroupThreads);
       if (mma_thread % kBwdWarpgroupThreads == 0) {
         const int key_row = static_cast<int>(cta.seq.k_start + key0) + key_row0;
-        const int batch = maps->batch(cta.b);
+        const int batch = map_batch(p, cta.b);
 #pragma unroll
         for (int slab = col0 / kBwdSlabElems; slab < (col0 + T::kColumns) / kBwdSlabElems; ++slab) {
           const int at = (slab * kBlockN + key_row0) * kBwdSlabElems;

@@ -50,7 +50,6 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   // Q, dO, K, V, dK and dV over the rows in use (map_rows: a variable-length batch's packed rows
   // as one sequence, the rows dispatch checked), boxes of one 64-column slab: rows and columns
   // past them read as zeros, and stores drop them.
-  maps.varlen = p.cu_seqlens_q != nullptr;
   const auto [rows_q, rows_k] = map_rows(p);
   maps.q = make_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
   maps.dout = make_tensor_map(operand_view(p, p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);

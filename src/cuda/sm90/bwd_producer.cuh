@@ -53,7 +53,7 @@ __device__ __forceinline__ void BwdProducer<Element, kHeadDim>::load_operands(in
   // lse2 = +inf give no weight (as the forward's loads). Three loader warps copying by
   // cp.async at the producer's 24 registers kept the compute warpgroups waiting on q_full
   // (session 61: 0.66-0.70x cuDNN; by TMA 0.93-0.99x).
-  const int batch = maps->batch(cta.b);
+  const int batch = map_batch(p, cta.b);
   // K (or V) whole onto its barrier. K goes first and V after the first block's Q and dO: the
   // first S^T needs only K and Q, and V lands under it.
   const int key_row = static_cast<int>(cta.seq.k_start + key0);

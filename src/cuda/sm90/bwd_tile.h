@@ -25,6 +25,7 @@
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/dq_rows.h"
 #include "cuda/sm90/tile_config.h"
+#include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -144,10 +145,12 @@ static_assert(dq_staging_is_conflict_free(), "a half-warp's dQ staging store tak
 // 32 columns. A variable-length batch's maps are one packed sequence.
 struct BwdMaps {
   CUtensorMap q, dout, k, v, dk, dv, dq;
-  bool varlen;
-  // The maps' batch coordinate of sequence b: 0 in a variable-length batch (one packed sequence).
-  __device__ __forceinline__ int batch(int b) const { return varlen ? 0 : b; }
 };
+
+// Whether p is a variable-length batch, whose maps are one packed sequence (map_rows).
+__device__ __forceinline__ bool packs_sequences(const BwdParams& p) { return p.cu_seqlens_q != nullptr; }
+// The maps' batch coordinate of sequence b: 0 in a variable-length batch.
+__device__ __forceinline__ int map_batch(const BwdParams& p, int b) { return packs_sequences(p) ? 0 : b; }
 
 // Every 16-bit tile is [slab][row][64 elements] with the 128-byte swizzle (chunk ^= row % 8),
 // each starting on an atom boundary: the layout TMA would write and wgmma's descriptors read, as

@@ -11,12 +11,10 @@
 
 #include <cstdint>
 
-#include "cuda/common/element.cuh"
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/smem.cuh"
-#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -25,6 +23,7 @@
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/split_combine.cuh"
+#include "cuda/sm90/swizzled_stmatrix.cuh"
 #include "cuda/sm90/tile_scheduler.cuh"
 #include "cuda/sm90/trace.cuh"
 
@@ -36,13 +35,11 @@ template <typename Element, class Cfg, bool kSplits>
 struct Epilogue {
   using Storage = SharedStorage<Element, Cfg>;
   static constexpr int kOAcc = kWarpgroupRows * Cfg::kHeadDim / kWarpgroupThreads;
-  static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));  // one 16-byte swizzle unit
-  static constexpr int kAtomRows = 8;                                         // rows per swizzle atom
+  // The staging's 16-byte swizzle units, as store_rows copies them out.
+  static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));
+  static constexpr int kAtomRows = 8;  // rows per swizzle atom
   static constexpr int kChunksPerSlab = Cfg::kSlabCols / kChunkElems;
   static constexpr int kSlabElems = Cfg::kQSlotRows * Cfg::kSlabCols;  // a Q slot's slab
-  // A thread's O columns are 8j + col0 + {0, 1} with col0 = 2 (lane % 4) < 8 (ptx/wgmma.cuh): each
-  // 8-column group of j lies in one 16-byte chunk, chunk j of the row, one stmatrix row.
-  static_assert(kChunkElems == 8, "one accumulator column group per 16-byte swizzle chunk");
   // Whether a slice's staging may go out as one box (KernelParams::o_one_box: a map whose box
   // takes the slabs as a dimension) rather than one box per slab: where each warpgroup's staging
   // is its slabs of 64 rows back to back (kWarpgroupQ: its own Q slot, or a 64-key K/V stage; a
@@ -62,13 +59,8 @@ struct Epilogue {
     FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, -1, 0);
   }
 
-  // stmatrix.x4 (ptx/stmatrix.cuh) stores two neighbouring 8-column chunks of the warp's 16 rows
-  // as four 8x8 matrices, in the order of a thread's accumulator quads (ptx/wgmma.cuh): chunk
-  // pair i is o[8i .. 8i + 7] = {rows 0-7, chunk 2i}, {rows 8-15, chunk 2i}, {rows 0-7, chunk
-  // 2i + 1}, {rows 8-15, chunk 2i + 1}, so lane l gives the address of row l % 8 of matrix l / 8.
-  static constexpr int kMatricesPerStore = 4;
-  static constexpr int kStores = kOAcc / (2 * kMatricesPerStore);
-  static_assert(sizeof(Element) == 2, "stmatrix stores 16-bit elements");
+  // O's rows into the staging by stmatrix (swizzled_stmatrix.cuh).
+  using Stmatrix = SwizzledStmatrix<Element>;
 
   // Where this warpgroup stages O: its 64 rows of the Q slot q_stage, or (o_stage >= 0, see
   // in_kv) the first 64 rows of stage o_stage's K (warpgroup 0) or V (warpgroup 1). Either way
@@ -157,24 +149,11 @@ struct Epilogue {
     // rather than hoisted out of the tile loop, where they would take registers the mainloop
     // needs. Unsigned, so the divisions below are shifts and masks.
     const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-    const uint32_t lane_now = thread_now % 32, matrix = lane_now / kAtomRows;
-    const uint32_t row_in_atom = lane_now % kAtomRows;  // the warp's 16 rows start on an atom
-    const uint32_t row = thread_now / 32 * 16 + row_in_atom + matrix % 2 * kAtomRows;  // of the slice
-    // In a 128B-swizzled slab the 16-byte chunk c of a row sits at position c ^ (row % kAtomRows).
-    // Chunk 2i + matrix / 2 of pair i, with 2i even: its position is (2i % kChunksPerSlab) ^
-    // (matrix / 2 ^ row % kAtomRows), the second term the same for every pair.
-    const uint32_t lane_chunk = matrix / 2 ^ row_in_atom;
+    const uint32_t lane_now = thread_now % 32;
+    const uint32_t row = Stmatrix::row(thread_now / 32 * 16, lane_now);  // of the slice
+    const uint32_t lane_chunk = Stmatrix::lane_chunk(lane_now);
     const uint32_t row_address = ptx::smem_addr(to.base + row * Cfg::kSlabCols);
-#pragma unroll
-    for (int i = 0; i < kStores; ++i) {
-      const int first_chunk = 2 * i;
-      const uint32_t slab = static_cast<uint32_t>(first_chunk / kChunksPerSlab);
-      const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ lane_chunk;
-      const uint32_t regs[kMatricesPerStore] = {
-          pack2<Element>(o[8 * i], o[8 * i + 1]), pack2<Element>(o[8 * i + 2], o[8 * i + 3]),
-          pack2<Element>(o[8 * i + 4], o[8 * i + 5]), pack2<Element>(o[8 * i + 6], o[8 * i + 7])};
-      ptx::stmatrix_x4(row_address + (slab * to.slab_elems + position * kChunkElems) * sizeof(Element), regs);
-    }
+    Stmatrix::store(row_address, lane_chunk, to.slab_elems, o);
     stamp(TraceEvent::kOWritten);
     const int slice_row = t.first_row + warpgroup * kWarpgroupRows;
     if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > params.packing.rows(int64_t{t.len_q})) {
