@@ -412,6 +412,11 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
         // d64 (T::kRowPairsAhead): every pass's lse2 pairs are read under pass 0's S^T, so that
         // the later passes' reads do not queue behind pass 0's dS^T stores (+0.5-4.2%, session 78).
         [[maybe_unused]] RowPairs lse_ahead[T::kScorePasses];
+        // d128 (T::kLseBeforeIssue): its one pass's lse2 pairs before the S^T/dP^T issue.
+        if constexpr (T::kLseBeforeIssue) {
+          static_assert(T::kScorePasses == 1, "one pass reads its pairs before the issue");
+          lse_ahead[0] = load_row_pairs(lse2, 0);
+        }
 #pragma unroll
         for (int pass = 0; pass < T::kScorePasses; ++pass) {
           const int q0 = pass * T::kScoreQueries;
@@ -429,7 +434,7 @@ __device__ __forceinline__ void bwd_main(const BwdParams& p, const sm80::BwdWork
 
           ptx::wgmma_wait_group<1>();
           ptx::fence_operands(s);
-          probabilities(s, T::kRowPairsAhead ? lse_ahead[pass] : load_row_pairs(lse2, q0), cur.m, q0);
+          probabilities(s, T::kRowPairsAhead || T::kLseBeforeIssue ? lse_ahead[pass] : load_row_pairs(lse2, q0), cur.m, q0);
           const auto pt_pass = packed(s);
 #pragma unroll
           for (int i = 0; i < kPassPacked; ++i) pt[pass * kPassPacked + i] = pt_pass[i];
