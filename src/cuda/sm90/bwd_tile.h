@@ -121,11 +121,11 @@ struct BwdTile {
   // docs/hopper.md session 78), so there they are read after the waits.
   static constexpr bool kRowPairsAhead = kWideBlocks;
   // d128 reads its lse2 pairs before it issues the block's S^T and dP^T instead (kLseBeforeIssue):
-  // read after those issues their loads waited behind the wgmmas (the probabilities' first FFMAs
-  // held 7.7% of the stall samples, ncu at full 2k). Against the read after the wait: full 1k
-  // +2.0%, 2k +2.4%, 8k +8.1%, causal 4k +1.2% (H200, docs/hopper.md session 80). delta's pairs
-  // read there too spilled; d256's lse2 read there was even (+0.5%, +0.6%, -0.4%). Built with
-  // -DFUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE=0 it reads them after the wait (an A/B switch).
+  // read after the wait, five of the probabilities' FFMAs waited on them (7.9% of the stall
+  // samples, ncu at full 2k), and read between the issue and the wait they gained nothing. Before
+  // the issue, against after the wait: full 1k +2.0%, 2k +2.4%, 8k +8.1%, causal 4k +1.2% (H200,
+  // docs/hopper.md session 80). delta's pairs read there too spilled; d256's lse2 read there was
+  // even (+0.5%, +0.6%, -0.4%). -DFUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE=0 reads them after the wait.
   static constexpr bool kLseBeforeIssue = FUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE != 0 && !kRowPairsAhead && !kSplitsColumns;
   static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
