@@ -38,18 +38,18 @@ struct SwizzledStmatrix {
     return lane / kSwizzleRows / 2 ^ lane % kSwizzleRows;
   }
 
-  // acc (kValues of a thread's row pair, times scale) from the tile's row: row_address is the
-  // shared address of this lane's row (row) in the first slab written, slab_elems the
-  // distance between slabs in elements.
+  // A thread's kValues accumulator values (its two rows' columns from the first written, times
+  // scale) into the tile: row_address is the shared address of the lane's row (row()) in the
+  // first slab written, chunk_term its lane_chunk(), slab_elems the distance between slabs.
   template <int kValues>
-  __device__ __forceinline__ static void store(uint32_t row_address, uint32_t lane_chunk, int slab_elems,
+  __device__ __forceinline__ static void store(uint32_t row_address, uint32_t chunk_term, int slab_elems,
                                                const float (&acc)[kValues], float scale = 1.f) {
     static_assert(kValues % kValuesPerStore == 0, "whole chunk pairs");
 #pragma unroll
     for (int i = 0; i < kValues / kValuesPerStore; ++i) {
       const int first_chunk = 2 * i;
       const uint32_t slab = static_cast<uint32_t>(first_chunk / kChunksPerSlab);
-      const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ lane_chunk;
+      const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ chunk_term;
       const int v = kValuesPerStore * i;
       const uint32_t regs[kMatricesPerStore] = {
           pack2<Element>(acc[v] * scale, acc[v + 1] * scale), pack2<Element>(acc[v + 2] * scale, acc[v + 3] * scale),
