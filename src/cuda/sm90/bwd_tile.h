@@ -124,8 +124,9 @@ struct BwdTile {
   // read after the wait, five of the probabilities' FFMAs waited on them (7.9% of the stall
   // samples, ncu at full 2k), and read between the issue and the wait they gained nothing. Before
   // the issue, against after the wait: full 1k +2.0%, 2k +2.4%, 8k +8.1%, causal 4k +1.2% (H200,
-  // docs/hopper.md session 80). delta's pairs read there too spilled; d256's lse2 read there was
-  // even (+0.5%, +0.6%, -0.4%). -DFUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE=0 reads them after the wait.
+  // docs/hopper.md session 80). delta's pairs there too spilled 20 B in the window kernels; d256's
+  // lse2 there was even (+0.5%, +0.6%, -0.4%). -DFUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE=0 reads them
+  // after the wait.
   static constexpr bool kLseBeforeIssue = FUSEDATTN_SM90_BWD_LSE_BEFORE_ISSUE != 0 && !kRowPairsAhead && !kSplitsColumns;
   static_assert(kSplitsColumns || (kDqCols == kBwdSlabElems && kDqRows * kWarpgroups * kDqCols == kBlockM * kHeadDim),
                 "the warpgroups' dQ tiles, 64 x one slab of K each, cover the block's");
