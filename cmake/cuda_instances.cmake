@@ -24,7 +24,7 @@ foreach(dt IN LISTS FUSEDATTN_DTYPES)
       if(FUSEDATTN_SM90 AND _is90 GREATER -1 AND EXISTS ${f})
         list(APPEND _sm90_sources ${f})
         # Its clustered kernels (fwd_launch.cuh declares them), one translation unit each.
-        file(GLOB _paired ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_pair_n*.cu)
+        file(GLOB _paired ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_pair_n*.cu ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_quads_n*.cu)
         list(APPEND _sm90_sources ${_paired})
         string(APPEND _table "FUSEDATTN_INSTANCE(sm90, fwd, ${dt}, ${hd}, ${mask})\n")
       endif()

@@ -263,9 +263,12 @@ int cluster_of(const FwdParams& p, int instance_head_dim) { return chosen(p, ins
 // kPairClusterMinKeys keys, where the query blocks pair up (an even count, or enough that an idle
 // last CTA costs little); never under masks, for variable-length batches, d64, d128 or d192. By
 // default d256 pairs its 64-key tile from kPairClusterMinKeys to 4096 keys (where 64-key blocks
-// end) and its 80-key tile above; forced, either at any length.
+// end) and above it where the quad mix runs (query blocks in fours), its 80-key tile elsewhere;
+// forced, either at any length.
 TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
-  EXPECT_EQ(chosen(full(1024, 8192, 256), 256).block_n, tile_shape(256).block_n);
+  EXPECT_EQ(chosen(full(6 * 128, 8192, 256), 256).block_n, tile_shape(256).block_n);
+  EXPECT_EQ(cluster_of(full(6 * 128, 8192, 256), 256), 2);
+  EXPECT_EQ(chosen(full(1024, 8192, 256), 256).block_n, kD256Block64.block_n);
   EXPECT_EQ(cluster_of(full(1024, 8192, 256), 256), 2);
   EXPECT_EQ(cluster_of(full(4096, kPairClusterMinKeys - 1, 256), 256), 1);
   EXPECT_EQ(cluster_of(full(4096, kPairClusterMinKeys, 256), 256), 2);
@@ -287,6 +290,40 @@ TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
   EXPECT_EQ(chosen(full(4096, 4096, 256), 256).block_n, kD256Block64.block_n);
   EXPECT_EQ(cluster_of(full(4096, 4096, 256), 256), 2);
   EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 2);
+}
+
+// The quad mix (uses_quad_mix): d256's full-mask pairs split with clusters of four where every
+// (head, batch) has its query blocks in fours, on the 64-key tile at any length; planned with
+// every item whole. FUSEDATTN_SM90_QUAD_MIX=0 and a forced 80-key tile keep the pairs alone.
+TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
+  const auto mix = [](const FwdParams& p, int instance_head_dim) {
+    return uses_quad_mix(p, mask_of(p), instance_head_dim, tiled_rows(p, 0));
+  };
+  EXPECT_TRUE(mix(full(2048, 2048, 256), 256));  // the FA grid's 2k: 16 query blocks
+  EXPECT_TRUE(mix(full(1024, 16384, 256), 256));
+  EXPECT_EQ(chosen(full(1024, 16384, 256), 256).block_n, kD256Block64.block_n);
+  EXPECT_FALSE(mix(full(6 * 128, 8192, 256), 256));  // pairs, but not in fours
+  EXPECT_FALSE(mix(full(1024, 1024, 256), 256));     // no pairs
+  EXPECT_FALSE(mix(windowed(8192, -1, 0, 256), 256));
+  EXPECT_FALSE(mix(full(8192, 8192, 128), 128));
+  FwdParams varlen = full(8192, 8192, 256);
+  const int32_t offsets[2] = {0, 8192};
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
+  EXPECT_FALSE(mix(varlen, 256));
+  const FwdWork w = planned_fwd_work(full(4096, 4096, 256), MaskKind::kFull, 256, 132);
+  EXPECT_TRUE(w.quad_mix);
+  EXPECT_FALSE(w.split.split());
+  {
+    const testing::ScopedEnv off("FUSEDATTN_SM90_QUAD_MIX", "0");
+    EXPECT_FALSE(mix(full(2048, 2048, 256), 256));
+    EXPECT_EQ(chosen(full(1024, 8192, 256), 256).block_n, tile_shape(256).block_n);
+  }
+  {
+    const testing::ScopedEnv wide("FUSEDATTN_SM90_D256_TILE", "80");
+    EXPECT_FALSE(mix(full(2048, 2048, 256), 256));
+  }
+  const testing::ScopedEnv forced("FUSEDATTN_SM90_CLUSTER", "1");
+  EXPECT_TRUE(mix(full(512, 1000, 256), 256));
 }
 
 // FUSEDATTN_SM90_CLUSTER=0 turns the pairs off; =1 on wherever they are supported, and only there.

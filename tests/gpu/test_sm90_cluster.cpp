@@ -59,7 +59,9 @@ class Sm90PairedShapes : public ::testing::TestWithParam<std::tuple<const char*,
 TEST_P(Sm90PairedShapes, PairedShapesMatchReference) {
   SKIP_UNLESS_HOPPER();
   const auto& [o_in_kv, dtype] = GetParam();
-  const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_O_IN_KV", o_in_kv}});
+  // The pairs alone: the quad mix would take the shapes with query blocks in fours (its own test).
+  const ScopedEnvs env(
+      {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", "0"}, {"FUSEDATTN_SM90_O_IN_KV", o_in_kv}});
   for (const Problem& pr : paired_shapes()) {
     SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_O_IN_KV=" + o_in_kv);
     if (!expect_paired(pr, dtype)) continue;
@@ -117,7 +119,9 @@ TEST(Sm90Cluster, SplitPairsMatchReference) {
   for (const DType dtype : kGpuDtypes)
     for (const SplitCase& sc : cases) {
       SCOPED_TRACE(sc.pr.str() + " " + dtype_name(dtype) + " shares " + sc.shares);
-      const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_TAIL_SHARES", sc.shares}});
+      const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"},
+                            {"FUSEDATTN_SM90_QUAD_MIX", "0"},
+                            {"FUSEDATTN_SM90_TAIL_SHARES", sc.shares}});
       if (!expect_paired(sc.pr, dtype, Split::kShares)) continue;
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(sc.pr, dtype));
       FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(sc.pr, dtype, kSplitRuns));
@@ -145,8 +149,47 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
         out = bytes_of(c.out);
         lse = bytes_of(c.lse);
       }
-      const ScopedEnvs paired({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+      const ScopedEnvs paired(
+          {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
       if (!expect_paired(pr, dtype, Split::kNone)) continue;
+      for (int run = 0; run < 2; ++run) {
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        EXPECT_EQ(bytes_of(c.out), out) << "out differs from the unpaired kernel's, run " << run;
+        EXPECT_EQ(bytes_of(c.lse), lse) << "lse differs from the unpaired kernel's, run " << run;
+      }
+    }
+}
+
+// The quad mix (fwd_split.h, uses_quad_mix; fwd_launch.cuh, launch_quad_mix): a pair launch's
+// items split between clusters of four and pairs on a second stream. Shapes where both launches
+// get items: the quads more than one round (40 heads of 4 query blocks: 36 quad items on the
+// H200's 30 quads, the pairs 8 items on 6), or a single item; keys beyond 4096 (the mix keeps the
+// 64-key tile), not a multiple of the block, and GQA. The plan is asserted to mix, then out and LSE
+// against the reference, and to the bit against the unpaired kernel (the tail split off there):
+// the clusters change where K/V come from, not the arithmetic.
+TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
+  SKIP_UNLESS_HOPPER();
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : {dense(1, 40, 40, 512, 512, 256), dense(1, 2, 2, 512, 4500, 256),
+                              dense(1, 8, 2, 512, 700, 256)}) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      std::vector<unsigned char> out, lse;
+      {
+        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+        if (!planned_sm90_work(pr, dtype)) continue;
+        FUSEDATTN_RUN_OR_SKIP(dc.forward());
+        out = bytes_of(c.out);
+        lse = bytes_of(c.lse);
+      }
+      // Forced: by default the pairs (and so the mix) start at kPairClusterMinKeys keys.
+      const ScopedEnvs mix({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
+      if (!expect_paired(pr, dtype)) continue;
+      EXPECT_TRUE(planned_sm90_work(pr, dtype)->quad_mix);
+      EXPECT_EQ(planned_sm90_work(pr, dtype)->shape.block_n, cuda::sm90::kD256Block64.block_n);
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       for (int run = 0; run < 2; ++run) {
         FUSEDATTN_RUN_OR_SKIP(dc.forward());
         EXPECT_EQ(bytes_of(c.out), out) << "out differs from the unpaired kernel's, run " << run;

@@ -3,5 +3,5 @@
 
 namespace fusedattn::cuda::sm90 {
 template bool launch_fwd<__nv_bfloat16, 256, MaskKind::kFull, paired(kD256Block64)>(const FwdParams&, const TiledRows&,
-                                                                            int);
+                                                                            int, const ClusterSlice*);
 }  // namespace fusedattn::cuda::sm90

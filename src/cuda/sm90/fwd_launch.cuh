@@ -140,33 +140,55 @@ int max_active_clusters(int threads, int smem_bytes, int cluster_ctas) {
   return clusters;
 }
 
+// A share of a clustered launch's work list, where two launches split it (launch_quad_mix): the
+// items [begin, end), on at most `clusters` clusters at once, on `stream`; every item whole.
+struct ClusterSlice {
+  int64_t begin, end, clusters;
+  cudaStream_t stream;
+};
+
+// Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
+// cluster_ctas where that is more than one) run at once; 0 where no cluster fits.
+template <auto kKernel>
+int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int cluster_ctas, int num_sms) {
+  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  // All of the SM's unified L1/shared memory as shared, so ctas_per_sm CTAs fit side by side.
+  FUSEDATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  // A cluster's CTAs run on SMs of one GPC, so where a GPC had an odd number of SMs one of them
+  // would hold no pair: a clustered launch's slots are the clusters that fit at once (the H200
+  // fits 66 pairs, all of its 132 SMs, and 30 quads).
+  return cluster_ctas > 1 ? max_active_clusters<kKernel>(threads, smem_bytes, cluster_ctas)
+                          : int64_t{num_sms} * ctas_per_sm;
+}
+
 // Launches the forward of p on kShape's kernel. Returns false, having launched nothing, where
 // kShape is clustered and this GPU fits none of its clusters (launch_fwd_maybe_paired then runs
 // the unpaired kernel); true otherwise.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
+bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const ClusterSlice* slice = nullptr) {
   using Cfg = KernelConfig<Element, kHeadDim, kShape>;
   constexpr int kSmemBytes = shared_bytes<Element, Cfg>();
   constexpr bool kClustered = Cfg::kClusterCtas > 1;
   const int num_m_blocks = static_cast<int>(rows.blocks(Cfg::kBlockM));
   constexpr auto kernel = fwd_kernel<Element, Cfg, kMask>;
-  FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  // All of the SM's unified L1/shared memory as shared, so kCtasPerSm CTAs fit side by side.
-  FUSEDATTN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   // Persistent or not, kCtasPerSm CTAs per SM run at a time (the shared memory and registers
-  // allow no more): those are the plan's slots. A cluster's CTAs run on SMs of one GPC, so where
-  // a GPC had an odd number of SMs one of them would hold no pair: a clustered launch's slots are
-  // the clusters that fit at once (the H200 fits 66, all of its 132 SMs).
-  const int64_t slots = kClustered ? max_active_clusters<kernel>(Cfg::kThreads, kSmemBytes, Cfg::kClusterCtas)
-                                   : int64_t{num_sms} * Cfg::kCtasPerSm;
+  // allow no more): those are the plan's slots.
+  int64_t slots = launch_slots<kernel>(Cfg::kThreads, kSmemBytes, Cfg::kCtasPerSm, Cfg::kClusterCtas, num_sms);
   if (slots == 0) return false;
+  if (slice != nullptr) slots = std::min(slots, slice->clusters);
   FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
-  if (work.tiles == 0) return true;
+  const int64_t first_item = slice != nullptr ? slice->begin : 0;
+  if (slice != nullptr) {
+    if (!kClustered) throw Error(ErrorCode::kRuntime, "slice", "only clustered launches share a work list");
+    work.split = TailShares::unsplit(static_cast<int>(slice->end), work.kv_blocks);
+  }
+  if (work.tiles == 0 || work.items() <= first_item) return true;
 
   KernelParams kp{};
   kp.p = p;
   kp.num_m_blocks = num_m_blocks;
+  kp.item_offset = static_cast<int>(first_item);
   kp.packing = rows.packing;
   // Masked tiles differ in length: grouped longest-first order (equal tiles keep head-major
   // order, where the CTAs running together share one head's K/V). A pair's K and V: 2 seqlen_k
@@ -227,7 +249,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kWarpgroupRows)
                           : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kWarpgroupRows);
 
-  const auto stream = static_cast<cudaStream_t>(p.stream);
+  const auto stream = slice != nullptr ? slice->stream : static_cast<cudaStream_t>(p.stream);
   if constexpr (kMask == MaskKind::kColumn) {
     // The column producer reads a tile head as a query head and K/V rows as a dense batch's
     // (column_producer.cuh); dispatch and tiled_rows keep the rest away.
@@ -252,7 +274,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
     kp.features.persistent = kMask == MaskKind::kFull;
   }
   // A clustered launch is persistent (above), a cluster of kClusterCtas CTAs per slot.
-  const int64_t slots_used = kp.features.persistent ? std::min<int64_t>(work.items(), slots) : work.items();
+  const int64_t slots_used =
+      kp.features.persistent ? std::min<int64_t>(work.items() - first_item, slots) : work.items();
   const int64_t grid = slots_used * Cfg::kClusterCtas;
 #ifdef FUSEDATTN_SM90_TRACE
   const TraceSink trace(stream);
@@ -275,14 +298,78 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms) {
   return true;
 }
 
+// The second stream of the quad mix on the current device, made on first use and kept for the
+// process, as the device's other per-stream state (split_workspace.h, tile_counter.h).
+inline cudaStream_t quad_mix_stream() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<cudaStream_t> streams[kMaxDevices];
+  int device = 0;
+  FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
+  if (device >= kMaxDevices) return nullptr;
+  if (cudaStream_t s = streams[device].load()) return s;
+  cudaStream_t made = nullptr;
+  FUSEDATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking));
+  cudaStream_t expected = nullptr;
+  if (streams[device].compare_exchange_strong(expected, made)) return made;
+  FUSEDATTN_CUDA_CHECK(cudaStreamDestroy(made));  // another thread made one first
+  return expected;
+}
+
+// The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
+// between a launch of clusters of four, on the caller's stream, and a pair launch on the SMs no
+// quad fits, on a second stream forked from the caller's and joined back into it. Each takes a
+// share of the items in proportion to its clusters, so that both end together; the quads take
+// the first ones (a quad item is two pair items: the same four query blocks). Returns false,
+// having launched nothing, where that cannot run: no quad or no pair beside them fits, the
+// stream is being captured into a graph (the launches would need the second stream captured as
+// well), or there is no second stream; the caller then runs the pairs alone.
+template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
+bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
+  using QuadCfg = KernelConfig<Element, kHeadDim, quads(kShape)>;
+  const auto stream = static_cast<cudaStream_t>(p.stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return false;
+  const int64_t quad_clusters = launch_slots<fwd_kernel<Element, QuadCfg, kMask>>(
+      QuadCfg::kThreads, shared_bytes<Element, QuadCfg>(), QuadCfg::kCtasPerSm, kQuadCluster, num_sms);
+  // The pairs run on what the quads leave (an assumption: the occupancy API answers for an
+  // empty device; where fewer pairs fit there, the rest wait for SMs, and the two still end).
+  const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
+  const cudaStream_t side = quad_mix_stream();
+  if (quad_clusters == 0 || pair_clusters <= 0 || side == nullptr) return false;
+  // In pair items: the quads' q items end after q / quad_clusters rounds, the pairs' after
+  // (pairs - 2 q) / pair_clusters.
+  const int64_t pairs = cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch;
+  const int64_t q = pairs * quad_clusters / (pair_clusters + kQuadCluster / kPairCluster * quad_clusters);
+  cudaEvent_t fork = nullptr, join = nullptr;
+  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  FUSEDATTN_CUDA_CHECK(cudaEventRecord(fork, stream));
+  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+  // The quads first, so that the pairs' clusters find the SMs the quads leave.
+  const ClusterSlice quad_share{0, q, quad_clusters, stream};
+  launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &quad_share);
+  const ClusterSlice pair_share{kQuadCluster / kPairCluster * q, pairs, pair_clusters, side};
+  launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &pair_share);
+  FUSEDATTN_CUDA_CHECK(cudaEventRecord(join, side));
+  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
+  // Released once the work recorded on them completes.
+  FUSEDATTN_CUDA_CHECK(cudaEventDestroy(fork));
+  FUSEDATTN_CUDA_CHECK(cudaEventDestroy(join));
+  return true;
+}
+
 // kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h) and the
 // GPU fits such clusters.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
-    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape) &&
-        launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms))
-      return;
+    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape)) {
+      if constexpr (has_quad_mix(kHeadDim) && kShape.block_n == block64_tile(kHeadDim).block_n)
+        if (uses_quad_mix(p, kMask, kHeadDim, rows) && launch_quad_mix<Element, kHeadDim, kMask, kShape>(p, rows, num_sms))
+          return;
+      if (launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms)) return;
+    }
   }
   launch_fwd<Element, kHeadDim, kMask, kShape>(p, rows, num_sms);
 }
@@ -309,19 +396,23 @@ void run_fwd(const FwdParams& p) {
     }
   }
   if constexpr (has_block64_tile(kHeadDim)) {
-    if (runs_block64(kHeadDim, p))
+    if (runs_block64(kHeadDim, p) || uses_quad_mix(p, kMask, kHeadDim, rows))
       return launch_fwd_maybe_paired<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
   }
   launch_fwd_maybe_paired<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }
 
 // The clustered kernels are compiled in translation units of their own
-// (src/cuda/instances/sm90_fwd_*_pair_n*.cu), one kernel each; tools/gen_instances.py writes
-// them and the list of their declarations.
-#define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                  \
-  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(const FwdParams&, \
-                                                                                      const TiledRows&, int);
+// (src/cuda/instances/sm90_fwd_*_pair_n*.cu, *_quads_n*.cu), one kernel each; tools/gen_instances.py
+// writes them and the list of their declarations.
+#define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                       \
+  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(                       \
+      const FwdParams&, const TiledRows&, int, const ClusterSlice*);
+#define FUSEDATTN_SM90_QUAD_MIX(Element, kHeadDim, kShape)                                                        \
+  extern template bool launch_quad_mix<Element, kHeadDim, MaskKind::kFull, kShape>(const FwdParams&, const TiledRows&, \
+                                                                                  int);
 #include "cuda/sm90/paired_instances.inc"
 #undef FUSEDATTN_SM90_PAIRED
+#undef FUSEDATTN_SM90_QUAD_MIX
 
 }  // namespace fusedattn::cuda::sm90

@@ -163,15 +163,20 @@ constexpr TileShape block64_tile(int instance_head_dim) {
   return instance_head_dim == 192 ? kD192Block64 : kD256Block64;
 }
 
-// Whether the instance for instance_head_dim (192 or 256) runs 64-key blocks.
-// FUSEDATTN_SM90_D<head dim>_TILE names either of its two widths (block64_tile's or the table's).
-inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
+// The width FUSEDATTN_SM90_D<head dim>_TILE forces on the instance for instance_head_dim (192 or
+// 256): true for block64_tile's, false for the table's, nullopt where it names neither.
+inline std::optional<bool> forced_block64(int instance_head_dim) {
   const std::string name = "FUSEDATTN_SM90_D" + std::to_string(instance_head_dim) + "_TILE";
   const char* v = std::getenv(name.c_str());
   const std::string forced = v ? v : "";
   const std::string narrow = std::to_string(block64_tile(instance_head_dim).block_n);
   if (forced == narrow || forced == std::to_string(tile_shape(instance_head_dim).block_n)) return forced == narrow;
-  return row_keys <= kBlock64MaxKeys;
+  return std::nullopt;
+}
+
+// Whether the instance for instance_head_dim (192 or 256) runs 64-key blocks.
+inline bool uses_block64(int instance_head_dim, int64_t row_keys) {
+  return forced_block64(instance_head_dim).value_or(row_keys <= kBlock64MaxKeys);
 }
 
 // Full masks at d128/d256 up to this many keys take the static round robin (equal tiles, no
@@ -258,6 +263,27 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
          (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
 }
 
+// The quad mix (fwd_launch.cuh, launch_quad_mix): a d256 pair launch's work split between
+// clusters of four CTAs on the 64-key tile (kQuadCluster: a quarter of the K/V reads out of the
+// L2 per CTA) and, on a second stream at the same time, pairs on the SMs no quad fits (the H200
+// fits 30 quads, 120 of its 132 SMs: the GPCs' SM counts leave 12 without one). Alone, the quads
+// lost to the pairs for those 12 SMs (docs/hopper.md, session 70); beside the pairs they gain.
+// H200, FA grid shapes, medians of 7 (5 at 16k) in one process, TFLOP/s pairs / mix: fp16 full 2k
+// 653.7 / 671.3, 4k 677.4 / 698.5, 8k (the pairs on their 80-key tile) 692.0 / 731.7, 16k 702.0
+// / 747.2; bf16 2k 678.0 / 681.4 (noise), 4k 714.4 / 733.8, 8k 737.2 / 757.0, 16k 741.6 / 777.0;
+// 1k (not paired by default) forced, fp16 594.0 unpaired / 589.4, bf16 623.4 / 606.2
+// (docs/hopper.md, session 81). So wherever d256's full-mask pairs run (the 64-key tile at any
+// length, unless FUSEDATTN_SM90_D256_TILE=80 forces the other), where each (head, batch) has its
+// query blocks in fours. FUSEDATTN_SM90_QUAD_MIX=0 keeps the pairs alone.
+constexpr bool has_quad_mix(int instance_head_dim) { return instance_head_dim == 256; }
+inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
+  if (!has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
+      !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
+    return false;
+  const TileShape shape = block64_tile(instance_head_dim);
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % kQuadCluster == 0;
+}
+
 // Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p: by the keys
 // a row sees (uses_block64), and always for paged K/V, whose blocks must each lie in one page
 // (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide it).
@@ -278,7 +304,8 @@ inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const
       case D64Tile::kTable: break;
     }
   }
-  if (runs_block64(instance_head_dim, p)) return block64_tile(instance_head_dim);
+  if (runs_block64(instance_head_dim, p) || uses_quad_mix(p, mask, instance_head_dim, rows))
+    return block64_tile(instance_head_dim);
   return tile_shape(instance_head_dim);
 }
 
@@ -332,6 +359,9 @@ struct FwdWork {
   TailShares split;    // split.shares == 0: every item whole
   TiledRows rows{};
   TileShape shape{};   // the tile shape the launch runs
+  // The pairs' work split with clusters of four (uses_quad_mix; planned_fwd_work only): every
+  // item whole, whatever `split` plans for the pairs alone.
+  bool quad_mix = false;
   int64_t items() const { return split.items(); }
   // Every item whole: the split's whole items and its tail items, uncut.
   void run_whole() { split = TailShares::unsplit(split.whole + split.tiles, kv_blocks); }
@@ -400,7 +430,10 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
   const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
   const TileShape shape = fwd_tile_shape(p, instance_head_dim, mask, rows);
-  return fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
+  FwdWork w = fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
+  w.quad_mix = uses_quad_mix(p, mask, instance_head_dim, rows);
+  if (w.quad_mix) w.run_whole();
+  return w;
 }
 
 }  // namespace fusedattn::cuda::sm90

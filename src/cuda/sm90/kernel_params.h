@@ -106,6 +106,9 @@ struct KernelParams {
   // MaskKind::kColumn: the mask's summary over kBlockN-key blocks (sm90/column_mask.cuh), which
   // the launcher writes on the stream before the kernel; empty for the other kinds.
   ColumnSummary columns;
+  // A clustered launch's first work item, where two launches share the work list (fwd_launch.cuh,
+  // launch_quad_mix); 0 otherwise. Last, so that no other field moves (see o_one_box).
+  int item_offset = 0;
 #ifdef FUSEDATTN_SM90_TRACE
   TraceBuffer trace;  // the tile-boundary trace's stamps (trace.cuh); only in a trace build
 #endif

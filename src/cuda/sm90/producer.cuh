@@ -200,7 +200,7 @@ struct Producer {
     };
     constexpr std::integral_constant<int, 0> kK{};
     constexpr std::integral_constant<int, 1> kV{};
-    for (WorkTile t = scheduler.first();; t = scheduler.next(t)) {
+    for (WorkTile t = scheduler.first(params.item_offset);; t = scheduler.next(t)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out and published before any wait for a buffer: the consumers set the tile up from it
       // while they still wait for its Q.

@@ -83,6 +83,14 @@ constexpr TileShape paired(TileShape shape) {
   shape.cluster_ctas = kPairCluster;
   return shape;
 }
+// Clusters of four on d256's 64-key tile, each CTA loading 16 rows (two swizzle atoms) of every
+// K/V block: a quarter of the K/V reads out of the L2. The H200 fits only 30 (120 of its SMs),
+// so they run beside a pair launch on the SMs left (fwd_split.h, uses_quad_mix).
+constexpr int kQuadCluster = 4;
+constexpr TileShape quads(TileShape shape) {
+  shape.cluster_ctas = kQuadCluster;
+  return shape;
+}
 
 // A cluster launch's work items per (head, batch): its query blocks in groups of cluster_ctas, the
 // last group short where the count does not divide. One rule for the host's work list
@@ -212,8 +220,8 @@ struct KernelConfig {
   // Each CTA's share of a K/V block starts on a 128B-swizzle atom (8 rows of 128 bytes), so the
   // swizzle pattern of its box is the one the whole block's wgmma descriptors assume.
   static_assert(kBlockN % (kClusterCtas * 8) == 0, "a cluster CTA's share of a K/V block must be whole swizzle atoms");
-  static_assert(kClusterCtas == 1 || (kClusterCtas == kPairCluster && kCtasPerSm == 1),
-                "clusters pair one-CTA-per-SM tiles");
+  static_assert(kClusterCtas == 1 || ((kClusterCtas == kPairCluster || kClusterCtas == kQuadCluster) && kCtasPerSm == 1),
+                "clusters of two or four one-CTA-per-SM tiles");
 };
 
 }  // namespace fusedattn::cuda::sm90

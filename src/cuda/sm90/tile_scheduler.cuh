@@ -80,8 +80,10 @@ class TileScheduler {
         counter_(counter),
         p_(p) {}
 
-  __device__ WorkTile first() const {
-    const int index = static_cast<int>(blockIdx.x) / kClusterCtas;
+  // item_offset: a clustered launch's first item (KernelParams::item_offset), where it runs a
+  // share of the work list.
+  __device__ WorkTile first(int item_offset = 0) const {
+    const int index = static_cast<int>(blockIdx.x) / kClusterCtas + (kClusterCtas > 1 ? item_offset : 0);
     return at(index, kShareStart, 0, 0);
   }
 
