@@ -165,8 +165,8 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
 // get items: the quads more than one round (40 heads of 4 query blocks: 36 quad items on the
 // H200's 30 quads, the pairs 8 items on 6), or a single item; keys beyond 4096 (the mix keeps the
 // 64-key tile), not a multiple of the block, and GQA. The plan is asserted to mix, then out and LSE
-// against the reference, and to the bit against the unpaired kernel (the tail split off there):
-// the clusters change where K/V come from, not the arithmetic.
+// against the reference, and to the bit against the unpaired kernel on the same 64-key tile (the
+// tail split off there): the clusters change where K/V come from, not the arithmetic.
 TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
   SKIP_UNLESS_HOPPER();
   for (const DType dtype : kGpuDtypes)
@@ -178,8 +178,13 @@ TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
       DeviceCase dc(c);
       std::vector<unsigned char> out, lse;
       {
-        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
-        if (!planned_sm90_work(pr, dtype)) continue;
+        // Beyond 4096 keys the unpaired default is the 80-key tile, whose sums run in another order.
+        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"},
+                                   {"FUSEDATTN_SM90_TAIL_SPLIT", "0"},
+                                   {"FUSEDATTN_SM90_D256_TILE", "64"}});
+        const auto w = planned_sm90_work(pr, dtype);
+        if (!w) continue;
+        ASSERT_EQ(w->shape.block_n, cuda::sm90::kD256Block64.block_n);
         FUSEDATTN_RUN_OR_SKIP(dc.forward());
         out = bytes_of(c.out);
         lse = bytes_of(c.lse);

@@ -116,12 +116,14 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// How many clusters of cluster_ctas CTAs of kKernel the device runs at once, 0 where none fits
-// (cached per kernel and device: known[d] holds the count + 1 once asked, 0 before). The kernel
-// is a template argument so that each kernel has a cache of its own: as a function argument its
-// type, the same for every instance, would have made one cache serve all of them.
-template <auto kKernel>
-int max_active_clusters(int threads, int smem_bytes, int cluster_ctas) {
+// How many clusters of kClusterCtas CTAs of kKernel the device runs at once, 0 where none fits
+// (cached per kernel, cluster size and device: known[d] holds the count + 1 once asked, 0
+// before). The kernel is a template argument so that each kernel has a cache of its own: as a
+// function argument its type, the same for every instance, would have made one cache serve all
+// of them.
+template <auto kKernel, int kClusterCtas>
+int max_active_clusters(int threads, int smem_bytes) {
+  constexpr int cluster_ctas = kClusterCtas;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];
   int device = 0;
@@ -149,8 +151,8 @@ struct ClusterSlice {
 
 // Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
 // cluster_ctas where that is more than one) run at once; 0 where no cluster fits.
-template <auto kKernel>
-int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int cluster_ctas, int num_sms) {
+template <auto kKernel, int kClusterCtas>
+int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int num_sms) {
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   // All of the SM's unified L1/shared memory as shared, so ctas_per_sm CTAs fit side by side.
   FUSEDATTN_CUDA_CHECK(
@@ -158,8 +160,8 @@ int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int cluster_c
   // A cluster's CTAs run on SMs of one GPC, so where a GPC had an odd number of SMs one of them
   // would hold no pair: a clustered launch's slots are the clusters that fit at once (the H200
   // fits 66 pairs, all of its 132 SMs, and 30 quads).
-  return cluster_ctas > 1 ? max_active_clusters<kKernel>(threads, smem_bytes, cluster_ctas)
-                          : int64_t{num_sms} * ctas_per_sm;
+  if constexpr (kClusterCtas > 1) return max_active_clusters<kKernel, kClusterCtas>(threads, smem_bytes);
+  return int64_t{num_sms} * ctas_per_sm;
 }
 
 // Launches the forward of p on kShape's kernel. Returns false, having launched nothing, where
@@ -174,7 +176,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   constexpr auto kernel = fwd_kernel<Element, Cfg, kMask>;
   // Persistent or not, kCtasPerSm CTAs per SM run at a time (the shared memory and registers
   // allow no more): those are the plan's slots.
-  int64_t slots = launch_slots<kernel>(Cfg::kThreads, kSmemBytes, Cfg::kCtasPerSm, Cfg::kClusterCtas, num_sms);
+  int64_t slots = launch_slots<kernel, Cfg::kClusterCtas>(Cfg::kThreads, kSmemBytes, Cfg::kCtasPerSm, num_sms);
   if (slots == 0) return false;
   if (slice != nullptr) slots = std::min(slots, slice->clusters);
   FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
@@ -330,13 +332,18 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return false;
-  const int64_t quad_clusters = launch_slots<fwd_kernel<Element, QuadCfg, kMask>>(
-      QuadCfg::kThreads, shared_bytes<Element, QuadCfg>(), QuadCfg::kCtasPerSm, kQuadCluster, num_sms);
-  // The pairs run on what the quads leave (an assumption: the occupancy API answers for an
-  // empty device; where fewer pairs fit there, the rest wait for SMs, and the two still end).
+  constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
+  constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
+  const int64_t quad_clusters = launch_slots<kQuadKernel, kQuadCluster>(QuadCfg::kThreads, kSmemBytes, 1, num_sms);
+  // The pairs run on the SMs the quads leave. The occupancy API answers for an empty device, so
+  // this asks it whether every SM pairs up there (as on the H200: 66 pairs of 132 SMs), of the
+  // quad kernel, whose resources are the pair kernel's. Then every GPC holds an even number of
+  // SMs, and those its quads leave pair up too. Elsewhere a pair cluster could wait for the quads
+  // to end, and under the static schedule its items would run after theirs.
+  const int64_t all_pairs = max_active_clusters<kQuadKernel, kPairCluster>(QuadCfg::kThreads, kSmemBytes);
   const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
   const cudaStream_t side = quad_mix_stream();
-  if (quad_clusters == 0 || pair_clusters <= 0 || side == nullptr) return false;
+  if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   // In pair items: the quads' q items end after q / quad_clusters rounds, the pairs' after
   // (pairs - 2 q) / pair_clusters.
   const int64_t pairs = cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch;
