@@ -79,7 +79,12 @@ TEST(Sm90TileChoice, FullAndCausalKeepTheirTiles) {
   EXPECT_TRUE(same(chosen(windowed(4097, -1, 0, 256), 256), tile_shape(256)));
   EXPECT_TRUE(same(chosen(windowed(1024, -1, -1, 256), 256), kD256Block64));
   EXPECT_TRUE(same(chosen(windowed(4096, -1, -1, 256), 256), kD256Block64));
-  EXPECT_TRUE(same(chosen(windowed(8192, -1, -1, 256), 256), tile_shape(256)));
+  // Full masks beyond 4096 keys: the quad mix's 64-key tile where the query blocks come in fours
+  // (uses_quad_mix; 64 here), the 80-key tile where they do not.
+  EXPECT_TRUE(same(chosen(windowed(8192, -1, -1, 256), 256), kD256Block64));
+  FwdParams six_blocks = windowed(8192, -1, -1, 256);
+  six_blocks.seqlen_q = 6 * 128;
+  EXPECT_TRUE(same(chosen(six_blocks, 256), tile_shape(256)));
   EXPECT_TRUE(same(chosen(windowed(1024, -1, 0, 128), 128), tile_shape(128)));
   // Few queries over many keys: the 128-row tile (long tiles), as before.
   FwdParams few = windowed(8192, -1, 0, 64);
@@ -356,9 +361,11 @@ TEST(Sm90TileChoice, OSliceAsOneBox) {
 
 // A paired launch's work items are its pairs of query blocks: 3 query blocks make 2 pairs per
 // (head, batch). Their last wave is cut into shares as tiles are, planned on the clusters (one per
-// two SMs): 2 x 8 (head, batch) of 8192 queries are 512 pairs of 103 80-key steps on 66 clusters.
+// two SMs): 2 x 8 (head, batch) of 8192 queries are 512 pairs of 103 80-key steps on 66 clusters
+// (the pairs alone: the quad mix would run them whole on the 64-key tile).
 TEST(Sm90TileChoice, PairedWorkIsPairsOfQueryBlocks) {
   const testing::ScopedEnv on("FUSEDATTN_SM90_CLUSTER", "1");
+  const testing::ScopedEnv alone("FUSEDATTN_SM90_QUAD_MIX", "0");
   {
     const testing::ScopedEnv whole("FUSEDATTN_SM90_TAIL_SPLIT", "0");
     const FwdWork w = planned_fwd_work(full(3 * 128, 4096, 128), MaskKind::kFull, 128, 132);
