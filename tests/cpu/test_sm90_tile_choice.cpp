@@ -4,6 +4,7 @@
 // Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -329,6 +330,29 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
   }
   const testing::ScopedEnv forced("FUSEDATTN_SM90_CLUSTER", "1");
   EXPECT_TRUE(mix(full(512, 1000, 256), 256));
+}
+
+// The mix's shares of the pairs' items (QuadMixShares): the quads' quad items and the pairs' pair
+// items cover the list once, and the two launches' rounds differ by less than the one quad item
+// that rounding down moves (1 / quads of the quads' rounds, 2 / pair clusters of the pairs'). The FA grid's
+// d256 full 2k on the H200 (512 pairs, 30 quads, 6 pairs): 232 quad items (7.7 rounds), the pairs
+// from item 464 (8 rounds).
+TEST(Sm90TileChoice, QuadMixSharesBalanceRounds) {
+  const QuadMixShares grid{512, 30, 6};
+  EXPECT_EQ(grid.quad_items(), 232);
+  EXPECT_EQ(grid.pair_begin(), 464);
+  for (const int64_t pairs : {2, 4, 10, 64, 512, 1000, 4096})
+    for (const auto& [quads, pair_clusters] : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}}) {
+      const QuadMixShares s{pairs, quads, pair_clusters};
+      SCOPED_TRACE(std::to_string(pairs) + " pairs, " + std::to_string(quads) + " quads, " +
+                   std::to_string(pair_clusters) + " pairs' clusters");
+      EXPECT_GE(s.quad_items(), 0);
+      EXPECT_EQ(s.pair_begin(), 2 * s.quad_items());
+      EXPECT_LE(s.pair_begin(), pairs);
+      const double quad_rounds = static_cast<double>(s.quad_items()) / quads;
+      const double pair_rounds = static_cast<double>(pairs - s.pair_begin()) / pair_clusters;
+      EXPECT_LT(std::abs(quad_rounds - pair_rounds), 1.0 / quads + 2.0 / pair_clusters);
+    }
 }
 
 // FUSEDATTN_SM90_CLUSTER=0 turns the pairs off; =1 on wherever they are supported, and only there.

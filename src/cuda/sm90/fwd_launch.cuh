@@ -344,19 +344,17 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
   const cudaStream_t side = quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
-  // In pair items: the quads' q items end after q / quad_clusters rounds, the pairs' after
-  // (pairs - 2 q) / pair_clusters.
-  const int64_t pairs = cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch;
-  const int64_t q = pairs * quad_clusters / (pair_clusters + kQuadCluster / kPairCluster * quad_clusters);
+  const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
+                             quad_clusters, pair_clusters};
   cudaEvent_t fork = nullptr, join = nullptr;
   FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
   FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(fork, stream));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
   // The quads first, so that the pairs' clusters find the SMs the quads leave.
-  const ClusterSlice quad_share{0, q, quad_clusters, stream};
+  const ClusterSlice quad_share{0, shares.quad_items(), quad_clusters, stream};
   launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &quad_share);
-  const ClusterSlice pair_share{kQuadCluster / kPairCluster * q, pairs, pair_clusters, side};
+  const ClusterSlice pair_share{shares.pair_begin(), shares.pairs, pair_clusters, side};
   launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &pair_share);
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(join, side));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));

@@ -284,6 +284,19 @@ inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_d
   return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % kQuadCluster == 0;
 }
 
+// The quad mix's share of `pairs` work items (pairs of query blocks) for quad_clusters clusters of
+// four beside pair_clusters pairs: the quads take the first quad_items() quad items (two pair
+// items each, the same four query blocks), the pairs the rest from pair item pair_begin(). In
+// proportion to the clusters, so that both launches end after about the same number of rounds.
+struct QuadMixShares {
+  int64_t pairs, quad_clusters, pair_clusters;
+  static constexpr int64_t kPairsPerQuad = kQuadCluster / kPairCluster;
+  // Quad rounds quad_items / quad_clusters against pair rounds (pairs - 2 quad_items) /
+  // pair_clusters: both pairs / (pair_clusters + 2 quad_clusters) before rounding down.
+  constexpr int64_t quad_items() const { return pairs * quad_clusters / (pair_clusters + kPairsPerQuad * quad_clusters); }
+  constexpr int64_t pair_begin() const { return kPairsPerQuad * quad_items(); }
+};
+
 // Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p: by the keys
 // a row sees (uses_block64), and always for paged K/V, whose blocks must each lie in one page
 // (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide it).
