@@ -346,21 +346,26 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
                              quad_clusters, pair_clusters};
-  cudaEvent_t fork = nullptr, join = nullptr;
-  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  FUSEDATTN_CUDA_CHECK(cudaEventRecord(fork, stream));
-  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+  // Destroyed on every way out (a throwing launch included); CUDA releases them once the work
+  // recorded on them completes.
+  struct Events {
+    cudaEvent_t fork = nullptr, join = nullptr;
+    ~Events() {
+      if (fork != nullptr) (void)cudaEventDestroy(fork);
+      if (join != nullptr) (void)cudaEventDestroy(join);
+    }
+  } events;
+  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.fork, cudaEventDisableTiming));
+  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.join, cudaEventDisableTiming));
+  FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.fork, stream));
+  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.fork, 0));
   // The quads first, so that the pairs' clusters find the SMs the quads leave.
   const ClusterSlice quad_share{0, shares.quad_items(), quad_clusters, stream};
   launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &quad_share);
   const ClusterSlice pair_share{shares.pair_begin(), shares.pairs, pair_clusters, side};
   launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &pair_share);
-  FUSEDATTN_CUDA_CHECK(cudaEventRecord(join, side));
-  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, join, 0));
-  // Released once the work recorded on them completes.
-  FUSEDATTN_CUDA_CHECK(cudaEventDestroy(fork));
-  FUSEDATTN_CUDA_CHECK(cudaEventDestroy(join));
+  FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
+  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));
   return true;
 }
 
