@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
@@ -35,10 +36,8 @@ template <typename Element, class Cfg, bool kSplits>
 struct Epilogue {
   using Storage = SharedStorage<Element, Cfg>;
   static constexpr int kOAcc = kWarpgroupRows * Cfg::kHeadDim / kWarpgroupThreads;
-  // The staging's 16-byte swizzle units, as store_rows copies them out.
-  static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(Element));
-  static constexpr int kAtomRows = 8;  // rows per swizzle atom
-  static constexpr int kChunksPerSlab = Cfg::kSlabCols / kChunkElems;
+  // The staging's 16-byte swizzle chunks per slab, as store_rows copies them out.
+  static constexpr int kChunksPerSlab = Cfg::kSlabCols / kSwizzleChunkElems;
   static constexpr int kSlabElems = Cfg::kQSlotRows * Cfg::kSlabCols;  // a Q slot's slab
   // Whether a slice's staging may go out as one box (KernelParams::o_one_box: a map whose box
   // takes the slabs as a dimension) rather than one box per slab: where each warpgroup's staging
@@ -217,15 +216,16 @@ struct Epilogue {
     const FwdParams& p = params.p;
     const RowPacking packing = params.packing;
     const int rows = static_cast<int>(packing.rows(int64_t{t.len_q})) - slice_row;
-    const int chunks = static_cast<int>(p.head_dim) / kChunkElems;
+    const int chunks = static_cast<int>(p.head_dim) / kSwizzleChunkElems;
     Element* out = static_cast<Element*>(p.o) + int64_t{t.q_start} * p.o_stride.row;
     for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
       const int r = i / chunks, c = i - r * chunks;
-      const int swizzled = c % kChunksPerSlab ^ r % kAtomRows;
+      const int swizzled = swizzle_chunk(r, c % kChunksPerSlab);
       const Element* staged = from.base + c / kChunksPerSlab * from.slab_elems + r * Cfg::kSlabCols;
       const int row = slice_row + r;
       Element* dst = out + packing.position(row) * p.o_stride.row + packing.query_head(t.head, row) * p.o_stride.head;
-      *reinterpret_cast<uint4*>(dst + c * kChunkElems) = *reinterpret_cast<const uint4*>(staged + swizzled * kChunkElems);
+      *reinterpret_cast<uint4*>(dst + c * kSwizzleChunkElems) =
+          *reinterpret_cast<const uint4*>(staged + swizzled * kSwizzleChunkElems);
     }
   }
 };

@@ -123,13 +123,12 @@ struct ClusterLaunch {
 // of them.
 template <auto kKernel, int kClusterCtas>
 int max_active_clusters(int threads, int smem_bytes) {
-  constexpr int cluster_ctas = kClusterCtas;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known[kMaxDevices];
   int device = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
   if (device < kMaxDevices && known[device].load() > 0) return known[device].load() - 1;
-  const ClusterLaunch one(cluster_ctas, threads, smem_bytes, nullptr, cluster_ctas);
+  const ClusterLaunch one(kClusterCtas, threads, smem_bytes, nullptr, kClusterCtas);
   int clusters = 0;
   // A failed query (a cluster the GPU or its partition cannot schedule) counts as none fitting;
   // the error (not a sticky one) is cleared so that no later check reports it.
@@ -150,7 +149,7 @@ struct ClusterSlice {
 };
 
 // Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
-// cluster_ctas where that is more than one) run at once; 0 where no cluster fits.
+// kClusterCtas where that is more than one) run at once; 0 where no cluster fits.
 template <auto kKernel, int kClusterCtas>
 int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int num_sms) {
   FUSEDATTN_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
