@@ -4,6 +4,7 @@
 // Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -333,26 +334,33 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
 }
 
 // The mix's shares of the pairs' items (QuadMixShares): the quads' quad items and the pairs' pair
-// items cover the list once, and the two launches' rounds differ by less than the one quad item
-// that rounding down moves (1 / quads of the quads' rounds, 2 / pair clusters of the pairs'). The FA grid's
-// d256 full 2k on the H200 (512 pairs, 30 quads, 6 pairs): 232 quad items (7.7 rounds), the pairs
-// from item 464 (8 rounds).
-TEST(Sm90TileChoice, QuadMixSharesBalanceRounds) {
-  const QuadMixShares grid{512, 30, 6};
-  EXPECT_EQ(grid.quad_items(), 232);
-  EXPECT_EQ(grid.pair_begin(), 464);
-  for (const int64_t pairs : {2, 4, 10, 64, 512, 1000, 4096})
-    for (const auto& [quads, pair_clusters] : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}}) {
-      const QuadMixShares s{pairs, quads, pair_clusters};
-      SCOPED_TRACE(std::to_string(pairs) + " pairs, " + std::to_string(quads) + " quads, " +
-                   std::to_string(pair_clusters) + " pairs' clusters");
-      EXPECT_GE(s.quad_items(), 0);
-      EXPECT_EQ(s.pair_begin(), 2 * s.quad_items());
-      EXPECT_LE(s.pair_begin(), pairs);
-      const double quad_rounds = static_cast<double>(s.quad_items()) / quads;
-      const double pair_rounds = static_cast<double>(pairs - s.pair_begin()) / pair_clusters;
-      EXPECT_LT(std::abs(quad_rounds - pair_rounds), 1.0 / quads + 2.0 / pair_clusters);
-    }
+// items cover the list once, and no other share ends the later launch sooner (each share's end by
+// brute force: whole rounds of whole items, a quad round quad_round_percent of a pair round). The
+// FA grid's d256 full points on the H200 (16k tokens: 512 pairs; 30 quads, 6 pairs): the quads take
+// 240 quad items in 8 rounds, which leaves the pairs 32 (6 rounds) where session 81's proportional
+// share (232) left them 48 (8 rounds) for the same 8 quad rounds.
+TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
+  EXPECT_EQ((QuadMixShares{512, 30, 6, 100}.quad_items()), 240);
+  EXPECT_EQ((QuadMixShares{512, 30, 6, 100}.pair_begin()), 480);
+  EXPECT_EQ((QuadMixShares{512, 30, 6, 70}.quad_items()), 240);  // the same from 70% to 130%
+  EXPECT_EQ((QuadMixShares{512, 30, 6, 130}.quad_items()), 240);
+  EXPECT_EQ((QuadMixShares{2, 30, 6, 100}.quad_items()), 0);  // one round either way: the tie keeps the first
+  for (const int64_t pairs : {1, 2, 4, 10, 64, 511, 512, 1000, 4096})
+    for (const auto& [quads, pair_clusters] : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}})
+      for (const int64_t percent : {50, 90, 100, 120, 300}) {
+        const QuadMixShares s{pairs, quads, pair_clusters, percent};
+        SCOPED_TRACE(std::to_string(pairs) + " pairs, " + std::to_string(quads) + " quads, " +
+                     std::to_string(pair_clusters) + " pairs' clusters, " + std::to_string(percent) + "%");
+        const auto end = [&](int64_t quad_items) {
+          const int64_t quad_rounds = (quad_items + quads - 1) / quads;
+          const int64_t pair_rounds = (pairs - 2 * quad_items + pair_clusters - 1) / pair_clusters;
+          return std::max(quad_rounds * percent, pair_rounds * 100);
+        };
+        ASSERT_GE(s.quad_items(), 0);
+        ASSERT_EQ(s.pair_begin(), 2 * s.quad_items());
+        ASSERT_LE(s.pair_begin(), pairs);
+        for (int64_t other = 0; 2 * other <= pairs; ++other) ASSERT_LE(end(s.quad_items()), end(other)) << other;
+      }
 }
 
 // FUSEDATTN_SM90_CLUSTER=0 turns the pairs off; =1 on wherever they are supported, and only there.

@@ -319,8 +319,8 @@ inline cudaStream_t quad_mix_stream() {
 // The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
 // between a launch of clusters of four, on the caller's stream, and a pair launch on the SMs no
 // quad fits, on a second stream forked from the caller's and joined back into it. Each takes a
-// share of the items in proportion to its clusters, so that both end together; the quads take
-// the first ones (a quad item is two pair items: the same four query blocks). Returns false,
+// share of the items (QuadMixShares: the later launch ends first); the quads take the first ones
+// (a quad item is two pair items: the same four query blocks). Returns false,
 // having launched nothing, where that cannot run: no quad or no pair beside them fits, the
 // stream is being captured into a graph (the launches would need the second stream captured as
 // well), or there is no second stream; the caller then runs the pairs alone.
@@ -344,7 +344,7 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const cudaStream_t side = quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
-                             quad_clusters, pair_clusters};
+                             quad_clusters, pair_clusters, quad_round_percent()};
   // Destroyed on every way out (a throwing launch included); CUDA releases them once the work
   // recorded on them completes.
   struct Events {

@@ -284,16 +284,56 @@ inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_d
   return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % kQuadCluster == 0;
 }
 
+// A quad round's time as a percent of a pair round's, for QuadMixShares: even, as measured alone
+// (session 70's quads on 120 SMs against the pairs on 132 put a quad round at 91-95% of a pair
+// round, but beside each other the two launches share the L2 and the power). At the FA grid's
+// d256 full points every percent from 70 to 130 picks the same shares.
+// FUSEDATTN_SM90_QUAD_ROUND_PERCENT (1-1000) sets it for measurements.
+constexpr int64_t kQuadRoundPercent = 100;
+inline int64_t quad_round_percent() {
+  const char* v = std::getenv("FUSEDATTN_SM90_QUAD_ROUND_PERCENT");
+  const int64_t forced = v ? std::atoll(v) : 0;
+  return forced >= 1 && forced <= 1000 ? forced : kQuadRoundPercent;
+}
+
 // The quad mix's share of `pairs` work items (pairs of query blocks) for quad_clusters clusters of
 // four beside pair_clusters pairs: the quads take the first quad_items() quad items (two pair
-// items each, the same four query blocks), the pairs the rest from pair item pair_begin(). In
-// proportion to the clusters, so that both launches end after about the same number of rounds.
+// items each, the same four query blocks), the pairs the rest from pair item pair_begin(). Every
+// item runs whole under the static schedule, so each launch takes whole rounds, and a quad round
+// takes quad_round_percent of a pair round's time. The share is the one whose later launch ends
+// first; of equal ends, the one whose two launches' rounds add up to least. The quads' k rounds
+// hold at most k * quad_clusters items, and every item more the quads take is two fewer for the
+// pairs, so only those counts are candidates. Against session
+// 81's share in proportion to the clusters (which ends both launches after about as many rounds,
+// the quads' last one part empty), H200, one process, TFLOP/s this / proportional, medians of 7:
+// fp16 d256 full 4k 727.4 / 715.9, 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k
+// 764.6 / 755.3; medians of 21: fp16 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4,
+// 16k 774.1 / 777.0 (docs/hopper.md, session 82). Every point of that grid has 512 pairs (16k
+// tokens): 240 quad items (8 rounds) and 32 pair items (6 rounds) here, 232 (8 rounds, the last
+// with 22 of the 30 quads) and 48 (8 rounds) proportionally. So the same shares read +1.2-2.3% at
+// 4k and 8k, +0.1-1.6% at 2k and -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent)
+// explains.
 struct QuadMixShares {
   int64_t pairs, quad_clusters, pair_clusters;
+  int64_t quad_round_percent;
   static constexpr int64_t kPairsPerQuad = kQuadCluster / kPairCluster;
-  // Quad rounds quad_items / quad_clusters against pair rounds (pairs - 2 quad_items) /
-  // pair_clusters: both pairs / (pair_clusters + 2 quad_clusters) before rounding down.
-  constexpr int64_t quad_items() const { return pairs * quad_clusters / (pair_clusters + kPairsPerQuad * quad_clusters); }
+  static constexpr int64_t kPairRoundPercent = 100;
+  constexpr int64_t quad_items() const {
+    const int64_t most = pairs / kPairsPerQuad;
+    int64_t best = 0, best_end = 0, best_sum = 0;
+    for (int64_t rounds = 0; rounds == 0 || (rounds - 1) * quad_clusters < most; ++rounds) {
+      const int64_t items = std::min(rounds * quad_clusters, most);
+      const int64_t pair_rounds = ceil_div(pairs - kPairsPerQuad * items, pair_clusters);
+      const int64_t quad_time = rounds * quad_round_percent, pair_time = pair_rounds * kPairRoundPercent;
+      const int64_t end = std::max(quad_time, pair_time), sum = quad_time + pair_time;
+      if (rounds == 0 || end < best_end || (end == best_end && sum < best_sum)) {
+        best = items;
+        best_end = end;
+        best_sum = sum;
+      }
+    }
+    return best;
+  }
   constexpr int64_t pair_begin() const { return kPairsPerQuad * quad_items(); }
 };
 
