@@ -303,12 +303,12 @@ inline int64_t quad_round_percent() {
 // takes quad_round_percent of a pair round's time. The share is the one whose later launch ends
 // first; of equal ends, the one whose two launches' rounds add up to least. The quads' k rounds
 // hold at most k * quad_clusters items, and every item more the quads take is two fewer for the
-// pairs, so only those counts are candidates. Against session
-// 81's share in proportion to the clusters (which ends both launches after about as many rounds,
-// the quads' last one part empty), H200, one process, TFLOP/s this / proportional, medians of 7:
-// fp16 d256 full 4k 727.4 / 715.9, 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k
-// 764.6 / 755.3; medians of 21: fp16 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4,
-// 16k 774.1 / 777.0 (docs/hopper.md, session 82). Every point of that grid has 512 pairs (16k
+// pairs, so only those counts are candidates. Against session 81's share in proportion to the
+// clusters (which ends both launches after about as many rounds, the quads' last one part empty),
+// H200, one process, TFLOP/s this / proportional, medians of 7: fp16 d256 full 4k 727.4 / 715.9,
+// 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k 764.6 / 755.3; medians of 21: fp16
+// 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4, 16k 774.1 / 777.0 (docs/hopper.md,
+// session 82). Every point of that grid has 512 pairs (16k
 // tokens): 240 quad items (8 rounds) and 32 pair items (6 rounds) here, 232 (8 rounds, the last
 // with 22 of the 30 quads) and 48 (8 rounds) proportionally. So the same shares read +1.2-2.3% at
 // 4k and 8k, +0.1-1.6% at 2k and -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent)
