@@ -12,7 +12,8 @@
 #            points (not in the default: tools/bench_points.py at POINTS with the providers
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
 #            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each, the
-#            column order reversed every second time unless POINT_ORDER=given), and
+#            column order reversed every second time unless POINT_ORDER=given; POINT_DTYPE, default
+#            float16, may list several, float16,bfloat16: a run each), and
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
 #            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
 #            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS)
@@ -266,9 +267,15 @@ fi
 if has points; then
   envs=()
   for e in ${POINT_ENVS:-}; do envs+=(--env "$e"); done
-  step points 500 points.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_points.py" --points "$POINTS" \
-    --providers "${POINT_PROVIDERS:-sdpa_flash,sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" \
-    --repeat "${POINT_REPEAT:-1}" --order "${POINT_ORDER:-alternate}" "${envs[@]}" --out "$dest/points.jsonl"
+  # POINT_DTYPE, a comma list: one run per dtype, each its own process, log and JSON lines
+  # (points.log and points.jsonl for one dtype, points_<dtype>.* for several).
+  point_dtypes=${POINT_DTYPE:-float16}
+  for dt in ${point_dtypes//,/ }; do
+    name=points; [[ "$point_dtypes" == *,* ]] && name=points_$dt
+    step "$name" 500 "$name.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_points.py" --points "$POINTS" \
+      --providers "${POINT_PROVIDERS:-sdpa_flash,sdpa_cudnn,ours}" --dtype "$dt" \
+      --repeat "${POINT_REPEAT:-1}" --order "${POINT_ORDER:-alternate}" "${envs[@]}" --out "$dest/$name.jsonl"
+  done
 fi
 
 if has power; then
@@ -317,7 +324,9 @@ done
 if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
   for f in "$out"/peers_*_order.md "$out"/peers_*_table.md; do [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }; done
 fi
-[ -f "$out/points.log" ] && { echo "== points.log"; grep -v "is_fx_tracing" "$out/points.log"; }
+for f in "$out"/points.log "$out"/points_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
+done
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
 for f in "$out"/varlen_*.log "$out"/decode_varlen.log "$out"/documents_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
