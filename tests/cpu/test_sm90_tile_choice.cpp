@@ -345,8 +345,10 @@ TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
   EXPECT_EQ((QuadMixShares{512, 30, 6, 130}.quad_items()), 240);
   EXPECT_EQ((QuadMixShares{2, 30, 6, 100}.quad_items()), 0);  // one round either way: the tie keeps the first
   for (const int64_t pairs : {1, 2, 4, 10, 64, 511, 512, 1000, 4096})
-    for (const auto& [quads, pair_clusters] : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}})
+    for (const auto& clusters : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}})
       for (const int64_t percent : {50, 90, 100, 120, 300}) {
+        // Named copies, not structured bindings: clang 14 lets no lambda capture those.
+        const int64_t quads = clusters.first, pair_clusters = clusters.second;
         const QuadMixShares s{pairs, quads, pair_clusters, percent};
         SCOPED_TRACE(std::to_string(pairs) + " pairs, " + std::to_string(quads) + " quads, " +
                      std::to_string(pair_clusters) + " pairs' clusters, " + std::to_string(percent) + "%");
