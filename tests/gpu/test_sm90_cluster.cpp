@@ -192,8 +192,10 @@ TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
       // Forced: by default the pairs (and so the mix) start at kPairClusterMinKeys keys.
       const ScopedEnvs mix({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
       if (!expect_paired(pr, dtype)) continue;
-      EXPECT_TRUE(planned_sm90_work(pr, dtype)->quad_mix);
-      EXPECT_EQ(planned_sm90_work(pr, dtype)->shape.block_n, cuda::sm90::kD256Block64.block_n);
+      const auto mixed = planned_sm90_work(pr, dtype);
+      ASSERT_TRUE(mixed.has_value());
+      EXPECT_TRUE(mixed->quad_mix);
+      EXPECT_EQ(mixed->shape.block_n, cuda::sm90::kD256Block64.block_n);
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       for (int run = 0; run < 2; ++run) {
         FUSEDATTN_RUN_OR_SKIP(dc.forward());

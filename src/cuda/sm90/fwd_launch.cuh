@@ -320,17 +320,15 @@ inline cudaStream_t quad_mix_stream() {
 // between a launch of clusters of four, on the caller's stream, and a pair launch on the SMs no
 // quad fits, on a second stream forked from the caller's and joined back into it. Each takes a
 // share of the items (QuadMixShares: the later launch ends first); the quads take the first ones
-// (a quad item is two pair items: the same four query blocks). Returns false,
-// having launched nothing, where that cannot run: no quad or no pair beside them fits, the
-// stream is being captured into a graph (the launches would need the second stream captured as
-// well), or there is no second stream; the caller then runs the pairs alone.
+// (a quad item is two pair items: the same four query blocks). Returns false, having launched
+// nothing, where that cannot run: no quad or no pair beside them fits, the stream is being
+// captured into a graph (the launches would need the second stream captured as well), or there is
+// no second stream; the caller then runs the pairs alone.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using QuadCfg = KernelConfig<Element, kHeadDim, quads(kShape)>;
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  FUSEDATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return false;
+  if (capturing(stream)) return false;
   constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
   constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
   const int64_t quad_clusters = launch_slots<kQuadKernel, kQuadCluster>(QuadCfg::kThreads, kSmemBytes, 1, num_sms);
@@ -405,7 +403,7 @@ void run_fwd(const FwdParams& p) {
     }
   }
   if constexpr (has_block64_tile(kHeadDim)) {
-    if (runs_block64(kHeadDim, p) || uses_quad_mix(p, kMask, kHeadDim, rows))
+    if (runs_block64(kHeadDim, p, kMask, rows))
       return launch_fwd_maybe_paired<Element, kHeadDim, kMask, block64_tile(kHeadDim)>(p, rows, num_sms);
   }
   launch_fwd_maybe_paired<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);

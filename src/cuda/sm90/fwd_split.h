@@ -308,11 +308,10 @@ inline int64_t quad_round_percent() {
 // H200, one process, TFLOP/s this / proportional, medians of 7: fp16 d256 full 4k 727.4 / 715.9,
 // 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k 764.6 / 755.3; medians of 21: fp16
 // 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4, 16k 774.1 / 777.0 (docs/hopper.md,
-// session 82). Every point of that grid has 512 pairs (16k
-// tokens): 240 quad items (8 rounds) and 32 pair items (6 rounds) here, 232 (8 rounds, the last
-// with 22 of the 30 quads) and 48 (8 rounds) proportionally. So the same shares read +1.2-2.3% at
-// 4k and 8k, +0.1-1.6% at 2k and -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent)
-// explains.
+// session 82). Every point of that grid has 512 pairs (16k tokens): 240 quad items (8 rounds) and
+// 32 pair items (6 rounds) here, 232 (8 rounds, the last with 22 of the 30 quads) and 48 (8
+// rounds) proportionally. So the same shares read +1.2-2.3% at 4k and 8k, +0.1-1.6% at 2k and
+// -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent) explains.
 struct QuadMixShares {
   int64_t pairs, quad_clusters, pair_clusters;
   int64_t quad_round_percent;
@@ -337,14 +336,16 @@ struct QuadMixShares {
   constexpr int64_t pair_begin() const { return kPairsPerQuad * quad_items(); }
 };
 
-// Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p: by the keys
-// a row sees (uses_block64), and always for paged K/V, whose blocks must each lie in one page
-// (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide it).
-inline bool runs_block64(int instance_head_dim, const FwdParams& p) {
+// Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p's tiled rows
+// under mask: by the keys a row sees (uses_block64), always for paged K/V, whose blocks must each
+// lie in one page (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide
+// it), and wherever the quad mix runs (its clusters of four take the 64-key tile only).
+inline bool runs_block64(int instance_head_dim, const FwdParams& p, MaskKind mask, const TiledRows& rows) {
   static_assert(kCudaPageRows % kD256Block64.block_n == 0 && kCudaPageRows % kD192Block64.block_n == 0,
                 "a 64-key block lies in one page");
   return has_block64_tile(instance_head_dim) &&
-         (p.block_table != nullptr || uses_block64(instance_head_dim, keys_per_row(p)));
+         (p.block_table != nullptr || uses_block64(instance_head_dim, keys_per_row(p)) ||
+          uses_quad_mix(p, mask, instance_head_dim, rows));
 }
 
 // The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256) for p's
@@ -357,8 +358,7 @@ inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const
       case D64Tile::kTable: break;
     }
   }
-  if (runs_block64(instance_head_dim, p) || uses_quad_mix(p, mask, instance_head_dim, rows))
-    return block64_tile(instance_head_dim);
+  if (runs_block64(instance_head_dim, p, mask, rows)) return block64_tile(instance_head_dim);
   return tile_shape(instance_head_dim);
 }
 
