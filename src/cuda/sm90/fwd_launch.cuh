@@ -331,7 +331,8 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if (capturing(stream)) return false;
   constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
   constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
-  const int64_t quad_clusters = launch_slots<kQuadKernel, kQuadCluster>(QuadCfg::kThreads, kSmemBytes, 1, num_sms);
+  const int64_t quad_clusters =
+      launch_slots<kQuadKernel, kQuadCluster>(QuadCfg::kThreads, kSmemBytes, QuadCfg::kCtasPerSm, num_sms);
   // The pairs run on the SMs the quads leave. The occupancy API answers for an empty device, so
   // this asks it whether every SM pairs up there (as on the H200: 66 pairs of 132 SMs), of the
   // quad kernel, whose resources are the pair kernel's. Then every GPC holds an even number of
