@@ -16,7 +16,11 @@
 #            float16, may list several, float16,bfloat16: a run each), and
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
 #            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
-#            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS)
+#            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS), and
+#            span (not in the default: tools/call_span.py, a short loop of calls below the power
+#            cap, at SPAN_POINTS (forward points as in POINTS) with the providers SPAN_PROVIDERS,
+#            default sdpa_cudnn,ours, an ours column per setting in SPAN_ENVS, a run per dtype in
+#            SPAN_DTYPE, default float16,bfloat16)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set
@@ -125,7 +129,7 @@ heads=${GPU_HEAD_DIMS:-$heads}
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
 # The steps that run the main build's binaries (trace has a build of its own).
-uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power; }
+uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power || has span; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
@@ -286,6 +290,16 @@ if has power; then
     --out "$dest/power.jsonl"
 fi
 
+if has span; then
+  envs=()
+  for e in ${SPAN_ENVS:-}; do envs+=(--env "$e"); done
+  span_dtypes=${SPAN_DTYPE:-float16,bfloat16}
+  for dt in ${span_dtypes//,/ }; do
+    step "span_$dt" 300 "span_$dt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/call_span.py" --points "$SPAN_POINTS" \
+      --providers "${SPAN_PROVIDERS:-sdpa_cudnn,ours}" --dtype "$dt" "${envs[@]}"
+  done
+fi
+
 if has trace; then
   # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
@@ -328,6 +342,9 @@ for f in "$out"/points.log "$out"/points_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
+for f in "$out"/span_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v -i "warn" "$f"; fi
+done
 for f in "$out"/varlen_*.log "$out"/decode_varlen.log "$out"/documents_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
