@@ -18,7 +18,8 @@
 #            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
 #            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS), and
 #            span (not in the default: tools/call_span.py, a short loop of calls below the power
-#            cap, at SPAN_POINTS (forward points as in POINTS) with the providers SPAN_PROVIDERS,
+#            cap, at SPAN_POINTS (forward points as in POINTS, default fwd:256:full:2048) with the
+#            providers SPAN_PROVIDERS,
 #            default sdpa_cudnn,ours, an ours column per setting in SPAN_ENVS, a run per dtype in
 #            SPAN_DTYPE, default float16,bfloat16)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
@@ -147,9 +148,9 @@ fi
 
 if [ -n "${SMOKE_TEST:-}" ]; then
   if ! step smoke "${SMOKE_LIMIT:-30}" smoke.log "$build/tests/fusedattn_gpu_tests" --gtest_filter="$SMOKE_TEST"; then
-    note "smoke test failed or hung: tests, sanitize, pytest, points and peers left out"
+    note "smoke test failed or hung: tests, sanitize, pytest, points, span and peers left out"
     tail -n 20 "$out/smoke.log"
-    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,sanitize,/,/; s/,pytest,/,/; s/,points,/,/; s/,peers,/,/; s/^,//; s/,$//')
+    steps=$(echo ",$steps," | sed 's/,tests,/,/; s/,sanitize,/,/; s/,pytest,/,/; s/,points,/,/; s/,span,/,/; s/,peers,/,/; s/^,//; s/,$//')
   fi
 fi
 
@@ -295,7 +296,7 @@ if has span; then
   for e in ${SPAN_ENVS:-}; do envs+=(--env "$e"); done
   span_dtypes=${SPAN_DTYPE:-float16,bfloat16}
   for dt in ${span_dtypes//,/ }; do
-    step "span_$dt" 300 "span_$dt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/call_span.py" --points "$SPAN_POINTS" \
+    step "span_$dt" 300 "span_$dt.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/call_span.py" --points "${SPAN_POINTS:-fwd:256:full:2048}" \
       --providers "${SPAN_PROVIDERS:-sdpa_cudnn,ours}" --dtype "$dt" "${envs[@]}"
   done
 fi
