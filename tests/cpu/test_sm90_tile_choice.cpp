@@ -376,6 +376,31 @@ TEST(Sm90TileChoice, ClusterSwitch) {
   EXPECT_EQ(cluster_of(full(4096, 4096, 64), 64), 1);
 }
 
+// The K/V maps promote L2 misses to 128 bytes for tiles of at most a warpgroup's rows (decode
+// steps, packed GQA groups included), to 256 bytes otherwise; the switch forces either.
+TEST(Sm90TileChoice, KvL2PromotionNarrowsForDecodeSteps) {
+  constexpr int64_t kSms = 132;
+  const auto rows_of = [](int64_t batch, int64_t seqlen_q, int64_t seqlen_k) {
+    FwdParams p;
+    testing::set_shape(p, testing::dense(batch, 32, 8, seqlen_q, seqlen_k, 128));
+    return tiled_rows(p, 128, MaskKind::kFull, kSms);
+  };
+  const TiledRows decode = rows_of(16, 1, 131072), short_queries = rows_of(1, 16, 32768),
+                  prefill = rows_of(2, 2048, 2048), just_over = rows_of(1, 65, 8192);
+  EXPECT_EQ(decode.rows, 4);  // the GQA group's four heads, packed
+  EXPECT_TRUE(kv_l2_promotes_128b(decode));
+  EXPECT_TRUE(kv_l2_promotes_128b(short_queries));
+  EXPECT_FALSE(kv_l2_promotes_128b(prefill));
+  EXPECT_GT(just_over.rows, kWarpgroupRows);
+  EXPECT_FALSE(kv_l2_promotes_128b(just_over));
+  {
+    const testing::ScopedEnv off("FUSEDATTN_SM90_KV_L2_128B", "0");
+    EXPECT_FALSE(kv_l2_promotes_128b(decode));
+  }
+  const testing::ScopedEnv on("FUSEDATTN_SM90_KV_L2_128B", "1");
+  EXPECT_TRUE(kv_l2_promotes_128b(prefill));
+}
+
 // Each warpgroup's O slice goes out as one TMA box where its tile stages it in shared memory of
 // its own, for dense, unpacked rows whose head_dim fills the tile's slabs; else one box per slab.
 TEST(Sm90TileChoice, OSliceAsOneBox) {

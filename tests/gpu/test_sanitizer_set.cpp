@@ -209,6 +209,14 @@ TEST(GpuSanitizer, TailSharesCrossTiles) {
   }
 }
 
+// Decode steps (one to three queries per sequence, a GQA group packed into a tile's rows, the keys
+// split into parts): K/V maps with 128-byte L2 promotion (fwd_split.h, kv_l2_promotes_128b).
+TEST(GpuSanitizer, DecodeSteps) {
+  FUSEDATTN_REQUIRE_GPU();
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(3, 8, 2, 1, 5000, 128), DType::kFloat16));
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(2, 4, 1, 3, 3000, 256), DType::kBFloat16));
+}
+
 // CTA pairs sharing K/V by multicast (tile_config.h, kPairCluster), forced: the peer's arrivals
 // on this CTA's empty barriers (and at d256 on its o_read barriers: O staged in K/V), a last pair
 // with one block past the sequence, and keys fewer than half a block (the second CTA's share

@@ -348,6 +348,18 @@ inline bool runs_block64(int instance_head_dim, const FwdParams& p, MaskKind mas
           uses_quad_mix(p, mask, instance_head_dim, rows));
 }
 
+// Whether the K/V maps widen an L2 miss to one 128-byte line (L2Promotion::k128B) instead of two.
+// Tiles of at most a warpgroup's rows (decode steps: a GQA group's few queries) read each K/V block
+// once, at the memory's rate. There the 256-byte promotion costs a quarter more L2 sector reads
+// (a quarter of them hits) and DRAM throughput: ncu on d128 decode, batch 16, 128k keys, fp16,
+// H200: 88.7% of DRAM peak and 2.02 ms against 94.0% and 1.90 ms at 128 bytes (cuDNN: 94.9%,
+// 1.88 ms; docs/hopper.md, session 85). Taller tiles, whose K/V the L2 serves to many CTAs, keep
+// 256 bytes. FUSEDATTN_SM90_KV_L2_128B=1 or 0 forces the choice.
+inline bool kv_l2_promotes_128b(const TiledRows& rows) {
+  if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_KV_L2_128B")) return *forced;
+  return rows.rows <= kWarpgroupRows;
+}
+
 // The tile shape of the instance compiled for instance_head_dim (64, 128, 192 or 256) for p's
 // tiled rows, before the choice of a cluster (fwd_tile_shape).
 inline TileShape unpaired_tile_shape(int instance_head_dim, MaskKind mask, const TiledRows& rows, const FwdParams& p) {

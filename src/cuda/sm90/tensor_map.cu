@@ -39,7 +39,7 @@ CUtensorMapDataType map_dtype(DType d) {
 // multiple.
 template <int kRank>
 CUtensorMap encode(DType dtype, const void* base, const cuuint64_t (&dims)[kRank], const int64_t (&strides)[kRank - 1],
-                   const cuuint32_t (&box)[kRank]) {
+                   const cuuint32_t (&box)[kRank], L2Promotion promotion = L2Promotion::k256B) {
   const uint64_t elem = dtype_size(dtype);
   cuuint64_t byte_strides[kRank - 1];
   constexpr cuuint64_t kAnyAlignedStride = 16;
@@ -50,7 +50,8 @@ CUtensorMap encode(DType dtype, const void* base, const cuuint64_t (&dims)[kRank
   CUtensorMap map;
   const CUresult res = encode_fn()(&map, map_dtype(dtype), kRank, const_cast<void*>(base), dims, byte_strides, box,
                                    element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                   promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw Error(ErrorCode::kRuntime, "", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
   return map;
@@ -58,12 +59,12 @@ CUtensorMap encode(DType dtype, const void* base, const cuuint64_t (&dims)[kRank
 
 }  // namespace
 
-CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows) {
+CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows, L2Promotion promotion) {
   const cuuint64_t dims[] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(view.rows),
                              static_cast<cuuint64_t>(view.heads), static_cast<cuuint64_t>(view.batch)};
   const int64_t strides[] = {view.strides.row, view.strides.head, view.strides.batch};
   const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
-  return encode<4>(view.dtype, view.base, dims, strides, box);
+  return encode<4>(view.dtype, view.base, dims, strides, box, promotion);
 }
 
 CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows) {

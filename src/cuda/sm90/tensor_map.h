@@ -28,9 +28,14 @@ inline OperandView operand_view(const FwdParams& p, const void* base, int64_t ro
   return OperandView{base, p.dtype, p.head_dim, rows, heads, p.cu_seqlens_q != nullptr ? 1 : p.batch, strides};
 }
 
+// How far the L2 widens a map's loads that miss (the map's L2 promotion): a whole 128-byte line,
+// or two. Every map but the forward's K/V in decode steps (fwd_split.h, kv_l2_promotion) takes 256.
+enum class L2Promotion { k128B, k256B };
+
 // A tiled map with box [box_rows x box_cols] and the 128-byte swizzle (box_cols * element size
 // must be 128; fp16, bf16 or fp32). Throws fusedattn::Error(kRuntime) when the driver rejects the description.
-CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows);
+CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows,
+                            L2Promotion promotion = L2Promotion::k256B);
 
 // The same operand as [batch, heads / group, rows, group, head_dim] (5-D, innermost last): the
 // query heads of a GQA group side by side per row, so a box of [box_rows / group positions x
