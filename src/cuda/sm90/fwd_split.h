@@ -350,11 +350,12 @@ inline bool runs_block64(int instance_head_dim, const FwdParams& p, MaskKind mas
 
 // Whether the K/V maps widen an L2 miss to one 128-byte line (L2Promotion::k128B) instead of two.
 // Tiles of at most a warpgroup's rows (decode steps: a GQA group's few queries) read each K/V block
-// once, at the memory's rate. There the 256-byte promotion costs a quarter more L2 sector reads
-// (a quarter of them hits) and DRAM throughput: ncu on d128 decode, batch 16, 128k keys, fp16,
-// H200: 88.7% of DRAM peak and 2.02 ms against 94.0% and 1.90 ms at 128 bytes (cuDNN: 94.9%,
-// 1.88 ms; docs/hopper.md, session 85). Taller tiles, whose K/V the L2 serves to many CTAs, keep
-// 256 bytes. FUSEDATTN_SM90_KV_L2_128B=1 or 0 forces the choice.
+// once, at the memory's rate. There the 256-byte promotion costs a quarter more L2 sector lookups
+// (the extra ones all hits, no extra DRAM bytes) and DRAM throughput: ncu on d128 decode, batch
+// 16, 128k keys, fp16, H200: 88.7% of DRAM peak and 2.02 ms against 94.0% and 1.90 ms at 128
+// bytes (cuDNN: 94.9%, 1.88 ms; docs/hopper.md, session 85). Taller tiles, whose K/V the L2 serves
+// to many CTAs, keep 256 bytes (d128 prefill measured even). FUSEDATTN_SM90_KV_L2_128B=1 or 0
+// forces the choice.
 inline bool kv_l2_promotes_128b(const TiledRows& rows) {
   if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_KV_L2_128B")) return *forced;
   return rows.rows <= kWarpgroupRows;

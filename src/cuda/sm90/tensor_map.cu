@@ -47,11 +47,12 @@ CUtensorMap encode(DType dtype, const void* base, const cuuint64_t (&dims)[kRank
     byte_strides[d] = dims[d + 1] <= 1 ? kAnyAlignedStride : static_cast<cuuint64_t>(strides[d]) * elem;
   cuuint32_t element_strides[kRank];
   for (int d = 0; d < kRank; ++d) element_strides[d] = 1;
+  const CUtensorMapL2promotion l2_promotion =
+      promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
   CUtensorMap map;
   const CUresult res = encode_fn()(&map, map_dtype(dtype), kRank, const_cast<void*>(base), dims, byte_strides, box,
                                    element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                   promotion == L2Promotion::k128B ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B : CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                   l2_promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw Error(ErrorCode::kRuntime, "", "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(res));
   return map;

@@ -28,8 +28,8 @@ inline OperandView operand_view(const FwdParams& p, const void* base, int64_t ro
   return OperandView{base, p.dtype, p.head_dim, rows, heads, p.cu_seqlens_q != nullptr ? 1 : p.batch, strides};
 }
 
-// How far the L2 widens a map's loads that miss (the map's L2 promotion): a whole 128-byte line,
-// or two. Every map but the forward's K/V in decode steps (fwd_split.h, kv_l2_promotion) takes 256.
+// How far the L2 widens a map's loads that miss (the map's L2 promotion): to one 128-byte line or
+// two. Every map takes 256 but the forward's K/V in decode steps (fwd_split.h, kv_l2_promotes_128b).
 enum class L2Promotion { k128B, k256B };
 
 // A tiled map with box [box_rows x box_cols] and the 128-byte swizzle (box_cols * element size
