@@ -117,6 +117,24 @@ TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
   }
 }
 
+// Decode steps on dense caches: a GQA group packed into the tile's rows (4, 20 and 24 of 128),
+// so each warpgroup's slice holds rows past the sequence's end, which the parts neither write to
+// the workspace nor read back (split_combine.cuh, holds_rows): the rows in use must still
+// combine right, in both dtypes, and to the bit on repeats.
+TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
+  SKIP_UNLESS_HOPPER();
+  const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 4096, 128), dense(2, 16, 4, 5, 3000, 64),
+                                       dense(1, 8, 1, 3, 2500, 256)};
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : shapes) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      if (!expect_split(pr, dtype)) continue;
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+    }
+  if (expect_split(shapes[0], DType::kFloat16))
+    FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
+}
+
 // FUSEDATTN_SM90_TAIL_SPLIT=0: the plan keeps every tile whole and the results still match.
 TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
   SKIP_UNLESS_HOPPER();
