@@ -107,10 +107,11 @@ struct SplitCombine {
     // go to L2 (ld.global.cg), where an earlier launch's values cannot linger as in L1.
     __threadfence();
     const int parts = holds_rows(t, thread) ? parts_of(t) : 0;
-    // One pass, the maximum kept as it goes (as the mainloop's online softmax): each part's LSE
-    // comes with its O in one L2 round trip, where a first pass for the maximum took a round trip
-    // of its own per part (session 86's trace: the combine was ~9,300 cycles of a 4k-key decode
-    // step's ~24,000).
+    // One pass, the maximum kept as it goes (as the mainloop's online softmax), each part's LSE
+    // read with its O. Not for speed (session 86's trace: the first pass's loads had overlapped,
+    // the combine stayed ~7,300 cycles of a 4k-key decode step's ~24,600, one L2 round trip per
+    // part): with holds_rows, the two-pass form spilled 8-124 B in the d256 pair, quad and n80
+    // instances, this one none.
     float m[kRows] = {-INFINITY, -INFINITY}, sum[kRows] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < kOAcc; ++i) o[i] = 0.f;
@@ -141,7 +142,7 @@ struct SplitCombine {
     float inv[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // sum >= 1 where a part saw a key (its own weight is 1); NaN stays NaN, confined to its row.
+      // sum >= 1 where a part saw a key (the largest LSE's weight is 1); NaN stays NaN, in its row.
       const bool empty = sum[r] == 0.f;
       inv[r] = empty ? 0.f : 1.f / sum[r];
       lse[r] = empty ? -INFINITY : m[r] + logf(sum[r]);
