@@ -4,11 +4,12 @@
 # (AB_VALUES="A B" sets the two values, e.g. "64 128" for a threshold), then the CLI's timed runs
 # of each point, the two builds alternating, REPEAT rounds.
 #   tools/ab_build.sh SWITCH d:mask:seqlen [d:mask:seqlen ...]
-#     mask: full or causal; the FA grid's shape (16k tokens, model dim 2048), fp16 unless
-#     AB_DTYPE=bf16. AB_HEADS="64;128" (default: the head dims of the points) is the build's
+#     mask: full or causal; the FA grid's shape (16k tokens, model dim 2048), or any shape as
+#     d:mask:sq:sk:batch:hq:hkv (fa_point.sh, point_args; e.g. 128:full:1:4096:1:32:8, a decode
+#     step); fp16 unless AB_DTYPE=bf16. AB_HEADS="64;128" (default: the head dims of the points) is the build's
 #     FUSEDATTN_HEAD_DIMS. REPEAT (default 3) rounds. AB_CLI_ARGS adds CLI arguments to every run
 #     (`--backward` times the backward).
-# Each line: round, point, which build, the CLI's TFLOP/s (median of its 20 timed runs) and its
+# Each line: round, point, which build, the CLI's TFLOP/s and time (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
 # build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the
 # ratio of the two builds' TFLOP/s in each round and its median. Runtime switches (environment
@@ -56,32 +57,36 @@ done
 for round in $(seq "${REPEAT:-3}"); do
   for point in "$@"; do
     IFS=: read -r d mask s <<< "$point"
-    shape=$(fa_point_args "$d" "$s" "$mask") || { echo "point $point: mask must be full or causal"; continue; }
+    shape=$(point_args "$point") || { echo "point $point: D:MASK:SEQLEN or D:MASK:SQ:SK:BATCH:HQ:HKV, mask full or causal"; continue; }
     for v in "${values[@]}"; do
       # shellcheck disable=SC2086  # $shape is a list of CLI arguments
       result=$("$root/build-ab$v/fusedattn" --backend cuda $shape --dtype "$dtype" --warmup 3 --iters 20 \
         --check-rows 16 ${AB_CLI_ARGS:-} 2>&1)
       rc=$?
-      echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") rc=$rc" | tee -a "$runs"
+      echo "$round d$d $mask $s $switch=$v $(grep -o 'tflops=[0-9.]*' <<< "$result") $(grep -o 'time_ms=[0-9.]*' <<< "$result") rc=$rc" |
+        tee -a "$runs"
     done
   done
 done
-# Per point: the first value's TFLOP/s over the second's in each round, and their median.
+# Per point: the first value's speed over the second's in each round (the second's time over the
+# first's: the CLI prints TFLOP/s to three decimals, too few for a decode step's ~0.002), and
+# their median.
 python3 - "$runs" "$switch=${values[0]}" "$switch=${values[1]}" <<'PY'
 import statistics, sys
 path, first, second = sys.argv[1:]
-tflops, points, rounds = {}, [], []
+times, points, rounds = {}, [], []
 for line in open(path):
-    rnd, d, mask, s, build, tf = line.split()[:6]
+    rnd, d, mask, s, build = line.split()[:5]
     point = f"{d} {mask} {s}"
     points += [point] if point not in points else []
     rounds += [rnd] if rnd not in rounds else []
-    if tf.startswith("tflops="):
-        tflops[rnd, point, build] = float(tf.split("=")[1])
-print(f"ratios {first} / {second}, per round, then the median:")
+    for field in line.split()[5:]:
+        if field.startswith("time_ms="):
+            times[rnd, point, build] = float(field.split("=")[1])
+print(f"speed ratios {first} / {second}, per round, then the median:")
 for point in points:
-    ratios = [tflops[r, point, first] / tflops[r, point, second] for r in rounds
-              if (r, point, first) in tflops and (r, point, second) in tflops]
+    ratios = [times[r, point, second] / times[r, point, first] for r in rounds
+              if times.get((r, point, first)) and (r, point, second) in times]
     median = f"{statistics.median(ratios):.3f}" if ratios else "-"
     print(point, " ".join(f"{x:.3f}" for x in ratios), " median", median)
 PY
