@@ -12,7 +12,7 @@
 # Each line: round, point, which build, the CLI's TFLOP/s and time (median of its 20 timed runs) and its
 # check against float64 (16 sampled rows; a failed check exits 3, shown as rc). The builds go to
 # build-ab<value>/, logs to $OUT (the runs also to ab_runs_<SWITCH>.txt); last, per point, the
-# ratio of the two builds' TFLOP/s in each round and its median. Runtime switches (environment
+# ratio of the two builds' speeds (by time) in each round and its median. Runtime switches (environment
 # variables) need no second build: gpu_check.sh's POINT_ENVS compares them.
 set -uo pipefail
 switch=${1:?usage: tools/ab_build.sh SWITCH d:mask:seqlen ...}

@@ -71,6 +71,20 @@ def parse_point(text):
     return mode, d, causal, sq, sk, batch, hq, hkv
 
 
+def forward_inputs(text, dtype):
+    """A forward point's fields (parse_point's) and fresh random q, k, v as peers.py builds them
+    ([batch, heads, seqlen, head_dim] on the GPU), for the tools that call the providers directly
+    (call_span.py, decode_ncu.py, bench_power.py); a backward point is refused."""
+    point = parse_point(text)
+    mode, d, causal, sq, sk, batch, hq, hkv = point
+    if mode != "fwd":
+        raise SystemExit(f"{text}: forward points only")
+    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
+    k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    return point, q, k, v
+
+
 def point_window(text):
     """The left window of a windowN point, else None."""
     mask = text.split(":")[2]

@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbui
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import peers  # noqa: E402
-from bench_points import parse_point, apply_env  # noqa: E402
+from bench_points import forward_inputs, apply_env  # noqa: E402
 from gpu_sampler import Sampler  # noqa: E402
 
 
@@ -65,12 +65,7 @@ def main():
     time.sleep(0.5)
     rows = []
     for text in args.points.split(","):
-        mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
-        if mode != "fwd":
-            raise SystemExit(f"{text}: forward points only")
-        q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
-        k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
-        v = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
+        (_, d, causal, sq, sk, batch, hq, hkv), q, k, v = forward_inputs(text, dtype)
         scale = 1.0 / math.sqrt(d)
         flop = peers.flops(batch, hq, sq, sk, d, causal, "fwd")
         results = {}

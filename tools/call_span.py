@@ -25,7 +25,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_points  # noqa: E402  (parse_point, apply_env; puts .devbuild/carry on the path)
+import bench_points  # noqa: E402  (forward_inputs, apply_env; puts .devbuild/carry on the path)
 import peers  # noqa: E402
 
 FLUSH_BYTES = 256 * 1024 * 1024  # triton's do_bench flushes the L2 with a 256 MiB fill
@@ -54,12 +54,7 @@ def spans(events):
 
 
 def measure(text, provider, env, dtype, iters):
-    mode, d, causal, sq, sk, batch, hq, hkv = bench_points.parse_point(text)
-    if mode != "fwd":
-        raise SystemExit(f"{text}: forward points only")
-    q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
-    k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
-    v = torch.randn_like(k)
+    (mode, d, causal, sq, sk, batch, hq, hkv), q, k, v = bench_points.forward_inputs(text, dtype)
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
     fn = peers.PROVIDERS[provider]
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]

@@ -20,7 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import bench_points  # noqa: E402  (parse_point; puts .devbuild/carry on the path)
+import bench_points  # noqa: E402  (forward_inputs; puts .devbuild/carry on the path)
 import peers  # noqa: E402
 
 WARMUP_CALLS = 3
@@ -36,12 +36,7 @@ def main():
     peers.OURS["mod"] = __import__(args.ours_module)
     dtype = getattr(torch, args.dtype)
     for text in args.points.split(","):
-        mode, d, causal, sq, sk, batch, hq, hkv = bench_points.parse_point(text)
-        if mode != "fwd":
-            raise SystemExit(f"{text}: forward points only")
-        q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype)
-        k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
-        v = torch.randn_like(k)
+        (_, d, causal, *_), q, k, v = bench_points.forward_inputs(text, dtype)
         for provider in args.providers.split(","):
             fn = peers.PROVIDERS[provider]
             for _ in range(WARMUP_CALLS):
