@@ -112,6 +112,13 @@ TEST_P(Sm90Backward, LargeLogits) {
   check_hopper_backward({dense(1, 2, 2, 200, 200, d()), dtype(), Layout::kBSHD, false, 100.0});
   check_hopper_backward({causal(dense(1, 2, 2, 200, 200, d())), dtype(), Layout::kBSHD, false, 100.0});
 }
+// Q, dO, K and V maps with 128-byte L2 promotion (bwd_launch.cuh, bwd_l2_promotion): what the
+// TMA loads is the same, so the results must be.
+TEST_P(Sm90Backward, L2PromotionSwitchStaysCorrect) {
+  const ScopedEnv narrow("FUSEDATTN_SM90_BWD_L2_128B", "1");
+  check_hopper_backward({dense(2, 4, 2, 330, 450, d()), dtype()});
+  check_hopper_backward({causal(dense(1, 2, 2, 130, 300, d())), dtype(), Layout::kBHSD});
+}
 // Deterministic calls: the writer warp adds each query block's dQ in ascending KV block order
 // (d256's from the stage), so repeated runs are bit-identical (check_backward runs them twice
 // and compares); several KV blocks meet in each query block, with GQA, a window, a varlen batch.

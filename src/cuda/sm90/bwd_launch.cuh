@@ -20,6 +20,14 @@
 
 namespace fusedattn::cuda::sm90 {
 
+// The L2 promotion of the backward's Q, dO, K and V maps. 256 bytes (tensor_map.h): every CTA of a
+// (batch, KV head) reads the same Q and dO blocks, which the L2 serves again and again, as it serves
+// prefill's K/V in the forward, where 128 bytes read even (docs/hopper.md, session 86).
+// FUSEDATTN_SM90_BWD_L2_128B=1 takes 128 bytes, for measurements.
+inline L2Promotion bwd_l2_promotion() {
+  return env_switch_or("FUSEDATTN_SM90_BWD_L2_128B", false) ? L2Promotion::k128B : L2Promotion::k256B;
+}
+
 template <typename Element, int kHeadDim, MaskKind kMask>
 void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStream_t stream) {
   using T = BwdTile<kHeadDim>;
@@ -51,10 +59,12 @@ void launch_bwd_main(const BwdParams& p, const sm80::BwdWorkspace& ws, cudaStrea
   // as one sequence, the rows dispatch checked), boxes of one 64-column slab: rows and columns
   // past them read as zeros, and stores drop them.
   const auto [rows_q, rows_k] = map_rows(p);
-  maps.q = make_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM);
-  maps.dout = make_tensor_map(operand_view(p, p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM);
-  maps.k = make_tensor_map(operand_view(p, p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN);
-  maps.v = make_tensor_map(operand_view(p, p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN);
+  const L2Promotion promotion = bwd_l2_promotion();
+  maps.q = make_tensor_map(operand_view(p, p.q, rows_q, p.heads_q, p.q_stride), kBwdSlabElems, T::kBlockM, promotion);
+  maps.dout =
+      make_tensor_map(operand_view(p, p.dout, rows_q, p.heads_q, p.do_stride), kBwdSlabElems, T::kBlockM, promotion);
+  maps.k = make_tensor_map(operand_view(p, p.k, rows_k, p.heads_kv, p.k_stride), kBwdSlabElems, T::kBlockN, promotion);
+  maps.v = make_tensor_map(operand_view(p, p.v, rows_k, p.heads_kv, p.v_stride), kBwdSlabElems, T::kBlockN, promotion);
   maps.dk = make_tensor_map(operand_view(p, p.dk, rows_k, p.heads_kv, p.dk_stride), kBwdSlabElems, T::kWarpgroupKeys);
   maps.dv = make_tensor_map(operand_view(p, p.dv, rows_k, p.heads_kv, p.dv_stride), kBwdSlabElems, T::kWarpgroupKeys);
   kernel<<<grid, T::kThreads, kSharedBytes, stream>>>(p, ws, shift, maps);

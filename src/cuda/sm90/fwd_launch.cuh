@@ -359,9 +359,10 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.fork, stream));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.fork, 0));
   // The quads first, so that the pairs' clusters find the SMs the quads leave.
-  const ClusterSlice quad_share{0, shares.quad_items(), quad_clusters, stream};
+  const int64_t quad_items = shares.quad_items();
+  const ClusterSlice quad_share{0, quad_items, quad_clusters, stream};
   launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &quad_share);
-  const ClusterSlice pair_share{shares.pair_begin(), shares.pairs, pair_clusters, side};
+  const ClusterSlice pair_share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side};
   launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &pair_share);
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));

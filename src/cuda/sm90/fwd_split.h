@@ -298,9 +298,10 @@ inline int64_t quad_round_percent() {
 
 // The quad mix's share of `pairs` work items (pairs of query blocks) for quad_clusters clusters of
 // four beside pair_clusters pairs: the quads take the first quad_items() quad items (two pair
-// items each, the same four query blocks), the pairs the rest from pair item pair_begin(). Every
-// item runs whole under the static schedule, so each launch takes whole rounds, and a quad round
-// takes quad_round_percent of a pair round's time. The share is the one whose later launch ends
+// items each, the same four query blocks), the pairs the rest from pair item
+// pair_begin(quad_items()) (the launcher computes quad_items() once). Every item runs whole under
+// the static schedule, so each launch takes whole rounds, and a quad round takes
+// quad_round_percent of a pair round's time. The share is the one whose later launch ends
 // first; of equal ends, the one whose two launches' rounds add up to least. The quads' k rounds
 // hold at most k * quad_clusters items, and every item more the quads take is two fewer for the
 // pairs, so only those counts are candidates. Against session 81's share in proportion to the
@@ -333,7 +334,7 @@ struct QuadMixShares {
     }
     return best;
   }
-  constexpr int64_t pair_begin() const { return kPairsPerQuad * quad_items(); }
+  static constexpr int64_t pair_begin(int64_t quad_items) { return kPairsPerQuad * quad_items; }
 };
 
 // Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p's tiled rows
