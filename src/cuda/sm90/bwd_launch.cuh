@@ -20,10 +20,12 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// The L2 promotion of the backward's Q, dO, K and V maps. 256 bytes (tensor_map.h): every CTA of a
+// The L2 promotion of the backward's Q, dO, K and V maps: 256 bytes (tensor_map.h). Every CTA of a
 // (batch, KV head) reads the same Q and dO blocks, which the L2 serves again and again, as it serves
-// prefill's K/V in the forward, where 128 bytes read even (docs/hopper.md, session 86).
-// FUSEDATTN_SM90_BWD_L2_128B=1 takes 128 bytes, for measurements.
+// prefill's K/V in the forward, where 128 bytes read even (docs/hopper.md, session 86); here too:
+// H200, fp16, medians of five, 128 against 256 bytes -0.8 to +0.4% at d64/d128/d256 full 4k, d128
+// causal 4k and d256 causal 16k (docs/hopper.md, session 87). FUSEDATTN_SM90_BWD_L2_128B=1 takes
+// 128 bytes, for measurements.
 inline L2Promotion bwd_l2_promotion() {
   return env_switch_or("FUSEDATTN_SM90_BWD_L2_128B", false) ? L2Promotion::k128B : L2Promotion::k256B;
 }
