@@ -31,6 +31,7 @@ TILE_START, FIRST_K_READY, FIRST_S_READY, LAST_PV_DONE, EPILOGUE_DONE = 0, 1, 2,
 Q_WAIT_START, Q_ISSUED, LAST_LOAD_ISSUED = 5, 6, 7
 Q_READY, O_STAGED, EPILOGUE_MET, O_RESCALED, O_WRITTEN, LOOP_ENTERED, O_STORE_ISSUED = 8, 9, 10, 11, 12, 13, 14
 FIRST_TURN_TAKEN, FIRST_P_READY, FIRST_K_ISSUED = 15, 16, 17
+PART_TICKETED, PARTS_COMBINED = 18, 19
 NAMES = {TILE_START: "tile start", FIRST_K_READY: "first K landed",
          FIRST_S_READY: "first S ready", LAST_PV_DONE: "last P V done", EPILOGUE_DONE: "epilogue done",
          Q_WAIT_START: "waits for the Q buffer", Q_ISSUED: "Q issued", LAST_LOAD_ISSUED: "last K/V issued",
@@ -38,7 +39,8 @@ NAMES = {TILE_START: "tile start", FIRST_K_READY: "first K landed",
          O_RESCALED: "epilogue: O rescaled", O_WRITTEN: "epilogue: O written (stmatrix)",
          LOOP_ENTERED: "tile set up (O zeroed)", O_STORE_ISSUED: "epilogue: O's store issued",
          FIRST_TURN_TAKEN: "first Q K^T's turn taken", FIRST_P_READY: "first P ready",
-         FIRST_K_ISSUED: "first K issued"}
+         FIRST_K_ISSUED: "first K issued", PART_TICKETED: "split: ticket drawn",
+         PARTS_COMBINED: "split: parts combined"}
 PRODUCER = -1
 
 
@@ -94,6 +96,10 @@ def parts_of(tiles):
             out["epilogue (last P V done -> stored)"].append(t[EPILOGUE_DONE] - t[LAST_PV_DONE])
         if have(LAST_PV_DONE, O_STAGED):
             out["  of it: last P V done -> O staged"].append(t[O_STAGED] - t[LAST_PV_DONE])
+        if have(PART_TICKETED, PARTS_COMBINED):
+            out["  split: ticket drawn -> parts combined"].append(t[PARTS_COMBINED] - t[PART_TICKETED])
+        if have(LAST_PV_DONE, PART_TICKETED):
+            out["  split: last P V done -> ticket drawn"].append(t[PART_TICKETED] - t[LAST_PV_DONE])
         if have(TILE_START, Q_READY):
             out["announcement read -> Q landed"].append(t[Q_READY] - t[TILE_START])
         nxt = tiles[i + 1] if i + 1 < len(tiles) else None

@@ -124,13 +124,16 @@ struct Epilogue {
       if (t.part != kWholeTile) {
         const SplitCombine<Element, Cfg> parts{params, smem, warpgroup};
         const uint32_t thread = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-        if (!parts.write_part(t, o, lse, thread)) {
+        const bool last = parts.write_part(t, o, lse, thread);
+        stamp(TraceEvent::kPartTicketed);
+        if (!last) {
           // Another part combines and stores the slice; this Q buffer is free once every warp's
           // wgmma is done, which the tickets' barrier has seen.
           release_unstored(q_stage, o_stage);
           return;
         }
         parts.combine(t, o, lse, thread);
+        stamp(TraceEvent::kPartsCombined);
       }
     }
     stage_and_store(t, q_stage, o_stage, o, lse, pending);

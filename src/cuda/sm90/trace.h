@@ -26,7 +26,9 @@ enum class TraceEvent : uint16_t {
   kFirstTurnTaken = 15,  // consumer: its GEMM turn for a Q K^T alone has come (K landed): the tile's
                          // first block with the overlap (the default), every block without it
   kFirstPReady = 16,     // consumer: the first block's softmax done, P ready for the first overlapped turn
-  kFirstKIssued = 17     // producer: the tile's first K load is issued
+  kFirstKIssued = 17,    // producer: the tile's first K load is issued
+  kPartTicketed = 18,    // consumer: a split tile's part written and its ticket drawn (split_combine.cuh)
+  kPartsCombined = 19    // consumer: the last part's combine of every part done (before O's staging)
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
