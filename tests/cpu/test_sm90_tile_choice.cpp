@@ -447,5 +447,29 @@ TEST(Sm90TileChoice, PairedWorkIsPairsOfQueryBlocks) {
   EXPECT_EQ(undone.items(), 512);
 }
 
+// FUSEDATTN_SM90_TAIL_SHARES forces a cut only where it leaves at most kTailMaxParts parts a tile
+// (the combine keeps that many parts in flight, split_combine.cuh); a finer one is ignored. 16
+// tiles of 9 steps (2 heads of 1024 queries against 1100 keys): 23 shares give 2-3 parts a tile,
+// 144 would give 9.
+TEST(Sm90TileChoice, ForcedSharesKeepAtMostTheMaxParts) {
+  const testing::ScopedEnv unpaired("FUSEDATTN_SM90_CLUSTER", "0");
+  FwdParams p;
+  testing::set_shape(p, testing::dense(1, 2, 2, 1024, 1100, 128));
+  const FwdWork planned = planned_fwd_work(p, MaskKind::kFull, 128, 132);
+  ASSERT_EQ(planned.kv_blocks, 9);
+  {
+    const testing::ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", "23");
+    const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, 132);
+    EXPECT_EQ(w.split.shares, 23);
+    EXPECT_LE(w.split.max_parts, kTailMaxParts);
+  }
+  const testing::ScopedEnv too_fine("FUSEDATTN_SM90_TAIL_SHARES", "144");
+  ASSERT_GT(cut_tail(16, 16, 9, 144).max_parts, kTailMaxParts);
+  const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, 132);
+  EXPECT_EQ(w.split.shares, planned.split.shares);
+  EXPECT_EQ(w.split.max_parts, planned.split.max_parts);
+  EXPECT_LE(w.split.max_parts, kTailMaxParts);
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda::sm90

@@ -117,14 +117,18 @@ TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
   }
 }
 
-// Decode steps on dense caches: a GQA group packed into the tile's rows (4, 20 and 24 of 128),
-// so each warpgroup's slice holds rows past the sequence's end, which the parts neither write to
-// the workspace nor read back (split_combine.cuh, holds_rows): the rows in use must still
-// combine right, in both dtypes, and to the bit on repeats.
+// Decode steps on dense caches: a GQA group packed into the tile's rows, so each warpgroup's slice
+// holds rows past the sequence's end, which the parts neither write to the workspace nor read
+// back. Slices of at most one 8-column chunk per thread are combined spread over the warpgroup and
+// written straight to O (split_combine.cuh, spreads): 4 rows at d128 and d256, 8 at d128 and 16
+// at d64 (exactly one chunk a thread); the others by their holders through the epilogue: 20 rows
+// at d64, 24 at d256. The rows in use must combine right, in both dtypes, and to the bit on
+// repeats.
 TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
   SKIP_UNLESS_HOPPER();
   const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 4096, 128), dense(2, 16, 4, 5, 3000, 64),
-                                       dense(1, 8, 1, 3, 2500, 256)};
+                                       dense(1, 8, 1, 3, 2500, 256),  dense(1, 16, 4, 1, 3000, 256),
+                                       dense(1, 64, 8, 1, 4096, 128), dense(2, 32, 2, 1, 3000, 64)};
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : shapes) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));

@@ -6,7 +6,7 @@
 // past seqlen_q and columns past head_dim. In a variable-length batch the rows past a sequence's
 // end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
 // sequence's end is copied row by row instead (store_rows). LSE (natural log) goes straight from
-// registers.
+// registers. A split tile of few rows skips all of this: split_combine.cuh writes its combined rows.
 #pragma once
 
 #include <cstdint>
@@ -126,9 +126,14 @@ struct Epilogue {
         const uint32_t thread = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
         const bool last = parts.write_part(t, o, lse, thread);
         stamp(TraceEvent::kPartTicketed);
-        if (!last) {
-          // Another part combines and stores the slice; this Q buffer is free once every warp's
-          // wgmma is done, which the tickets' barrier has seen.
+        // Where the slice has few rows the last part writes the combined rows to O itself, past
+        // the staging; a part that does not combine stores nothing. Either way the staging is
+        // free once every warp's wgmma is done, which the tickets' barrier has seen.
+        if (!last || parts.spreads(t)) {
+          if (last) {
+            parts.combine_spread_and_store(t, o, thread);
+            stamp(TraceEvent::kPartsCombined);
+          }
           release_unstored(q_stage, o_stage);
           return;
         }

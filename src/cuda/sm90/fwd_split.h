@@ -47,7 +47,8 @@ inline TailCost fwd_tail_cost(int head_dim) {
 inline bool tail_split_enabled() { return env_switch_or("FUSEDATTN_SM90_TAIL_SPLIT", true); }
 
 // FUSEDATTN_SM90_TAIL_SHARES=S cuts the last wave's tiles (all of them below one wave) into S
-// shares whatever the model prefers, so the tests reach shares that cross tiles; 0 when unset.
+// shares whatever the model prefers, so the tests reach shares that cross tiles; 0 when unset. A
+// count that would cut a tile into more than kTailMaxParts parts is ignored (fwd_work).
 inline int forced_tail_shares() {
   const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SHARES");
   return v ? std::atoi(v) : 0;
@@ -483,9 +484,16 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
   const int64_t tail = items % slots != 0 ? items % slots : std::min(items, slots);
   const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
-  w.split = can_cut_tail(items, tail, w.kv_blocks, forced)
-                ? cut_tail(items, tail, w.kv_blocks, static_cast<int>(forced))
-                : plan_tail_shares(items, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
+  if (can_cut_tail(items, tail, w.kv_blocks, forced)) {
+    // A forced cut too, as the plan's, leaves at most kTailMaxParts parts a tile: the combine
+    // keeps that many in flight without a loop (split_combine.cuh, combine_spread_and_store).
+    const TailShares cut = cut_tail(items, tail, w.kv_blocks, static_cast<int>(forced));
+    if (cut.max_parts <= kTailMaxParts) {
+      w.split = cut;
+      return w;
+    }
+  }
+  w.split = plan_tail_shares(items, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
   return w;
 }
 

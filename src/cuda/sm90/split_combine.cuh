@@ -3,22 +3,27 @@
 // workspace slot, then takes a ticket on the slice's counter; the warpgroup that draws the last
 // ticket reads every part back and combines them, in part order, so the result does not depend on
 // which part finished last (the forward stays bit-identical run to run):
-//   m = max_p lse_p,  w_p = exp(lse_p - m),  O = sum_p w_p O_p / sum_p w_p,  lse = m + log(sum_p w_p),
-// in one pass over the parts, the sums rescaled as the running maximum grows.
-// A row whose LSE is -inf in every part (no key anywhere) gets O = 0 and lse = -inf. That
-// warpgroup then stores O through the ordinary epilogue; the others store nothing.
+//   m = max_p lse_p,  w_p = exp(lse_p - m),  O = sum_p w_p O_p / sum_p w_p,  lse = m + log(sum_p w_p).
+// A row whose LSE is -inf in every part (no key anywhere) gets O = 0 and lse = -inf.
 //
 // O and LSE go to the workspace in the accumulator's own thread order (each thread's float4
-// groups one after another, 128 threads apart), so every store and load is a coalesced float4 and
-// the combining warpgroup reads exactly the values its threads hold the rows of. A thread whose
-// rows lie past the sequence's end writes and reads nothing: a decode step's packed tile has as
-// few rows as the GQA group (4 of the slice's 64 for 32 query heads on 8), and the combine, one
-// dependent L2 round trip per part, is on the critical path of every split launch.
+// groups one after another, 128 threads apart), so every store is a coalesced float4. A thread
+// whose rows lie past the sequence's end writes nothing. Two ways to combine:
+// - A slice of many rows: each thread combines the rows it holds (one dependent L2 round trip per
+//   part, its float4s in flight at once) and the epilogue stores them as a whole tile's.
+// - A slice of few rows (spreads): a decode step's packed tile has as few rows as the GQA group (4
+//   of the slice's 64 for 32 query heads on 8), whose 16 holder threads took a round trip per part
+//   (~850 cycles; 6,850 of a 4k-key step's ~24,600 on the H200, docs/hopper.md session 88). There
+//   the whole warpgroup combines, each thread one chunk of 8 columns of a row with the loads of
+//   several parts in flight, and writes it straight to O and the LSE; the staging goes unused.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
+#include <cuda/atomic>
+
+#include "cuda/common/element.cuh"
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/sync.cuh"
 #include "cuda/sm90/kernel_params.h"
@@ -36,6 +41,11 @@ struct SplitCombine {
   static constexpr int kRows = 2;           // accumulator rows per thread: row0 and row0 + 8
   static constexpr int kQuad = 4;           // the lanes of a quad hold one row
   static constexpr int kFloat4s = kOAcc / 4;  // o[4j .. 4j + 3]: both rows' two columns of group j
+  // A spread combine's chunk: 8 columns of a row (an 8-column group of the accumulator, held as a
+  // float2 by each of the row's quad), written to O as one 16-byte store.
+  static constexpr int kChunkCols = 8;
+  // Parts a spread combine keeps in flight, a chunk of each in the accumulator's registers.
+  static constexpr int kPartsInFlight = kOAcc / kChunkCols < kTailMaxParts ? kOAcc / kChunkCols : kTailMaxParts;
   // A part's slot: the tile's block_m rows of O (Cfg::kHeadDim floats each) and LSE.
   static constexpr int64_t kSlotO = int64_t{Cfg::kBlockM} * Cfg::kHeadDim;
   static constexpr int kSlotLse = Cfg::kBlockM;
@@ -84,15 +94,18 @@ struct SplitCombine {
         o_out[j * kWarpgroupThreads] = {o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]};
       if (thread % kQuad == 0) *lse_slot(t, t.part, thread) = {lse[0], lse[1]};
     }
-    // Each thread's writes are visible GPU-wide before the warpgroup's ticket says they are done.
-    __threadfence();
+    // The ticket releases this part's writes and, to the last part, acquires the others': the
+    // barrier orders every thread's writes before thread 0's acq_rel add (a release is cumulative),
+    // and the barrier after it orders the combine's reads after the add. One thread's fence where
+    // each thread's __threadfence (fence.sc.gpu) used to stand, in the combine as well.
     const uint32_t barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     if (thread == 0) {
-      int* ticket = &params.split.tickets[workspace_slot(t) * kMaxConsumerWarpgroups + warpgroup];
-      const bool last = atomicAdd(ticket, 1) == parts_of(t) - 1;
+      ::cuda::atomic_ref<int, ::cuda::thread_scope_device> ticket(
+          params.split.tickets[workspace_slot(t) * kMaxConsumerWarpgroups + warpgroup]);
+      const bool last = ticket.fetch_add(1, ::cuda::memory_order_acq_rel) == parts_of(t) - 1;
       // Every part of the slice has taken its ticket: the counter starts the next launch at zero.
-      if (last) atomicExch(ticket, 0);
+      if (last) ticket.store(0, ::cuda::memory_order_relaxed);
       smem.split_last[warpgroup] = last ? 1 : 0;
     }
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
@@ -103,9 +116,8 @@ struct SplitCombine {
   // past the sequence's end: 0 and -inf, which the epilogue does not store).
   __device__ __forceinline__ void combine(const WorkTile& t, float (&o)[kOAcc], float (&lse)[kRows],
                                           uint32_t thread) const {
-    // Orders the other parts' writes (seen through the ticket) before the reads below; the loads
+    // The other parts' writes are ordered before these reads by the ticket (write_part); the loads
     // go to L2 (ld.global.cg), where an earlier launch's values cannot linger as in L1.
-    __threadfence();
     const int parts = holds_rows(t, thread) ? parts_of(t) : 0;
     // One pass, the maximum kept as it goes (as the mainloop's online softmax), each part's LSE
     // read with its O. Not for speed (session 86's trace: the first pass's loads had overlapped,
@@ -148,6 +160,98 @@ struct SplitCombine {
       lse[r] = empty ? -INFINITY : m[r] + logf(sum[r]);
     }
     rescale_rows(o, inv);
+  }
+
+  // Whether the last part combines the slice spread over the warpgroup (combine_spread_and_store):
+  // where its rows in use come to at most one chunk a thread. Else the holders combine their own
+  // rows (combine) and the epilogue stores them as a whole tile's.
+  __device__ __forceinline__ bool spreads(const WorkTile& t) const {
+    return rows_in_use(t) * (params.p.head_dim / kChunkCols) <= kWarpgroupThreads;
+  }
+
+  // The last part, a slice of few rows (spreads): each thread combines one chunk (8-column group
+  // j of row r) over every part and writes it to O, and its row's LSE with the first chunk. In the
+  // workspace the chunk is a float2 of each of the row's quad's lanes (a half of its float4 j).
+  // The parts' loads go out kPartsInFlight at a time into `buffer`, the accumulator's registers,
+  // dead once the part is written: ptxas keeps them apart for the wgmmas, and the epilogue has few
+  // others to spare (separate registers for 8 parts' loads spilled 248-480 B in the d128 and d256
+  // instances).
+  __device__ __forceinline__ void combine_spread_and_store(const WorkTile& t, float (&buffer)[kOAcc],
+                                                           uint32_t thread) const {
+    const FwdParams& p = params.p;
+    const int chunks_per_row = p.head_dim / kChunkCols;
+    const int chunk = static_cast<int>(thread);
+    if (chunk >= rows_in_use(t) * chunks_per_row) return;
+    const int r = chunk / chunks_per_row, j = chunk - r * chunks_per_row;
+    // Row r's holders: lanes 4 (r % 8) .. + 3 of warp r / 16, in the float4s' first half for
+    // r % 16 < 8 (row0), else the second (row0 + 8); the LSE likewise in its quad's float2.
+    const int quad = r / 16 * 8 + r % 8;
+    const int half = r % 16 / 8;
+    const int parts = parts_of(t);
+    float m = -INFINITY, sum = 0.f, acc[kChunkCols] = {};
+    // No loop with a run-time count here: one (even empty) made ptxas spill 360 B in the d256
+    // instances. parts <= kTailMaxParts (fwd_split.h, fwd_work).
+#pragma unroll
+    for (int q0 = 0; q0 < kTailMaxParts; q0 += kPartsInFlight) {
+      if (q0 >= parts) break;
+      float lse_q[kPartsInFlight];
+#pragma unroll
+      for (int i = 0; i < kPartsInFlight; ++i) {
+        const int q = q0 + i;
+        if (q >= parts) {
+          lse_q[i] = -INFINITY;
+          continue;
+        }
+        lse_q[i] = __ldcg(reinterpret_cast<const float*>(lse_slot(t, q, quad * kQuad)) + half);
+        const float* group = reinterpret_cast<const float*>(o_slot(t, q, quad * kQuad) + j * kWarpgroupThreads) + 2 * half;
+#pragma unroll
+        for (int lane = 0; lane < kQuad; ++lane) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(group + 4 * lane));
+          buffer[i * kChunkCols + 2 * lane] = v.x;
+          buffer[i * kChunkCols + 2 * lane + 1] = v.y;
+        }
+      }
+      float m_new = m;
+#pragma unroll
+      for (int i = 0; i < kPartsInFlight; ++i) m_new = fmaxf(m_new, lse_q[i]);
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // as in combine
+      const float scale = expf(m - ref);
+      sum *= scale;
+#pragma unroll
+      for (int k = 0; k < kChunkCols; ++k) acc[k] *= scale;
+#pragma unroll
+      for (int i = 0; i < kPartsInFlight; ++i) {
+        if (q0 + i >= parts) break;
+        const float w = expf(lse_q[i] - ref);
+        sum += w;
+#pragma unroll
+        for (int k = 0; k < kChunkCols; ++k) acc[k] = fmaf(w, buffer[i * kChunkCols + k], acc[k]);
+      }
+      m = m_new;
+    }
+    const bool empty = sum == 0.f;  // as in combine
+    const float inv = empty ? 0.f : 1.f / sum;
+    uint32_t packed[kChunkCols / 2];
+#pragma unroll
+    for (int k = 0; k < kChunkCols / 2; ++k) packed[k] = pack2<Element>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
+    // Row r of the slice is (query head, position) of the GQA packing (row_packing.h), where the
+    // epilogue's TMA store and LSE write would place it.
+    const RowPacking packing = params.packing;
+    const int row = t.first_row + warpgroup * kWarpgroupRows + r;
+    const int64_t head = packing.query_head(t.head, row);
+    const int64_t position = int64_t{t.q_start} + packing.position(row);
+    Element* out = static_cast<Element*>(p.o) + int64_t{params.map_batch(t.batch)} * p.o_stride.batch;
+    *reinterpret_cast<uint4*>(out + position * p.o_stride.row + head * p.o_stride.head + j * kChunkCols) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    if (j == 0 && p.lse != nullptr)
+      p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + position] = empty ? -INFINITY : m + logf(sum);
+  }
+
+ private:
+  // The slice's rows before the sequence's end (at least one: empty slices never get here).
+  __device__ __forceinline__ int rows_in_use(const WorkTile& t) const {
+    const int64_t left = params.packing.rows(int64_t{t.len_q}) - (t.first_row + warpgroup * kWarpgroupRows);
+    return left < kWarpgroupRows ? static_cast<int>(left) : kWarpgroupRows;
   }
 };
 
