@@ -173,9 +173,9 @@ struct SplitCombine {
   // j of row r) over every part and writes it to O, and its row's LSE with the first chunk. In the
   // workspace the chunk is a float2 of each of the row's quad's lanes (a half of its float4 j).
   // The parts' loads go out kPartsInFlight at a time into `buffer`, the accumulator's registers,
-  // dead once the part is written: ptxas keeps them apart for the wgmmas, and the epilogue has few
-  // others to spare (separate registers for 8 parts' loads spilled 248-480 B in the d128 and d256
-  // instances).
+  // dead once the part is written: the epilogue has few others to spare (separate registers for 8
+  // parts' loads spilled 248-480 B in the d128 and d256 instances; ptxas seems to keep the wgmma
+  // accumulators' registers apart even where they are dead).
   __device__ __forceinline__ void combine_spread_and_store(const WorkTile& t, float (&buffer)[kOAcc],
                                                            uint32_t thread) const {
     const FwdParams& p = params.p;
