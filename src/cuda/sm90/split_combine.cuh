@@ -134,8 +134,7 @@ struct SplitCombine {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         const float m_new = fmaxf(m[r], lse_q[r]);
-        // No key in any part so far: the weights become exp(-inf) = 0, not exp(-inf + inf) = NaN.
-        const float ref = m_new == -INFINITY ? 0.f : m_new;
+        const float ref = weight_reference(m_new);
         scale[r] = expf(m[r] - ref);
         w[r] = expf(lse_q[r] - ref);
         sum[r] = fmaf(sum[r], scale[r], w[r]);
@@ -154,10 +153,8 @@ struct SplitCombine {
     float inv[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      // sum >= 1 where a part saw a key (the largest LSE's weight is 1); NaN stays NaN, in its row.
-      const bool empty = sum[r] == 0.f;
-      inv[r] = empty ? 0.f : 1.f / sum[r];
-      lse[r] = empty ? -INFINITY : m[r] + logf(sum[r]);
+      inv[r] = inverse_sum(sum[r]);
+      lse[r] = combined_lse(m[r], sum[r]);
     }
     rescale_rows(o, inv);
   }
@@ -214,7 +211,7 @@ struct SplitCombine {
       float m_new = m;
 #pragma unroll
       for (int i = 0; i < kPartsInFlight; ++i) m_new = fmaxf(m_new, lse_q[i]);
-      const float ref = m_new == -INFINITY ? 0.f : m_new;  // as in combine
+      const float ref = weight_reference(m_new);
       const float scale = expf(m - ref);
       sum *= scale;
 #pragma unroll
@@ -229,8 +226,7 @@ struct SplitCombine {
       }
       m = m_new;
     }
-    const bool empty = sum == 0.f;  // as in combine
-    const float inv = empty ? 0.f : 1.f / sum;
+    const float inv = inverse_sum(sum);
     uint32_t packed[kChunkCols / 2];
 #pragma unroll
     for (int k = 0; k < kChunkCols / 2; ++k) packed[k] = pack2<Element>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
@@ -244,10 +240,20 @@ struct SplitCombine {
     *reinterpret_cast<uint4*>(out + position * p.o_stride.row + head * p.o_stride.head + j * kChunkCols) =
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
     if (j == 0 && p.lse != nullptr)
-      p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + position] = empty ? -INFINITY : m + logf(sum);
+      p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + position] = combined_lse(m, sum);
   }
 
  private:
+  // The reference the parts' weights exp(lse_p - ref) take from the running maximum m: no key in
+  // any part so far makes them exp(-inf) = 0, not exp(-inf + inf) = NaN.
+  __device__ __forceinline__ static float weight_reference(float m) { return m == -INFINITY ? 0.f : m; }
+  // The combined row from its weights' sum: sum >= 1 where a part saw a key (the largest LSE's
+  // weight is 1); no key anywhere gives O = 0 and lse = -inf; NaN stays NaN, in its row.
+  __device__ __forceinline__ static float inverse_sum(float sum) { return sum == 0.f ? 0.f : 1.f / sum; }
+  __device__ __forceinline__ static float combined_lse(float m, float sum) {
+    return sum == 0.f ? -INFINITY : m + logf(sum);
+  }
+
   // The slice's rows before the sequence's end (at least one: empty slices never get here).
   __device__ __forceinline__ int rows_in_use(const WorkTile& t) const {
     const int64_t left = params.packing.rows(int64_t{t.len_q}) - (t.first_row + warpgroup * kWarpgroupRows);

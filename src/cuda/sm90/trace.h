@@ -28,7 +28,7 @@ enum class TraceEvent : uint16_t {
   kFirstPReady = 16,     // consumer: the first block's softmax done, P ready for the first overlapped turn
   kFirstKIssued = 17,    // producer: the tile's first K load is issued
   kPartTicketed = 18,    // consumer: a split tile's part written and its ticket drawn (split_combine.cuh)
-  kPartsCombined = 19    // consumer: the last part's combine of every part done (before O's staging)
+  kPartsCombined = 19    // consumer: the last part's combine of every part done (few rows: O written)
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
