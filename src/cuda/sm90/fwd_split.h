@@ -499,7 +499,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 
 // Decode steps whose split tiles run each as one cluster of its parts (KernelParams::
 // cluster_parts): the parts meet in the cluster's distributed shared memory (split_combine.cuh,
-// combine_in_cluster), not in the workspace through an L2 round trip, a ticket and a device-wide
+// write_cluster_part), not in the workspace through an L2 round trip, a ticket and a device-wide
 // fence each. Where the plan cuts every tile into the same number of parts, one segment each (so
 // the launch's CTA x runs part x mod parts of tile x / parts), with no tile whole, in one wave,
 // at most kMaxClusterParts parts, on an instance that compiles it (has_parts_cluster), and the

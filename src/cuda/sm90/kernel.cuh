@@ -51,7 +51,7 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem, int cluster_par
     ptx::mbarrier_init(&smem.v_empty[s], kStageReaders);
   }
   // Each part's warpgroup arrives once on CTA 0's cluster_parts, CTA 0's once on every other
-  // CTA's parts_read (SplitCombine::combine_in_cluster).
+  // CTA's parts_read (SplitCombine::write_cluster_part).
   constexpr uint32_t kCombinerArrivals = 1;  // CTA 0's thread 0, once its warpgroup has read every part
   if (cluster_parts > 1) {
     for (int w = 0; w < kMaxConsumerWarpgroups; ++w) {
@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   // A cluster of a split tile's parts (cluster_parts, a launch attribute, not Cfg's) likewise
   // before any part arrives on CTA 0's barrier.
   // No cluster barrier closes that cluster: its CTAs' consumers hand the parts over through
-  // mbarriers (SplitCombine::combine_in_cluster), and one after the roles' branches made ptxas
+  // mbarriers (SplitCombine::write_cluster_part), and one after the roles' branches made ptxas
   // spill 388 B in the d128 kernel.
   const bool parts_cluster = Cfg::kClusterCtas == 1 && kMask == MaskKind::kFull && params.cluster_parts > 1;
   if (Cfg::kClusterCtas > 1 || parts_cluster) ptx::cluster_sync();

@@ -42,7 +42,7 @@ struct SharedStorage {
   uint64_t o_read[Cfg::kStages][2];
   // A split tile's parts in one cluster (KernelParams::cluster_parts), per warpgroup: in the
   // cluster's CTA 0, every part's rows written to its CTA's shared memory; in the others, CTA 0
-  // has read them (SplitCombine::combine_in_cluster).
+  // has read them (SplitCombine::write_cluster_part).
   uint64_t cluster_parts[kMaxConsumerWarpgroups];
   uint64_t parts_read[kMaxConsumerWarpgroups];
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
