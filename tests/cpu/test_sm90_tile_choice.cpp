@@ -471,35 +471,5 @@ TEST(Sm90TileChoice, ForcedSharesKeepAtMostTheMaxParts) {
   EXPECT_LE(w.split.max_parts, kTailMaxParts);
 }
 
-// Decode steps whose split tiles run as clusters of their parts (cluster_combine_parts): a tile's
-// parts in one cluster where every tile has the same count (at most kMaxClusterParts), none runs
-// whole, all shares fit one wave, every slice spreads (rows x head_dim / 8 <= 128 threads) with
-// at most 16 rows, on the instances up to d128.
-TEST(Sm90TileChoice, DecodeTilesRunAsClustersOfTheirParts) {
-  const auto parts = [](const testing::Problem& pr, int instance_head_dim) {
-    FwdParams p;
-    testing::set_shape(p, pr);
-    const FwdWork w = planned_fwd_work(p, MaskKind::kFull, instance_head_dim, 132);
-    return cluster_combine_parts(p, instance_head_dim, w, int64_t{132} * w.shape.ctas_per_sm);
-  };
-  // 32 query heads on 8, d128, batch 1: 8 packed tiles of 4 rows, 8 parts each (64 CTAs).
-  EXPECT_EQ(parts(testing::dense(1, 32, 8, 1, 32768, 128), 128), 8);
-  EXPECT_EQ(parts(testing::dense(1, 32, 8, 1, 4096, 128), 128), 8);
-  // At the spread bound: 8 rows at d128, 16 at d64, 4 at d256.
-  EXPECT_GT(parts(testing::dense(1, 64, 8, 1, 4096, 128), 128), 1);
-  EXPECT_GT(parts(testing::dense(2, 32, 2, 1, 3000, 64), 64), 1);
-  EXPECT_GT(parts(testing::dense(1, 8, 8, 1, 5000, 96), 128), 1);
-  // Past it: 20 rows at d64 (group 4, 5 queries); 32 rows at d32 (a chunk a thread, two warps).
-  EXPECT_EQ(parts(testing::dense(2, 16, 4, 5, 3000, 64), 64), 0);
-  EXPECT_EQ(parts(testing::dense(1, 32, 1, 1, 3000, 32), 64), 0);
-  // d256 keeps the workspace's combine (has_parts_cluster).
-  EXPECT_EQ(parts(testing::dense(1, 16, 4, 1, 3000, 256), 256), 0);
-  // Batch 16: 128 tiles, one share each at most; prefill: whole tiles before the shares.
-  EXPECT_EQ(parts(testing::dense(16, 32, 8, 1, 4096, 128), 128), 0);
-  EXPECT_EQ(parts(testing::dense(1, 2, 2, 1024, 1100, 128), 128), 0);
-  const testing::ScopedEnv off("FUSEDATTN_SM90_CLUSTER_COMBINE", "0");
-  EXPECT_EQ(parts(testing::dense(1, 32, 8, 1, 32768, 128), 128), 0);
-}
-
 }  // namespace
 }  // namespace fusedattn::cuda::sm90

@@ -217,16 +217,6 @@ TEST(GpuSanitizer, DecodeSteps) {
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(2, 4, 1, 3, 3000, 256), DType::kBFloat16));
 }
 
-// Decode tiles as clusters of their parts (fwd_split.h, cluster_combine_parts): each part's rows
-// in its CTA's shared memory, CTA 0's reads of them through distributed shared memory, the two
-// mbarrier hand-overs; at the spread bound of d64 and d128, and a batch of unequal sequences.
-TEST(GpuSanitizer, DecodePartsClusters) {
-  FUSEDATTN_REQUIRE_GPU();
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(2, 32, 2, 1, 3000, 64), DType::kFloat16));
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 64, 8, 1, 3000, 128), DType::kBFloat16));
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(packed(16, 4, 128, {1, 1, 1}, {4000, 200, 2500}), DType::kFloat16));
-}
-
 // CTA pairs sharing K/V by multicast (tile_config.h, kPairCluster), forced: the peer's arrivals
 // on this CTA's empty barriers (and at d256 on its o_read barriers: O staged in K/V), a last pair
 // with one block past the sequence, and keys fewer than half a block (the second CTA's share

@@ -139,55 +139,6 @@ TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
     FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
 }
 
-// Decode steps whose split tiles run as clusters of their parts (fwd_split.h,
-// cluster_combine_parts; split_combine.cuh, write_cluster_part): the parts meet in the cluster's
-// shared memory, CTA 0 combines them. Each shape is first asserted to take the cluster (the
-// launch also needs every tile's cluster to fit at once: at most 12 tiles here, of up to 8 parts,
-// where the H200 fits 15 clusters of 8). Tiles of 4, 8 and 16 rows at d128 and d64 (the spread
-// bound's edges), a head_dim below its instance's (96 on d128's), fewer parts than 8 (few KV
-// blocks a tile), a batch of unequal sequences, against the reference in both dtypes; then the
-// same inputs with the workspace's combine (FUSEDATTN_SM90_CLUSTER_COMBINE=0), the same
-// arithmetic in the same part order, give the same bits.
-std::vector<Problem> cluster_decode_shapes() {
-  return {dense(1, 32, 8, 1, 4096, 128), dense(1, 64, 8, 1, 3000, 128),  dense(2, 32, 2, 1, 3000, 64),
-          dense(1, 8, 8, 1, 5000, 96),   dense(3, 16, 4, 1, 1500, 128), packed(16, 4, 128, {1, 1, 1}, {4000, 200, 2500})};
-}
-
-int planned_cluster_parts(const Problem& pr, DType dtype) {
-  const FwdParams p = planning_params(pr, dtype);
-  const cuda::sm90::FwdWork w = planned_work(pr, dtype);
-  const cuda::FwdChoice choice = cuda::choose_forward(p, 9, 0);
-  return cuda::sm90::cluster_combine_parts(p, choice.instance_head_dim, w, int64_t{sm_count()} * w.shape.ctas_per_sm);
-}
-
-// Runs pr's forward on one set of fresh inputs as configured, then with the workspace's combine,
-// and expects out and lse bit-identical.
-SkipReason expect_cluster_combine_bit_identical(const Problem& pr, DType dtype) {
-  std::mt19937_64 rng = fresh_rng();
-  HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-  DeviceCase dc(c);
-  if (SkipReason why = dc.forward()) return why;
-  const std::vector<unsigned char> out = bytes_of(dc.host.out), lse = bytes_of(dc.host.lse);
-  const ScopedEnv workspace("FUSEDATTN_SM90_CLUSTER_COMBINE", "0");
-  if (SkipReason why = dc.forward()) return why;
-  EXPECT_EQ(bytes_of(dc.host.out), out) << "out differs from the workspace's combine";
-  EXPECT_EQ(bytes_of(dc.host.lse), lse) << "lse differs from the workspace's combine";
-  return std::nullopt;
-}
-
-TEST(Sm90TailSplit, DecodePartsMeetInClusters) {
-  SKIP_UNLESS_HOPPER();
-  for (const Problem& pr : cluster_decode_shapes())
-    for (const DType dtype : kGpuDtypes) {
-      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_split(pr, dtype)) continue;
-      EXPECT_GT(planned_cluster_parts(pr, dtype), 1);
-      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
-      FUSEDATTN_RUN_OR_SKIP(expect_cluster_combine_bit_identical(pr, dtype));
-    }
-  EXPECT_LT(planned_cluster_parts(dense(3, 16, 4, 1, 1500, 128), DType::kFloat16), cuda::kTailMaxParts);
-}
-
 // FUSEDATTN_SM90_TAIL_SPLIT=0: the plan keeps every tile whole and the results still match.
 TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
   SKIP_UNLESS_HOPPER();

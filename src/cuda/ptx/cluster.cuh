@@ -37,43 +37,6 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
-// mapa.shared::cluster.u32; PTX ISA 7.8, sm_90: `p`, in this CTA's shared memory, as the 32-bit
-// shared::cluster address of the same offset in the cluster's CTA `rank`.
-__device__ __forceinline__ uint32_t cluster_shared_address(const void* p, uint32_t rank) {
-  const uint32_t local = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
-  return remote;
-}
-
-// ld.shared::cluster.f32 and .v2.f32; PTX ISA 7.8, sm_90: loads from a cluster_shared_address.
-__device__ __forceinline__ float ld_shared_cluster(uint32_t address) {
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(address) : "memory");
-  return v;
-}
-__device__ __forceinline__ float2 ld_shared_cluster_v2(uint32_t address) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(address) : "memory");
-  return v;
-}
-
-// mbarrier.arrive.release.cluster.shared::cluster.b64 on the mbarrier at `bar`'s offset in CTA
-// `rank`; PTX ISA 8.0, sm_90. Unlike mbarrier_arrive_cluster it publishes what this thread wrote
-// before (and, by cumulativity, what a barrier it passed ordered before that) to the cluster: a
-// waiter that acquires the phase (mbarrier_wait_acquire_cluster) reads those writes.
-__device__ __forceinline__ void mbarrier_arrive_release_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_shared_address(bar, rank))
-               : "memory");
-}
-
-// mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 in a loop; PTX ISA 8.0, sm_90: the
-// wait of mbarrier_wait, acquiring at cluster scope what the phase's releasing arrivals published.
-__device__ __forceinline__ void mbarrier_wait_acquire_cluster(uint64_t* bar, uint32_t parity) {
-  while (!::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire, ::cuda::ptx::scope_cluster, bar, parity)) {
-  }
-}
-
 // One arrival on the mbarrier at `bar`'s offset in every CTA of a cluster of kCtas (this one's
 // included), from one thread; kCtas = 1: a plain local arrival.
 template <int kCtas>

@@ -6,8 +6,7 @@
 // past seqlen_q and columns past head_dim. In a variable-length batch the rows past a sequence's
 // end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
 // sequence's end is copied row by row instead (store_rows). LSE (natural log) goes straight from
-// registers. A split tile of few rows skips all of this: split_combine.cuh writes its combined rows
-// (from the workspace, or from the shared memory of a cluster of its parts).
+// registers. A split tile of few rows skips all of this: split_combine.cuh writes its combined rows.
 #pragma once
 
 #include <cstdint>
@@ -125,23 +124,14 @@ struct Epilogue {
       if (t.part != kWholeTile) {
         const SplitCombine<Element, Cfg> parts{params, smem, warpgroup};
         const uint32_t thread = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-        // A decode step's parts may meet in the shared memory of their cluster (here: where O
-        // would be staged in Q) instead of the workspace.
-        const bool clustered =
-            Cfg::kClusterCtas == 1 && has_parts_cluster(Cfg::kHeadDim) && params.cluster_parts > 1;
-        float* const cluster_part = reinterpret_cast<float*>(staging(q_stage, -1).base);
-        const bool last = clustered ? parts.write_cluster_part(t, cluster_part, o, lse, thread)
-                                    : parts.write_part(t, o, lse, thread);
+        const bool last = parts.write_part(t, o, lse, thread);
         stamp(TraceEvent::kPartTicketed);
         // Where the slice has few rows the last part writes the combined rows to O itself, past
         // the staging; a part that does not combine stores nothing. Either way the staging is
         // free once every warp's wgmma is done, which the tickets' barrier has seen.
         if (!last || parts.spreads(t)) {
           if (last) {
-            if (clustered)
-              parts.combine_cluster_and_store(t, cluster_part, o, thread);
-            else
-              parts.combine_spread_and_store(t, o, thread);
+            parts.combine_spread_and_store(t, o, thread);
             stamp(TraceEvent::kPartsCombined);
           }
           release_unstored(q_stage, o_stage);

@@ -116,21 +116,19 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// How many clusters of cluster_ctas (at most kMaxClusterCtas) CTAs of kKernel the device runs at
-// once, 0 where none fits (cached per kernel, cluster size and device: known[d][c] holds the
-// count + 1 once asked, 0 before). The kernel is a template argument so that each kernel has a
-// cache of its own: as a function argument its type, the same for every instance, would have
-// made one cache serve all of them.
-constexpr int kMaxClusterCtas = kMaxClusterParts;
-template <auto kKernel>
-int max_active_clusters(int cluster_ctas, int threads, int smem_bytes) {
+// How many clusters of kClusterCtas CTAs of kKernel the device runs at once, 0 where none fits
+// (cached per kernel, cluster size and device: known[d] holds the count + 1 once asked, 0
+// before). The kernel is a template argument so that each kernel has a cache of its own: as a
+// function argument its type, the same for every instance, would have made one cache serve all
+// of them.
+template <auto kKernel, int kClusterCtas>
+int max_active_clusters(int threads, int smem_bytes) {
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices][kMaxClusterCtas + 1];
-  if (cluster_ctas < 1 || cluster_ctas > kMaxClusterCtas) return 0;
+  static std::atomic<int> known[kMaxDevices];
   int device = 0;
   FUSEDATTN_CUDA_CHECK(cudaGetDevice(&device));
-  if (device < kMaxDevices && known[device][cluster_ctas].load() > 0) return known[device][cluster_ctas].load() - 1;
-  const ClusterLaunch one(cluster_ctas, threads, smem_bytes, nullptr, cluster_ctas);
+  if (device < kMaxDevices && known[device].load() > 0) return known[device].load() - 1;
+  const ClusterLaunch one(kClusterCtas, threads, smem_bytes, nullptr, kClusterCtas);
   int clusters = 0;
   // A failed query (a cluster the GPU or its partition cannot schedule) counts as none fitting;
   // the error (not a sticky one) is cleared so that no later check reports it.
@@ -139,7 +137,7 @@ int max_active_clusters(int cluster_ctas, int threads, int smem_bytes) {
     clusters = 0;
   }
   clusters = std::max(clusters, 0);
-  if (device < kMaxDevices) known[device][cluster_ctas].store(clusters + 1);
+  if (device < kMaxDevices) known[device].store(clusters + 1);
   return clusters;
 }
 
@@ -161,7 +159,7 @@ int64_t launch_slots(int threads, int smem_bytes, int ctas_per_sm, int num_sms) 
   // A cluster's CTAs run on SMs of one GPC, so where a GPC had an odd number of SMs one of them
   // would hold no pair: a clustered launch's slots are the clusters that fit at once (the H200
   // fits 66 pairs, all of its 132 SMs, and 30 quads).
-  if constexpr (kClusterCtas > 1) return max_active_clusters<kKernel>(kClusterCtas, threads, smem_bytes);
+  if constexpr (kClusterCtas > 1) return max_active_clusters<kKernel, kClusterCtas>(threads, smem_bytes);
   return int64_t{num_sms} * ctas_per_sm;
 }
 
@@ -261,17 +259,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
       throw Error(ErrorCode::kRuntime, "column_mask",
                   "the Hopper column-mask kernel runs dense calls without GQA packing only");
   }
-  // A decode step's split tiles as clusters of their parts (fwd_split.h), where every tile's
-  // cluster runs at once; those need no workspace.
-  int cluster_parts = 0;
-  if constexpr (!kClustered && kMask == MaskKind::kFull && has_parts_cluster(kHeadDim)) {
-    cluster_parts = cluster_combine_parts(p, kHeadDim, work, slots);
-    if (cluster_parts > 0 && max_active_clusters<kernel>(cluster_parts, Cfg::kThreads, kSmemBytes) < work.split.tiles)
-      cluster_parts = 0;
-  }
-  kp.cluster_parts = cluster_parts;
   SplitWorkspace workspace;
-  if (work.split.split() && cluster_parts == 0) {
+  if (work.split.split()) {
     // A split pair's two query blocks take a slot each (TileScheduler::tile_at).
     workspace = split_workspace(stream, int64_t{kMaxSplitWaves} * num_sms * Cfg::kCtasPerSm,
                                 int64_t{work.split.tiles} * Cfg::kClusterCtas, work.split.max_parts, Cfg::kBlockM,
@@ -297,9 +286,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel.
   const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kp.columns = columns.summary;
-  // A parts cluster's launch runs every share at once (cluster_combine_parts: one wave), so its
-  // grid is the shares, a cluster of cluster_parts for each tile.
-  const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, kClustered ? Cfg::kClusterCtas : std::max(cluster_parts, 1));
+  const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
   columns.release(stream);
@@ -352,7 +339,7 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // quad kernel, whose resources are the pair kernel's. Then every GPC holds an even number of
   // SMs, and those its quads leave pair up too. Elsewhere a pair cluster could wait for the quads
   // to end, and under the static schedule its items would run after theirs.
-  const int64_t all_pairs = max_active_clusters<kQuadKernel>(kPairCluster, QuadCfg::kThreads, kSmemBytes);
+  const int64_t all_pairs = max_active_clusters<kQuadKernel, kPairCluster>(QuadCfg::kThreads, kSmemBytes);
   const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
   const cudaStream_t side = quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;

@@ -497,26 +497,6 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   return w;
 }
 
-// Decode steps whose split tiles run each as one cluster of its parts (KernelParams::
-// cluster_parts): the parts meet in the cluster's distributed shared memory (split_combine.cuh,
-// write_cluster_part), not in the workspace through an L2 round trip, a ticket and a device-wide
-// fence each. Where the plan cuts every tile into the same number of parts, one segment each (so
-// the launch's CTA x runs part x mod parts of tile x / parts), with no tile whole, in one wave,
-// at most kMaxClusterParts parts, on an instance that compiles it (has_parts_cluster), and the
-// tiles' rows come to at most a chunk a thread (every slice spreads) and at most kClusterPartRows
-// (all held by the first warp). Returns the parts a tile's cluster holds, or 0.
-// FUSEDATTN_SM90_CLUSTER_COMBINE=0 keeps the workspace's combine.
-inline int cluster_combine_parts(const FwdParams& p, int instance_head_dim, const FwdWork& w, int64_t slots) {
-  const TailShares& s = w.split;
-  if (!has_parts_cluster(instance_head_dim) || w.shape.cluster_ctas != 1 || !s.split() || s.whole != 0 ||
-      s.shares % s.tiles != 0)
-    return 0;
-  const int parts = s.shares / s.tiles;
-  if (parts < 2 || parts > kMaxClusterParts || s.max_parts != parts || s.shares > slots) return 0;
-  if (w.rows.rows > kClusterPartRows || w.rows.rows * (p.head_dim / kCombineChunkCols) > kWarpgroupThreads) return 0;
-  return env_switch_or("FUSEDATTN_SM90_CLUSTER_COMBINE", true) ? parts : 0;
-}
-
 // What a launch of p on the instance for instance_head_dim plans on a GPU of sm_count SMs (the
 // GPU tests check that the shapes they mean to split or pack do so).
 // A cluster launch plans on the clusters that run at once, which the launcher asks the occupancy

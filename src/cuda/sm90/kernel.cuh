@@ -23,9 +23,8 @@
 
 namespace fusedattn::cuda::sm90 {
 
-// cluster_parts: KernelParams::cluster_parts.
 template <typename Element, class Cfg>
-__device__ void init_barriers(SharedStorage<Element, Cfg>& smem, int cluster_parts) {
+__device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
   // A Q slot is read by every consumer warp, or with kWarpgroupQ by one warpgroup's.
   constexpr uint32_t kQSlotReaders = Cfg::kWarpgroupQ ? kWarpsPerWarpgroup : Cfg::kConsumerWarps;
@@ -50,15 +49,6 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem, int cluster_par
     ptx::mbarrier_init(&smem.v_full[s], kProducerArrivals);
     ptx::mbarrier_init(&smem.v_empty[s], kStageReaders);
   }
-  // Each part's warpgroup arrives once on CTA 0's cluster_parts, CTA 0's once on every other
-  // CTA's parts_read (SplitCombine::write_cluster_part).
-  constexpr uint32_t kCombinerArrivals = 1;  // CTA 0's thread 0, once its warpgroup has read every part
-  if (cluster_parts > 1) {
-    for (int w = 0; w < kMaxConsumerWarpgroups; ++w) {
-      ptx::mbarrier_init(&smem.cluster_parts[w], static_cast<uint32_t>(cluster_parts));
-      ptx::mbarrier_init(&smem.parts_read[w], kCombinerArrivals);
-    }
-  }
   ptx::fence_barrier_init();
 }
 
@@ -75,18 +65,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   const int lane = static_cast<int>(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) {
-    init_barriers<Element, Cfg>(smem, params.cluster_parts);
+    init_barriers<Element, Cfg>(smem);
     FUSEDATTN_SM90_TRACE_RESET();  // the trace build's stamp counters (trace.cuh), else nothing
   }
   __syncthreads();
   // The peer's barriers are initialised before this CTA arrives on them or multicasts into it.
-  // A cluster of a split tile's parts (cluster_parts, a launch attribute, not Cfg's) likewise
-  // before any part arrives on CTA 0's barrier.
-  // No cluster barrier closes that cluster: its CTAs' consumers hand the parts over through
-  // mbarriers (SplitCombine::write_cluster_part), and one after the roles' branches made ptxas
-  // spill 388 B in the d128 kernel.
-  const bool parts_cluster = Cfg::kClusterCtas == 1 && kMask == MaskKind::kFull && params.cluster_parts > 1;
-  if (Cfg::kClusterCtas > 1 || parts_cluster) ptx::cluster_sync();
+  if constexpr (Cfg::kClusterCtas > 1) ptx::cluster_sync();
 
   if (warpgroup == 0) {
     ptx::setmaxnreg_dec<kMask == MaskKind::kColumn ? kColumnProducerRegisters : kProducerRegisters>();

@@ -109,10 +109,6 @@ struct KernelParams {
   // A clustered launch's first work item, where two launches share the work list (fwd_launch.cuh,
   // launch_quad_mix); 0 otherwise. Last, so that no other field moves (see o_one_box).
   int item_offset = 0;
-  // A decode launch whose split tiles each run as one cluster of this many CTAs, CTA r their part
-  // r, combined over distributed shared memory (fwd_split.h, cluster_combine_parts); 0 otherwise,
-  // every split tile combined through the workspace. After item_offset for the same reason.
-  int cluster_parts = 0;
 #ifdef FUSEDATTN_SM90_TRACE
   TraceBuffer trace;  // the tile-boundary trace's stamps (trace.cuh); only in a trace build
 #endif

@@ -40,11 +40,6 @@ struct SharedStorage {
   // kStagesOInKV: consumers -> producer, per stage, the O staged in its K (part 0, warpgroup 0)
   // or V (part 1, warpgroup 1) has been read by its TMA store; the producer waits before refilling.
   uint64_t o_read[Cfg::kStages][2];
-  // A split tile's parts in one cluster (KernelParams::cluster_parts), per warpgroup: in the
-  // cluster's CTA 0, every part's rows written to its CTA's shared memory; in the others, CTA 0
-  // has read them (SplitCombine::write_cluster_part).
-  uint64_t cluster_parts[kMaxConsumerWarpgroups];
-  uint64_t parts_read[kMaxConsumerWarpgroups];
   MaskedSlice slice[Cfg::kConsumerWarps];  // each consumer warp's current tile, for its mask (Consumer)
   int split_last[kMaxConsumerWarpgroups];  // per warpgroup: it drew its split tile's last ticket (SplitCombine)
   // MaskKind::kColumn: per K stage, its block's index and the column mask's cut bit

@@ -43,7 +43,7 @@ struct SplitCombine {
   static constexpr int kFloat4s = kOAcc / 4;  // o[4j .. 4j + 3]: both rows' two columns of group j
   // A spread combine's chunk: 8 columns of a row (an 8-column group of the accumulator, held as a
   // float2 by each of the row's quad), written to O as one 16-byte store.
-  static constexpr int kChunkCols = kCombineChunkCols;
+  static constexpr int kChunkCols = 8;
   // Parts a spread combine keeps in flight, a chunk of each in the accumulator's registers.
   static constexpr int kPartsInFlight = kOAcc / kChunkCols < kTailMaxParts ? kOAcc / kChunkCols : kTailMaxParts;
   // A part's slot: the tile's block_m rows of O (Cfg::kHeadDim floats each) and LSE.
@@ -169,9 +169,14 @@ struct SplitCombine {
   // The last part, a slice of few rows (spreads): each thread combines one chunk (8-column group
   // j of row r) over every part and writes it to O, and its row's LSE with the first chunk. In the
   // workspace the chunk is a float2 of each of the row's quad's lanes (a half of its float4 j).
+  // The parts' loads go out kPartsInFlight at a time into `buffer`, the accumulator's registers,
+  // dead once the part is written: the epilogue has few others to spare (separate registers for 8
+  // parts' loads spilled 248-480 B in the d128 and d256 instances; ptxas seems to keep the wgmma
+  // accumulators' registers apart even where they are dead).
   __device__ __forceinline__ void combine_spread_and_store(const WorkTile& t, float (&buffer)[kOAcc],
                                                            uint32_t thread) const {
-    const int chunks_per_row = params.p.head_dim / kChunkCols;
+    const FwdParams& p = params.p;
+    const int chunks_per_row = p.head_dim / kChunkCols;
     const int chunk = static_cast<int>(thread);
     if (chunk >= rows_in_use(t) * chunks_per_row) return;
     const int r = chunk / chunks_per_row, j = chunk - r * chunks_per_row;
@@ -179,104 +184,7 @@ struct SplitCombine {
     // r % 16 < 8 (row0), else the second (row0 + 8); the LSE likewise in its quad's float2.
     const int quad = r / 16 * 8 + r % 8;
     const int half = r % 16 / 8;
-    spread_combine_and_store(t, buffer, r, j, parts_of(t), [&](int q, float* into) {
-      const float* group = reinterpret_cast<const float*>(o_slot(t, q, quad * kQuad) + j * kWarpgroupThreads) + 2 * half;
-#pragma unroll
-      for (int lane = 0; lane < kQuad; ++lane) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(group + 4 * lane));
-        into[2 * lane] = v.x;
-        into[2 * lane + 1] = v.y;
-      }
-      return __ldcg(reinterpret_cast<const float*>(lse_slot(t, q, quad * kQuad)) + half);
-    });
-  }
-
-  // A split tile whose parts run as one cluster (KernelParams::cluster_parts): no workspace,
-  // ticket or device-wide fence. Its slice's rows in use are at most kClusterPartRows (fwd_split.h,
-  // cluster_combine_parts), all held by the warpgroup's first warp, which writes them to `part`
-  // (this warpgroup's rows of its Q slot, free once every warp's last Q K^T is done) in the
-  // workspace's thread order with that warp's 32 threads for the warpgroup's 128: float4 j of
-  // thread i at j x 32 + i, then the quads' LSE float2s at kClusterLse. Thread 0 then arrives on
-  // CTA 0's cluster_parts with a cluster-scope release. CTA 0 (the part of rank 0: the launch's CTA
-  // x runs part x mod parts of tile x / parts) waits for every part and combines (true); the
-  // others wait on their parts_read until CTA 0 has read their part, which keeps their shared
-  // memory alive (ptx/cluster.cuh's closing cluster barrier, in this form), and return false.
-  static constexpr int kClusterThreads = 32;
-  static constexpr int kClusterLse = kFloat4s * kClusterThreads * 4;  // floats of O before the LSE
-  static_assert((kClusterLse + kClusterPartRows) * sizeof(float) <= kWarpgroupRows * Cfg::kTileCols * sizeof(Element),
-                "a cluster part must fit in a warpgroup's rows of a Q slot");
-  __device__ __forceinline__ bool write_cluster_part(const WorkTile& t, float* part, const float (&o)[kOAcc],
-                                                     const float (&lse)[kRows], uint32_t thread) const {
-    const uint32_t barrier = barrier_id(NamedBarrier::kEpilogue, warpgroup);
-    // Every warp's last wgmma has read the Q rows before they are overwritten.
-    ptx::named_barrier_sync(barrier, kWarpgroupThreads);
-    if (holds_rows(t, thread)) {
-      float4* out = reinterpret_cast<float4*>(part) + thread;
-#pragma unroll
-      for (int j = 0; j < kFloat4s; ++j) out[j * kClusterThreads] = {o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]};
-      if (thread % kQuad == 0) reinterpret_cast<float2*>(part + kClusterLse)[thread / kQuad] = {lse[0], lse[1]};
-    }
-    // The barrier orders every thread's writes before thread 0's release (a release is cumulative).
-    ptx::named_barrier_sync(barrier, kWarpgroupThreads);
-    if (thread == 0) ptx::mbarrier_arrive_release_cluster(&smem.cluster_parts[warpgroup], 0);
-    if (ptx::cluster_ctarank() != 0) {
-      ptx::mbarrier_wait(&smem.parts_read[warpgroup], 0);
-      return false;
-    }
-    ptx::mbarrier_wait_acquire_cluster(&smem.cluster_parts[warpgroup], 0);
-    return true;
-  }
-
-  // CTA 0 of a parts cluster: combine_spread_and_store over the parts in the cluster's shared
-  // memory (write_cluster_part), then every other CTA's parts_read.
-  __device__ __forceinline__ void combine_cluster_and_store(const WorkTile& t, const float* part, float (&buffer)[kOAcc],
-                                                            uint32_t thread) const {
-    const int chunks_per_row = params.p.head_dim / kChunkCols;
-    const int chunk = static_cast<int>(thread);
-    if (chunk < rows_in_use(t) * chunks_per_row) {
-      const int r = chunk / chunks_per_row, j = chunk - r * chunks_per_row;
-      const int quad = r % 8, half = r / 8;  // as in combine_spread_and_store, within the first warp
-      constexpr uint32_t kFloat = sizeof(float);
-      const uint32_t group = ((j * kClusterThreads + quad * kQuad) * 4 + 2 * half) * kFloat;
-      const uint32_t lse = (kClusterLse + 2 * quad + half) * kFloat;
-      spread_combine_and_store(t, buffer, r, j, params.cluster_parts, [&](int q, float* into) {
-        const uint32_t from = ptx::cluster_shared_address(part, static_cast<uint32_t>(q));
-#pragma unroll
-        for (int lane = 0; lane < kQuad; ++lane) {
-          const float2 v = ptx::ld_shared_cluster_v2(from + group + 4 * kFloat * lane);
-          into[2 * lane] = v.x;
-          into[2 * lane + 1] = v.y;
-        }
-        return ptx::ld_shared_cluster(from + lse);
-      });
-    }
-    // Every thread's reads are done (their values are in registers): the other parts may go.
-    ptx::named_barrier_sync(barrier_id(NamedBarrier::kEpilogue, warpgroup), kWarpgroupThreads);
-    if (thread == 0)
-      for (int q = 1; q < params.cluster_parts; ++q) ptx::mbarrier_arrive_cluster(&smem.parts_read[warpgroup], q);
-  }
-
- private:
-  // The reference the parts' weights exp(lse_p - ref) take from the running maximum m: no key in
-  // any part so far makes them exp(-inf) = 0, not exp(-inf + inf) = NaN.
-  __device__ __forceinline__ static float weight_reference(float m) { return m == -INFINITY ? 0.f : m; }
-  // The combined row from its weights' sum: sum >= 1 where a part saw a key (the largest LSE's
-  // weight is 1); no key anywhere gives O = 0 and lse = -inf; NaN stays NaN, in its row.
-  __device__ __forceinline__ static float inverse_sum(float sum) { return sum == 0.f ? 0.f : 1.f / sum; }
-  __device__ __forceinline__ static float combined_lse(float m, float sum) {
-    return sum == 0.f ? -INFINITY : m + logf(sum);
-  }
-
-  // Chunk j (8 columns) of the slice's row r combined over its `parts` parts and written to O, and
-  // with j = 0 the row's LSE. load_part(q, into) reads part q's 8 values into `into` and returns its
-  // LSE. The parts' loads go out kPartsInFlight at a time into `buffer`, the accumulator's
-  // registers, dead once the part is written: the epilogue has few others to spare (separate
-  // registers for 8 parts' loads spilled 248-480 B in the d128 and d256 instances; ptxas seems to
-  // keep the wgmma accumulators' registers apart even where they are dead).
-  template <class LoadPart>
-  __device__ __forceinline__ void spread_combine_and_store(const WorkTile& t, float (&buffer)[kOAcc], int r, int j,
-                                                           int parts, LoadPart&& load_part) const {
-    const FwdParams& p = params.p;
+    const int parts = parts_of(t);
     float m = -INFINITY, sum = 0.f, acc[kChunkCols] = {};
     // No loop with a run-time count here: one (even empty) made ptxas spill 360 B in the d256
     // instances. parts <= kTailMaxParts (fwd_split.h, fwd_work).
@@ -287,7 +195,18 @@ struct SplitCombine {
 #pragma unroll
       for (int i = 0; i < kPartsInFlight; ++i) {
         const int q = q0 + i;
-        lse_q[i] = q < parts ? load_part(q, buffer + i * kChunkCols) : -INFINITY;
+        if (q >= parts) {
+          lse_q[i] = -INFINITY;
+          continue;
+        }
+        lse_q[i] = __ldcg(reinterpret_cast<const float*>(lse_slot(t, q, quad * kQuad)) + half);
+        const float* group = reinterpret_cast<const float*>(o_slot(t, q, quad * kQuad) + j * kWarpgroupThreads) + 2 * half;
+#pragma unroll
+        for (int lane = 0; lane < kQuad; ++lane) {
+          const float2 v = __ldcg(reinterpret_cast<const float2*>(group + 4 * lane));
+          buffer[i * kChunkCols + 2 * lane] = v.x;
+          buffer[i * kChunkCols + 2 * lane + 1] = v.y;
+        }
       }
       float m_new = m;
 #pragma unroll
@@ -322,6 +241,17 @@ struct SplitCombine {
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
     if (j == 0 && p.lse != nullptr)
       p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + position] = combined_lse(m, sum);
+  }
+
+ private:
+  // The reference the parts' weights exp(lse_p - ref) take from the running maximum m: no key in
+  // any part so far makes them exp(-inf) = 0, not exp(-inf + inf) = NaN.
+  __device__ __forceinline__ static float weight_reference(float m) { return m == -INFINITY ? 0.f : m; }
+  // The combined row from its weights' sum: sum >= 1 where a part saw a key (the largest LSE's
+  // weight is 1); no key anywhere gives O = 0 and lse = -inf; NaN stays NaN, in its row.
+  __device__ __forceinline__ static float inverse_sum(float sum) { return sum == 0.f ? 0.f : 1.f / sum; }
+  __device__ __forceinline__ static float combined_lse(float m, float sum) {
+    return sum == 0.f ? -INFINITY : m + logf(sum);
   }
 
   // The slice's rows before the sequence's end (at least one: empty slices never get here).

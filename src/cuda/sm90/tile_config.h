@@ -104,18 +104,6 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kWarpsPerWarpgroup = kWarpgroupThreads / 32;
 constexpr int kWarpgroupRows = 64;  // a wgmma M tile: each consumer warpgroup owns 64 query rows
 constexpr int kMaxConsumerWarpgroups = 3;  // named barriers are laid out for this many (named_barriers.h)
-// A split slice of few rows is combined a chunk of this many columns a thread (split_combine.cuh).
-constexpr int kCombineChunkCols = 8;
-// The largest cluster of a split tile's parts (fwd_split.h, cluster_combine_parts): the portable
-// cluster size.
-constexpr int kMaxClusterParts = 8;
-// The instances that compile the parts cluster's epilogue: up to d128. With it the d256 kernels
-// spilled 4-112 B (their mainloops' registers too), in every form tried (docs/hopper.md, session
-// 89); their decode steps keep the workspace's combine.
-constexpr bool has_parts_cluster(int instance_head_dim) { return instance_head_dim <= 128; }
-// The most rows a parts cluster's tile holds: the first warp's 16 accumulator rows, which alone
-// write a part (split_combine.cuh, write_cluster_part).
-constexpr int kClusterPartRows = 16;
 // Tile announcements in flight (tile_announcement.cuh): the producer publishes the next tile's
 // while the consumers may still read the current one's (the 192-row tile's epilogue does).
 constexpr int kAnnouncementSlots = 2;
