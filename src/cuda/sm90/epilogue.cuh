@@ -209,29 +209,25 @@ struct Epilogue {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int64_t row = int64_t{t.first_row} + row0 + 8 * half;
-        const int64_t head = packing.query_head(t.head, row);
-        if (row < rows)
-          p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + t.q_start + packing.position(row)] = lse[half];
+        if (row < rows) p.lse[params.lse_offset(t.batch, packing.query_row(t.head, t.q_start, row))] = lse[half];
       }
     }
   }
 
   // The slice's rows before its sequence's end (a variable-length batch), copied from the staging
-  // in 16-byte chunks of the head_dim columns in use; tiled row r is query head
-  // packing.query_head(head, r) at position packing.position(r) (row_packing.h).
+  // in 16-byte chunks of the head_dim columns in use, each row where RowPacking::query_row puts it.
   __device__ __forceinline__ void store_rows(const WorkTile& t, const Staging& from, int slice_row,
                                              uint32_t thread) const {
     const FwdParams& p = params.p;
     const RowPacking packing = params.packing;
     const int rows = static_cast<int>(packing.rows(int64_t{t.len_q})) - slice_row;
     const int chunks = static_cast<int>(p.head_dim) / kSwizzleChunkElems;
-    Element* out = static_cast<Element*>(p.o) + int64_t{t.q_start} * p.o_stride.row;
+    Element* out = static_cast<Element*>(p.o);
     for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
       const int r = i / chunks, c = i - r * chunks;
       const int swizzled = swizzle_chunk(r, c % kChunksPerSlab);
       const Element* staged = from.base + c / kChunksPerSlab * from.slab_elems + r * Cfg::kSlabCols;
-      const int row = slice_row + r;
-      Element* dst = out + packing.position(row) * p.o_stride.row + packing.query_head(t.head, row) * p.o_stride.head;
+      Element* dst = out + params.o_offset(t.batch, packing.query_row(t.head, t.q_start, slice_row + r));
       *reinterpret_cast<uint4*>(dst + c * kSwizzleChunkElems) =
           *reinterpret_cast<const uint4*>(staged + swizzled * kSwizzleChunkElems);
     }

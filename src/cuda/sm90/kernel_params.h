@@ -116,6 +116,14 @@ struct KernelParams {
   // The batch coordinate of sequence b in the tensor maps: a variable-length batch is one
   // packed sequence of rows to the TMA (its tiles add the sequence's first row, WorkTile).
   FUSEDATTN_HD int map_batch(int b) const { return p.cu_seqlens_q != nullptr ? 0 : b; }
+  // Element offsets of a query row's O row and LSE (q from RowPacking::query_row): the epilogue,
+  // its row-by-row store and the split combine all write through these.
+  FUSEDATTN_HD int64_t o_offset(int batch, QueryRow q) const {
+    return int64_t{map_batch(batch)} * p.o_stride.batch + q.position * p.o_stride.row + q.head * p.o_stride.head;
+  }
+  FUSEDATTN_HD int64_t lse_offset(int batch, QueryRow q) const {
+    return batch * p.lse_batch_stride + q.head * p.lse_head_stride + q.position;
+  }
 };
 
 }  // namespace fusedattn::cuda::sm90

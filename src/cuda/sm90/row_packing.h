@@ -10,6 +10,12 @@
 
 namespace fusedattn::cuda::sm90 {
 
+// Where a tiled row lands: its query head and its row in the output's sequence dimension.
+struct QueryRow {
+  int64_t head;
+  int64_t position;
+};
+
 struct RowPacking {
   int shift;  // log2 of the query heads a tile head packs
 
@@ -20,6 +26,11 @@ struct RowPacking {
   FUSEDATTN_HD int tile_heads(int heads_q) const { return heads_q >> shift; }
   FUSEDATTN_HD int64_t query_head(int64_t tile_head, int64_t row) const {
     return (tile_head << shift) + (row & ((int64_t{1} << shift) - 1));
+  }
+  // Tiled row `row` of tile head `tile_head`, in a tile whose sequence starts at row q_start of
+  // the output (a variable-length batch's packed rows; 0 otherwise).
+  FUSEDATTN_HD QueryRow query_row(int64_t tile_head, int64_t q_start, int64_t row) const {
+    return {query_head(tile_head, row), q_start + position(row)};
   }
 };
 

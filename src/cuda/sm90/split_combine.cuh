@@ -232,15 +232,10 @@ struct SplitCombine {
     for (int k = 0; k < kChunkCols / 2; ++k) packed[k] = pack2<Element>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
     // Row r of the slice is (query head, position) of the GQA packing (row_packing.h), where the
     // epilogue's TMA store and LSE write would place it.
-    const RowPacking packing = params.packing;
-    const int row = t.first_row + warpgroup * kWarpgroupRows + r;
-    const int64_t head = packing.query_head(t.head, row);
-    const int64_t position = int64_t{t.q_start} + packing.position(row);
-    Element* out = static_cast<Element*>(p.o) + int64_t{params.map_batch(t.batch)} * p.o_stride.batch;
-    *reinterpret_cast<uint4*>(out + position * p.o_stride.row + head * p.o_stride.head + j * kChunkCols) =
+    const QueryRow q = params.packing.query_row(t.head, t.q_start, t.first_row + warpgroup * kWarpgroupRows + r);
+    *reinterpret_cast<uint4*>(static_cast<Element*>(p.o) + params.o_offset(t.batch, q) + j * kChunkCols) =
         make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    if (j == 0 && p.lse != nullptr)
-      p.lse[t.batch * p.lse_batch_stride + head * p.lse_head_stride + position] = combined_lse(m, sum);
+    if (j == 0 && p.lse != nullptr) p.lse[params.lse_offset(t.batch, q)] = combined_lse(m, sum);
   }
 
  private:
