@@ -14,13 +14,13 @@ cli=$root/build-gpu/fusedattn
 [ -x "$cli" ] || { echo "no $cli: run tools/gpu_check.sh sm90 build first" >&2; exit 2; }
 repeat=${1:-3}
 heads_q=32 heads_kv=8 dim=128 elem_bytes=2
-lengths="131072 131456 32768 33152"
+lengths=(131072 131456 32768 33152)
 gbps() {  # keys ms -> GB/s of K and V
   awk -v k="$1" -v ms="$2" -v h="$heads_kv" -v d="$dim" -v e="$elem_bytes" \
     'BEGIN { printf "%.0f", 2 * h * k * d * e / (ms * 1e-3) / 1e9 }'
 }
 for rep in $(seq "$repeat"); do
-  for keys in $lengths; do
+  for keys in "${lengths[@]}"; do
     for layout in bhsd bshd; do
       for shares in default 56 48; do
         env_set=()
@@ -35,7 +35,7 @@ for rep in $(seq "$repeat"); do
     done
   done
 done
-python3 - "$repeat" $lengths <<'EOF'
+python3 - "$repeat" "${lengths[@]}" <<'EOF'
 import sys
 import torch
 import triton
