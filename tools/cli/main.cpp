@@ -22,9 +22,9 @@ enum ExitCode : int { kOk = 0, kError = 1, kUsage = 2, kCheckFailed = 3 };
 void print_row(const RunConfig& c, const RunResult& r) {
   std::printf("backend=%s device=\"%s\"", backend_name(c.backend), r.device.c_str());
   if (!c.on_device()) std::printf(" threads=%d", resolve_threads(c.threads));
-  std::printf(" pass=%s dtype=%s layout=%s shape=\"%s\" mask=%s kv=%s time_ms=%.4f tflops=%.3f max_err=%s check=%s",
+  std::printf(" pass=%s dtype=%s layout=%s shape=\"%s\" mask=%s kv=%s time_ms=%.4f host_ms=%.4f tflops=%.3f max_err=%s check=%s",
               c.backward ? "bwd" : "fwd", dtype_name(c.dtype), layout_name(c.layout), c.shape_str().c_str(),
-              c.mask_str().c_str(), c.kv_str().c_str(), r.median_ms, r.tflops, r.check.str().c_str(),
+              c.mask_str().c_str(), c.kv_str().c_str(), r.median_ms, r.host_median_ms, r.tflops, r.check.str().c_str(),
               r.check.tensors.empty() ? "off" : (r.check.passed() ? "pass" : "FAIL"));
   if (r.repeat_identical) std::printf(" repeat=%s", *r.repeat_identical ? "identical" : "DIFFERS");
   if (r.naive) {

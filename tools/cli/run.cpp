@@ -1,6 +1,7 @@
 #include "run.h"
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "device_memory.h"
@@ -57,14 +58,19 @@ RunResult run(const RunConfig& c) {
     progress.update("warmup", i + 1, c.warmup);
   }
   CallTimer timer(c.on_device());
-  std::vector<double> times;
+  std::vector<double> times, host_times;
   for (int i = 0; i < c.iters; ++i) {
     timer.start();
+    // The call's own time on the host up to its return (on a GPU: its checks, plan, tensor maps
+    // and launches), which the timer's reading includes, since every call is waited for.
+    const auto issued = std::chrono::steady_clock::now();
     call();
+    host_times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - issued).count());
     times.push_back(timer.stop_ms());
     progress.update("timed iterations", i + 1, c.iters);
   }
   result.median_ms = median(times);
+  result.host_median_ms = median(host_times);
   result.tflops = attention_flops(c) / (result.median_ms / kMsPerSecond) / kFlopsPerTflop;
 
   result.check = c.backward ? check_backward(w) : check_forward(w);

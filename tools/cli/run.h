@@ -12,7 +12,8 @@ namespace fusedattn::cli {
 
 struct RunResult {
   std::string device;
-  double median_ms = 0;
+  double median_ms = 0;       // a call's time, waited for (on a GPU: from before its host work to its kernels' end)
+  double host_median_ms = 0;  // a call's time on the host up to its return (on a GPU: before its kernels finish)
   double tflops = 0;  // FlashAttention convention, see attention_flops()
   CheckReport check;
   // --deterministic: whether a second checked backward gave dq, dk and dv bit for bit again.
