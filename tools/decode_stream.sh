@@ -6,7 +6,8 @@
 # (bhsd: a head's keys contiguous, as peers.py passes them; bshd: a head's rows 2 KiB apart), under
 # forced share counts (FUSEDATTN_SM90_TAIL_SHARES: 64 = 8 parts a tile, the default plan; 56 and 48
 # = 7 and 6 parts, whose boundaries fall off the 4 MiB grid). Then cuDNN (torch SDPA) on the bhsd
-# shapes. Prints K+V bytes read per second, GB/s, one line per reading.
+# shapes. Prints K+V bytes read per second, GB/s, one line per reading, with the CLI's host_ms
+# (the call's host time up to its return, which its time_ms includes).
 #   tools/decode_stream.sh [REPEAT]     (uses build-gpu/fusedattn: tools/gpu_check.sh sm90 build)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,10 +28,11 @@ for rep in $(seq "$repeat"); do
         [ "$shares" != default ] && env_set=(FUSEDATTN_SM90_TAIL_SHARES="$shares")
         line=$(env "${env_set[@]}" "$cli" --backend cuda --batch 1 --heads "$heads_q" --kv-heads "$heads_kv" \
           --seqlen-q 1 --seqlen-k "$keys" --head-dim "$dim" --dtype fp16 --layout "$layout" \
-          --warmup 20 --iters 200 --check-rows 0 2>&1 | grep -o "time_ms=[0-9.]*")
-        ms=${line#time_ms=}
+          --warmup 20 --iters 200 --check-rows 0 2>&1 | grep -o "time_ms=[0-9.]* host_ms=[0-9.]*")
+        read -r ms host <<< "$line"
+        ms=${ms#time_ms=} host=${host#host_ms=}
         [ -n "$ms" ] || { echo "ours keys=$keys layout=$layout shares=$shares: no time"; continue; }
-        echo "ours rep=$rep keys=$keys layout=$layout shares=$shares ms=$ms GB/s=$(gbps "$keys" "$ms")"
+        echo "ours rep=$rep keys=$keys layout=$layout shares=$shares ms=$ms host_ms=$host GB/s=$(gbps "$keys" "$ms")"
       done
     done
   done
