@@ -13,18 +13,12 @@ import json
 import statistics
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("file")
-    ap.add_argument("--peers", default="sdpa_flash,sdpa_cudnn")
-    ap.add_argument("--goal-peer", default="sdpa_cudnn", help="the peer of the goal lines (empty: none)")
-    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
-    ap.add_argument("--goal-from", type=int, default=2048)
-    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
-    args = ap.parse_args()
-    peers = args.peers.split(",")
+def read_readings(path):
+    """Every reading of a peers.py JSON lines file: {(mode, head dim, causal, seqlen): {provider:
+    [TFLOP/s, ...]}}, and the file's ceiling record (None where it has none). bench_points.py's
+    switch columns and GEMM rows are left out."""
     rows, ceiling = {}, None
-    with open(args.file) as f:
+    with open(path) as f:
         for line in f:
             rec = json.loads(line)
             if rec.get("kind") == "ceiling":
@@ -35,6 +29,20 @@ def main():
             key = (rec["mode"], rec["D"], rec["causal"], rec["Sq"])
             if rec.get("tflops"):
                 rows.setdefault(key, {}).setdefault(rec["provider"], []).append(rec["tflops"])
+    return rows, ceiling
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("file")
+    ap.add_argument("--peers", default="sdpa_flash,sdpa_cudnn")
+    ap.add_argument("--goal-peer", default="sdpa_cudnn", help="the peer of the goal lines (empty: none)")
+    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
+    ap.add_argument("--goal-from", type=int, default=2048)
+    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
+    args = ap.parse_args()
+    peers = args.peers.split(",")
+    rows, ceiling = read_readings(args.file)
     if ceiling:
         print(f"Device {ceiling['device']}, torch {ceiling['torch']}, cuDNN {ceiling['cudnn']}; "
               f"bf16 GEMM ceiling {ceiling['bf16_gemm_tflops']} TFLOP/s, copy {ceiling['copy_gbps']} GB/s.\n")
