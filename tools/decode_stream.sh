@@ -5,8 +5,8 @@
 # every part starts on a 4 MiB boundary of its head's keys) or not (1027 blocks), in both layouts
 # (bhsd: a head's keys contiguous, as peers.py passes them; bshd: a head's rows 2 KiB apart), under
 # forced share counts (FUSEDATTN_SM90_TAIL_SHARES: 64 = 8 parts a tile, the default plan; 56 and 48
-# = 7 and 6 parts, whose boundaries fall off the 4 MiB grid). Then cuDNN (torch SDPA) on the bhsd
-# shapes. Prints K+V bytes read per second, GB/s, one line per reading, with the CLI's host_ms
+# = 7 and 6 parts, whose boundaries fall off the 4 MiB grid). Then cuDNN (torch SDPA, through
+# tools/bench_points.py: peers.py from .devbuild/carry/) on the bhsd shapes. Prints K+V bytes read per second, GB/s, one line per reading, with the CLI's host_ms
 # (the call's host time up to its return, which its time_ms includes).
 #   tools/decode_stream.sh [REPEAT]     (uses build-gpu/fusedattn: tools/gpu_check.sh sm90 build)
 set -uo pipefail
@@ -37,21 +37,14 @@ for rep in $(seq "$repeat"); do
     done
   done
 done
-python3 - "$repeat" "${lengths[@]}" <<'EOF'
-import sys
-import torch
-import triton
-from torch.nn.attention import sdpa_kernel, SDPBackend
-
-repeat, lengths = int(sys.argv[1]), [int(x) for x in sys.argv[2:]]
-for rep in range(1, repeat + 1):
-    for keys in lengths:
-        q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.float16)
-        k = torch.randn(1, 8, keys, 128, device="cuda", dtype=torch.float16)
-        v = torch.randn_like(k)
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]), torch.no_grad():
-            run = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-            run()
-            ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
-        print(f"cudnn rep={rep} keys={keys} layout=bhsd ms={ms:.4f} GB/s={2 * k.numel() * 2 / (ms * 1e-3) / 1e9:.0f}")
-EOF
+# cuDNN on the same shapes, as peers.py builds and times them (tools/bench_points.py; its q, k, v
+# are bhsd), its readings in the lines above' form.
+points=$(printf "fwd:$dim:full:1:%s:1:$heads_q:$heads_kv," "${lengths[@]}")
+records=$(mktemp)
+trap 'rm -f "$records"' EXIT
+python3 "$root/tools/bench_points.py" --points "${points%,}" --providers sdpa_cudnn --repeat "$repeat" \
+  --out "$records" >&2
+while read -r rep keys ms; do
+  echo "cudnn rep=$rep keys=$keys layout=bhsd ms=$ms GB/s=$(gbps "$keys" "$ms")"
+done < <(python3 -c 'import json, sys
+for r in map(json.loads, open(sys.argv[1])): print(r.get("rep", 0) + 1, r["Sk"], r["ms"])' "$records")
