@@ -16,7 +16,7 @@ import statistics
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from perf_table import read_readings  # noqa: E402
+from perf_table import add_goal_arguments, goal_at, medians, read_readings  # noqa: E402
 
 PEER = "sdpa_cudnn"
 
@@ -24,29 +24,23 @@ PEER = "sdpa_cudnn"
 def forward_ratios(path):
     """{(head dim, causal, seqlen): ours / cuDNN of the medians} of one grid's forward points."""
     rows, _ = read_readings(path)
-    ratios = {}
-    for (mode, d, causal, s), vals in rows.items():
-        if mode == "fwd" and vals.get("ours") and vals.get(PEER):
-            ratios[(d, causal, s)] = statistics.median(vals["ours"]) / statistics.median(vals[PEER])
-    return ratios
+    return {(d, causal, s): vals["ours"] / vals[PEER] for (mode, d, causal, s), vals in medians(rows).items()
+            if mode == "fwd" and vals.get("ours") and vals.get(PEER)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
-    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
-    ap.add_argument("--goal-from", type=int, default=2048)
-    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
+    add_goal_arguments(ap)
     ap.add_argument("--margin", type=float, default=0.03, help="list the points whose lowest ratio is within this of the goal")
     args = ap.parse_args()
     grids = {path: forward_ratios(path) for path in args.files}
-    goal = lambda s: args.goal if s >= args.goal_from else args.goal_below
     points = sorted({key for ratios in grids.values() for key in ratios})
     listed = []
     for key in points:
         seen = [ratios[key] for ratios in grids.values() if key in ratios]
-        met = sum(r >= goal(key[2]) for r in seen)
-        listed.append((min(seen) - goal(key[2]), key, seen, met))
+        goal = goal_at(args, key[2])
+        listed.append((min(seen) - goal, key, seen, sum(r >= goal for r in seen)))
     print(f"{len(grids)} grids; points whose lowest ours/cuDNN came within {args.margin:.2f} of the goal "
           f"({args.goal:.2f} from {args.goal_from} keys, {args.goal_below:.2f} below), narrowest first:\n")
     print("| d | mask | seqlen | met | lowest | median | every grid |")
@@ -59,7 +53,7 @@ def main():
               f"{statistics.median(seen):.3f} | {every} |")
     print()
     for path, ratios in grids.items():
-        met = sum(r >= goal(key[2]) for key, r in ratios.items())
+        met = sum(r >= goal_at(args, key[2]) for key, r in ratios.items())
         print(f"{pathlib.Path(path).name}: {met} of {len(ratios)} forward points meet the goal")
 
 

@@ -32,14 +32,29 @@ def read_readings(path):
     return rows, ceiling
 
 
+def medians(readings):
+    """read_readings' rows with each provider's median reading per point."""
+    return {key: {p: statistics.median(r) for p, r in vals.items()} for key, vals in readings.items()}
+
+
+def add_goal_arguments(ap):
+    """Issue 5's goal for forward points, ours / the goal peer: --goal from --goal-from keys, --goal-below under."""
+    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
+    ap.add_argument("--goal-from", type=int, default=2048)
+    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
+
+
+def goal_at(args, seqlen):
+    """The ratio a forward point of seqlen keys must reach (add_goal_arguments' options)."""
+    return args.goal if seqlen >= args.goal_from else args.goal_below
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
     ap.add_argument("--peers", default="sdpa_flash,sdpa_cudnn")
     ap.add_argument("--goal-peer", default="sdpa_cudnn", help="the peer of the goal lines (empty: none)")
-    ap.add_argument("--goal", type=float, default=1.10, help="the ratio to reach from --goal-from keys")
-    ap.add_argument("--goal-from", type=int, default=2048)
-    ap.add_argument("--goal-below", type=float, default=1.0, help="the ratio to reach below --goal-from")
+    add_goal_arguments(ap)
     args = ap.parse_args()
     peers = args.peers.split(",")
     rows, ceiling = read_readings(args.file)
@@ -50,7 +65,7 @@ def main():
     if runs > 1:
         print(f"Medians of up to {runs} readings per provider and point.\n")
     readings = rows
-    rows = {key: {p: statistics.median(r) for p, r in vals.items()} for key, vals in rows.items()}
+    rows = medians(rows)
     names = {"sdpa_flash": "FA2", "sdpa_cudnn": "cuDNN"}
     head = ["mode", "d", "mask", "seqlen"] + [names.get(p, p) for p in peers] + ["ours"] + \
            [f"ours/{names.get(p, p)}" for p in peers]
@@ -71,8 +86,7 @@ def print_goal(args, rows, readings, peer_name):
     """The forward points measured against both, and those below the goal."""
     points = [(key, vals["ours"] / vals[args.goal_peer]) for key, vals in sorted(rows.items())
               if key[0] == "fwd" and vals.get("ours") and vals.get(args.goal_peer)]
-    missed = [(key, ratio) for key, ratio in points
-              if ratio < (args.goal if key[3] >= args.goal_from else args.goal_below)]
+    missed = [(key, ratio) for key, ratio in points if ratio < goal_at(args, key[3])]
     print(f"\nGoal, forward ours/{peer_name}: {args.goal:.2f} from {args.goal_from} keys, {args.goal_below:.2f} below; "
           f"{len(points) - len(missed)} of {len(points)} points meet it.")
     for (mode, d, causal, s), ratio in missed:
