@@ -471,5 +471,50 @@ TEST(Sm90TileChoice, ForcedSharesKeepAtMostTheMaxParts) {
   EXPECT_LE(w.split.max_parts, kTailMaxParts);
 }
 
+// FUSEDATTN_SM90_FEW_ROWS_PARTS lets a decode step's tiles (fewer than the SMs, each combined
+// spread over the warpgroup) take more than kTailMaxParts parts, up to kFewRowsMaxParts: 8 packed
+// tiles of 4 rows over 32k keys (256 KV blocks) go from 8 parts each to 16. A decode whose tiles
+// hold 24 rows at d256 (combined by their holders, a round trip per part) keeps its plan.
+TEST(Sm90TileChoice, FewRowsPartsSwitchCutsDecodeTilesFiner) {
+  FwdParams p;
+  testing::set_shape(p, testing::dense(1, 32, 8, 1, 32768, 128));
+  const FwdWork base = planned_fwd_work(p, MaskKind::kFull, 128, 132);
+  ASSERT_TRUE(base.split.split());
+  EXPECT_LE(base.split.max_parts, kTailMaxParts);
+  FwdParams held;
+  testing::set_shape(held, testing::dense(1, 8, 1, 3, 32768, 256));
+  const FwdWork held_base = planned_fwd_work(held, MaskKind::kFull, 256, 132);
+  const testing::ScopedEnv finer("FUSEDATTN_SM90_FEW_ROWS_PARTS", "32");
+  const FwdWork w = planned_fwd_work(p, MaskKind::kFull, 128, 132);
+  EXPECT_GT(w.split.max_parts, kTailMaxParts);
+  EXPECT_LE(w.split.max_parts, kFewRowsMaxParts);
+  EXPECT_GT(w.split.shares, base.split.shares);
+  const FwdWork h = planned_fwd_work(held, MaskKind::kFull, 256, 132);
+  EXPECT_EQ(h.split.shares, held_base.split.shares);
+  EXPECT_EQ(h.split.max_parts, held_base.split.max_parts);
+}
+
+// Unforced, a decode step's tiles take more than kTailMaxParts parts only while each part keeps
+// kFewRowsMinPartBytes of K and V and the parts fit one CTA a slot (fwd_split.h, few_rows_parts):
+// 8 packed d128 tiles over 128k keys (64 MiB each) take 16 parts, 128 CTAs on 132 SMs; over 32k
+// keys (16 MiB) and with 16 tiles over 128k (8 slots a tile) they keep at most kTailMaxParts.
+TEST(Sm90TileChoice, DecodeTilesTakeMorePartsOnlyOnLongCaches) {
+  const auto plan = [](int batch, int64_t keys) {
+    FwdParams p;
+    testing::set_shape(p, testing::dense(batch, 32, 8, 1, keys, 128));
+    return planned_fwd_work(p, MaskKind::kFull, 128, 132);
+  };
+  const FwdWork long_cache = plan(1, 131072);
+  ASSERT_TRUE(long_cache.split.split());
+  EXPECT_EQ(long_cache.split.max_parts, 16);
+  EXPECT_EQ(long_cache.split.shares, 8 * 16);
+  EXPECT_GE(int64_t{long_cache.kv_blocks} * 128 * 128 * 2 * 2 / long_cache.split.max_parts, kFewRowsMinPartBytes);
+  const FwdWork short_cache = plan(1, 32768);
+  ASSERT_TRUE(short_cache.split.split());
+  EXPECT_LE(short_cache.split.max_parts, kTailMaxParts);
+  const FwdWork more_tiles = plan(2, 131072);
+  EXPECT_LE(more_tiles.split.max_parts, kTailMaxParts);
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda::sm90

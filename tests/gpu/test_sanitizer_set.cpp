@@ -215,6 +215,10 @@ TEST(GpuSanitizer, DecodeSteps) {
   FUSEDATTN_REQUIRE_GPU();
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(3, 8, 2, 1, 5000, 128), DType::kFloat16));
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(2, 4, 1, 3, 3000, 256), DType::kBFloat16));
+  // Tiles in more than kTailMaxParts parts (fwd_split.h, few_rows_parts): rounds of parts in flight.
+  const ScopedEnv finer("FUSEDATTN_SM90_FEW_ROWS_PARTS", "32");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 16, 4, 1, 9000, 256), DType::kFloat16));
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 32, 8, 1, 3000, 64), DType::kBFloat16));
 }
 
 // CTA pairs sharing K/V by multicast (tile_config.h, kPairCluster), forced: the peer's arrivals

@@ -139,6 +139,26 @@ TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
     FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
 }
 
+// FUSEDATTN_SM90_FEW_ROWS_PARTS=32 (fwd_split.h, few_rows_parts): decode tiles cut into more than
+// kTailMaxParts parts (12 to 29 on 132 SMs), so the spread combine runs several rounds of parts in
+// flight at every head dim (d64 4 parts a round, d128 and d256 8); both dtypes, and to the bit on
+// repeats.
+TEST(Sm90TailSplit, DecodeTilesInManyParts) {
+  SKIP_UNLESS_HOPPER();
+  const ScopedEnv finer("FUSEDATTN_SM90_FEW_ROWS_PARTS", "32");
+  const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 6000, 128), dense(1, 32, 8, 1, 3000, 64),
+                                       dense(1, 16, 4, 1, 9000, 256), dense(2, 32, 2, 1, 5000, 64)};
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : shapes) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      if (!expect_split(pr, dtype)) continue;
+      EXPECT_GT(planned_work(pr, dtype).split.max_parts, cuda::kTailMaxParts);
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+    }
+  if (expect_split(shapes[0], DType::kFloat16))
+    FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
+}
+
 // FUSEDATTN_SM90_TAIL_SPLIT=0: the plan keeps every tile whole and the results still match.
 TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
   SKIP_UNLESS_HOPPER();

@@ -144,17 +144,18 @@ inline double tail_shares_makespan(int64_t items, int steps, int64_t slots, cons
 
 // The cut of the last items that minimises the modelled makespan: T = N mod P or that plus a
 // wave; S = T x parts (equal parts, as tail_split.h) or S = P (balanced over the slots), each
-// with shares of at least kTailMinPartSteps steps and at most kTailMaxParts parts per item. No
-// split (shares == 0, every item whole) unless it saves kTailMinGain.
-inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, TailCost cost) {
+// with shares of at least min_part_steps steps and at most max_parts parts per item. No split
+// (shares == 0, every item whole) unless it saves kTailMinGain.
+inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, TailCost cost,
+                                   int max_parts = kTailMaxParts, int min_part_steps = kTailMinPartSteps) {
   const TailShares unsplit = TailShares::unsplit(static_cast<int>(items), steps);
   if (items <= 0 || steps <= 0 || slots <= 0 || items % slots == 0) return unsplit;
   TailShares best = unsplit;
   double best_time = tail_shares_makespan(items, steps, slots, unsplit, cost) * (1.0 - kTailMinGain);
   const auto consider = [&](int64_t tail, int64_t shares) {
-    if (!can_cut_tail(items, tail, steps, shares) || tail * steps < shares * int64_t{kTailMinPartSteps}) return;
+    if (!can_cut_tail(items, tail, steps, shares) || tail * steps < shares * int64_t{min_part_steps}) return;
     const CostedCut c = cut_tail_costed(items, tail, steps, static_cast<int>(shares), cost);
-    if (c.cut.max_parts > kTailMaxParts) return;
+    if (c.cut.max_parts > max_parts) return;
     const double t = tail_shares_makespan(items, steps, slots, c.cut, c.longest, cost);
     if (t < best_time) {
       best_time = t;
@@ -162,7 +163,7 @@ inline TailShares plan_tail_shares(int64_t items, int steps, int64_t slots, Tail
     }
   };
   for (int64_t tail = items % slots; tail <= items && tail <= items % slots + slots; tail += slots) {
-    for (int parts = 2; parts <= kTailMaxParts; ++parts) consider(tail, tail * parts);
+    for (int parts = 2; parts <= max_parts; ++parts) consider(tail, tail * parts);
     consider(tail, slots);
   }
   return best;

@@ -20,6 +20,7 @@
 #include "cuda/sm90/tile_config.h"
 #include "fusedattn/attention.h"  // kCudaPageRows
 #include "fusedattn/params.h"
+#include "fusedattn/tensor.h"  // dtype_size
 
 namespace fusedattn::cuda::sm90 {
 
@@ -48,10 +49,39 @@ inline bool tail_split_enabled() { return env_switch_or("FUSEDATTN_SM90_TAIL_SPL
 
 // FUSEDATTN_SM90_TAIL_SHARES=S cuts the last wave's tiles (all of them below one wave) into S
 // shares whatever the model prefers, so the tests reach shares that cross tiles; 0 when unset. A
-// count that would cut a tile into more than kTailMaxParts parts is ignored (fwd_work).
+// count that would cut a tile into more parts than the launch allows is ignored (fwd_work).
 inline int forced_tail_shares() {
   const char* v = std::getenv("FUSEDATTN_SM90_TAIL_SHARES");
   return v ? std::atoi(v) : 0;
+}
+
+// A decode step's launch (fewer tiles than SMs, each combined spread over the warpgroup) streams
+// its caches on as many CTAs as its tiles have parts: 8 tiles of 8 parts are 64 of the H200's 132
+// SMs. On the H200 (d128 fp16, 32 query heads on 8, one query; docs/hopper.md, session 90) 64 CTAs
+// stream ~4.3 TB/s once started and 128 ~4.5, but each part also pays a fixed cost (its first K
+// ~4,700 cycles after its start, its rows' write and ticket, a share of the combine): 16 parts
+// against 8 read -3.0% time at 128k keys (4 MiB of K/V a part), even at 32k, +7% at 4k (session
+// 89). So a tile takes more than kTailMaxParts parts only up to one CTA a slot and while each part
+// keeps kFewRowsMinPartBytes of K and V to stream.
+constexpr int64_t kFewRowsMinPartBytes = int64_t{4} << 20;
+
+// How finely the plan may cut each of `tiles` few-row tiles on `slots` CTAs, where each tile
+// streams kv_bytes of K and V: at most max_parts parts of at least min_part_steps KV blocks each.
+// FUSEDATTN_SM90_FEW_ROWS_PARTS=N (2 .. kFewRowsMaxParts) allows N parts whatever the lengths, and
+// above kTailMaxParts parts of one block, so the tests reach many parts on short caches.
+struct FewRowsParts {
+  int max_parts;
+  int min_part_steps;
+};
+
+inline FewRowsParts few_rows_parts(int64_t tiles, int64_t slots, int64_t kv_bytes) {
+  const char* v = std::getenv("FUSEDATTN_SM90_FEW_ROWS_PARTS");
+  const int forced = v ? std::min(std::atoi(v), kFewRowsMaxParts) : 0;
+  if (forced >= 2) return {forced, forced > kTailMaxParts ? 1 : kTailMinPartSteps};
+  const int64_t by_slots = slots / std::max<int64_t>(tiles, 1);
+  const int64_t by_bytes = kv_bytes / kFewRowsMinPartBytes;
+  return {static_cast<int>(std::clamp<int64_t>(std::min(by_slots, by_bytes), kTailMaxParts, kFewRowsMaxParts)),
+          kTailMinPartSteps};
 }
 
 // The tile order's group under masks (common/schedule.h: the pairs whose K/V fit a share of the
@@ -483,17 +513,25 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   // (tile_announcement.cuh): up to kMaxVarlenSplitBlocks blocks (2.9M keys of 64-key blocks).
   if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
   const int64_t tail = items % slots != 0 ? items % slots : std::min(items, slots);
+  // Tiles of few rows (their combine spreads over the warpgroup, SplitCombine::spreads) below a wave.
+  const bool few_rows = items < slots && rows.rows * (p.head_dim / kSpreadChunkCols) <= kWarpgroupThreads;
+  // K and V of a tile: every KV block of every head dim column, in the instance's element size.
+  const int64_t kv_bytes =
+      2 * int64_t{w.kv_blocks} * shape.block_n * p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
+  const FewRowsParts limits =
+      few_rows ? few_rows_parts(items, slots, kv_bytes) : FewRowsParts{kTailMaxParts, kTailMinPartSteps};
   const int64_t forced = std::min<int64_t>(forced_tail_shares(), tail * w.kv_blocks);
   if (can_cut_tail(items, tail, w.kv_blocks, forced)) {
-    // A forced cut too, as the plan's, leaves at most kTailMaxParts parts a tile: the combine
-    // keeps that many in flight without a loop (split_combine.cuh, combine_spread_and_store).
+    // A forced cut too, as the plan's, leaves at most limits.max_parts parts a tile: the combine
+    // keeps them in flight without a loop (split_combine.cuh, combine_spread_and_store).
     const TailShares cut = cut_tail(items, tail, w.kv_blocks, static_cast<int>(forced));
-    if (cut.max_parts <= kTailMaxParts) {
+    if (cut.max_parts <= limits.max_parts) {
       w.split = cut;
       return w;
     }
   }
-  w.split = plan_tail_shares(items, w.kv_blocks, slots, fwd_tail_cost(p.head_dim));
+  w.split = plan_tail_shares(items, w.kv_blocks, slots, fwd_tail_cost(p.head_dim), limits.max_parts,
+                             limits.min_part_steps);
   return w;
 }
 

@@ -30,6 +30,7 @@
 #include "cuda/sm90/named_barriers.h"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/softmax.cuh"
+#include "cuda/sm90/tile_config.h"
 #include "cuda/sm90/tile_scheduler.cuh"
 
 namespace fusedattn::cuda::sm90 {
@@ -43,7 +44,7 @@ struct SplitCombine {
   static constexpr int kFloat4s = kOAcc / 4;  // o[4j .. 4j + 3]: both rows' two columns of group j
   // A spread combine's chunk: 8 columns of a row (an 8-column group of the accumulator, held as a
   // float2 by each of the row's quad), written to O as one 16-byte store.
-  static constexpr int kChunkCols = 8;
+  static constexpr int kChunkCols = kSpreadChunkCols;
   // Parts a spread combine keeps in flight, a chunk of each in the accumulator's registers.
   static constexpr int kPartsInFlight = kOAcc / kChunkCols < kTailMaxParts ? kOAcc / kChunkCols : kTailMaxParts;
   // A part's slot: the tile's block_m rows of O (Cfg::kHeadDim floats each) and LSE.
@@ -187,9 +188,9 @@ struct SplitCombine {
     const int parts = parts_of(t);
     float m = -INFINITY, sum = 0.f, acc[kChunkCols] = {};
     // No loop with a run-time count here: one (even empty) made ptxas spill 360 B in the d256
-    // instances. parts <= kTailMaxParts (fwd_split.h, fwd_work).
+    // instances. parts <= kFewRowsMaxParts (fwd_split.h, fwd_work).
 #pragma unroll
-    for (int q0 = 0; q0 < kTailMaxParts; q0 += kPartsInFlight) {
+    for (int q0 = 0; q0 < kFewRowsMaxParts; q0 += kPartsInFlight) {
       if (q0 >= parts) break;
       float lse_q[kPartsInFlight];
 #pragma unroll

@@ -107,6 +107,13 @@ constexpr int kMaxConsumerWarpgroups = 3;  // named barriers are laid out for th
 // Tile announcements in flight (tile_announcement.cuh): the producer publishes the next tile's
 // while the consumers may still read the current one's (the 192-row tile's epilogue does).
 constexpr int kAnnouncementSlots = 2;
+// A split tile's last part combines the parts spread over the warpgroup where the slice's rows in
+// use come to at most one chunk of kSpreadChunkCols columns a thread (split_combine.cuh, spreads).
+// Launches of fewer tiles than SMs whose tiles all combine so (decode steps: a packed GQA group)
+// may cut a tile into up to kFewRowsMaxParts parts (fwd_split.h, few_rows_parts): the spread
+// combine reads every part at once, kFewRowsMaxParts being its unrolled bound.
+constexpr int kSpreadChunkCols = 8;
+constexpr int kFewRowsMaxParts = 32;
 constexpr int kRegisterFileSize = 65536;
 constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
 // Under a column mask the producer warp also walks each tile's key blocks through the mask's
