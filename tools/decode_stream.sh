@@ -4,7 +4,8 @@
 # (median of --iters) at key lengths whose 128-key blocks split evenly into the parts (1024 blocks:
 # every part starts on a 4 MiB boundary of its head's keys) or not (1027 blocks), in both layouts
 # (bhsd: a head's keys contiguous, as peers.py passes them; bshd: a head's rows 2 KiB apart), under
-# forced share counts (FUSEDATTN_SM90_TAIL_SHARES: 64 = 8 parts a tile, the default plan; 56 and 48
+# forced share counts (FUSEDATTN_SM90_TAIL_SHARES: 64 = 8 parts a tile, the default plan up to session
+# 90; since session 91 the default takes 16 parts at 128k keys (fwd_split.h, few_rows_parts); 56 and 48
 # = 7 and 6 parts, whose boundaries fall off the 4 MiB grid). Then cuDNN (torch SDPA, through
 # tools/bench_points.py: peers.py from .devbuild/carry/) on the bhsd shapes. Prints K+V bytes read per second, GB/s, one line per reading, with the CLI's host_ms
 # (the call's host time up to its return, which its time_ms includes).
