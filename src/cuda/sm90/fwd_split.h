@@ -60,9 +60,10 @@ inline int forced_tail_shares() {
 // SMs. On the H200 (d128 fp16, 32 query heads on 8, one query; docs/hopper.md, session 90) 64 CTAs
 // stream ~4.3 TB/s once started and 128 ~4.5, but each part also pays a fixed cost (its first K
 // ~4,700 cycles after its start, its rows' write and ticket, a share of the combine): 16 parts
-// against 8 read -3.0% time at 128k keys (4 MiB of K/V a part), even at 32k, +7% at 4k (session
-// 89). So a tile takes more than kTailMaxParts parts only up to one CTA a slot and while each part
-// keeps kFewRowsMinPartBytes of K and V to stream.
+// against 8 read -3.0% time at 128k keys (4 MiB of K/V a part) in the CLI and -0.9% in
+// bench_points (session 91), even at 32k, +7% at 4k (session 89). So a tile takes more than
+// kTailMaxParts parts only up to one CTA a slot and while each part keeps kFewRowsMinPartBytes of
+// K and V to stream.
 constexpr int64_t kFewRowsMinPartBytes = int64_t{4} << 20;
 
 // How finely the plan may cut each of `tiles` few-row tiles on `slots` CTAs, where each tile
