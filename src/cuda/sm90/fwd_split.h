@@ -515,7 +515,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
   const int64_t tail = items % slots != 0 ? items % slots : std::min(items, slots);
   // Tiles of few rows (their combine spreads over the warpgroup, SplitCombine::spreads) below a wave.
-  const bool few_rows = items < slots && rows.rows * (p.head_dim / kSpreadChunkCols) <= kWarpgroupThreads;
+  const bool few_rows = items < slots && combine_spreads(rows.rows, p.head_dim);
   // K and V of a tile: every KV block of every head dim column, in the instance's element size.
   const int64_t kv_bytes =
       2 * int64_t{w.kv_blocks} * shape.block_n * p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));

@@ -164,7 +164,7 @@ struct SplitCombine {
   // where its rows in use come to at most one chunk a thread. Else the holders combine their own
   // rows (combine) and the epilogue stores them as a whole tile's.
   __device__ __forceinline__ bool spreads(const WorkTile& t) const {
-    return rows_in_use(t) * (params.p.head_dim / kChunkCols) <= kWarpgroupThreads;
+    return combine_spreads(rows_in_use(t), params.p.head_dim);
   }
 
   // The last part, a slice of few rows (spreads): each thread combines one chunk (8-column group

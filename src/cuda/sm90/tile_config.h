@@ -114,6 +114,12 @@ constexpr int kAnnouncementSlots = 2;
 // combine reads every part at once, kFewRowsMaxParts being its unrolled bound.
 constexpr int kSpreadChunkCols = 8;
 constexpr int kFewRowsMaxParts = 32;
+// Whether a split slice of `rows` rows in use at head_dim combines spread (the rule both the
+// plan's few-row launches and SplitCombine::spreads apply).
+template <typename Int>
+constexpr bool combine_spreads(Int rows, int head_dim) {
+  return rows * (head_dim / kSpreadChunkCols) <= kWarpgroupThreads;
+}
 constexpr int kRegisterFileSize = 65536;
 constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
 // Under a column mask the producer warp also walks each tile's key blocks through the mask's
