@@ -21,7 +21,12 @@
 #            cap, at SPAN_POINTS (forward points as in POINTS, default fwd:256:full:2048) with the
 #            providers SPAN_PROVIDERS,
 #            default sdpa_cudnn,ours, an ours column per setting in SPAN_ENVS, a run per dtype in
-#            SPAN_DTYPE, default float16,bfloat16)
+#            SPAN_DTYPE, default float16,bfloat16), and
+#            chain (not in the default: tools/chain_bench.py, each attention call right behind a
+#            copy that writes its query, many in a row, at CHAIN_POINTS (forward points as in
+#            POINTS, default decode) with the providers CHAIN_PROVIDERS, default sdpa_cudnn,ours,
+#            an ours column per setting in CHAIN_ENVS, as POINT_ENVS, in POINT_DTYPE's first dtype;
+#            CHAIN_MODES, default "runs", may add "graph": the pairs captured into a CUDA graph)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set
@@ -130,7 +135,7 @@ heads=${GPU_HEAD_DIMS:-$heads}
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
 # The steps that run the main build's binaries (trace has a build of its own).
-uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power || has span; }
+uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power || has span || has chain; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
@@ -301,6 +306,18 @@ if has span; then
   done
 fi
 
+if has chain; then
+  envs=()
+  for e in ${CHAIN_ENVS:-}; do envs+=(--env "$e"); done
+  point_dtypes=${POINT_DTYPE:-float16}
+  for mode in ${CHAIN_MODES:-runs}; do
+    graph=(); [ "$mode" = graph ] && graph=(--graph)
+    step "chain_$mode" 300 "chain_$mode.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/chain_bench.py" \
+      --points "${CHAIN_POINTS:-decode}" --providers "${CHAIN_PROVIDERS:-sdpa_cudnn,ours}" --dtype "${point_dtypes%%,*}" \
+      "${envs[@]}" "${graph[@]}"
+  done
+fi
+
 if has trace; then
   # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
   # $dest as CSV and tools/sm90_trace.py's medians to the summary.
@@ -343,6 +360,9 @@ for f in "$out"/points.log "$out"/points_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
 [ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
+for f in "$out"/chain_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v -i "warn" "$f"; fi
+done
 for f in "$out"/span_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v -i "warn" "$f"; fi
 done

@@ -96,21 +96,43 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   return f;
 }
 
+// Whether a launch goes out as a dependent launch (ClusterLaunch), which the driver may start
+// before the kernel ahead of it on the stream has completed: on the caller's stream, whose kernel
+// before it is the caller's. (The quad mix's second stream starts behind an event, which a
+// dependent launch would not relax.) H200, a copy kernel then the forward, many in a row
+// (tools/chain_bench.py): 0.3-1.3 us less a decode call, d256's quad mix 12% (its quads then launch
+// before its pairs); do_bench's calls alone read even (docs/hopper.md, session 92).
+// FUSEDATTN_SM90_PDL=0 launches plainly.
+constexpr bool kDependentLaunchDefault = true;
+inline bool dependent_launch(bool on_callers_stream) {
+  return on_callers_stream && env_switch_or("FUSEDATTN_SM90_PDL", kDependentLaunchDefault);
+}
+
 // A launch of `grid` CTAs of `threads` in clusters of cluster_ctas along x (1: no cluster
-// attribute, a plain launch). Not copyable: the configuration points at its attribute.
+// attribute), as a dependent launch where `dependent` (programmatic stream serialisation: the
+// kernel may start while the kernel before it on the stream finishes; fwd_kernel waits for it
+// before touching global memory). Not copyable: the configuration points at its attributes.
 struct ClusterLaunch {
   cudaLaunchConfig_t config{};
-  cudaLaunchAttribute cluster{};
-  ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas) {
+  cudaLaunchAttribute attrs[2]{};
+  ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas,
+                bool dependent = false) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
     config.stream = stream;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(cluster_ctas);
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = cluster_ctas > 1 ? 1 : 0;
+    config.attrs = attrs;
+    if (cluster_ctas > 1) {
+      cudaLaunchAttribute& cluster = attrs[config.numAttrs++];
+      cluster.id = cudaLaunchAttributeClusterDimension;
+      cluster.val.clusterDim.x = static_cast<unsigned>(cluster_ctas);
+      cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+    }
+    if (dependent) {
+      cudaLaunchAttribute& serialisation = attrs[config.numAttrs++];
+      serialisation.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      serialisation.val.programmaticStreamSerializationAllowed = 1;
+    }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -286,7 +308,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   // Column masks: the summary over this tile's KV blocks, written on the stream before the kernel.
   const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kp.columns = columns.summary;
-  const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas);
+  const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas,
+                             dependent_launch(stream == static_cast<cudaStream_t>(p.stream)));
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
   columns.release(stream);
