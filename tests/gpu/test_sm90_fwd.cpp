@@ -847,46 +847,98 @@ TEST(Sm90Fwd, PackedGqaOverManyTiles) {
 // torch.compile's "reduce-overhead" do this): the dynamic schedule's counter cannot be allocated
 // during a capture, so the launch must fall back to a static schedule instead of failing, and
 // every replay of the graph must give the right answer.
+// Captures the Hopper forward of c on a fresh stream into a CUDA graph, lets `inspect` see the
+// graph, and replays it twice, out and lse poisoned before each replay and checked against the
+// reference after it. False (after a note) where the build has no Hopper instance for c.
+template <class Inspect>
+bool expect_captured_forward_matches(HostCase& c, Inspect inspect) {
+  DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
+  FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
+  const cuda::FwdFn fn = hopper_instance(p);
+  if (fn == nullptr) {
+    std::printf("no sm90 instance in this build for %s: not run\n", c.problem.str().c_str());
+    return false;
+  }
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  p.stream = stream;
+  cudaGraph_t graph = nullptr;
+  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  fn(p);
+  check(cudaStreamEndCapture(stream, &graph), "end capture");
+  inspect(graph);
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(c.problem, ref);
+  plain_forward(c.problem, c.dtype, plain);
+  constexpr int kReplays = 2;
+  for (int replay = 0; replay < kReplays; ++replay) {
+    c.out.poison();
+    c.lse.poison();
+    check(cudaMemcpy(o.ptr, c.out.data(), o.bytes, cudaMemcpyHostToDevice), "poison out");
+    check(cudaMemcpy(lse.ptr, c.lse.data(), lse.bytes, cudaMemcpyHostToDevice), "poison lse");
+    // A copy from pageable memory may return before its DMA has landed, on the legacy stream,
+    // which `stream` does not wait for.
+    check(cudaDeviceSynchronize(), "poison");
+    check(cudaGraphLaunch(exec, stream), "graph launch");
+    check(cudaStreamSynchronize(stream), "replay");
+    o.copy_to(c.out);
+    lse.copy_to(c.lse);
+    EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, kAtol)) << c.problem.str() << " replay " << replay;
+    EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kLseAtol, kLseAtol)) << "lse, replay " << replay;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  return true;
+}
+
 TEST(Sm90Fwd, GraphCaptureOnAFreshStream) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
   for (bool causal : {false, true}) {
     HostCase c = make_case(make_problem(2, 4, 2, 128, 700, 650, causal), DType::kFloat16, Layout::kBSHD, rng);
-    DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
-    FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
-    const cuda::FwdFn fn = hopper_instance(p);
-    if (fn == nullptr) GTEST_SKIP() << "no sm90 d128 instance in this build";
-    cudaStream_t stream = nullptr;
-    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-    p.stream = stream;
-    cudaGraph_t graph = nullptr;
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    fn(p);
-    check(cudaStreamEndCapture(stream, &graph), "end capture");
-    cudaGraphExec_t exec = nullptr;
-    check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    Tensors ref = c.values, plain = c.values;
-    reference_forward(c.problem, ref);
-    plain_forward(c.problem, c.dtype, plain);
-    constexpr int kReplays = 2;
-    for (int replay = 0; replay < kReplays; ++replay) {
-      c.out.poison();
-      c.lse.poison();
-      check(cudaMemcpy(o.ptr, c.out.data(), o.bytes, cudaMemcpyHostToDevice), "poison out");
-      check(cudaMemcpy(lse.ptr, c.lse.data(), lse.bytes, cudaMemcpyHostToDevice), "poison lse");
-      // A copy from pageable memory may return before its DMA has landed, on the legacy stream,
-      // which `stream` does not wait for.
-      check(cudaDeviceSynchronize(), "poison");
-      check(cudaGraphLaunch(exec, stream), "graph launch");
-      check(cudaStreamSynchronize(stream), "replay");
-      o.copy_to(c.out);
-      lse.copy_to(c.lse);
-      EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, kAtol)) << c.problem.str() << " replay " << replay;
-      EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kLseAtol, kLseAtol)) << "lse, replay " << replay;
-    }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
+    if (!expect_captured_forward_matches(c, [](cudaGraph_t) {})) GTEST_SKIP() << "no sm90 d128 instance in this build";
+  }
+}
+
+// The nodes of `graph` of type `type`.
+int graph_nodes_of(cudaGraph_t graph, cudaGraphNodeType type) {
+  size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "graph nodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  check(cudaGraphGetNodes(graph, nodes.data(), &count), "graph nodes");
+  int matching = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType t{};
+    check(cudaGraphNodeGetType(node, &t), "node type");
+    matching += t == type;
+  }
+  return matching;
+}
+
+// A decode step captured on a stream that never ran a split forward outside a capture (so it has
+// no split workspace of its own) still cuts its few tiles into parts: the workspace is allocated
+// and zeroed beside the capture (stream_buffer.h), so the graph holds the kernel alone, no
+// allocation or memset node. Before, such a capture ran every tile whole, 3-7x slower at batch 1
+// (docs/hopper.md, session 92). The parts are combined in a fixed order, so the replays match an
+// eager call, which splits, to the bit; the tiles run whole would sum in another order.
+TEST(Sm90Fwd, DecodeCapturedOnAFreshStreamKeepsItsParts) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    HostCase c = make_case(make_problem(1, 32, 8, 128, 1, 32768, false), dtype, Layout::kBSHD, rng);
+    const auto eager = run_kernel(c);
+    if (!eager) GTEST_SKIP() << "no sm90 d128 instance in this build";
+    const std::vector<unsigned char> eager_out = bytes_of(c.out), eager_lse = bytes_of(c.lse);
+    expect_captured_forward_matches(c, [](cudaGraph_t graph) {
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeKernel), 1) << "the forward's kernel alone";
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeMemAlloc), 0);
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeMemset), 0);
+    });
+    EXPECT_EQ(bytes_of(c.out), eager_out) << "the captured step's out differs from the eager call's";
+    EXPECT_EQ(bytes_of(c.lse), eager_lse) << "the captured step's lse differs from the eager call's";
   }
 }
 

@@ -13,12 +13,13 @@ namespace fusedattn::cuda {
 enum class StreamBufferUser { kSm90Split, kSm80KvSplit, kColumnSummary };
 
 struct StreamBuffer {
-  char* base = nullptr;  // null: it would have to grow while the stream is captured into a graph
+  char* base = nullptr;  // null: it had to grow during a graph capture and the driver refused
   bool grown = false;    // freshly allocated: its contents are undefined
 };
 
 // At least `bytes` on the current device for `user` and `stream`. Throws fusedattn::Error
-// (kRuntime) when an allocation fails.
+// (kRuntime) when an allocation fails. Where the stream is being captured into a CUDA graph, a
+// buffer that has to grow is allocated and zeroed outside the graph (not grown, then: zero).
 StreamBuffer stream_buffer(StreamBufferUser user, cudaStream_t stream, int64_t bytes);
 
 }  // namespace fusedattn::cuda

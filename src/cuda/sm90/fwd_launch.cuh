@@ -287,7 +287,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
     workspace = split_workspace(stream, int64_t{kMaxSplitWaves} * num_sms * Cfg::kCtasPerSm,
                                 int64_t{work.split.tiles} * Cfg::kClusterCtas, work.split.max_parts, Cfg::kBlockM,
                                 kHeadDim);
-    // No workspace can be made during a graph capture: every item whole.
+    // No workspace could be made during a graph capture (stream_buffer): every item whole.
     if (!workspace.ok()) work.run_whole();
   }
   kp.split = {work.split, workspace.tickets, workspace.lse, workspace.o};
