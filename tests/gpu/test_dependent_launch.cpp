@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "fusedattn/attention.h"
@@ -32,8 +31,8 @@ struct Stream {
   Stream& operator=(const Stream&) = delete;
 };
 
-// Whether a dependent launch behind launch_late_copies reads the word before the late copy
-// lands: the first word of `stale` (on the device) is replaced late by that of `final_words`.
+// Whether a dependent launch behind launch_late_copies reads a word before the late copy lands:
+// the device word starts as `stale` and is replaced late by `final_word`.
 bool starts_early(const Stream& stream) {
   const uint32_t stale = 0x01234567u, final_word = 0x89abcdefu;
   uint32_t* words = nullptr;  // [0] the target, [4] the final word (16-byte aligned), [8] what the peek saw
