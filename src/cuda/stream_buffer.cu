@@ -54,18 +54,18 @@ StreamBuffer stream_buffer(StreamBufferUser user, cudaStream_t stream, int64_t b
   const std::lock_guard<std::mutex> lock(mutex);
   Buffer& buf = buffers[{user, device, stream}];
   if (buf.bytes >= bytes) return {buf.base, false};
+  // During a capture the buffer comes zeroed, so its users need no start values from the graph.
+  const bool zeroed = capturing(stream);
   char* grown = nullptr;
-  if (capturing(stream)) {
+  if (zeroed) {
     grown = allocate_beside_capture(bytes);
     if (grown == nullptr) return {};
-    if (buf.base != nullptr) retired.push_back(buf.base);
-    buf = {grown, bytes};
-    return {grown, false};  // zeroed, outside the graph
+  } else {
+    FUSEDATTN_CUDA_CHECK(cudaMalloc(&grown, bytes));
   }
-  FUSEDATTN_CUDA_CHECK(cudaMalloc(&grown, bytes));
   if (buf.base != nullptr) retired.push_back(buf.base);
   buf = {grown, bytes};
-  return {grown, true};
+  return {grown, !zeroed};
 }
 
 }  // namespace fusedattn::cuda

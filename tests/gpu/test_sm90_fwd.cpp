@@ -843,10 +843,6 @@ TEST(Sm90Fwd, PackedGqaOverManyTiles) {
     }
 }
 
-// Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs and
-// torch.compile's "reduce-overhead" do this): the dynamic schedule's counter cannot be allocated
-// during a capture, so the launch must fall back to a static schedule instead of failing, and
-// every replay of the graph must give the right answer.
 // Captures the Hopper forward of c on a fresh stream into a CUDA graph, lets `inspect` see the
 // graph, and replays it twice, out and lse poisoned before each replay and checked against the
 // reference after it. False (after a note) where the build has no Hopper instance for c.
@@ -894,6 +890,10 @@ bool expect_captured_forward_matches(HostCase& c, Inspect inspect) {
   return true;
 }
 
+// Captured into a CUDA graph on a stream the library has never seen (torch's CUDA graphs and
+// torch.compile's "reduce-overhead" do this): the dynamic schedule's counter cannot be allocated
+// during a capture, so the launch must fall back to a static schedule instead of failing, and
+// every replay of the graph must give the right answer.
 TEST(Sm90Fwd, GraphCaptureOnAFreshStream) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
