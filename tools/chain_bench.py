@@ -7,13 +7,17 @@ forward's FUSEDATTN_SM90_PDL, on by default) can change, the gap between the ker
 attention's own start, in a run of many pairs.
 
   tools/chain_bench.py --points decode,fwd:256:full:2048 [--providers sdpa_cudnn,ours]
-      [--env NAME=VALUE ...] [--iters 200] [--repeat 5] [--dtype float16] [--graph]
+      [--env NAME=VALUE ...] [--iters 200] [--repeat 5] [--dtype float16] [--graph] [--cold MIB]
 Points as tools/bench_points.py takes them (forward only). Each run times --iters pairs (q
 rewritten by a copy, then the attention call) between two events, after one untimed run; each
 column reads --repeat runs, the columns in reverse order on every second run. Prints per point the
 median microseconds per pair of each column, with its min-max, and the copy alone per iteration.
 Through Python a call's host time (~40 us) exceeds a decode step's GPU time, so short calls need
 --graph, which captures the pairs into one CUDA graph and times its replays.
+Back to back, a point's K and V stay in the L2 from one pair to the next where they fit (a decode
+step at batch 1 and 4k keys: 16 MiB), which in a model they would not: the other layers run in
+between. --cold MIB writes a buffer of that size before each pair (more than the L2 holds: 128 on
+an H100 or H200), and the copy column then reads that write and the copy together.
 """
 import argparse
 import statistics
@@ -25,12 +29,15 @@ import bench_points as bp
 import peers
 
 
-def per_pair_us(fn, q, q_src, k, v, causal, scale, iters, graph):
+def per_pair_us(fn, q, q_src, k, v, causal, scale, iters, graph, evict=None):
     """Microseconds per (copy into q, attention) pair over `iters` pairs, or per copy alone (fn
     None); with `graph` the pairs are captured into one CUDA graph and a replay is timed, so the
-    host's time per call (tens of microseconds through Python) stays out of the GPU's."""
+    host's time per call (tens of microseconds through Python) stays out of the GPU's. `evict`, a
+    buffer written before each pair, takes K and V out of the L2."""
     def run():
         for _ in range(iters):
+            if evict is not None:
+                evict.fill_(1)
             q.copy_(q_src)
             if fn is not None:
                 fn(q, k, v, causal, scale)
@@ -62,16 +69,19 @@ def main():
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--graph", action="store_true", help="time replays of the pairs captured into a CUDA graph")
+    ap.add_argument("--cold", type=int, default=0, metavar="MIB", help="write MIB MiB before each pair (0: none)")
     args = ap.parse_args()
-    if args.iters < 1 or args.repeat < 1:
-        raise SystemExit("--iters and --repeat must be at least 1")
+    if args.iters < 1 or args.repeat < 1 or args.cold < 0:
+        raise SystemExit("--iters and --repeat must be at least 1, --cold at least 0")
+    evict = torch.empty(args.cold << 20, dtype=torch.uint8, device="cuda") if args.cold else None
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
     names = [p if e is None else e.replace("FUSEDATTN_", "").replace("SM90_", "") for p, e in columns]
     how = "graph replays" if args.graph else "runs"
+    cold = f", each after a {args.cold} MiB write (in the copy column)" if args.cold else ""
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  median us per (copy, attention) pair of {args.repeat} {how} "
-          f"of {args.iters}")
+          f"of {args.iters}{cold}")
     print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "%10s" % "copy" + "   ratios to the first column")
     for text in bp.expand_points(args.points):
         point, q_src, k, v = bp.forward_inputs(text, dtype)
@@ -88,11 +98,11 @@ def main():
                     with bp.apply_env(env):
                         try:
                             readings[i].append(per_pair_us(peers.PROVIDERS[provider], q, q_src, k, v, causal, scale,
-                                                           args.iters, args.graph))
+                                                           args.iters, args.graph, evict))
                         except Exception as e:  # a provider that cannot run the point says why
                             print(f"  {provider} {env or ''}: {type(e).__name__}: {str(e)[:120]}")
                             readings[i].append(float("nan"))
-                copies.append(per_pair_us(None, q, q_src, k, v, causal, scale, args.iters, args.graph))
+                copies.append(per_pair_us(None, q, q_src, k, v, causal, scale, args.iters, args.graph, evict))
         row = [statistics.median(r) for r in readings]
         ratios = " ".join("%.3f" % (x / row[0]) for x in row[1:])
         print("%-32s" % text + "".join("%16.2f" % x for x in row) + "%10.2f" % statistics.median(copies) + "   "

@@ -26,7 +26,9 @@
 #            copy that writes its query, many in a row, at CHAIN_POINTS (forward points as in
 #            POINTS, default decode) with the providers CHAIN_PROVIDERS, default sdpa_cudnn,ours,
 #            an ours column per setting in CHAIN_ENVS, as POINT_ENVS, in POINT_DTYPE's first dtype;
-#            CHAIN_MODES, default "runs", may add "graph": the pairs captured into a CUDA graph)
+#            CHAIN_MODES, default "runs", may add "graph": the pairs captured into a CUDA graph, and
+#            "runs-cold" / "graph-cold": each pair after a write of CHAIN_COLD_MIB (default 128) MiB
+#            that takes K/V out of the L2, as a model's other layers would)
 # The GPU tests run as GPU_TEST_SHARDS (default 6) gtest shards in parallel, GPU_TEST_FILTER (a
 # gtest filter, default all; a parameterised suite's names start with its prefix, so
 # "*Sm90Shapes*", not "Sm90Shapes*") picks some; SANITIZE_FILTER replaces the sanitizer steps' set
@@ -311,7 +313,8 @@ if has chain; then
   for e in ${CHAIN_ENVS:-}; do envs+=(--env "$e"); done
   point_dtypes=${POINT_DTYPE:-float16}
   for mode in ${CHAIN_MODES:-runs}; do
-    graph=(); [ "$mode" = graph ] && graph=(--graph)
+    graph=(); [[ "$mode" == graph* ]] && graph=(--graph)
+    [[ "$mode" == *-cold ]] && graph+=(--cold "${CHAIN_COLD_MIB:-128}")
     step "chain_$mode" 300 "chain_$mode.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/chain_bench.py" \
       --points "${CHAIN_POINTS:-decode}" --providers "${CHAIN_PROVIDERS:-sdpa_cudnn,ours}" --dtype "${point_dtypes%%,*}" \
       "${envs[@]}" "${graph[@]}"
