@@ -120,15 +120,20 @@ TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
 // Decode steps on dense caches: a GQA group packed into the tile's rows, so each warpgroup's slice
 // holds rows past the sequence's end, which the parts neither write to the workspace nor read
 // back. Slices of at most one 8-column chunk per thread are combined spread over the warpgroup and
-// written straight to O (split_combine.cuh, spreads): 4 rows at d128 and d256, 8 at d128 and 16
-// at d64 (exactly one chunk a thread); the others by their holders through the epilogue: 20 rows
-// at d64, 24 at d256. The rows in use must combine right, in both dtypes, and to the bit on
-// repeats.
+// written straight to O (split_combine.cuh, spreads), the reads shared out by the rows' holder
+// threads: 16 holders for 4 rows at d128 and d256 and 3 queries at head dim 120 (on the d128 tile,
+// some holders and groups unused), 32 for 8 rows at d128 and 16 at d64 (exactly one chunk a
+// thread), 64 for 32 rows at head dim 32 and 128 for 64 rows at 16 (both on the d64 tile). The
+// others by their holders through the epilogue: 20 rows at d64, 24 at d256, and 5 queries at head
+// dim 200 (one chunk a thread, but more float4 groups a thread than the d256 tile's registers hold).
+// The rows in use must combine right, in both dtypes, and to the bit on repeats.
 TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
   SKIP_UNLESS_HOPPER();
   const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 4096, 128), dense(2, 16, 4, 5, 3000, 64),
                                        dense(1, 8, 1, 3, 2500, 256),  dense(1, 16, 4, 1, 3000, 256),
-                                       dense(1, 64, 8, 1, 4096, 128), dense(2, 32, 2, 1, 3000, 64)};
+                                       dense(1, 64, 8, 1, 4096, 128), dense(2, 32, 2, 1, 3000, 64),
+                                       dense(1, 1, 1, 3, 3000, 120),  dense(1, 32, 1, 1, 3000, 32),
+                                       dense(1, 64, 1, 1, 2000, 16),  dense(1, 1, 1, 5, 3000, 200)};
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : shapes) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
@@ -141,8 +146,8 @@ TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
 
 // FUSEDATTN_SM90_FEW_ROWS_PARTS=32 (fwd_split.h, few_rows_parts): decode tiles cut into more than
 // kTailMaxParts parts (12 to 29 on 132 SMs), so the spread combine runs several rounds of parts in
-// flight at every head dim (d64 4 parts a round, d128 and d256 8); both dtypes, and to the bit on
-// repeats.
+// flight at every head dim (8 parts a round for 4 rows at d64 and d128, 4 for 4 rows at d256 and
+// for 16 at d64); both dtypes, and to the bit on repeats.
 TEST(Sm90TailSplit, DecodeTilesInManyParts) {
   SKIP_UNLESS_HOPPER();
   const ScopedEnv finer("FUSEDATTN_SM90_FEW_ROWS_PARTS", "32");

@@ -50,11 +50,6 @@ struct ColumnProducer {
     const Base base{params, smem};
     const FwdParams& p = params.p;
     const bool leader = lane == 0;
-    if (leader) {
-      ptx::tma_prefetch_descriptor(&params.tma_q);
-      ptx::tma_prefetch_descriptor(&params.tma_k);
-      ptx::tma_prefetch_descriptor(&params.tma_v);
-    }
     const KVPipeline<Storage> pipe{smem};
     const int group = p.heads_q / p.heads_kv;  // unpacked: a tile head is a query head
     KVRingState<Cfg> kv;

@@ -67,14 +67,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   if (threadIdx.x == 0) {
     init_barriers<Element, Cfg>(smem);
     FUSEDATTN_SM90_TRACE_RESET();  // the trace build's stamp counters (trace.cuh), else nothing
+    // The maps are kernel parameters, which no kernel before this one writes: fetched into the
+    // descriptor cache while a dependent launch still waits below. Thread 0 is the producer warp's
+    // first lane, the thread that issues the loads.
+    ptx::tma_prefetch_descriptor(&params.tma_q);
+    ptx::tma_prefetch_descriptor(&params.tma_k);
+    ptx::tma_prefetch_descriptor(&params.tma_v);
   }
   __syncthreads();
   // The peer's barriers are initialised before this CTA arrives on them or multicasts into it.
   if constexpr (Cfg::kClusterCtas > 1) ptx::cluster_sync();
   // A dependent launch (fwd_launch.cuh, dependent_launch) may start while the kernel before it on
-  // the stream still runs. Up to here the CTA has touched only shared memory; from here on it
-  // reads its inputs and writes its outputs, so every thread first waits until that kernel has
-  // completed and its writes are visible (at once after an ordinary launch). Then the next kernel
+  // the stream still runs. Up to here the CTA has touched only shared memory and its parameters;
+  // from here on it reads its inputs and writes its outputs, so every thread first waits until that
+  // kernel has completed and its writes are visible (at once after an ordinary launch). Then the next kernel
   // on the stream, if launched as a dependent too, may set up on the SMs this grid leaves; its
   // own wait still holds it until this grid has completed.
   cudaGridDependencySynchronize();

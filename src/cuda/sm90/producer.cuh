@@ -164,9 +164,6 @@ struct Producer {
 
   __device__ __forceinline__ void run() const {
     const FwdParams& p = params.p;
-    ptx::tma_prefetch_descriptor(&params.tma_q);
-    ptx::tma_prefetch_descriptor(&params.tma_k);
-    ptx::tma_prefetch_descriptor(&params.tma_v);
     const KVPipeline<Storage> pipe{smem};
     // GQA/MQA: tile heads per KV head (query heads per KV head, or 1 where a tile packs them all).
     const int tile_heads = params.packing.tile_heads(p.heads_q);

@@ -14,8 +14,9 @@
 // - A slice of few rows (spreads): a decode step's packed tile has as few rows as the GQA group (4
 //   of the slice's 64 for 32 query heads on 8), whose 16 holder threads took a round trip per part
 //   (~850 cycles; 6,850 of a 4k-key step's ~24,600 on the H200, docs/hopper.md session 88). There
-//   the whole warpgroup combines, each thread one chunk of 8 columns of a row with the loads of
-//   several parts in flight, and writes it straight to O and the LSE; the staging goes unused.
+//   the whole warpgroup combines, each thread a few of one holder's float4 groups, laid out so that
+//   a warp's load reads whole runs of the workspace, with the loads of several parts in flight, and
+//   writes them straight to O and the LSE; the staging goes unused.
 #pragma once
 
 #include <cmath>
@@ -42,11 +43,8 @@ struct SplitCombine {
   static constexpr int kRows = 2;           // accumulator rows per thread: row0 and row0 + 8
   static constexpr int kQuad = 4;           // the lanes of a quad hold one row
   static constexpr int kFloat4s = kOAcc / 4;  // o[4j .. 4j + 3]: both rows' two columns of group j
-  // A spread combine's chunk: 8 columns of a row (an 8-column group of the accumulator, held as a
-  // float2 by each of the row's quad), written to O as one 16-byte store.
+  // The columns of a float4 group of the accumulator (two of each held by each lane of a quad).
   static constexpr int kChunkCols = kSpreadChunkCols;
-  // Parts a spread combine keeps in flight, a chunk of each in the accumulator's registers.
-  static constexpr int kPartsInFlight = kOAcc / kChunkCols < kTailMaxParts ? kOAcc / kChunkCols : kTailMaxParts;
   // A part's slot: the tile's block_m rows of O (Cfg::kHeadDim floats each) and LSE.
   static constexpr int64_t kSlotO = int64_t{Cfg::kBlockM} * Cfg::kHeadDim;
   static constexpr int kSlotLse = Cfg::kBlockM;
@@ -161,85 +159,143 @@ struct SplitCombine {
   }
 
   // Whether the last part combines the slice spread over the warpgroup (combine_spread_and_store):
-  // where its rows in use come to at most one chunk a thread. Else the holders combine their own
-  // rows (combine) and the epilogue stores them as a whole tile's.
+  // where its rows in use come to at most one chunk a thread, and their holders' float4 groups to
+  // at most kMaxSpreadGroups a thread. Else the holders combine their own rows (combine) and the
+  // epilogue stores them as a whole tile's.
   __device__ __forceinline__ bool spreads(const WorkTile& t) const {
-    return combine_spreads(rows_in_use(t), params.p.head_dim);
+    const int rows = rows_in_use(t);
+    return combine_spreads(rows, params.p.head_dim) && spread_groups(spread_holders(rows)) <= kMaxSpreadGroups;
   }
 
-  // The last part, a slice of few rows (spreads): each thread combines one chunk (8-column group
-  // j of row r) over every part and writes it to O, and its row's LSE with the first chunk. In the
-  // workspace the chunk is a float2 of each of the row's quad's lanes (a half of its float4 j).
-  // The parts' loads go out kPartsInFlight at a time into `buffer`, the accumulator's registers,
-  // dead once the part is written: the epilogue has few others to spare (separate registers for 8
-  // parts' loads spilled 248-480 B in the d128 and d256 instances; ptxas seems to keep the wgmma
-  // accumulators' registers apart even where they are dead).
+  // The last part, a slice of few rows (spreads): the whole warpgroup reads every part's O and LSE
+  // of the rows in use and writes the combined rows straight to O and the LSE.
   __device__ __forceinline__ void combine_spread_and_store(const WorkTile& t, float (&buffer)[kOAcc],
                                                            uint32_t thread) const {
-    const FwdParams& p = params.p;
-    const int chunks_per_row = p.head_dim / kChunkCols;
-    const int chunk = static_cast<int>(thread);
-    if (chunk >= rows_in_use(t) * chunks_per_row) return;
-    const int r = chunk / chunks_per_row, j = chunk - r * chunks_per_row;
-    // Row r's holders: lanes 4 (r % 8) .. + 3 of warp r / 16, in the float4s' first half for
-    // r % 16 < 8 (row0), else the second (row0 + 8); the LSE likewise in its quad's float2.
-    const int quad = r / 16 * 8 + r % 8;
-    const int half = r % 16 / 8;
-    const int parts = parts_of(t);
-    float m = -INFINITY, sum = 0.f, acc[kChunkCols] = {};
-    // No loop with a run-time count here: one (even empty) made ptxas spill 360 B in the d256
-    // instances. parts <= kFewRowsMaxParts (fwd_split.h, fwd_work).
-#pragma unroll
-    for (int q0 = 0; q0 < kFewRowsMaxParts; q0 += kPartsInFlight) {
-      if (q0 >= parts) break;
-      float lse_q[kPartsInFlight];
-#pragma unroll
-      for (int i = 0; i < kPartsInFlight; ++i) {
-        const int q = q0 + i;
-        if (q >= parts) {
-          lse_q[i] = -INFINITY;
-          continue;
-        }
-        lse_q[i] = __ldcg(reinterpret_cast<const float*>(lse_slot(t, q, quad * kQuad)) + half);
-        const float* group = reinterpret_cast<const float*>(o_slot(t, q, quad * kQuad) + j * kWarpgroupThreads) + 2 * half;
-#pragma unroll
-        for (int lane = 0; lane < kQuad; ++lane) {
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(group + 4 * lane));
-          buffer[i * kChunkCols + 2 * lane] = v.x;
-          buffer[i * kChunkCols + 2 * lane + 1] = v.y;
-        }
-      }
-      float m_new = m;
-#pragma unroll
-      for (int i = 0; i < kPartsInFlight; ++i) m_new = fmaxf(m_new, lse_q[i]);
-      const float ref = weight_reference(m_new);
-      const float scale = expf(m - ref);
-      sum *= scale;
-#pragma unroll
-      for (int k = 0; k < kChunkCols; ++k) acc[k] *= scale;
-#pragma unroll
-      for (int i = 0; i < kPartsInFlight; ++i) {
-        if (q0 + i >= parts) break;
-        const float w = expf(lse_q[i] - ref);
-        sum += w;
-#pragma unroll
-        for (int k = 0; k < kChunkCols; ++k) acc[k] = fmaf(w, buffer[i * kChunkCols + k], acc[k]);
-      }
-      m = m_new;
+    const int rows = rows_in_use(t);
+    switch (spread_holders(rows)) {
+      case 16: return combine_holders<16>(t, buffer, thread, rows);
+      case 32: return combine_holders<32>(t, buffer, thread, rows);
+      case 64: return combine_holders<64>(t, buffer, thread, rows);
+      default: return combine_holders<kWarpgroupThreads>(t, buffer, thread, rows);
     }
-    const float inv = inverse_sum(sum);
-    uint32_t packed[kChunkCols / 2];
-#pragma unroll
-    for (int k = 0; k < kChunkCols / 2; ++k) packed[k] = pack2<Element>(acc[2 * k] * inv, acc[2 * k + 1] * inv);
-    // Row r of the slice is (query head, position) of the GQA packing (row_packing.h), where the
-    // epilogue's TMA store and LSE write would place it.
-    const QueryRow q = params.packing.query_row(t.head, t.q_start, t.first_row + warpgroup * kWarpgroupRows + r);
-    *reinterpret_cast<uint4*>(static_cast<Element*>(p.o) + params.o_offset(t.batch, q) + j * kChunkCols) =
-        make_uint4(packed[0], packed[1], packed[2], packed[3]);
-    if (j == 0 && p.lse != nullptr) p.lse[params.lse_offset(t.batch, q)] = combined_lse(m, sum);
   }
 
  private:
+  // The spread combine's reads. The rows' kHolders holder threads (the warpgroup's first ones:
+  // row r lies in lanes 4 (r % 8) .. + 3 of warp r / 16) wrote their float4 groups 128 threads
+  // apart (write_part), so thread k takes float4 groups k / kHolders + s * (128 / kHolders) of
+  // holder k % kHolders: each load instruction of a warp reads runs of 256 bytes or more. Where a
+  // thread combined an 8-column chunk of a row instead, each lane's load touched a line of its own
+  // (every part's five loads 2 KiB apart): a 4k-key decode step's combine took ~4,400 cycles on the
+  // H200, ~3.5 L2 round trips (docs/hopper.md, session 93).
+  // Above d128 more groups or loads in flight spilled (28-88 B in the d256 instances).
+  static constexpr int kMaxSpreadGroups = Cfg::kHeadDim > 128 ? 4 : 8;
+  static constexpr int kRoundFloat4s = kFloat4s < 16 ? kFloat4s : 16;  // loads in flight a thread
+  __device__ __forceinline__ static constexpr int spread_holders(int rows) {
+    return rows <= 4 ? 16 : rows <= 16 ? 32 : rows <= 32 ? 64 : kWarpgroupThreads;
+  }
+  __device__ __forceinline__ static constexpr int spread_groups(int holders) {
+    return (holders * kFloat4s + kWarpgroupThreads - 1) / kWarpgroupThreads;
+  }
+
+  template <int kHolders>
+  __device__ __forceinline__ void combine_holders(const WorkTile& t, float (&buffer)[kOAcc], uint32_t thread,
+                                                  int rows) const {
+    constexpr int kGroups = spread_groups(kHolders);  // float4 groups a thread takes of each part
+    if constexpr (kGroups > kMaxSpreadGroups) {
+      return;  // spreads() never picks these holders here
+    } else {
+      constexpr int kGroupStride = kWarpgroupThreads / kHolders;
+      // A round's parts' groups go to the buffer, the accumulator's registers, dead once the part
+      // is written (separate registers for the loads spilled in the d128 and d256 instances).
+      constexpr int kPartsInRound = kRoundFloat4s / kGroups;
+      const FwdParams& p = params.p;
+      const int holder = static_cast<int>(thread) % kHolders;
+      const int first_group = static_cast<int>(thread) / kHolders;
+      // The holder's rows: row0 and row0 + 8 of its warp's 16; in a float4 group, row0's two
+      // columns come first. A holder of no row in use wrote nothing (write_part).
+      const int row0 = holder / 32 * 16 + holder % 32 / kQuad;
+      if (row0 >= rows) return;
+      const int groups_in_use = p.head_dim / kChunkCols;  // an 8-column group past head_dim is padding
+      const int parts = parts_of(t);
+      float m[kRows] = {-INFINITY, -INFINITY}, sum[kRows] = {0.f, 0.f}, acc[kGroups][4] = {};
+      // No loop with a run-time count here: one (even empty) made ptxas spill 360 B in the d256
+      // instances. parts <= kFewRowsMaxParts (fwd_split.h, fwd_work).
+#pragma unroll
+      for (int q0 = 0; q0 < kFewRowsMaxParts; q0 += kPartsInRound) {
+        if (q0 >= parts) break;
+        float lse_q[kPartsInRound][kRows];
+#pragma unroll
+        for (int i = 0; i < kPartsInRound; ++i) {
+          const int q = q0 + i;
+          if (q >= parts) {
+            lse_q[i][0] = lse_q[i][1] = -INFINITY;
+            continue;
+          }
+          const float2 l = __ldcg(lse_slot(t, q, holder));
+          lse_q[i][0] = l.x;
+          lse_q[i][1] = l.y;
+          const float4* in = o_slot(t, q, holder);
+#pragma unroll
+          for (int s = 0; s < kGroups; ++s) {
+            const int j = first_group + s * kGroupStride;
+            if (kGroups * kGroupStride > kFloat4s && j >= kFloat4s) break;  // d96: 12 groups, not a multiple
+            const float4 v = __ldcg(in + j * kWarpgroupThreads);
+            float* b = &buffer[(i * kGroups + s) * 4];
+            b[0] = v.x;
+            b[1] = v.y;
+            b[2] = v.z;
+            b[3] = v.w;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float m_new = m[r];
+#pragma unroll
+          for (int i = 0; i < kPartsInRound; ++i) m_new = fmaxf(m_new, lse_q[i][r]);
+          const float ref = weight_reference(m_new);
+          const float scale = expf(m[r] - ref);
+          sum[r] *= scale;
+#pragma unroll
+          for (int s = 0; s < kGroups; ++s) {
+            acc[s][2 * r] *= scale;
+            acc[s][2 * r + 1] *= scale;
+          }
+#pragma unroll
+          for (int i = 0; i < kPartsInRound; ++i) {
+            if (q0 + i >= parts) break;
+            const float w = expf(lse_q[i][r] - ref);
+            sum[r] += w;
+#pragma unroll
+            for (int s = 0; s < kGroups; ++s) {
+              acc[s][2 * r] = fmaf(w, buffer[(i * kGroups + s) * 4 + 2 * r], acc[s][2 * r]);
+              acc[s][2 * r + 1] = fmaf(w, buffer[(i * kGroups + s) * 4 + 2 * r + 1], acc[s][2 * r + 1]);
+            }
+          }
+          m[r] = m_new;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + 8 * r;
+        if (row >= rows) continue;
+        const float inv = inverse_sum(sum[r]);
+        // Row `row` of the slice is (query head, position) of the GQA packing (row_packing.h), where
+        // the epilogue's TMA store and LSE write would place it.
+        const QueryRow q = params.packing.query_row(t.head, t.q_start, t.first_row + warpgroup * kWarpgroupRows + row);
+        Element* out = static_cast<Element*>(p.o) + params.o_offset(t.batch, q) + holder % kQuad * 2;
+#pragma unroll
+        for (int s = 0; s < kGroups; ++s) {
+          const int j = first_group + s * kGroupStride;
+          if (j >= groups_in_use) break;
+          *reinterpret_cast<uint32_t*>(out + j * kChunkCols) = pack2<Element>(acc[s][2 * r] * inv, acc[s][2 * r + 1] * inv);
+        }
+        if (first_group == 0 && holder % kQuad == 0 && p.lse != nullptr)
+          p.lse[params.lse_offset(t.batch, q)] = combined_lse(m[r], sum[r]);
+      }
+    }
+  }
+
   // The reference the parts' weights exp(lse_p - ref) take from the running maximum m: no key in
   // any part so far makes them exp(-inf) = 0, not exp(-inf + inf) = NaN.
   __device__ __forceinline__ static float weight_reference(float m) { return m == -INFINITY ? 0.f : m; }
