@@ -46,6 +46,10 @@ cudaError_t launch_late_copies(const DeviceCopy* copies, int count, uint64_t del
 }
 
 cudaError_t launch_early_peek(const uint32_t* src, uint32_t* seen, cudaStream_t stream) {
+  return launch_peek_as_dependent(early_peek, src, seen, stream);
+}
+
+cudaError_t launch_peek_as_dependent(PeekKernel kernel, const uint32_t* src, uint32_t* seen, cudaStream_t stream) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(1);
   config.blockDim = dim3(1);
@@ -55,7 +59,7 @@ cudaError_t launch_early_peek(const uint32_t* src, uint32_t* seen, cudaStream_t 
   dependent.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &dependent;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, early_peek, src, seen);
+  return cudaLaunchKernelEx(&config, kernel, src, seen);
 }
 
 }  // namespace fusedattn::testing

@@ -25,4 +25,9 @@ cudaError_t launch_late_copies(const DeviceCopy* copies, int count, uint64_t del
 // `src` to `seen` without waiting for the kernel before it.
 cudaError_t launch_early_peek(const uint32_t* src, uint32_t* seen, cudaStream_t stream);
 
+// The same launch of another such kernel (tools/pdl_probe.cu brings kernels of its own, in other
+// states of loading).
+using PeekKernel = void (*)(const uint32_t* src, uint32_t* seen);
+cudaError_t launch_peek_as_dependent(PeekKernel kernel, const uint32_t* src, uint32_t* seen, cudaStream_t stream);
+
 }  // namespace fusedattn::testing
