@@ -79,10 +79,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   if constexpr (Cfg::kClusterCtas > 1) ptx::cluster_sync();
   // A dependent launch (fwd_launch.cuh, dependent_launch) may start while the kernel before it on
   // the stream still runs. Up to here the CTA has touched only shared memory and its parameters;
-  // from here on it reads its inputs and writes its outputs, so every thread first waits until that
-  // kernel has completed and its writes are visible (at once after an ordinary launch). Then the next kernel
-  // on the stream, if launched as a dependent too, may set up on the SMs this grid leaves; its
-  // own wait still holds it until this grid has completed.
+  // from here on it reads its inputs and writes its outputs, so every thread first waits until
+  // that kernel has completed and its writes are visible (at once after an ordinary launch). Then
+  // the next kernel on the stream, if launched as a dependent too, may set up on the SMs this grid
+  // leaves; its own wait still holds it until this grid has completed.
   cudaGridDependencySynchronize();
   cudaTriggerProgrammaticLaunchCompletion();
 

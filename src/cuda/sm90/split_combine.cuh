@@ -187,7 +187,7 @@ struct SplitCombine {
   // holder k % kHolders: each load instruction of a warp reads runs of 256 bytes or more. Where a
   // thread combined an 8-column chunk of a row instead, each lane's load touched a line of its own
   // (every part's five loads 2 KiB apart): a 4k-key decode step's combine took ~4,400 cycles on the
-  // H200, ~3.5 L2 round trips (docs/hopper.md, session 93).
+  // H200, ~3,300 since (docs/hopper.md, session 93).
   // Above d128 more groups or loads in flight spilled (28-88 B in the d256 instances).
   static constexpr int kMaxSpreadGroups = Cfg::kHeadDim > 128 ? 4 : 8;
   static constexpr int kRoundFloat4s = kFloat4s < 16 ? kFloat4s : 16;  // loads in flight a thread
@@ -288,7 +288,8 @@ struct SplitCombine {
         for (int s = 0; s < kGroups; ++s) {
           const int j = first_group + s * kGroupStride;
           if (j >= groups_in_use) break;
-          *reinterpret_cast<uint32_t*>(out + j * kChunkCols) = pack2<Element>(acc[s][2 * r] * inv, acc[s][2 * r + 1] * inv);
+          *reinterpret_cast<uint32_t*>(out + j * kChunkCols) =
+              pack2<Element>(acc[s][2 * r] * inv, acc[s][2 * r + 1] * inv);
         }
         if (first_group == 0 && holder % kQuad == 0 && p.lse != nullptr)
           p.lse[params.lse_offset(t.batch, q)] = combined_lse(m[r], sum[r]);
