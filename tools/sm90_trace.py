@@ -32,6 +32,7 @@ Q_WAIT_START, Q_ISSUED, LAST_LOAD_ISSUED = 5, 6, 7
 Q_READY, O_STAGED, EPILOGUE_MET, O_RESCALED, O_WRITTEN, LOOP_ENTERED, O_STORE_ISSUED = 8, 9, 10, 11, 12, 13, 14
 FIRST_TURN_TAKEN, FIRST_P_READY, FIRST_K_ISSUED = 15, 16, 17
 PART_TICKETED, PARTS_COMBINED = 18, 19
+COMBINE_LOADS_ISSUED, COMBINE_ROUND_SUMMED = 20, 21
 NAMES = {TILE_START: "tile start", FIRST_K_READY: "first K landed",
          FIRST_S_READY: "first S ready", LAST_PV_DONE: "last P V done", EPILOGUE_DONE: "epilogue done",
          Q_WAIT_START: "waits for the Q buffer", Q_ISSUED: "Q issued", LAST_LOAD_ISSUED: "last K/V issued",
@@ -40,7 +41,8 @@ NAMES = {TILE_START: "tile start", FIRST_K_READY: "first K landed",
          LOOP_ENTERED: "tile set up (O zeroed)", O_STORE_ISSUED: "epilogue: O's store issued",
          FIRST_TURN_TAKEN: "first Q K^T's turn taken", FIRST_P_READY: "first P ready",
          FIRST_K_ISSUED: "first K issued", PART_TICKETED: "split: ticket drawn",
-         PARTS_COMBINED: "split: parts combined"}
+         PARTS_COMBINED: "split: parts combined", COMBINE_LOADS_ISSUED: "split: combine's first loads issued",
+         COMBINE_ROUND_SUMMED: "split: combine's first round summed"}
 PRODUCER = -1
 
 
@@ -98,6 +100,10 @@ def parts_of(tiles):
             out["  of it: last P V done -> O staged"].append(t[O_STAGED] - t[LAST_PV_DONE])
         if have(PART_TICKETED, PARTS_COMBINED):
             out["  split: ticket drawn -> parts combined"].append(t[PARTS_COMBINED] - t[PART_TICKETED])
+        if have(PART_TICKETED, COMBINE_LOADS_ISSUED, COMBINE_ROUND_SUMMED, PARTS_COMBINED):
+            out["    combine: ticket drawn -> first loads issued"].append(t[COMBINE_LOADS_ISSUED] - t[PART_TICKETED])
+            out["    combine: first loads issued -> summed"].append(t[COMBINE_ROUND_SUMMED] - t[COMBINE_LOADS_ISSUED])
+            out["    combine: first round summed -> combined"].append(t[PARTS_COMBINED] - t[COMBINE_ROUND_SUMMED])
         if have(LAST_PV_DONE, PART_TICKETED):
             out["  split: last P V done -> ticket drawn"].append(t[PART_TICKETED] - t[LAST_PV_DONE])
         if have(TILE_START, Q_READY):

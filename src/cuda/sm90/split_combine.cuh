@@ -33,6 +33,7 @@
 #include "cuda/sm90/softmax.cuh"
 #include "cuda/sm90/tile_config.h"
 #include "cuda/sm90/tile_scheduler.cuh"
+#include "cuda/sm90/trace.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -248,6 +249,9 @@ struct SplitCombine {
             b[3] = v.w;
           }
         }
+        // Trace stamps (trace.cuh; nothing unless compiled in) by thread 0, lane 0 of warp 0.
+        if (q0 == 0 && thread == 0)
+          FUSEDATTN_SM90_STAMP(params, TraceEvent::kCombineLoadsIssued, warpgroup, -1, 0);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           float m_new = m[r];
@@ -274,6 +278,8 @@ struct SplitCombine {
           }
           m[r] = m_new;
         }
+        if (q0 == 0 && thread == 0)
+          FUSEDATTN_SM90_STAMP_AFTER(params, TraceEvent::kCombineRoundSummed, warpgroup, acc[0][0]);
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {

@@ -52,10 +52,19 @@ __device__ __forceinline__ void trace_stamp(const TraceBuffer& buffer, TraceEven
   do {                                                                                   \
     if ((warp) == 0 && (lane) == 0) FUSEDATTN_SM90_STAMP(params, event, warpgroup, tile, blocks); \
   } while (0)
+// A stamp taken once `value` is computed: the empty asm's input holds the clock read back until
+// the instruction that makes `value` has issued (a warp issues in order, so that instruction's
+// wait for its operands, e.g. loads landing, comes first).
+#define FUSEDATTN_SM90_STAMP_AFTER(params, event, role, value) \
+  do {                                                        \
+    asm volatile("" ::"f"(value));                            \
+    FUSEDATTN_SM90_STAMP(params, event, role, -1, 0);         \
+  } while (0)
 #else
 #define FUSEDATTN_SM90_STAMP(params, event, role, tile, blocks) ((void)0)
 #define FUSEDATTN_SM90_TRACE_RESET() ((void)0)
 #define FUSEDATTN_SM90_WARPGROUP_STAMP(params, event, warpgroup, warp, lane, tile, blocks) ((void)0)
+#define FUSEDATTN_SM90_STAMP_AFTER(params, event, role, value) ((void)0)
 #endif
 
 }  // namespace fusedattn::cuda::sm90

@@ -28,7 +28,9 @@ enum class TraceEvent : uint16_t {
   kFirstPReady = 16,     // consumer: the first block's softmax done, P ready for the first overlapped turn
   kFirstKIssued = 17,    // producer: the tile's first K load is issued
   kPartTicketed = 18,    // consumer: a split tile's part written and its ticket drawn (split_combine.cuh)
-  kPartsCombined = 19    // consumer: the last part's combine of every part done (few rows: O written)
+  kPartsCombined = 19,   // consumer: the last part's combine of every part done (few rows: O written)
+  kCombineLoadsIssued = 20,  // consumer: the spread combine's first round of loads issued
+  kCombineRoundSummed = 21   // consumer: the spread combine's first round summed (its loads landed)
 };
 
 constexpr uint16_t kProducerRole = 0xffff;  // else the consumer warpgroup
