@@ -174,10 +174,10 @@ struct SplitCombine {
                                                            uint32_t thread) const {
     const int rows = rows_in_use(t);
     switch (spread_holders(rows)) {
-      case 16: return combine_holders<16>(t, buffer, thread, rows);
-      case 32: return combine_holders<32>(t, buffer, thread, rows);
-      case 64: return combine_holders<64>(t, buffer, thread, rows);
-      default: return combine_holders<kWarpgroupThreads>(t, buffer, thread, rows);
+      case 16: return combine_spread_over<16>(t, buffer, thread, rows);
+      case 32: return combine_spread_over<32>(t, buffer, thread, rows);
+      case 64: return combine_spread_over<64>(t, buffer, thread, rows);
+      default: return combine_spread_over<kWarpgroupThreads>(t, buffer, thread, rows);
     }
   }
 
@@ -199,8 +199,9 @@ struct SplitCombine {
     return (holders * kFloat4s + kWarpgroupThreads - 1) / kWarpgroupThreads;
   }
 
+  // combine_spread_and_store for the rows' kHolders holder threads.
   template <int kHolders>
-  __device__ __forceinline__ void combine_holders(const WorkTile& t, float (&buffer)[kOAcc], uint32_t thread,
+  __device__ __forceinline__ void combine_spread_over(const WorkTile& t, float (&buffer)[kOAcc], uint32_t thread,
                                                   int rows) const {
     constexpr int kGroups = spread_groups(kHolders);  // float4 groups a thread takes of each part
     if constexpr (kGroups > kMaxSpreadGroups) {
