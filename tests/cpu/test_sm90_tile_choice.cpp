@@ -516,5 +516,28 @@ TEST(Sm90TileChoice, DecodeTilesTakeMorePartsOnlyOnLongCaches) {
   EXPECT_LE(more_tiles.split.max_parts, kTailMaxParts);
 }
 
+// The plan's few-row rule is the kernel's (tile_config.h, combine_spreads). 5 query rows at head
+// dim 200 come to one 8-column chunk a thread, but their 32 holders' float4 groups to 8 a thread,
+// more than the d256 tile's spread combine takes (4): the kernel combines them by their holders,
+// one round trip a part, so the plan keeps them to kTailMaxParts parts. 4 rows (16 holders, 4
+// groups a thread) combine spread and take more parts over a long cache.
+TEST(Sm90TileChoice, FewRowPlansFollowTheKernelsSpreadRule) {
+  EXPECT_TRUE(combine_spreads(4, 200, 256));
+  EXPECT_FALSE(combine_spreads(5, 200, 256));
+  EXPECT_FALSE(combine_spreads(6, 160, 192));  // 32 holders of 24 groups: 6 a thread, above 4
+  EXPECT_TRUE(combine_spreads(8, 128, 128));   // a GQA group of 8 at d128: 4 groups a thread
+  EXPECT_FALSE(combine_spreads(9, 128, 128));  // more than one chunk a thread
+  const auto plan = [](int64_t queries) {
+    FwdParams p;
+    testing::set_shape(p, testing::dense(1, 1, 1, queries, 131072, 200));
+    return planned_fwd_work(p, MaskKind::kFull, 256, 132);
+  };
+  const FwdWork four = plan(4), five = plan(5);
+  ASSERT_TRUE(four.split.split());
+  ASSERT_TRUE(five.split.split());
+  EXPECT_GT(four.split.max_parts, kTailMaxParts);
+  EXPECT_LE(five.split.max_parts, kTailMaxParts);
+}
+
 }  // namespace
 }  // namespace fusedattn::cuda::sm90

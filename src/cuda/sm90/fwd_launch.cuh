@@ -200,7 +200,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   int64_t slots = launch_slots<kernel, Cfg::kClusterCtas>(Cfg::kThreads, kSmemBytes, Cfg::kCtasPerSm, num_sms);
   if (slots == 0) return false;
   if (slice != nullptr) slots = std::min(slots, slice->clusters);
-  FwdWork work = fwd_work(p, kMask, rows, kShape, slots);
+  FwdWork work = fwd_work(p, kMask, kHeadDim, rows, kShape, slots);
   const int64_t first_item = slice != nullptr ? slice->begin : 0;
   if (slice != nullptr) {
     if (!kClustered) throw Error(ErrorCode::kRuntime, "slice", "only clustered launches share a work list");

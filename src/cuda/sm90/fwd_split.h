@@ -497,7 +497,8 @@ constexpr int kMaxVarlenSplitBlocks = 46340;
 // so its launch splits only where its bound fits one wave (decode: a few tiles over long
 // caches), and then every tile: the split items follow the whole ones in the kernel's order,
 // which the bound cannot place in the last wave.
-inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows, TileShape shape, int64_t slots) {
+inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows,
+                        TileShape shape, int64_t slots) {
   FwdWork w;
   w.rows = rows;
   w.shape = shape;
@@ -515,7 +516,7 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
   if (varlen && w.kv_blocks > kMaxVarlenSplitBlocks) return w;
   const int64_t tail = items % slots != 0 ? items % slots : std::min(items, slots);
   // Tiles of few rows (their combine spreads over the warpgroup, SplitCombine::spreads) below a wave.
-  const bool few_rows = items < slots && combine_spreads(rows.rows, p.head_dim);
+  const bool few_rows = items < slots && combine_spreads(rows.rows, p.head_dim, instance_head_dim);
   // K and V of a tile: every KV block of every head dim column, in the instance's element size.
   const int64_t kv_bytes =
       2 * int64_t{w.kv_blocks} * shape.block_n * p.head_dim * static_cast<int64_t>(dtype_size(p.dtype));
@@ -544,7 +545,8 @@ inline FwdWork fwd_work(const FwdParams& p, MaskKind mask, const TiledRows& rows
 inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_head_dim, int sm_count) {
   const TiledRows rows = tiled_rows(p, instance_head_dim, mask, sm_count);
   const TileShape shape = fwd_tile_shape(p, instance_head_dim, mask, rows);
-  FwdWork w = fwd_work(p, mask, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
+  FwdWork w =
+      fwd_work(p, mask, instance_head_dim, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
   w.quad_mix = uses_quad_mix(p, mask, instance_head_dim, rows);
   if (w.quad_mix) w.run_whole();
   return w;

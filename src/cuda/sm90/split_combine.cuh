@@ -161,11 +161,10 @@ struct SplitCombine {
 
   // Whether the last part combines the slice spread over the warpgroup (combine_spread_and_store):
   // where its rows in use come to at most one chunk a thread, and their holders' float4 groups to
-  // at most kMaxSpreadGroups a thread. Else the holders combine their own rows (combine) and the
-  // epilogue stores them as a whole tile's.
+  // at most max_spread_groups a thread (tile_config.h, combine_spreads: the plan's rule too). Else
+  // the holders combine their own rows (combine) and the epilogue stores them as a whole tile's.
   __device__ __forceinline__ bool spreads(const WorkTile& t) const {
-    const int rows = rows_in_use(t);
-    return combine_spreads(rows, params.p.head_dim) && spread_groups(spread_holders(rows)) <= kMaxSpreadGroups;
+    return combine_spreads(rows_in_use(t), params.p.head_dim, Cfg::kHeadDim);
   }
 
   // The last part, a slice of few rows (spreads): the whole warpgroup reads every part's O and LSE
@@ -189,21 +188,15 @@ struct SplitCombine {
   // thread combined an 8-column chunk of a row instead, each lane's load touched a line of its own
   // (every part's five loads 2 KiB apart): a 4k-key decode step's combine took ~4,400 cycles on the
   // H200, ~3,300 since (docs/hopper.md, session 93).
-  // Above d128 more groups or loads in flight spilled (28-88 B in the d256 instances).
-  static constexpr int kMaxSpreadGroups = Cfg::kHeadDim > 128 ? 4 : 8;
+  static constexpr int kMaxSpreadGroups = max_spread_groups(Cfg::kHeadDim);
   static constexpr int kRoundFloat4s = kFloat4s < 16 ? kFloat4s : 16;  // loads in flight a thread
-  __device__ __forceinline__ static constexpr int spread_holders(int rows) {
-    return rows <= 4 ? 16 : rows <= 16 ? 32 : rows <= 32 ? 64 : kWarpgroupThreads;
-  }
-  __device__ __forceinline__ static constexpr int spread_groups(int holders) {
-    return (holders * kFloat4s + kWarpgroupThreads - 1) / kWarpgroupThreads;
-  }
+  static_assert(accumulator_float4s(Cfg::kHeadDim) == kFloat4s, "tile_config.h's spread rule counts these groups");
 
   // combine_spread_and_store for the rows' kHolders holder threads.
   template <int kHolders>
   __device__ __forceinline__ void combine_spread_over(const WorkTile& t, float (&buffer)[kOAcc], uint32_t thread,
                                                   int rows) const {
-    constexpr int kGroups = spread_groups(kHolders);  // float4 groups a thread takes of each part
+    constexpr int kGroups = spread_groups(kHolders, Cfg::kHeadDim);  // float4 groups a thread takes of each part
     if constexpr (kGroups > kMaxSpreadGroups) {
       return;  // spreads() never picks these holders here
     } else {

@@ -114,11 +114,29 @@ constexpr int kAnnouncementSlots = 2;
 // combine reads every part at once, kFewRowsMaxParts being its unrolled bound.
 constexpr int kSpreadChunkCols = 8;
 constexpr int kFewRowsMaxParts = 32;
-// Whether a split slice of `rows` rows in use at head_dim combines spread (the rule both the
-// plan's few-row launches and SplitCombine::spreads apply).
+// The spread combine's holders: the warpgroup's first threads, which hold a slice's first rows
+// (row r in lanes 4 (r % 8) .. + 3 of warp r / 16, two rows a thread); every thread takes float4
+// groups of one of them.
+constexpr int spread_holders(int rows) { return rows <= 4 ? 16 : rows <= 16 ? 32 : rows <= 32 ? 64 : kWarpgroupThreads; }
+// A consumer thread's float4 groups of O (64 rows x the instance's head dim over the warpgroup).
+constexpr int accumulator_float4s(int instance_head_dim) {
+  return kWarpgroupRows * instance_head_dim / kWarpgroupThreads / 4;
+}
+// The float4 groups of each part a thread takes where `holders` threads hold the rows.
+constexpr int spread_groups(int holders, int instance_head_dim) {
+  return ceil_div(holders * accumulator_float4s(instance_head_dim), kWarpgroupThreads);
+}
+// More groups a thread (or more loads in flight) spilled above d128: 28-88 B in the d256 instances.
+constexpr int max_spread_groups(int instance_head_dim) { return instance_head_dim > 128 ? 4 : 8; }
+// Whether a split slice of `rows` rows in use at head_dim, on the instance for instance_head_dim,
+// combines spread: its rows in use come to at most one chunk a thread and their holders' float4
+// groups to at most max_spread_groups a thread. The one rule of the plan's few-row launches
+// (fwd_split.h) and the kernel (SplitCombine::spreads), so a plan never cuts a tile into more parts
+// than its combine takes at once.
 template <typename Int>
-constexpr bool combine_spreads(Int rows, int head_dim) {
-  return rows * (head_dim / kSpreadChunkCols) <= kWarpgroupThreads;
+constexpr bool combine_spreads(Int rows, int head_dim, int instance_head_dim) {
+  return rows * (head_dim / kSpreadChunkCols) <= kWarpgroupThreads &&
+         spread_groups(spread_holders(static_cast<int>(rows)), instance_head_dim) <= max_spread_groups(instance_head_dim);
 }
 constexpr int kRegisterFileSize = 65536;
 constexpr int kProducerRegisters = 24;  // setmaxnreg's minimum: the producer only issues TMA loads
