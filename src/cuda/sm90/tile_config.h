@@ -119,8 +119,9 @@ constexpr int kFewRowsMaxParts = 32;
 // groups of one of them.
 constexpr int spread_holders(int rows) { return rows <= 4 ? 16 : rows <= 16 ? 32 : rows <= 32 ? 64 : kWarpgroupThreads; }
 // A consumer thread's float4 groups of O (64 rows x the instance's head dim over the warpgroup).
+constexpr int kFloat4Floats = 4;
 constexpr int accumulator_float4s(int instance_head_dim) {
-  return kWarpgroupRows * instance_head_dim / kWarpgroupThreads / 4;
+  return kWarpgroupRows * instance_head_dim / kWarpgroupThreads / kFloat4Floats;
 }
 // The float4 groups of each part a thread takes where `holders` threads hold the rows.
 constexpr int spread_groups(int holders, int instance_head_dim) {
