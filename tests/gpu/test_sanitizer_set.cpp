@@ -241,12 +241,12 @@ TEST(GpuSanitizer, ClusterPairs) {
 
 // The quad mix (fwd_launch.cuh, launch_quad_mix), forced at lengths below the default's: clusters
 // of four (their peers' arrivals on each CTA's empty and o_read barriers) beside pairs on a
-// second stream, each on its share of the items; more quad items than quads fit, and keys past
-// 4096 on the 64-key tile, not a multiple of it.
+// second stream, each on its share of the items (62 heads of 4 query blocks: on the H200 two
+// rounds of quads and 4 pair items); keys past 4096 on the 64-key tile, not a multiple of it.
 TEST(GpuSanitizer, QuadMix) {
   FUSEDATTN_REQUIRE_GPU();
   const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 40, 40, 512, 300, 256), DType::kFloat16));
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 62, 62, 512, 300, 256), DType::kFloat16));
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 512, 4500, 256), DType::kBFloat16));
 }
 

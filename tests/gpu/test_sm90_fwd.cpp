@@ -942,5 +942,53 @@ TEST(Sm90Fwd, DecodeCapturedOnAFreshStreamKeepsItsParts) {
   }
 }
 
+// The edges of `graph`.
+size_t graph_edges(cudaGraph_t graph) {
+  size_t count = 0;
+  check(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count), "graph edges");
+  return count;
+}
+
+// The quad mix (d256 full masks: clusters of four beside pairs, fwd_launch.cuh launch_quad_mix)
+// captured on a fresh stream: its two launches become two kernel nodes side by side on the
+// capturing stream (CapturedFork), no second stream, no event node, no edge between them. Before
+// session 95 a capture ran the pairs alone. The replays match the reference and, to the bit, an
+// eager call of the mix (the same items on the same kernels).
+TEST(Sm90Fwd, QuadMixCapturedOnAFreshStream) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  const ScopedEnvs mix({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    // 62 heads of 4 query blocks, 124 pair items: on the H200 (30 quads, 6 pairs) two rounds of
+    // quads (60 quad items) and 4 pair items (QuadMixShares).
+    const Problem pr = make_problem(1, 62, 62, 256, 512, 300, false);
+    SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+    const auto work = planned_sm90_work(pr, dtype);
+    if (!work) GTEST_SKIP() << "no sm90 d256 instance in this build";
+    ASSERT_TRUE(work->quad_mix) << "the plan must mix quads and pairs here";
+    HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+    ASSERT_TRUE(run_kernel(c).has_value());
+    const std::vector<unsigned char> eager_out = bytes_of(c.out), eager_lse = bytes_of(c.lse);
+    expect_captured_forward_matches(c, [&](cudaGraph_t graph) {
+      size_t count = 0;
+      check(cudaGraphGetNodes(graph, nullptr, &count), "graph nodes");
+      std::vector<cudaGraphNode_t> nodes(count);
+      check(cudaGraphGetNodes(graph, nodes.data(), &count), "graph nodes");
+      std::string grids;
+      for (cudaGraphNode_t node : nodes) {
+        cudaKernelNodeParams kernel{};
+        if (cudaGraphKernelNodeGetParams(node, &kernel) == cudaSuccess) grids += " " + std::to_string(kernel.gridDim.x);
+      }
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeKernel), 2)
+          << "the quads' and the pairs' kernels; " << count << " nodes in all, kernel grids" << grids;
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeEventRecord), 0);
+      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeWaitEvent), 0);
+      EXPECT_EQ(graph_edges(graph), 0u) << "the two launches side by side";
+    });
+    EXPECT_EQ(bytes_of(c.out), eager_out) << "the captured mix's out differs from the eager call's";
+    EXPECT_EQ(bytes_of(c.lse), eager_lse) << "the captured mix's lse differs from the eager call's";
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

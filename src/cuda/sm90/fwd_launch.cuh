@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "cuda/common/captured_fork.h"
 #include "cuda/common/check.cuh"
 #include "cuda/common/column_scratch.h"
 #include "cuda/common/device.h"
@@ -96,27 +97,26 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
   return f;
 }
 
-// Whether a launch goes out as a dependent launch (ClusterLaunch), which the driver may start
-// before the kernel ahead of it on the stream has completed: on the caller's stream, whose kernel
-// before it is the caller's. (The quad mix's second stream starts behind an event, which a
-// dependent launch would not relax.) H200, a copy kernel then the forward, many in a row
-// (tools/chain_bench.py): 0.3-1.3 us less a decode call, d256's quad mix 12% (its quads then launch
-// before its pairs); do_bench's calls alone read even (docs/hopper.md, session 92).
-// FUSEDATTN_SM90_PDL=0 launches plainly.
+// Whether a launch on the caller's stream, behind the caller's kernel, goes out as a dependent
+// launch (ClusterLaunch), which the driver may start before that kernel has completed. (The quad
+// mix's pair launch, behind an event or its quads, never does: launch_quad_mix.) H200, a copy
+// kernel then the forward, many in a row (tools/chain_bench.py): 0.3-1.3 us less a decode call,
+// d256's quad mix 12% (its quads then launch before its pairs); do_bench's calls alone read even
+// (docs/hopper.md, session 92). FUSEDATTN_SM90_PDL=0 launches plainly.
 constexpr bool kDependentLaunchDefault = true;
-inline bool dependent_launch(bool on_callers_stream) {
-  return on_callers_stream && env_switch_or("FUSEDATTN_SM90_PDL", kDependentLaunchDefault);
-}
+inline bool dependent_launch() { return env_switch_or("FUSEDATTN_SM90_PDL", kDependentLaunchDefault); }
 
 // A launch of `grid` CTAs of `threads` in clusters of cluster_ctas along x (1: no cluster
 // attribute), as a dependent launch where `dependent` (programmatic stream serialisation: the
 // kernel may start while the kernel before it on the stream finishes; fwd_kernel waits for it
 // before touching global memory). Not copyable: the configuration points at its attributes.
+// `started`, where given, is recorded once every block has begun (the quad mix orders its pair
+// launch behind it).
 struct ClusterLaunch {
   cudaLaunchConfig_t config{};
-  cudaLaunchAttribute attrs[2]{};
+  cudaLaunchAttribute attrs[3]{};
   ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas,
-                bool dependent = false) {
+                bool dependent = false, cudaEvent_t started = nullptr) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
@@ -132,6 +132,12 @@ struct ClusterLaunch {
       cudaLaunchAttribute& serialisation = attrs[config.numAttrs++];
       serialisation.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       serialisation.val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (started != nullptr) {
+      cudaLaunchAttribute& completion = attrs[config.numAttrs++];
+      completion.id = cudaLaunchAttributeLaunchCompletionEvent;
+      completion.val.launchCompletionEvent.event = started;
+      completion.val.launchCompletionEvent.flags = 0;
     }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
@@ -164,10 +170,14 @@ int max_active_clusters(int threads, int smem_bytes) {
 }
 
 // A share of a clustered launch's work list, where two launches split it (launch_quad_mix): the
-// items [begin, end), on at most `clusters` clusters at once, on `stream`; every item whole.
+// items [begin, end), on at most `clusters` clusters at once, on `stream`, every item whole; a
+// dependent launch or not (dependent_launch), and the event to record once all its blocks have
+// begun (none: nullptr).
 struct ClusterSlice {
   int64_t begin, end, clusters;
   cudaStream_t stream;
+  bool dependent;
+  cudaEvent_t started;
 };
 
 // Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
@@ -309,7 +319,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   const ColumnScratch columns = kMask == MaskKind::kColumn ? ColumnScratch::of<Cfg::kBlockN>(p) : ColumnScratch{};
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas,
-                             dependent_launch(stream == static_cast<cudaStream_t>(p.stream)));
+                             slice != nullptr ? slice->dependent : dependent_launch(),
+                             slice != nullptr ? slice->started : nullptr);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
   columns.release(stream);
@@ -342,17 +353,18 @@ inline cudaStream_t quad_mix_stream() {
 
 // The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
 // between a launch of clusters of four, on the caller's stream, and a pair launch on the SMs no
-// quad fits, on a second stream forked from the caller's and joined back into it. Each takes a
-// share of the items (QuadMixShares: the later launch ends first); the quads take the first ones
-// (a quad item is two pair items: the same four query blocks). Returns false, having launched
-// nothing, where that cannot run: no quad or no pair beside them fits, the stream is being
-// captured into a graph (the launches would need the second stream captured as well), or there is
-// no second stream; the caller then runs the pairs alone.
+// quad fits. Eagerly the pairs run on a second stream forked from the caller's and joined back
+// into it; in a graph capture, where a shared second stream would join the capture, on the
+// caller's stream beside the quads (CapturedFork). Each takes a share of the items
+// (QuadMixShares: the later launch ends first); the quads take the first ones (a quad item is two
+// pair items: the same four query blocks). Returns false, having launched nothing, where that
+// cannot run: no quad or no pair beside them fits, or there is no second stream; the caller then
+// runs the pairs alone.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   using QuadCfg = KernelConfig<Element, kHeadDim, quads(kShape)>;
   const auto stream = static_cast<cudaStream_t>(p.stream);
-  if (capturing(stream)) return false;
+  const bool captured = capturing(stream);
   constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
   constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
   const int64_t quad_clusters =
@@ -364,29 +376,51 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // to end, and under the static schedule its items would run after theirs.
   const int64_t all_pairs = max_active_clusters<kQuadKernel, kPairCluster>(QuadCfg::kThreads, kSmemBytes);
   const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
-  const cudaStream_t side = quad_mix_stream();
+  const cudaStream_t side = captured ? stream : quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
                              quad_clusters, pair_clusters, quad_round_percent()};
+  const bool dependent = dependent_launch();
+  const int64_t quad_items = shares.quad_items();
+  const auto launch_quads = [&](cudaEvent_t started) {
+    const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started};
+    launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &share);
+  };
+  const auto launch_pairs = [&] {
+    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr};
+    launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &share);
+  };
+  if (captured) {
+    CapturedFork fork(stream);
+    launch_quads(nullptr);
+    fork.before_second();
+    launch_pairs();
+    fork.join();
+    return true;
+  }
   // Destroyed on every way out (a throwing launch included); CUDA releases them once the work
   // recorded on them completes.
   struct Events {
-    cudaEvent_t fork = nullptr, join = nullptr;
+    cudaEvent_t fork = nullptr, started = nullptr, join = nullptr;
     ~Events() {
-      if (fork != nullptr) (void)cudaEventDestroy(fork);
-      if (join != nullptr) (void)cudaEventDestroy(join);
+      for (cudaEvent_t e : {fork, started, join})
+        if (e != nullptr) (void)cudaEventDestroy(e);
     }
   } events;
   FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.fork, cudaEventDisableTiming));
   FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.join, cudaEventDisableTiming));
+  // The quads first, so that the pairs' clusters find the SMs the quads leave: as a dependent
+  // launch the quads start on the SMs of the kernel before them as it ends, ahead of the pairs,
+  // which wait for that kernel's completion (the fork). Otherwise both would become ready at
+  // once (12% slower behind another kernel, docs/hopper.md session 92), so the pairs also wait
+  // until every quad block has begun (a launch-completion event). With the quads a dependent
+  // launch that event fired only at their end: the mix ran 1.39x the pairs' time (session 95).
+  if (!dependent) FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.started, cudaEventDisableTiming));
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.fork, stream));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.fork, 0));
-  // The quads first, so that the pairs' clusters find the SMs the quads leave.
-  const int64_t quad_items = shares.quad_items();
-  const ClusterSlice quad_share{0, quad_items, quad_clusters, stream};
-  launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &quad_share);
-  const ClusterSlice pair_share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side};
-  launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &pair_share);
+  launch_quads(events.started);
+  if (events.started != nullptr) FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.started, 0));
+  launch_pairs();
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));
   return true;
