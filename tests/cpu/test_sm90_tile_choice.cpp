@@ -344,6 +344,12 @@ TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
   EXPECT_EQ((QuadMixShares{512, 30, 6, 70}.quad_items()), 240);  // the same from 70% to 130%
   EXPECT_EQ((QuadMixShares{512, 30, 6, 130}.quad_items()), 240);
   EXPECT_EQ((QuadMixShares{2, 30, 6, 100}.quad_items()), 0);  // one round either way: the tie keeps the first
+  // The GPU mix tests' shape (Sm90Cluster.QuadMixMatchesReferenceAndUnpaired, GpuSanitizer.QuadMix,
+  // Sm90Fwd.QuadMixCapturedOnAFreshStream): 62 heads of 4 query blocks, 124 pair items, give the
+  // H200's quads two rounds and its pairs 4 items, so both launches run; 40 heads (80 items), their
+  // shape before session 95, gave the quads all of them.
+  EXPECT_EQ((QuadMixShares{124, 30, 6, 100}.quad_items()), 60);
+  EXPECT_EQ((QuadMixShares{80, 30, 6, 100}.quad_items()), 40);
   for (const int64_t pairs : {1, 2, 4, 10, 64, 511, 512, 1000, 4096})
     for (const auto& clusters : {std::pair<int64_t, int64_t>{30, 6}, {1, 1}, {26, 5}, {15, 2}})
       for (const int64_t percent : {50, 90, 100, 120, 300}) {
