@@ -166,9 +166,10 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
 // H200's 30 quads and 6 pairs QuadMixShares gives the quads 60 quad items, two rounds, and the
 // pairs 4; 40 heads, this test's shape until session 95, gave the quads all 80 since session
 // 82's shares), or one launch all of them (2 heads: the pairs; 8 heads: the quads); keys beyond
-// 4096 (the mix keeps the 64-key tile), not a multiple of the block, and GQA. The plan is asserted to mix, then out and LSE
-// against the reference, and to the bit against the unpaired kernel on the same 64-key tile (the
-// tail split off there): the clusters change where K/V come from, not the arithmetic.
+// 4096 (the mix keeps the 64-key tile), not a multiple of the block, and GQA. The plan is asserted
+// to mix, then out and LSE against the reference, and to the bit against the unpaired kernel on
+// the same 64-key tile (the tail split off there): the clusters change where K/V come from, not
+// the arithmetic.
 TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
   SKIP_UNLESS_HOPPER();
   for (const DType dtype : kGpuDtypes)
