@@ -39,12 +39,7 @@ config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90
 # `git archive`), so a branch's kernels can be timed against main's with the same switch unused.
 source_of() { [ "$1" = "${values[1]}" ] && [ -n "${AB_BASE_SOURCE:-}" ] && echo "$AB_BASE_SOURCE" || echo "$root"; }
 for v in "${values[@]}"; do
-  # A build folder configured from another source tree (an earlier AB_BASE_SOURCE) cannot be
-  # reconfigured: CMake refuses, and the old binary would be timed instead.
-  cache=$root/build-ab$v/CMakeCache.txt
-  if [ -f "$cache" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$(source_of "$v")" "$cache"; then
-    rm -rf "$root/build-ab$v"
-  fi
+  drop_foreign_build "$root/build-ab$v" "$(source_of "$v")"
   (cmake -S "$(source_of "$v")" -B "$root/build-ab$v" "${config[@]}" -DCMAKE_CUDA_FLAGS="-D$switch=$v" > "$dest/ab_configure$v.log" 2>&1 &&
      cmake --build "$root/build-ab$v" -j "$jobs" --target fusedattn_cli > "$dest/ab_build$v.log" 2>&1
    echo "build $switch=$v: rc $?") &

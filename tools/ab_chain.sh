@@ -19,6 +19,8 @@ points=${1:-fwd:128:full:1:4096:1:32:8,fwd:128:full:1:32768:1:32:8}
 dest=${OUT:-$PWD/gpu_logs}
 mkdir -p "$dest"
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=fa_point.sh
+source "$root/tools/fa_point.sh"
 jobs=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
         -DFUSEDATTN_HEAD_DIMS="${AB_HEADS:-128}" -DFUSEDATTN_SM80_ARCHS=90 -DFUSEDATTN_BUILD_TESTS=OFF
@@ -26,11 +28,7 @@ config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90
 declare -A source=([new]=$root [base]=$AB_BASE_SOURCE)
 for build in new base; do
   dir=$root/build-chain-$build
-  # A folder configured from another tree cannot be reconfigured (CMake refuses; the old module
-  # would be timed instead).
-  if [ -f "$dir/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=${source[$build]}" "$dir/CMakeCache.txt"; then
-    rm -rf "$dir"
-  fi
+  drop_foreign_build "$dir" "${source[$build]}"
   (cmake -S "${source[$build]}" -B "$dir" "${config[@]}" > "$dest/ab_chain_configure_$build.log" 2>&1 &&
      cmake --build "$dir" -j "$jobs" > "$dest/ab_chain_build_$build.log" 2>&1
    echo "build $build: rc $?") &

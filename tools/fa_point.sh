@@ -1,5 +1,7 @@
-# Sourced by the GPU machine's scripts (gpu_check.sh's trace, ab_build.sh, ncu_point.sh): one point
-# of the FA grid (16k tokens, model dim 2048) as the fusedattn CLI's arguments.
+# shellcheck shell=bash
+# Sourced by the GPU machine's scripts (gpu_check.sh's trace, ab_build.sh, ab_chain.sh,
+# ncu_point.sh): one point of the FA grid (16k tokens, model dim 2048) as the fusedattn CLI's
+# arguments, and the A/B builds' folder check.
 #   fa_point_args HEAD_DIM SEQLEN MASK
 # prints them, for a mask of full or causal; any other mask prints nothing and returns 1.
 #   point_args D:MASK:SEQLEN  or  D:MASK:SQ:SK:BATCH:HQ:HKV
@@ -21,4 +23,14 @@ point_args() {
   local args="--batch $batch --heads $hq --kv-heads $hkv --seqlen-q $sq --seqlen-k $sk --head-dim $d"
   [ "$mask" = causal ] && args="$args --causal"
   echo "$args"
+}
+
+#   drop_foreign_build DIR SOURCE
+# removes build folder DIR where it was configured from a source tree other than SOURCE (an
+# earlier A/B's base): CMake refuses to reconfigure it, and its old binaries would be timed instead.
+drop_foreign_build() {
+  local dir=$1 src=$2
+  if [ -f "$dir/CMakeCache.txt" ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$src" "$dir/CMakeCache.txt"; then
+    rm -rf "$dir"
+  fi
 }
