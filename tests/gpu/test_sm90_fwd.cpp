@@ -970,17 +970,8 @@ TEST(Sm90Fwd, QuadMixCapturedOnAFreshStream) {
     ASSERT_TRUE(run_kernel(c).has_value());
     const std::vector<unsigned char> eager_out = bytes_of(c.out), eager_lse = bytes_of(c.lse);
     expect_captured_forward_matches(c, [&](cudaGraph_t graph) {
-      size_t count = 0;
-      check(cudaGraphGetNodes(graph, nullptr, &count), "graph nodes");
-      std::vector<cudaGraphNode_t> nodes(count);
-      check(cudaGraphGetNodes(graph, nodes.data(), &count), "graph nodes");
-      std::string grids;
-      for (cudaGraphNode_t node : nodes) {
-        cudaKernelNodeParams kernel{};
-        if (cudaGraphKernelNodeGetParams(node, &kernel) == cudaSuccess) grids += " " + std::to_string(kernel.gridDim.x);
-      }
       EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeKernel), 2)
-          << "the quads' and the pairs' kernels; " << count << " nodes in all, kernel grids" << grids;
+          << "the quads' and the pairs' kernels (one: QuadMixShares gave one launch every item)";
       EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeEventRecord), 0);
       EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeWaitEvent), 0);
       EXPECT_EQ(graph_edges(graph), 0u) << "the two launches side by side";
