@@ -59,6 +59,13 @@ struct WarpgroupTurns {
 #endif
 inline constexpr bool kMaskedOneP = FUSEDATTN_SM90_MASKED_ONE_P != 0;
 
+// Whether the instances that may compile the one-row loop do (Consumer::kOneRowCopy). A
+// compile-time ablation switch: -DFUSEDATTN_SM90_ONE_ROW_COPY=0 builds them without the copy, as
+// before session 96, so that tools/ab_build.sh can time the prefill tiles that never enter it.
+#ifndef FUSEDATTN_SM90_ONE_ROW_COPY
+#define FUSEDATTN_SM90_ONE_ROW_COPY 1
+#endif
+
 template <typename Element, class Cfg, MaskKind kMask>
 struct Consumer {
   using Storage = SharedStorage<Element, Cfg>;
@@ -151,11 +158,32 @@ struct Consumer {
 
   // The softmax output as the A operand of P V: k-step kk takes accumulator chunks 2kk, 2kk+1.
   // A narrow block's S (its first kAcc registers) leaves P 0 for the keys it did not compute.
-  template <int kAcc>
+  // Pair i is row i % 2's (OnlineSoftmax: columns 4j + 2r, +1 of row r are pair 2j + r); with one
+  // live row the second row's pairs are left as they are (zeroed_second_rows).
+  template <int kLive = OnlineSoftmax::kRows, int kAcc>
   __device__ __forceinline__ static void convert_p(const float (&s)[kAcc], uint32_t (&p)[kPRegs]) {
     static_assert(kAcc <= kSAcc && kAcc % 2 == 0);
 #pragma unroll
-    for (int i = 0; i < kPRegs; ++i) p[i] = 2 * i < kAcc ? pack2<Element>(s[2 * i], s[2 * i + 1]) : 0u;
+    for (int i = 0; i < kPRegs; ++i)
+      if (i % 2 < kLive) p[i] = 2 * i < kAcc ? pack2<Element>(s[2 * i], s[2 * i + 1]) : 0u;
+  }
+
+  // Whether a slice runs the one-row loop (kOneRowCopy): its rows in use all lie in the first half
+  // of every warp's rows. Uniform over the warpgroup: every warp reads the same announced slice.
+  static constexpr int kHalfWarpRows = kWarpRows / 2;  // a thread's second row is 8 below its first
+  __device__ __forceinline__ bool one_row_slice(const AnnouncedTile& t) const {
+    return params.one_row &&
+           params.packing.rows(int64_t{t.slice.len_q}) - t.slice.first_row <= kHalfWarpRows;
+  }
+
+  // The second rows' pairs of P, which a one-row loop never writes, held at 0, so O's second rows
+  // stay 0 (finite: P V's rows are independent, and the epilogue stores none of them).
+  template <int kBuffers>
+  __device__ __forceinline__ static void zeroed_second_rows(uint32_t (&p)[kBuffers][kPRegs]) {
+#pragma unroll
+    for (int b = 0; b < kBuffers; ++b)
+#pragma unroll
+      for (int i = 1; i < kPRegs; i += 2) p[b][i] = 0u;
   }
 
   // The first kCount registers of S: a narrow block's accumulator. The view, like S, is indexed
@@ -216,6 +244,16 @@ struct Consumer {
   // (docs/hopper.md, session 23).
   static constexpr bool kSumCheckInPlace = !kDoubleP || kMask != MaskKind::kFull;
   static_assert(kSumCheckInPlace || kMaskBesidePV, "the check into the second P buffer runs beside P V");
+  // Slices whose rows in use all lie in the first half of every warp's rows (one_row_slice): a
+  // decode step's packed GQA group of up to 8 query heads, or one query of up to 8 heads. Their
+  // softmax has only each thread's first row to compute (OnlineSoftmax, kLive), on the critical
+  // path where the other warpgroup, which has no rows, hides nothing under its GEMMs. They run a
+  // second copy of the overlapped loop, compiled into unclustered full-mask tiles of two consumer
+  // warpgroups (decode steps run those; the prefill grid's tiles never enter it, and their loop
+  // keeps its code) that have the registers for a second P buffer: d256's 80-key tile (one P
+  // buffer, 52 registers beside the accumulators) spilled 168 B with it.
+  static constexpr bool kOneRowCopy = FUSEDATTN_SM90_ONE_ROW_COPY != 0 && kMask == MaskKind::kFull && !kInCluster &&
+                                      kDoubleP && Cfg::kConsumerWarpgroups == 2 && Cfg::kCtasPerSm == 1;
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
   // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay
   // in registers: 0 B spills, and the epilogue saves re-reading the announcement (d128 full
@@ -301,10 +339,10 @@ struct Consumer {
   }
 
   // Scores to probabilities for KV block n: mask if the block is cut, then online softmax.
-  template <int kAcc>
+  template <int kLive = OnlineSoftmax::kRows, int kAcc>
   __device__ __forceinline__ void softmax_step(float (&s)[kAcc], int n, RowCorrection& correction) {
     if (cuts(n)) apply_mask(s, n);
-    softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+    softmax.update<kLive>(s, params.p.scale_log2, params.features.rescale_slack, correction);
   }
 
   // A store still pending when the next tile starts is the previous tile's, which (two Q
@@ -408,7 +446,7 @@ struct Consumer {
   // previous softmax's correction between the two issues (it is idle there), so after the
   // final wait only P's conversion is left and nothing pulls that wait above the softmax.
   // p is P V's operand; the next block's P goes to p_next (the same buffer without kDoubleP).
-  template <bool kMasked>
+  template <bool kMasked, int kLive>
   __device__ __forceinline__ void overlapped_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
                                                   RowCorrection& correction, int n_next, KVRing& kv,
                                                   const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
@@ -422,7 +460,7 @@ struct Consumer {
     ptx::wgmma_fence();
     issue_qk(s, next.k().stage());
     ptx::wgmma_commit_group();
-    apply_correction(o, correction);
+    apply_correction<kLive>(o, correction);
     ptx::wgmma_fence();
     issue_pv(p, kv.v().stage());
     ptx::wgmma_commit_group();
@@ -437,7 +475,7 @@ struct Consumer {
       if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
       release_after_pv(kv, pipe);
       apply_mask(s, n_next);
-      softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      softmax.update<kLive>(s, params.p.scale_log2, params.features.rescale_slack, correction);
     } else {
       ptx::wgmma_wait_group<1>();  // S ready; P V may still run
       ptx::fence_operands(s);
@@ -448,15 +486,15 @@ struct Consumer {
         bool kept = false;
         if constexpr (!kMasked) {
           if (params.features.sum_limit > 0.f) {
-            kept = softmax.update_in_place_unless_moved(s, params.p.scale_log2, params.features.sum_limit,
-                                                        params.features.rebase_limit, correction);
+            kept = softmax.update_in_place_unless_moved<kLive>(s, params.p.scale_log2, params.features.sum_limit,
+                                                               params.features.rebase_limit, correction);
             if (!kept) rescore(s, next.k().stage());
           }
         }
         if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
         if constexpr (kMasked) apply_mask(s, n_next);
-        if (!kept) softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
-        if constexpr (kConvertsBeforeWait) convert_p(s, p_next);
+        if (!kept) softmax.update<kLive>(s, params.p.scale_log2, params.features.rescale_slack, correction);
+        if constexpr (kConvertsBeforeWait) convert_p<kLive>(s, p_next);
       } else {
         // Straight into the second P buffer, with S kept for update().
         if (params.features.early_k_release) pipe.consumer_release_k(next, lane);
@@ -464,12 +502,12 @@ struct Consumer {
         bool packed = false;
         if constexpr (!kMasked) {
           packed = params.features.sum_limit > 0.f &&
-                   softmax.update_unless_moved<Element>(s, p_next, params.p.scale_log2, params.features.sum_limit,
-                                                        correction);
+                   softmax.update_unless_moved<Element, kLive>(s, p_next, params.p.scale_log2,
+                                                               params.features.sum_limit, correction);
         }
         if (!packed) {
-          softmax.update(s, params.p.scale_log2, params.features.rescale_slack, correction);
-          convert_p(s, p_next);
+          softmax.update<kLive>(s, params.p.scale_log2, params.features.rescale_slack, correction);
+          convert_p<kLive>(s, p_next);
         }
       }
       // Keeps ptxas from hoisting the wait above the softmax and, with two P buffers, the next
@@ -487,12 +525,13 @@ struct Consumer {
       release_after_pv(kv, pipe);
     }
     // With one P buffer only now: the P V just finished was reading the old p.
-    if constexpr (!kConvertsBeforeWait) convert_p(s, p_next);
+    if constexpr (!kConvertsBeforeWait) convert_p<kLive>(s, p_next);
     kv = next;
   }
 
   // One overlapped step, the masked or the unmasked copy (so the common unmasked one carries no
   // mask code, and its register pressure, at all).
+  template <int kLive>
   __device__ __forceinline__ void kv_step(float (&s)[kSAcc], uint32_t (&p)[kPRegs], uint32_t (&p_next)[kPRegs],
                                           RowCorrection& correction, int n_next, KVRing& kv,
                                           const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe) {
@@ -504,9 +543,9 @@ struct Consumer {
       n_next = block_at(n_next, next, pipe);
     }
     if (!Mask::kCutsOnlyFirstBlock && cuts(n_next))
-      overlapped_step<true>(s, p, p_next, correction, n_next, kv, turns, pipe);
+      overlapped_step<true, kLive>(s, p, p_next, correction, n_next, kv, turns, pipe);
     else
-      overlapped_step<false>(s, p, p_next, correction, n_next, kv, turns, pipe);
+      overlapped_step<false, kLive>(s, p, p_next, correction, n_next, kv, turns, pipe);
   }
 
   // Whether this warpgroup's 64 rows of tile t all lie past the sequence end (its tiled rows), as in a sequence's
@@ -618,6 +657,12 @@ struct Consumer {
 
     if (kOverlaps && params.features.overlap) {
       if constexpr (!Mask::kSlicesSkipBlocks) {
+        if constexpr (kOneRowCopy) {
+          if (one_row_slice(t)) {
+            overlapped_blocks<1>(blocks, t.narrow_first, kv, turns, pipe, pending);
+            return;
+          }
+        }
         overlapped_blocks(blocks, t.narrow_first, kv, turns, pipe, pending);
         return;
       }
@@ -684,6 +729,7 @@ struct Consumer {
   // (TileMask::kNarrowsFirstBlock) at half the width: half the Q K^T, mask and exponentials on
   // the path from the tile's first K to its first overlapped turn, where no GEMM of this
   // warpgroup hides them.
+  template <int kLive>
   __device__ __forceinline__ void first_block(float (&s)[kSAcc], uint32_t (&p)[kPRegs], int n, bool narrow,
                                               RowCorrection& correction, const KVRing& kv,
                                               const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
@@ -700,15 +746,15 @@ struct Consumer {
         float(&s_narrow)[kNarrow / 2] = first_columns<kNarrow / 2>(s);
         qk_alone<kNarrow>(s_narrow, kv, turns, pipe, pending);
         stamp(TraceEvent::kFirstSReady);
-        softmax_step(s_narrow, n, correction);
-        convert_p(s_narrow, p);
+        softmax_step<kLive>(s_narrow, n, correction);
+        convert_p<kLive>(s_narrow, p);
         return;
       }
     }
     qk_alone(s, kv, turns, pipe, pending);
     stamp(TraceEvent::kFirstSReady);
-    softmax_step(s, n, correction);
-    convert_p(s, p);
+    softmax_step<kLive>(s, n, correction);
+    convert_p<kLive>(s, p);
   }
 
   // A tile-boundary stamp of this warpgroup (trace.cuh; nothing unless compiled in); tile and
@@ -718,16 +764,19 @@ struct Consumer {
   }
 
   // The overlapped loop over `blocks` (count + 1 GEMM turns) in the tile's block order
-  // (TileMask::first_block, next_block); narrow: the first block is narrow for this slice.
+  // (TileMask::first_block, next_block); narrow: the first block is narrow for this slice. kLive:
+  // each thread's rows in use (OnlineSoftmax; 1 only under kOneRowCopy).
+  template <int kLive = OnlineSoftmax::kRows>
   __device__ __forceinline__ void overlapped_blocks(const KVBlockRange& blocks, bool narrow, KVRing& kv,
                                                     const WarpgroupTurns& turns, const KVPipeline<Storage>& pipe,
                                                     PendingStore& pending) {
     float s[kSAcc];
     uint32_t p[kPBuffers][kPRegs];
     RowCorrection correction;
+    if constexpr (kLive < OnlineSoftmax::kRows) zeroed_second_rows(p);
     int n = Mask::first_block(blocks);
     stamp(TraceEvent::kLoopEntered);
-    first_block(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
+    first_block<kLive>(s, p[0], n, narrow, correction, kv, turns, pipe, pending);
     stamp(TraceEvent::kFirstPReady);
     // The sequence's last block comes first (full masks and 128-key tiles go highest first).
     clear_unused_v_rows(n, kv, pipe);
@@ -736,22 +785,22 @@ struct Consumer {
     if constexpr (kDoubleP) {
       // Unrolled by two, so the buffers swap roles without register moves.
       for (; more(); n = Mask::next_block(n)) {
-        kv_step(s, p[0], p[1], correction, Mask::next_block(n), kv, turns, pipe);
+        kv_step<kLive>(s, p[0], p[1], correction, Mask::next_block(n), kv, turns, pipe);
         n = Mask::next_block(n);
         if (Mask::is_last_block(blocks, n)) {
           last_qk_done();
-          apply_correction(o, correction);
+          apply_correction<kLive>(o, correction);
           pv_alone(p[1], kv, turns, pipe);
           return;
         }
-        kv_step(s, p[1], p[0], correction, Mask::next_block(n), kv, turns, pipe);
+        kv_step<kLive>(s, p[1], p[0], correction, Mask::next_block(n), kv, turns, pipe);
       }
     } else {
       for (; more(); n = Mask::next_block(n))
-        kv_step(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
+        kv_step<kLive>(s, p[0], p[0], correction, Mask::next_block(n), kv, turns, pipe);
     }
     last_qk_done();
-    apply_correction(o, correction);
+    apply_correction<kLive>(o, correction);
     pv_alone(p[0], kv, turns, pipe);
   }
 };

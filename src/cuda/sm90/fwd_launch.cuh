@@ -277,6 +277,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   const L2Promotion kv_promotion = kv_l2_promotes_128b(rows) ? L2Promotion::k128B : L2Promotion::k256B;
   kp.tma_k = make_tensor_map(kv_view(p.k, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows, kv_promotion);
   kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows, kv_promotion);
+  kp.one_row = env_switch_or("FUSEDATTN_SM90_ONE_ROW", true);
   kp.o_one_box = stores_o_as_one_box(p, Epilogue<Element, Cfg, kMask == MaskKind::kFull>::kOneBoxStaging,
                                      rows.packing.shift, Cfg::kTileCols);
   const OperandView o_view = operand_view(p, p.o, rows_q, p.heads_q, p.o_stride);

@@ -99,6 +99,10 @@ struct KernelParams {
   // parameter, and ptxas then allocated kernels that never read it differently (docs/hopper.md,
   // session 74).
   bool o_one_box = false;
+  // Slices whose rows in use fit in the first 8 of each warp's 16 (decode steps) run the softmax on
+  // each thread's first row only, where the instance compiles that loop (Consumer::kOneRowCopy;
+  // FUSEDATTN_SM90_ONE_ROW). Here for the same reason as o_one_box.
+  bool one_row = true;
   int* tile_counter;  // zero at launch; null: static schedule
   SplitParams split;
   Features features;

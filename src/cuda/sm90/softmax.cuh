@@ -22,6 +22,12 @@ struct RowCorrection {
 
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
+  // Each method takes kLive, the thread's rows in use: 2, or 1 where a slice's rows in use all lie
+  // in the first 8 of each warp's 16 (decode steps: a packed GQA group of up to 8 query heads at one
+  // position), so every thread's second row (lane / 4 + 8) is past them. Its scores are then left
+  // as they are, and its statistics keep reset()'s values (finalize: output 0, LSE -inf, never
+  // stored): the softmax's dependent chain, on the critical path where no other warpgroup's GEMMs
+  // hide it, halves (Consumer::kOneRowCopy).
   // Running max of scale_log2 * s (log2 units); kNoKeyMax until a key is seen. A finite floor
   // rather than -inf, so update() needs no per-block test for rows without keys. It is the lowest
   // finite float: any finite block max moves the max off it or equals it (then it is the max).
@@ -53,11 +59,13 @@ struct OnlineSoftmax {
   // stale max stays the reference (probabilities up to 2^slack, as precise in fp16/bf16/fp32) and the
   // factor is 1. The output and LSE do not depend on which max is used, only the work does:
   // after the first blocks a row's max rarely moves that far, so O's rescale is mostly skipped.
-  template <int kAcc>
+  template <int kLive = kRows, int kAcc>
   __device__ __forceinline__ void update(float (&s)[kAcc], float scale_log2, float slack, RowCorrection& c) {
+    static_assert(kLive == 1 || kLive == kRows);
     bool moved = false;
+    if constexpr (kLive < kRows) c.factor[1] = 1.f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kLive; ++r) {
       const float m_block = quad_row_max(s, r) * scale_log2;
       // kNoKeyMax + slack rounds to kNoKeyMax: a row's first visible key moves the max. A row that
       // has seen only masked keys (block max -inf) keeps the finite floor, so the subtraction
@@ -91,12 +99,12 @@ struct OnlineSoftmax {
   // update()'s invariant: keep_reference). Returns whether some lane's sum exceeded it (the same
   // in every lane of the warp). It saves the max's FMNMX chain and shuffles: the row max is needed
   // only when it moves. A NaN sum passes the test and stays in its row, as with update().
-  template <int kAcc, class Keep>
+  template <int kLive, int kAcc, class Keep>
   __device__ __forceinline__ bool exps_over_limit(const float (&s)[kAcc], float scale_log2, float sum_limit,
                                                   float (&sum)[kRows], Keep keep) const {
     bool over = false;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kLive; ++r) {
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j) {
         const float x0 = ptx::ex2_approx(fmaf(s[4 * j + 2 * r], scale_log2, -row_max[r]));
@@ -110,10 +118,11 @@ struct OnlineSoftmax {
   }
 
   // The reference max stays: the block's sums are added and every factor is 1.
+  template <int kLive>
   __device__ __forceinline__ void keep_reference(const float (&sum)[kRows], RowCorrection& c) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      row_sum[r] += sum[r];
+      if (r < kLive) row_sum[r] += sum[r];
       c.factor[r] = 1.f;
     }
     c.any = false;
@@ -121,15 +130,15 @@ struct OnlineSoftmax {
 
   // exps_over_limit packing P straight into a second buffer (pair i = 2j + r, as
   // Consumer::convert_p) with S left intact: false sends the warp to update().
-  template <typename Element, int kAcc, int kPRegs>
+  template <typename Element, int kLive = kRows, int kAcc, int kPRegs>
   __device__ __forceinline__ bool update_unless_moved(const float (&s)[kAcc], uint32_t (&p)[kPRegs], float scale_log2,
                                                       float sum_limit, RowCorrection& c) {
     static_assert(kPRegs * 2 == kAcc);
     float sum[kRows];
-    if (exps_over_limit(s, scale_log2, sum_limit, sum,
-                        [&](int j, int r, float x0, float x1) { p[2 * j + r] = pack2<Element>(x0, x1); }))
+    if (exps_over_limit<kLive>(s, scale_log2, sum_limit, sum,
+                               [&](int j, int r, float x0, float x1) { p[2 * j + r] = pack2<Element>(x0, x1); }))
       return false;
-    keep_reference(sum, c);
+    keep_reference<kLive>(sum, c);
     return true;
   }
 
@@ -141,28 +150,29 @@ struct OnlineSoftmax {
   // warp is above rebase_limit (kRebaseLimit; an overflow to inf included: a score more than 128
   // log2 units above the stale reference, or a row that has seen no key yet): the caller
   // computes S again and runs update().
-  template <int kAcc>
+  template <int kLive = kRows, int kAcc>
   __device__ __forceinline__ bool update_in_place_unless_moved(float (&s)[kAcc], float scale_log2, float sum_limit,
                                                                float rebase_limit, RowCorrection& c) {
     float sum[kRows];
-    if (!exps_over_limit(s, scale_log2, sum_limit, sum, [&](int j, int r, float x0, float x1) {
+    if (!exps_over_limit<kLive>(s, scale_log2, sum_limit, sum, [&](int j, int r, float x0, float x1) {
           s[4 * j + 2 * r] = x0;
           s[4 * j + 2 * r + 1] = x1;
         })) {
-      keep_reference(sum, c);
+      keep_reference<kLive>(sum, c);
       return true;
     }
     float q[kRows];
     bool rebasable = true;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kLive; ++r) {
       q[r] = quad_row_max(s, r);
       rebasable = rebasable && q[r] <= rebase_limit;
     }
     if (!__all_sync(kFullWarpMask, rebasable)) return false;
     bool moved = false;
+    if constexpr (kLive < kRows) c.factor[1] = 1.f;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int r = 0; r < kLive; ++r) {
       const bool move = q[r] > sum_limit;
       c.factor[r] = move ? ptx::rcp_approx(q[r]) : 1.f;
       if (move) row_max[r] += ptx::lg2_approx(q[r]);
@@ -174,7 +184,7 @@ struct OnlineSoftmax {
 #pragma unroll
       for (int j = 0; j < kAcc / 4; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[4 * j + e] *= c.factor[e / 2];
+        for (int e = 0; e < 2 * kLive; ++e) s[4 * j + e] *= c.factor[e / 2];
     }
     return true;
   }
@@ -188,22 +198,20 @@ struct OnlineSoftmax {
   }
 };
 
-// O *= correction, per row, on a 64 x N accumulator.
-template <int kAcc>
+// O *= correction, per row, on a 64 x N accumulator (the thread's first kLive rows: the others
+// stay as they are).
+template <int kLive = OnlineSoftmax::kRows, int kAcc>
 __device__ __forceinline__ void rescale_rows(float (&o)[kAcc], const float (&factor)[2]) {
 #pragma unroll
-  for (int j = 0; j < kAcc / 4; ++j) {
-    o[4 * j + 0] *= factor[0];
-    o[4 * j + 1] *= factor[0];
-    o[4 * j + 2] *= factor[1];
-    o[4 * j + 3] *= factor[1];
-  }
+  for (int j = 0; j < kAcc / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2 * kLive; ++e) o[4 * j + e] *= factor[e / 2];
 }
 
 // O *= the correction, unless every factor of the warp is 1.
-template <int kAcc>
+template <int kLive = OnlineSoftmax::kRows, int kAcc>
 __device__ __forceinline__ void apply_correction(float (&o)[kAcc], const RowCorrection& c) {
-  if (c.any) rescale_rows(o, c.factor);
+  if (c.any) rescale_rows<kLive>(o, c.factor);
 }
 
 }  // namespace fusedattn::cuda::sm90
