@@ -827,12 +827,13 @@ TEST(Sm90Fwd, PackedGqaGroups) {
 
 // Slices whose rows in use all lie in the first 8 of each warp's 16 run the one-row loop
 // (Consumer::kOneRowCopy: the softmax on each thread's first row only; the second rows' P held at
-// 0): decode steps of packed GQA groups of 4 and 8, one query without GQA (over enough keys that
-// the tail split cuts its tiles into parts), a sequence's last tile with 5 rows in its first slice
-// and, beside them, 12 and 9 rows (the two-row loop). Key lengths that are not block multiples,
-// head dims 64, 128 and 256 (the 64-key tile; the 80-key one, which the 2100-key case takes, has
-// no one-row copy), full masks (the API folds a decode step's causal mask into one: validate.cpp),
-// both dtypes; each with the loop on and with FUSEDATTN_SM90_ONE_ROW=0, against the reference.
+// 0): decode steps of packed GQA groups of 4 (at 1000 and 9000 keys) and 8, one query without GQA
+// (over enough keys that the tail split cuts its tiles into parts), a sequence's last tile with 5
+// rows in its first slice and, beside them, 12 and 9 rows (the two-row loop). Key lengths that are
+// not block multiples, head dims 64, 128 and 256 (the 64-key tile; the 80-key one, which the 2100-
+// and 9000-key cases take, has no one-row copy), full masks (the API folds a decode step's causal
+// mask into one: validate.cpp), both dtypes; each with the loop on and with
+// FUSEDATTN_SM90_ONE_ROW=0, against the reference.
 TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
@@ -840,11 +841,12 @@ TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
     const ScopedEnv env("FUSEDATTN_SM90_ONE_ROW", one_row);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
       for (int d : {64, 128, 256})
-        for (const Problem& pr : {make_problem(2, 32, 8, d, 1, 1000, false),  // 4 tiled rows
-                                  make_problem(1, 16, 2, d, 1, 777, false),   // 8
-                                  make_problem(1, 8, 2, d, 3, 300, false),    // 12: two rows
-                                  make_problem(2, 4, 4, d, 1, 2100, false),   // one query, unpacked
-                                  make_problem(1, 2, 2, d, 133, 400, false),  // the last tile: 5 rows
+        for (const Problem& pr : {make_problem(2, 32, 8, d, 1, 1000, false),   // 4 tiled rows
+                                  make_problem(1, 32, 8, d, 1, 9000, false),   // 4
+                                  make_problem(1, 16, 2, d, 1, 777, false),    // 8
+                                  make_problem(1, 8, 2, d, 3, 300, false),     // 12: two rows
+                                  make_problem(2, 4, 4, d, 1, 2100, false),    // one query, unpacked
+                                  make_problem(1, 2, 2, d, 133, 400, false),   // the last tile: 5 rows
                                   make_problem(1, 2, 2, d, 137, 400, false)}) {  // 9
           SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_ONE_ROW=" + one_row + " " + dtype_name(dtype));
           HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);

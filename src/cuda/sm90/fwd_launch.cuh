@@ -50,6 +50,8 @@ constexpr int kMaxSplitWaves = 2;
 // FUSEDATTN_SM90_PACK_GQA=0|1 turns GQA packing off or on wherever the group allows (fwd_split.h).
 // FUSEDATTN_SM90_O_ONE_BOX=0 stores each warpgroup's O slice as one box per slab where it would
 // be one request (stores_o_as_one_box).
+// FUSEDATTN_SM90_ONE_ROW=0 runs slices of at most 8 rows in use a warp through the two-row loop
+// (KernelParams::one_row).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
 // FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities where it writes them over S
 // (Consumer::kSumCheckInPlace; every failed check then computes the scores again).
