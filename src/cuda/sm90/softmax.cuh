@@ -25,8 +25,9 @@ struct OnlineSoftmax {
   // Each method takes kLive, the thread's rows in use: 2, or 1 where a slice's rows in use all lie
   // in the first 8 of each warp's 16 (decode steps: a packed GQA group of up to 8 query heads at one
   // position), so every thread's second row (lane / 4 + 8) is past them. Its scores are then left
-  // as they are, and its statistics keep reset()'s values (finalize: output 0, LSE -inf, never
-  // stored): the softmax's dependent chain, on the critical path where no other warpgroup's GEMMs
+  // as they are, its statistics keep reset()'s values (finalize: output 0, LSE -inf, never
+  // stored), and its RowCorrection factor is not set (rescale_rows<kLive> reads the live rows'
+  // only; keep_reference sets both): the softmax's dependent chain, on the critical path where no other warpgroup's GEMMs
   // hide it, halves (Consumer::kOneRowCopy).
   // Running max of scale_log2 * s (log2 units); kNoKeyMax until a key is seen. A finite floor
   // rather than -inf, so update() needs no per-block test for rows without keys. It is the lowest
@@ -63,7 +64,6 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&s)[kAcc], float scale_log2, float slack, RowCorrection& c) {
     static_assert(kLive == 1 || kLive == kRows);
     bool moved = false;
-    if constexpr (kLive < kRows) c.factor[1] = 1.f;
 #pragma unroll
     for (int r = 0; r < kLive; ++r) {
       const float m_block = quad_row_max(s, r) * scale_log2;
@@ -170,7 +170,6 @@ struct OnlineSoftmax {
     }
     if (!__all_sync(kFullWarpMask, rebasable)) return false;
     bool moved = false;
-    if constexpr (kLive < kRows) c.factor[1] = 1.f;
 #pragma unroll
     for (int r = 0; r < kLive; ++r) {
       const bool move = q[r] > sum_limit;
