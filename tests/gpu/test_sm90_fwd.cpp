@@ -837,6 +837,8 @@ TEST(Sm90Fwd, PackedGqaGroups) {
 TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
+  // The one-row wgmma loop itself (the warp-split loop has its test below).
+  const ScopedEnv wgmma("FUSEDATTN_SM90_WARP_SPLIT", "0");
   for (const char* one_row : {"1", "0"}) {
     const ScopedEnv env("FUSEDATTN_SM90_ONE_ROW", one_row);
     for (DType dtype : {DType::kFloat16, DType::kBFloat16})
@@ -849,6 +851,37 @@ TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
                                   make_problem(1, 2, 2, d, 133, 400, false),   // the last tile: 5 rows
                                   make_problem(1, 2, 2, d, 137, 400, false)}) {  // 9
           SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_ONE_ROW=" + one_row + " " + dtype_name(dtype));
+          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+  }
+}
+
+// The same slices with each block's keys split over the warpgroup's warps (Consumer::
+// kWarpSplitCopy, warp_split.cuh: warp-level MMAs on the slice's first 16 rows, a softmax per warp,
+// the warps' rows merged at the tile's end), on by default, against the reference and beside the
+// one-row wgmma loop (FUSEDATTN_SM90_WARP_SPLIT=0): key counts under one block (20: the last warps
+// see no key) and over one (130: every warp's keys of the second block but the first warp's
+// masked), block multiples and not, many blocks (9000), tiles cut into parts (2100 keys, one
+// query), the second warpgroup's slice of 8 rows beside a full first one (200 queries), a 5-row
+// last tile, 12 rows (the two-row loop), head dims 64, 96, 128 and 192 (d256 has no such copy:
+// it runs the one-row loop), both dtypes.
+TEST(Sm90Fwd, WarpSplitSlicesMatchTheReference) {
+  SKIP_UNLESS_HOPPER();
+  auto rng = fresh_rng();
+  for (const char* split : {"1", "0"}) {
+    const ScopedEnv env("FUSEDATTN_SM90_WARP_SPLIT", split);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (int d : {64, 96, 128, 192})
+        for (const Problem& pr : {make_problem(2, 32, 8, d, 1, 20, false),    // 4 tiled rows
+                                  make_problem(1, 32, 8, d, 1, 130, false),   // 4
+                                  make_problem(3, 16, 2, d, 1, 1024, false),  // 8
+                                  make_problem(1, 32, 4, d, 1, 9000, false),  // 8
+                                  make_problem(2, 4, 4, d, 1, 2100, false),   // one query, unpacked
+                                  make_problem(1, 2, 2, d, 200, 333, false),  // 64 + 8 rows
+                                  make_problem(1, 2, 2, d, 133, 400, false),  // the last tile: 5 rows
+                                  make_problem(1, 8, 2, d, 3, 300, false)}) {  // 12: two rows
+          SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_WARP_SPLIT=" + split + " " + dtype_name(dtype));
           HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
           expect_matches_reference(c);
         }

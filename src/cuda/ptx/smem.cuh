@@ -26,4 +26,9 @@ __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+// ld.shared.v2.f32 {x, y}, [addr]; any SM. addr 8-byte aligned.
+__device__ __forceinline__ void ld_shared_v2_f32(uint32_t addr, float& x, float& y) {
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x), "=f"(y) : "r"(addr) : "memory");
+}
+
 }  // namespace fusedattn::cuda::ptx

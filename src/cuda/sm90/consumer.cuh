@@ -29,6 +29,7 @@
 #include "cuda/sm90/tile_announcement.cuh"
 #include "cuda/sm90/trace.cuh"
 #include "cuda/sm90/warp_scores.cuh"
+#include "cuda/sm90/warp_split.cuh"
 
 namespace fusedattn::cuda::sm90 {
 
@@ -64,6 +65,13 @@ inline constexpr bool kMaskedOneP = FUSEDATTN_SM90_MASKED_ONE_P != 0;
 // before session 96, so that tools/ab_build.sh can time the prefill tiles that never enter it.
 #ifndef FUSEDATTN_SM90_ONE_ROW_COPY
 #define FUSEDATTN_SM90_ONE_ROW_COPY 1
+#endif
+
+// Whether the instances with the one-row loop also compile the warp-split loop for those slices
+// (Consumer::kWarpSplitCopy, warp_split.cuh). A compile-time ablation switch like the one above:
+// -DFUSEDATTN_SM90_WARP_SPLIT_COPY=0 builds them without it.
+#ifndef FUSEDATTN_SM90_WARP_SPLIT_COPY
+#define FUSEDATTN_SM90_WARP_SPLIT_COPY 1
 #endif
 
 template <typename Element, class Cfg, MaskKind kMask>
@@ -176,6 +184,15 @@ struct Consumer {
            params.packing.rows(int64_t{t.slice.len_q}) - t.slice.first_row <= kHalfWarpRows;
   }
 
+  // Whether a one-row slice runs the warp-split loop (kWarpSplitCopy). Not a second warpgroup's
+  // where V rows past the sequence hold the cache's values (loads_unwritten_rows): warpgroup 0
+  // zeroes them (clear_unused_v_rows) after handing on its first turn, so the GEMM turns order
+  // that before the other warpgroups' P V, but not before this loop's reads of V, which follow
+  // the turn before the block's.
+  __device__ __forceinline__ bool warp_splits() const {
+    return params.warp_split && (warpgroup == 0 || !loads_unwritten_rows(params.p));
+  }
+
   // The second rows' pairs of P, which a one-row loop never writes, held at 0, so O's second rows
   // stay 0 (finite: P V's rows are independent, and the epilogue stores none of them).
   template <int kBuffers>
@@ -254,6 +271,16 @@ struct Consumer {
   // buffer, 52 registers beside the accumulators) spilled 168 B with it.
   static constexpr bool kOneRowCopy = FUSEDATTN_SM90_ONE_ROW_COPY != 0 && kMask == MaskKind::kFull && !kInCluster &&
                                       kDoubleP && Cfg::kConsumerWarpgroups == 2 && Cfg::kCtasPerSm == 1;
+  // The same slices may instead split each block's keys over the warpgroup's four warps, by
+  // warp-level MMAs on the slice's first 16 rows (warp_split.cuh, KernelParams::warp_split): a
+  // step's tensor work shrinks from the 64 rows of the wgmma to 16, and no warp waits for another
+  // until the tile's end.
+  // Up to d192: at d256 (the 64-key tile) its O (128 registers) and Q rows (32) beside what the
+  // tile loop holds spilled 540 B.
+  using Split = WarpSplit<Element, Cfg>;
+  static constexpr int kWarpSplitMaxHeadDim = 192;
+  static constexpr bool kWarpSplitCopy =
+      kOneRowCopy && FUSEDATTN_SM90_WARP_SPLIT_COPY != 0 && kHeadDim <= kWarpSplitMaxHeadDim;
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
   // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay
   // in registers: 0 B spills, and the epilogue saves re-reading the announcement (d128 full
@@ -659,6 +686,12 @@ struct Consumer {
       if constexpr (!Mask::kSlicesSkipBlocks) {
         if constexpr (kOneRowCopy) {
           if (one_row_slice(t)) {
+            if constexpr (kWarpSplitCopy) {
+              if (warp_splits()) {
+                warp_split_blocks(blocks, kv, turns, pipe, pending);
+                return;
+              }
+            }
             overlapped_blocks<1>(blocks, t.narrow_first, kv, turns, pipe, pending);
             return;
           }
@@ -802,6 +835,55 @@ struct Consumer {
     last_qk_done();
     apply_correction<kLive>(o, correction);
     pv_alone(p[0], kv, turns, pipe);
+  }
+
+  // The KV loop of a one-row slice with each block's keys split over the four warps (kWarpSplitCopy;
+  // warp_split.cuh): per block, this warp's quarter of S by warp-level MMAs, its K given back, the
+  // sequence end's mask if the block is cut, the online softmax of its keys, O += P V of its keys,
+  // its V given back. No wgmma: the warpgroup only passes its GEMM turns (count + 1, as the
+  // overlapped schedule takes, which the other warpgroup counts on), one before each block. After
+  // the last block the warps' partial rows merge into warp 0's o and softmax, and only then does
+  // the slice give up its Q slot (last_qk_done), whose rows past those in use the merge writes.
+  __device__ __forceinline__ void warp_split_blocks(const KVBlockRange& blocks, KVRing& kv, const WarpgroupTurns& turns,
+                                                    const KVPipeline<Storage>& pipe, PendingStore& pending) {
+    wait_q();
+    const uint32_t q_slot = ptx::smem_addr(q_tile());
+    uint32_t q[Split::kQRegs];
+    Split::load_q(q, q_slot, q_first_row(), lane);
+    release_pending(pending, kv);
+    RowCorrection correction;
+    for (int n = Mask::first_block(blocks); Mask::block_in_loop(blocks, n); n = Mask::next_block(n)) {
+      pass_through_turn(turns);
+      // This warp's first key of the block, re-read per block (see WarpSplit::lane_here).
+      const int key0 = static_cast<int>(ptx::value_here(static_cast<uint32_t>(warp))) * Split::kKeys;
+      float s[Split::kSAcc];
+      pipe.consumer_wait_k(kv);
+      Split::scores(s, q, ptx::smem_addr(smem.k[kv.k().stage()]), key0, lane);
+      pipe.consumer_release_k(kv, lane);
+      if (cuts(n)) {
+        // Full masks only (kOneRowCopy): the sequence end, the same for every row.
+        const MaskedSlice& facts = slice();
+        const Mask mask{params.p, params.packing, facts.len_q, facts.len_k};
+        const int lane_now = static_cast<int>(Split::lane_here(lane));
+        const int hi = mask.right_bound_of_row(int64_t{facts.first_row} + lane_now / 4);
+        Mask::apply_right(s, n, {hi, hi}, key0 + 2 * (lane_now % 4));
+      }
+      softmax.update<1>(s, params.p.scale_log2, params.features.rescale_slack, correction);
+      apply_correction<1>(o, correction);
+      uint32_t p[Split::kPRegs];
+      Split::convert_p(s, p);
+      clear_unused_v_rows(n, kv, pipe);
+      pipe.consumer_wait_v(kv);
+      Split::accumulate_pv(o, p, ptx::smem_addr(smem.v[kv.v().stage()]), key0, lane);
+      pipe.consumer_release_v(kv, lane);
+      kv.advance(params.features);
+    }
+    pass_through_turn(turns);
+    Split::merge_warps(o, softmax, q_slot, q_first_row(), warp, lane, barrier_id(NamedBarrier::kEpilogue, warpgroup));
+    // The merge's generic writes to the Q slot before a later TMA load into it (with o_in_kv, once
+    // last_qk_done gives it back).
+    ptx::fence_proxy_async_shared();
+    last_qk_done();
   }
 };
 

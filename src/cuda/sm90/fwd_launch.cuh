@@ -51,7 +51,8 @@ constexpr int kMaxSplitWaves = 2;
 // FUSEDATTN_SM90_O_ONE_BOX=0 stores each warpgroup's O slice as one box per slab where it would
 // be one request (stores_o_as_one_box).
 // FUSEDATTN_SM90_ONE_ROW=0 runs slices of at most 8 rows in use a warp through the two-row loop
-// (KernelParams::one_row).
+// (KernelParams::one_row); FUSEDATTN_SM90_WARP_SPLIT=0 runs them through the one-row wgmma loop
+// rather than with their keys split over the warps (KernelParams::warp_split).
 // FUSEDATTN_SM90_SUM_CHECK=0 turns off the softmax step without the row max (Features::sum_limit),
 // FUSEDATTN_SM90_REBASE=0 its rebase from the probabilities where it writes them over S
 // (Consumer::kSumCheckInPlace; every failed check then computes the scores again).
@@ -280,6 +281,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.tma_k = make_tensor_map(kv_view(p.k, p.k_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows, kv_promotion);
   kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows, kv_promotion);
   kp.one_row = env_switch_or("FUSEDATTN_SM90_ONE_ROW", true);
+  kp.warp_split = env_switch_or("FUSEDATTN_SM90_WARP_SPLIT", true);
   kp.o_one_box = stores_o_as_one_box(p, Epilogue<Element, Cfg, kMask == MaskKind::kFull>::kOneBoxStaging,
                                      rows.packing.shift, Cfg::kTileCols);
   const OperandView o_view = operand_view(p, p.o, rows_q, p.heads_q, p.o_stride);

@@ -103,6 +103,10 @@ struct KernelParams {
   // each thread's first row only, where the instance compiles that loop (Consumer::kOneRowCopy;
   // FUSEDATTN_SM90_ONE_ROW). Here for the same reason as o_one_box.
   bool one_row = true;
+  // Such slices split each block's keys over the warpgroup's warps, by warp-level MMAs, where the
+  // instance compiles that loop (Consumer::kWarpSplitCopy; FUSEDATTN_SM90_WARP_SPLIT). Here for
+  // the same reason as o_one_box.
+  bool warp_split = true;
   int* tile_counter;  // zero at launch; null: static schedule
   SplitParams split;
   Features features;
