@@ -44,4 +44,14 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
   }
 }
 
+// Two mma.m16n8k16 sharing A, over two adjacent 8-column chunks of D: d[0..3] += a * {b[0], b[1]},
+// d[4..7] += a * {b[2], b[3]}, the B registers as one ldmatrix.x4 returns them when its matrices
+// are the first chunk's two k halves, then the second's.
+template <typename Element>
+__device__ __forceinline__ void mma_m16n8k16_two_chunks(float (&d)[8], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  const uint32_t first[2] = {b[0], b[1]}, second[2] = {b[2], b[3]};
+  mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&d[0]), a, first);
+  mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&d[4]), a, second);
+}
+
 }  // namespace fusedattn::cuda::ptx

@@ -52,9 +52,7 @@ __device__ __forceinline__ void warp_scores(float (&s)[kBlockN / 2], uint32_t q_
     for (int n = 0; n < kBlockN / kKeysPerLoad; ++n) {
       uint32_t b[4];
       ptx::ldmatrix_x4(b, b_step + n * kKeysPerLoad * kRowBytes);
-      const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
-      ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n]), a, lo);
-      ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n + 4]), a, hi);
+      ptx::mma_m16n8k16_two_chunks<Element>(*reinterpret_cast<float(*)[8]>(&s[8 * n]), a, b);
     }
   }
 }

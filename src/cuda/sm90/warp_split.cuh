@@ -98,9 +98,7 @@ struct WarpSplit {
       for (int n = 0; n < kKeys / kKStep; ++n) {
         uint32_t b[4];
         ptx::ldmatrix_x4(b, step_address + n * kKStep * kRowBytes);
-        const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
-        ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n]), a, lo);
-        ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&s[8 * n + 4]), a, hi);
+        ptx::mma_m16n8k16_two_chunks<Element>(*reinterpret_cast<float(*)[8]>(&s[8 * n]), a, b);
       }
     }
   }
@@ -128,9 +126,7 @@ struct WarpSplit {
         uint32_t b[4];
         ptx::ldmatrix_x4_trans(b, key_address + kk * kKStep * kRowBytes + slab * kBlockN * kRowBytes +
                                       chunk_offset(chunk, row));
-        const uint32_t lo[2] = {b[0], b[1]}, hi[2] = {b[2], b[3]};
-        ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&o[8 * c]), a, lo);
-        ptx::mma_m16n8k16<Element>(*reinterpret_cast<float(*)[4]>(&o[8 * c + 4]), a, hi);
+        ptx::mma_m16n8k16_two_chunks<Element>(*reinterpret_cast<float(*)[8]>(&o[8 * c]), a, b);
       }
     }
   }
