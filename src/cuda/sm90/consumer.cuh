@@ -275,8 +275,8 @@ struct Consumer {
   // warp-level MMAs on the slice's first 16 rows (warp_split.cuh, KernelParams::warp_split): a
   // step's tensor work shrinks from the 64 rows of the wgmma to 16, and no warp waits for another
   // until the tile's end.
-  // Up to d192: at d256 (the 64-key tile) its O (128 registers) and Q rows (32) beside what the
-  // tile loop holds spilled 540 B.
+  // Up to d192: at d256 (the 64-key tile, O 128 registers) the kernel spilled 540 B with it, still
+  // 552 B with Q's rows read at each k-step rather than held, 120 B without the merge.
   using Split = WarpSplit<Element, Cfg>;
   static constexpr int kWarpSplitMaxHeadDim = 192;
   static constexpr bool kWarpSplitCopy =
