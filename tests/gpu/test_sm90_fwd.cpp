@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -825,6 +826,23 @@ TEST(Sm90Fwd, PackedGqaGroups) {
   expect_packed_case(make_problem(2, 16, 2, 128, 1, 1000, true), DType::kFloat16, false, rng);
 }
 
+// Every problem problems(d) lists, at each head dim of `dims`, in both dtypes, against the
+// reference, with the switch `name` on (1) and then off (0).
+template <class Problems>
+void expect_slices_match_with_switch(const char* name, std::initializer_list<int> dims, Problems problems) {
+  auto rng = fresh_rng();
+  for (const char* value : {"1", "0"}) {
+    const ScopedEnv env(name, value);
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
+      for (int d : dims)
+        for (const Problem& pr : problems(d)) {
+          SCOPED_TRACE(pr.str() + " " + name + "=" + value + " " + dtype_name(dtype));
+          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+          expect_matches_reference(c);
+        }
+  }
+}
+
 // Slices whose rows in use all lie in the first 8 of each warp's 16 run the one-row loop
 // (Consumer::kOneRowCopy: the softmax on each thread's first row only; the second rows' P held at
 // 0): decode steps of packed GQA groups of 4 (at 1000 and 9000 keys) and 8, one query without GQA
@@ -836,25 +854,17 @@ TEST(Sm90Fwd, PackedGqaGroups) {
 // FUSEDATTN_SM90_ONE_ROW=0, against the reference.
 TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
   SKIP_UNLESS_HOPPER();
-  auto rng = fresh_rng();
   // The one-row wgmma loop itself (the warp-split loop has its test below).
   const ScopedEnv wgmma("FUSEDATTN_SM90_WARP_SPLIT", "0");
-  for (const char* one_row : {"1", "0"}) {
-    const ScopedEnv env("FUSEDATTN_SM90_ONE_ROW", one_row);
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (int d : {64, 128, 256})
-        for (const Problem& pr : {make_problem(2, 32, 8, d, 1, 1000, false),   // 4 tiled rows
-                                  make_problem(1, 32, 8, d, 1, 9000, false),   // 4
-                                  make_problem(1, 16, 2, d, 1, 777, false),    // 8
-                                  make_problem(1, 8, 2, d, 3, 300, false),     // 12: two rows
-                                  make_problem(2, 4, 4, d, 1, 2100, false),    // one query, unpacked
-                                  make_problem(1, 2, 2, d, 133, 400, false),   // the last tile: 5 rows
-                                  make_problem(1, 2, 2, d, 137, 400, false)}) {  // 9
-          SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_ONE_ROW=" + one_row + " " + dtype_name(dtype));
-          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-          expect_matches_reference(c);
-        }
-  }
+  expect_slices_match_with_switch("FUSEDATTN_SM90_ONE_ROW", {64, 128, 256}, [](int d) {
+    return std::vector<Problem>{make_problem(2, 32, 8, d, 1, 1000, false),   // 4 tiled rows
+                                make_problem(1, 32, 8, d, 1, 9000, false),   // 4
+                                make_problem(1, 16, 2, d, 1, 777, false),    // 8
+                                make_problem(1, 8, 2, d, 3, 300, false),     // 12: two rows
+                                make_problem(2, 4, 4, d, 1, 2100, false),    // one query, unpacked
+                                make_problem(1, 2, 2, d, 133, 400, false),   // the last tile: 5 rows
+                                make_problem(1, 2, 2, d, 137, 400, false)};  // 9
+  });
 }
 
 // The same slices with each block's keys split over the warpgroup's warps (Consumer::
@@ -868,24 +878,16 @@ TEST(Sm90Fwd, OneRowSlicesMatchTheReference) {
 // it runs the one-row loop), both dtypes.
 TEST(Sm90Fwd, WarpSplitSlicesMatchTheReference) {
   SKIP_UNLESS_HOPPER();
-  auto rng = fresh_rng();
-  for (const char* split : {"1", "0"}) {
-    const ScopedEnv env("FUSEDATTN_SM90_WARP_SPLIT", split);
-    for (DType dtype : {DType::kFloat16, DType::kBFloat16})
-      for (int d : {64, 96, 128, 192})
-        for (const Problem& pr : {make_problem(2, 32, 8, d, 1, 20, false),    // 4 tiled rows
-                                  make_problem(1, 32, 8, d, 1, 130, false),   // 4
-                                  make_problem(3, 16, 2, d, 1, 1024, false),  // 8
-                                  make_problem(1, 32, 4, d, 1, 9000, false),  // 8
-                                  make_problem(2, 4, 4, d, 1, 2100, false),   // one query, unpacked
-                                  make_problem(1, 2, 2, d, 200, 333, false),  // 64 + 8 rows
-                                  make_problem(1, 2, 2, d, 133, 400, false),  // the last tile: 5 rows
-                                  make_problem(1, 8, 2, d, 3, 300, false)}) {  // 12: two rows
-          SCOPED_TRACE(pr.str() + " FUSEDATTN_SM90_WARP_SPLIT=" + split + " " + dtype_name(dtype));
-          HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-          expect_matches_reference(c);
-        }
-  }
+  expect_slices_match_with_switch("FUSEDATTN_SM90_WARP_SPLIT", {64, 96, 128, 192}, [](int d) {
+    return std::vector<Problem>{make_problem(2, 32, 8, d, 1, 20, false),    // 4 tiled rows
+                                make_problem(1, 32, 8, d, 1, 130, false),   // 4
+                                make_problem(3, 16, 2, d, 1, 1024, false),  // 8
+                                make_problem(1, 32, 4, d, 1, 9000, false),  // 8
+                                make_problem(2, 4, 4, d, 1, 2100, false),   // one query, unpacked
+                                make_problem(1, 2, 2, d, 200, 333, false),  // 64 + 8 rows
+                                make_problem(1, 2, 2, d, 133, 400, false),  // the last tile: 5 rows
+                                make_problem(1, 8, 2, d, 3, 300, false)};   // 12: two rows
+  });
 }
 
 // Many packed tiles per CTA, sampled rows (a short query sequence of many heads) under the
