@@ -83,8 +83,8 @@ class MergeCase {
             }
             mass += z * std::exp(max);
           };
-          attend(kKeysA, sees_a, &oa[o], la[l]);
-          attend(kKeysB, sees_b, &ob[o], lb[l]);
+          attend(kKeysA, sees_a, oa.data() + o, la[l]);
+          attend(kKeysB, sees_b, ob.data() + o, lb[l]);
           if (!inside(t)) {  // untouched by the call: it must keep what it holds
             for (int64_t d = 0; d < s_.dim; ++d) want_out_[o + d] = round_to(out_dtype, oa[o + d]);
             want_lse_[l] = round_to(DType::kFloat32, la[l]);
