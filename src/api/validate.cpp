@@ -79,22 +79,46 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
   if (contiguous_last && t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     fail(ErrorCode::kLayout, name,
          "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
-  for (int d = 0; d + 1 < t.rank; ++d)
+  for (int d = 0; d < t.rank; ++d)
     if (t.shape[d] > 1 && t.stride[d] < 0)
       fail(ErrorCode::kLayout, name, "negative stride " + std::to_string(t.stride[d]) + " in dimension " +
                                          std::to_string(d) + "; strides must be >= 0");
 }
 
-// A tensor the call writes: a dimension of stride 0 (an expanded view) would have its elements
-// written to one address by several threads, a race and a silent wrong answer. A tensor without
-// elements (any size 0, e.g. head_dim 0, whose contiguous strides are 0) writes nothing.
+// A tensor the call writes must not map two elements to one address: several threads would write
+// it, a race and a silent wrong answer. A dimension of stride 0 (an expanded view) is the common
+// case and gets its own message. Otherwise the check is the one every framework's views pass: taken
+// in order of stride, each dimension's stride steps past the last offset the dimensions of smaller
+// stride reach. It turns down the rare interleaved layout that does not overlap (sizes [3, 2],
+// strides [2, 3]), which no framework makes. A tensor without elements (any size 0, e.g. head_dim
+// 0, whose contiguous strides are 0) writes nothing. Dimensions of size 1 take no part.
 void check_written(const TensorView& t, const char* name) {
   if (!has_elements(t)) return;
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[d] > 1 && t.stride[d] == 0)
+  int dims[kMaxRank];
+  int n = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] <= 1) continue;
+    if (t.stride[d] == 0)
       fail(ErrorCode::kLayout, name, "stride 0 in dimension " + std::to_string(d) +
                                          " (size " + std::to_string(t.shape[d]) +
                                          "): a written tensor's elements must not share memory");
+    dims[n++] = d;
+  }
+  std::stable_sort(dims, dims + n, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  int64_t reach = 0;  // the last offset the dimensions taken so far reach
+  for (int i = 0; i < n; ++i) {
+    const int d = dims[i];
+    if (t.stride[d] <= reach)
+      fail(ErrorCode::kLayout, name, "dimension " + std::to_string(d) + " (size " + std::to_string(t.shape[d]) +
+                                         ", stride " + std::to_string(t.stride[d]) +
+                                         ") overlaps the dimensions of smaller stride, which reach offset " +
+                                         std::to_string(reach) + ": a written tensor's elements must not share memory");
+    // Saturating: past int64 no later stride can step over it, and no buffer holds such a tensor.
+    const int64_t steps = t.shape[d] - 1;
+    reach = t.stride[d] > (std::numeric_limits<int64_t>::max() - reach) / steps
+                ? std::numeric_limits<int64_t>::max()
+                : reach + t.stride[d] * steps;
+  }
 }
 
 void check_same_shape(const TensorView& a, const char* an, const TensorView& b, const char* bn) {

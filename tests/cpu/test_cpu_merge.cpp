@@ -94,6 +94,10 @@ TEST(CpuMerge, RejectsMalformedArgumentsByName) {
       {[](MergeArgs& x) { x.out.stride[3] = 2; }, ErrorCode::kLayout, "out", "contiguous"},
       {[](MergeArgs& x) { x.lse.stride[1] = 0; }, ErrorCode::kLayout, "lse", "stride 0"},
       {[](MergeArgs& x) { x.out.stride[2] = 0; }, ErrorCode::kLayout, "out", "stride 0"},
+      // Heads 4 elements apart over 8-wide rows: each head's last 4 are the next one's first.
+      {[](MergeArgs& x) { x.out.stride[2] = 4; }, ErrorCode::kLayout, "out", "overlaps"},
+      {[](MergeArgs& x) { x.lse.stride[2] = 6; }, ErrorCode::kLayout, "lse", "overlaps"},
+      {[](MergeArgs& x) { x.lse.stride[2] = -1; }, ErrorCode::kLayout, "lse", "negative stride"},
       {[](MergeArgs& x) { x.part_lse.stride[0] = -1; }, ErrorCode::kLayout, "part_lse", "negative stride"},
       {[](MergeArgs& x) { x.part_out.data = nullptr; }, ErrorCode::kInvalidArgument, "part_out", "null"},
       {[](MergeArgs& x) { x.part_out.device = {DeviceType::kCUDA, 0}; }, ErrorCode::kDeviceMismatch, "part_out",

@@ -117,6 +117,34 @@ TEST(Validation, WrittenTensorsWithStrideZero) {
   }
 }
 
+// Nor may their dimensions overlap otherwise: two threads would write one address just the same.
+// The valid case's out is [2, 6, 4, 16], its lse [2, 4, 6], contiguous.
+TEST(Validation, WrittenTensorsWhoseDimensionsOverlap) {
+  Valid v = valid_dense();
+  v.fwd.out.stride[2] = 8;  // each head's last 8 elements are the next head's first
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "out", "dimension 2 (size 4, stride 8) overlaps");
+  v = valid_dense();
+  v.fwd.out.stride[1] = 60;  // a row's heads reach offset 63
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "out", "reach offset 63");
+  v = valid_dense();
+  v.fwd.lse.stride[1] = 5;  // heads of 6 rows, 5 apart
+  expect_fwd_error(v.fwd, ErrorCode::kLayout, "lse", "overlaps");
+  const std::pair<TensorView BackwardArgs::*, const char*> gradients[] = {
+      {&BackwardArgs::dq, "dq"}, {&BackwardArgs::dk, "dk"}, {&BackwardArgs::dv, "dv"}};
+  for (const auto& [gradient, name] : gradients) {
+    Valid b = valid_dense();
+    (b.bwd.*gradient).stride[2] = kHeadDim - 1;
+    expect_bwd_error(b.bwd, ErrorCode::kLayout, name, "overlaps");
+  }
+  // The check orders dimensions by stride, so the layouts views take pass: heads first in memory
+  // ([B, H, S, D] viewed as [B, S, H, D]), and rows with room to spare.
+  v = valid_dense();
+  std::vector<float> wide(static_cast<size_t>(2 * 6 * 4 * 2 * kHeadDim));
+  v.fwd.out = TensorView::contiguous(wide.data(), DType::kFloat32, {2, 4, 6, 2 * kHeadDim}).transposed(1, 2);
+  v.fwd.out.shape[3] = kHeadDim;  // each row's first half
+  EXPECT_NO_THROW(forward(v.fwd));
+}
+
 TEST(Validation, ReadTensorsMayBeExpanded) {
   Valid v = valid_dense();
   // Every query row of a head reads the same Q row; the reference sees the same view.
