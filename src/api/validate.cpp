@@ -49,7 +49,10 @@ namespace {
   throw Error(code, arg, msg);
 }
 
+// A view's sizes for a message. Messages may describe a view whose rank has not been checked yet
+// (a table of the wrong rank): one outside [0, kMaxRank] is named, not read past the shape.
 std::string shape_str(const TensorView& t) {
+  if (t.rank < 0 || t.rank > kMaxRank) return "rank " + std::to_string(t.rank);
   std::string s = "[";
   for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
   return s + "]";

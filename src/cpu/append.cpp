@@ -16,6 +16,9 @@ void append_sequence(const AppendParams& p, int b) {
     if (append_row(p, b, first + t).page < 0) return status(AppendStatus::kPageOutside);
   const std::size_t row_bytes = static_cast<std::size_t>(p.head_dim) * dtype_size(p.dtype);
   const std::size_t elem = dtype_size(p.dtype);
+  // Rows of head dim 0 hold nothing, and views without elements may have no data (memcpy from a
+  // null pointer is undefined even for 0 bytes).
+  if (row_bytes == 0) return status(AppendStatus::kAppended);
   for (int t = 0; t < p.new_tokens; ++t) {
     const AppendRow at = append_row(p, b, first + t);
     for (int h = 0; h < p.heads; ++h) {

@@ -1,4 +1,4 @@
-// Random calls of forward(), backward() and merge_attention() on host tensors, most of them invalid in one or more
+// Random calls of forward(), backward(), merge_attention() and append_kv() on host tensors, most of them invalid in one or more
 // ways (sizes, strides, dtypes, windows, scales, offsets, tables, column masks, backends): each
 // must either run or throw fusedattn::Error; any other exception fails the test, and a read or
 // write outside a view's buffer is what an ASan build of this suite catches (docs/api.md's rules
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "fusedattn/kv_cache.h"
 #include "fusedattn/merge.h"
 #include "reference/test_util.h"
 
@@ -262,6 +263,55 @@ TEST(ApiFuzz, EveryMergeRunsOrThrowsAnError) {
     merges_run += runs_or_throws_error([&] { merge_attention(a); });
   }
   EXPECT_GT(merges_run, kCalls / kMinRunShare);
+}
+
+// append_kv's arguments: per-sequence caches, or pools of pages read through a table of entries
+// mostly in range, new tokens, and lengths of any int32 (a sequence whose tokens do not fit its
+// positions or pages is reported in status, not written), each view perhaps broken.
+AppendKvArgs append_call(Fuzzer& f, std::vector<int32_t>& lengths) {
+  const auto dtype = [&] { return f.pick({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32}); };
+  const DType cache_dtype = dtype();
+  const int64_t batch = f.pick<int64_t>({0, 1, 3}), heads = f.pick<int64_t>({0, 1, 4});
+  const int64_t d = f.pick<int64_t>({0, 1, 8, 64}), fresh = f.pick<int64_t>({0, 1, 5});
+  const int32_t positions = f.pick({0, 1, 16, 70});
+  const bool broken = f.chance(40);
+  const auto maybe = [&](int percent) { return broken && f.chance(percent); };
+  AppendKvArgs a;
+  if (f.chance(40)) {  // pools of pages
+    const int64_t pages = f.pick<int64_t>({0, 1, 6}), page = maybe(30) ? f.pick<int64_t>({0, 1}) : 16;
+    a.k_cache = f.view(cache_dtype, {pages, page, heads, d}, maybe(30));
+    a.v_cache = f.view(cache_dtype, {pages, maybe(10) ? page + 1 : page, heads, d}, maybe(30));
+    a.block_table = f.view(maybe(10) ? DType::kFloat32 : DType::kInt32,
+                           {maybe(10) ? batch + 1 : batch, f.pick<int64_t>({0, 1, 3, 5})}, maybe(30));
+    f.fill_entries(a.block_table, static_cast<int32_t>(pages), maybe(50));
+  } else {
+    a.k_cache = f.view(cache_dtype, {batch, positions, heads, d}, maybe(30));
+    a.v_cache = f.view(cache_dtype, {batch, maybe(10) ? positions + 1 : positions, heads, d}, maybe(30));
+  }
+  a.k = f.view(maybe(10) ? dtype() : cache_dtype, {batch, fresh, heads, d}, maybe(30));
+  a.v = f.view(cache_dtype, {batch, fresh, heads, maybe(5) ? d + 8 : d}, maybe(30));
+  lengths.clear();
+  for (int64_t b = 0; b < batch; ++b)
+    lengths.push_back(f.pick({0, 3, positions, positions - 1, -1, std::numeric_limits<int32_t>::max()}));
+  if (maybe(10)) lengths.push_back(0);  // one length too many
+  a.cache_seqlens = f.offsets(lengths);
+  a.status = f.view(maybe(10) ? DType::kFloat32 : DType::kInt32, {maybe(10) ? batch + 1 : batch}, maybe(30));
+  a.backend = f.pick({Backend::kAuto, Backend::kAuto, Backend::kCPU, Backend::kCUDA});
+  return a;
+}
+
+TEST(ApiFuzz, EveryAppendRunsOrThrowsAnError) {
+  std::mt19937_64 rng = fresh_rng();
+  Fuzzer f(rng);
+  int appends_run = 0;
+  std::vector<int32_t> lengths;
+  for (int i = 0; i < kCalls; ++i) {
+    f.next_call();
+    const AppendKvArgs a = append_call(f, lengths);
+    SCOPED_TRACE("call " + std::to_string(i));
+    appends_run += runs_or_throws_error([&] { append_kv(a); });
+  }
+  EXPECT_GT(appends_run, kCalls / kMinRunShare);
 }
 
 }  // namespace

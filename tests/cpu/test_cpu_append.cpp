@@ -59,6 +59,7 @@ TEST(CpuAppendKv, RejectsMalformedArgumentsByName) {
       {[&](AppendKvArgs& x) { x.status = TensorView::contiguous(wide.data(), DType::kInt32, {4}); }, "status"},
       {[](AppendKvArgs& x) { x.cache_seqlens.dtype = DType::kFloat32; }, "cache_seqlens"},
       {[](AppendKvArgs& x) { x.block_table.shape[0] = 1; }, "block_table"},
+      {[](AppendKvArgs& x) { x.block_table.rank = 9; }, "block_table"},  // its message names the rank, reads no size
       {[](AppendKvArgs& x) { x.block_table = {}; }, "k_cache"},  // per-sequence caches: 6 of them for 2 sequences
       {[](AppendKvArgs& x) { x.v_cache.stride[2] = x.v_cache.shape[3] / 2; }, "v_cache"},  // heads overlap
   };
