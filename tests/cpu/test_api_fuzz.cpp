@@ -1,8 +1,9 @@
-// Random calls of forward(), backward(), merge_attention() and append_kv() on host tensors, most of them invalid in one or more
-// ways (sizes, strides, dtypes, windows, scales, offsets, tables, column masks, backends): each
-// must either run or throw fusedattn::Error; any other exception fails the test, and a read or
-// write outside a view's buffer is what an ASan build of this suite catches (docs/api.md's rules
-// are what it probes).
+// Random calls of forward(), backward(), merge_attention() and append_kv() on host tensors, most
+// of them invalid in one or more ways (sizes, strides, dtypes, windows, scales, offsets, tables,
+// column masks, backends): each must either run or throw fusedattn::Error; any other exception
+// fails the test. A read or write outside a view's buffer, undefined behaviour or two threads
+// writing one address is what the sanitized builds of this suite catch (scripts/test_sanitize.sh;
+// docs/api.md's rules are what it probes).
 // Every view is backed by a buffer that holds all of its elements, so a call that passes
 // validation may run; a view no buffer could back (a huge size) gets no data, so validation must
 // turn it down.
