@@ -48,7 +48,7 @@ class TransposedRows {
       start_.clear();
       return;
     }
-    rows_.emplace(static_cast<size_t>(start_.back()));
+    rows_.emplace(static_cast<size_t>(start_.back() + kTailPadding));
     parallel_for(int64_t{p.batch} * heads_, p.num_threads,
                  [&] { return std::vector<float>(static_cast<size_t>(kRowsAtOnce) * dim_); },
                  [&](std::vector<float>& buf, int64_t item) {
@@ -76,6 +76,12 @@ class TransposedRows {
   // Rows a cache line (tile_io.h) longer than the keys: with rows of a power of two (1024 keys:
   // 4 KiB) a tile's rows all fell into one L1 set.
   static constexpr int kRowSkew = kCacheLineBytes / static_cast<int>(sizeof(float));
+  // Floats past the last row. A tile that starts off the score product's pass grid (a window's
+  // first visible key) ends its last pass up to kColsPerPass - 1 floats past its last key, further
+  // than a row's tail reaches where kColsPerPass exceeds kRowSkew (the AVX-512 build's 32): into the
+  // next row, never used, or past the copy's last row, out of its allocation (ASan, the CLI's
+  // --window 3,2: mended).
+  static constexpr int kTailPadding = kColsPerPass;
 
   void transpose(const Operand& op, int b, int h, const SeqInfo& seq, float* buf) {
     float* dst = rows_->data() + start_[b] + int64_t{h} * dim_ * ld_[b];
