@@ -3,7 +3,8 @@
 # RelWithDebInfo) and runs ctest in each build: an out-of-bounds access, a use after free, a leak,
 # undefined behaviour or a data race anywhere in a test (the API fuzz's thousands of malformed calls
 # among them) aborts that test and fails the run. Run by .ci/run after the clang build.
-#   build-sanitize/: AddressSanitizer and UndefinedBehaviorSanitizer, GCC (the AVX-512 objects too).
+#   build-sanitize/: AddressSanitizer and UndefinedBehaviorSanitizer, GCC (the AVX-512 objects too);
+#                    then 1,000 random command lines of its CLI (tests/cli/fuzz_cli.py).
 #   build-tsan/:     ThreadSanitizer (the CPU backend's worker threads), clang: GCC's build crashes
 #                    at load, in the ifunc resolvers of the hot functions' target clones (simd.h),
 #                    which run before the TSan runtime is set up; clang builds no clones.
@@ -56,5 +57,7 @@ export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="halt_on_error=1"
 sanitized_build build-sanitize address,undefined gcc g++
+log "random command lines of the CLI (address,undefined)"
+python3 "${FUSEDATTN_ROOT}/tests/cli/fuzz_cli.py" "${FUSEDATTN_ROOT}/build-sanitize/fusedattn" --runs 1000
 sanitized_build build-tsan thread clang clang++
 sanitized_python

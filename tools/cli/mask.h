@@ -19,9 +19,13 @@ struct KeySpan {
 // from that definition, while the library gets the documents as a column mask.
 inline KeySpan visible_keys(const RunConfig& c, int64_t i) {
   const int64_t diag = i + c.seqlen_k - c.seqlen_q;
-  const int64_t right = c.causal ? 0 : c.window_right;
+  // A side wider than both lengths excludes no key: clamped there, diag -/+ it stays in range
+  // (--window up to 2^63 - 1 is valid).
+  const int64_t widest = c.seqlen_q + c.seqlen_k;
+  const int64_t left = std::min(c.window_left, widest);
+  const int64_t right = c.causal ? 0 : std::min(c.window_right, widest);
   const RunConfig::Span doc = c.document_of(i);
-  const int64_t lo = c.window_left >= 0 ? std::max<int64_t>(diag - c.window_left, doc.start) : doc.start;
+  const int64_t lo = left >= 0 ? std::max<int64_t>(diag - left, doc.start) : doc.start;
   const int64_t hi = right >= 0 ? std::min(diag + right, doc.end - 1) : doc.end - 1;
   return {lo, hi};
 }
