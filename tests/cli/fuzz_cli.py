@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Random command lines of the fusedattn CLI, many of them malformed (sizes, windows, documents,
 pages, dtypes, layouts, counts, flags without values, unknown flags), on the CPU backend: each must
-end with one of the CLI's exit statuses (0 ok, 1 library error, 2 bad command line, 3 check failed)
-and, in a sanitized build (scripts/test_sanitize.sh), without a sanitizer report. Sizes stay small
+end with exit status 0 (ok), 1 (library error) or 2 (bad command line), never 3 (check failed: a
+wrong result, or a bound of the check that misses some shape's rounding), and, in a sanitized build (scripts/test_sanitize.sh), without a sanitizer report. Sizes stay small
 enough that a valid command line runs in seconds even under a sanitizer, and thread counts small
 enough that the system grants them (a sanitizer aborts where it refuses one; tests/CMakeLists.txt's
 threads_refused covers that case in the plain build).
@@ -32,7 +32,7 @@ FLAGS = {
 }
 MALFORMED_SHARE = 0.1  # of the drawn flags' values
 BARE = ["--causal", "--backward", "--deterministic", "--peers-naive", "--help", "--bogus", "--backend"]
-EXIT_STATUSES = (0, 1, 2, 3)
+EXIT_STATUSES = (0, 1, 2)
 TIMEOUT_S = 120
 
 

@@ -1,11 +1,12 @@
 // The tool's own correctness check: a float64 recomputation of a random sample of rows (plus the
 // first and last), compared with what the backend wrote. No dependency on the test library.
 //
-// Forward: out and lse rows are judged by the 2x rule: error against float64 <= 2 * the error of a
-// plain same-dtype computation of the same rows (fp32 accumulation, S and P rounded to the
-// dtype) + a small atol. Backward: dq rows and dk/dv rows of one or two (batch, kv-head) groups,
-// with the exact softmax statistics of every query row of the group recomputed in float64;
-// judged against a bound of a few dtype rounding steps relative to the largest reference value.
+// Both passes are judged by the 2x rule: error against float64 <= 2 * the error of a plain
+// same-dtype computation of the same rows (fp32 accumulation; S, P, and in the backward dP and dS,
+// rounded to the dtype) + a small atol. Forward: out and lse rows. Backward: dq rows and dk/dv
+// rows of one or two (batch, kv-head) groups, with the softmax statistics of every query row of
+// the group recomputed in float64 and as the plain computation has them; its atol also covers the
+// fp32 rounding where the plain computation is exact by its order of summation (check.cpp).
 #pragma once
 
 #include <cstdint>
