@@ -24,7 +24,16 @@ void forward(const ForwardArgs& args) {
 void backward(const BackwardArgs& args) {
   BwdParams params;
   Backend backend;
-  if (!detail::make_bwd_params(args, params, backend)) return;
+  if (!detail::make_bwd_params(args, params, backend)) {
+    // No query rows: no query attends to a key, so the key gradients are 0 (dq has no elements).
+    for (const TensorView* grad : {&args.dk, &args.dv}) {
+      if (backend == Backend::kCUDA)
+        cuda::zero_fill(*grad, args.options.stream);
+      else
+        cpu::zero_fill(*grad);
+    }
+    return;
+  }
   if (backend == Backend::kCUDA)
     cuda::backward(params);
   else

@@ -453,8 +453,8 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
     check_cuda_alignment(v, "v");
     if (out) check_cuda_alignment(*out, "out");
   }
-  // The forward writes out and lse, the backward reads them. (A no-op call, returned above,
-  // writes nothing.)
+  // The forward writes out and lse, the backward reads them. (A call without query rows, returned
+  // above, has no out or lse elements; its backward zeroes dk and dv, make_bwd_params.)
   if (!backward) {
     if (out) check_written(*out, "out");
     if (!lse.empty()) check_written(lse, "lse");
@@ -582,7 +582,8 @@ bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
     check_same_shape(g.t, g.name, g.like, g.like_name);
     check_dtype(g.t, g.name, a.q.dtype, "q");
     check_device(g.t, g.name, a.q.device);
-    if (work && g.written) check_written(g.t, g.name);
+    // A call without query rows still writes dk and dv (zeros: attention.cpp).
+    if (g.written) check_written(g.t, g.name);
   }
   p.dout = a.dout.data;
   p.dq = a.dq.data;

@@ -13,5 +13,7 @@ void backward(const BwdParams& params);
 void append_kv(const AppendParams& params);
 // Merges attention over two key sets (merge.h), rows spread over the threads.
 void merge_attention(const MergeParams& params);
+// Writes 0 to every element of a validated written tensor (check_written), on the calling thread.
+void zero_fill(const TensorView& t);
 
 }  // namespace fusedattn::cpu

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include "api/zero_runs.h"
 #include "cuda/common/check.cuh"
 #include "cuda/common/device.h"
 #include "cuda/dispatch.h"
@@ -49,6 +50,17 @@ void copy_rows_to_host(void* dst, const void* src, std::size_t row_bytes, std::s
   auto s = static_cast<cudaStream_t>(stream);
   FUSEDATTN_CUDA_CHECK(cudaMemcpy2DAsync(dst, row_bytes, src, src_pitch, row_bytes, rows, cudaMemcpyDeviceToHost, s));
   FUSEDATTN_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void zero_fill(const TensorView& t, void* stream) {
+  DeviceGuard guard(t.device.index);
+  auto s = static_cast<cudaStream_t>(stream);
+  const detail::ZeroRuns runs = detail::zero_runs(t);
+  char* const base = static_cast<char*>(t.data);
+  runs.for_each_block([&](int64_t offset) {
+    FUSEDATTN_CUDA_CHECK(cudaMemset2DAsync(base + offset, static_cast<std::size_t>(runs.pitch), 0,
+                                           static_cast<std::size_t>(runs.width), static_cast<std::size_t>(runs.height), s));
+  });
 }
 
 bool stream_capturing(int index, void* stream) {

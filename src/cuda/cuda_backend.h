@@ -35,5 +35,8 @@ std::size_t backward_workspace_bytes(const BwdParams& params);
 void backward(const BwdParams& params);
 void append_kv(const AppendParams& params);
 void merge_attention(const MergeParams& params);
+// Writes 0 to every element of a validated written tensor (check_written) on `stream`, by 2-D
+// memsets (api/zero_runs.h), without waiting.
+void zero_fill(const TensorView& t, void* stream);
 
 }  // namespace fusedattn::cuda

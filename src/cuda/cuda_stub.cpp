@@ -25,5 +25,6 @@ std::size_t backward_workspace_bytes(const BwdParams&) { unavailable(); }
 void backward(const BwdParams&) { unavailable(); }
 void append_kv(const AppendParams&) { unavailable(); }
 void merge_attention(const MergeParams&) { unavailable(); }
+void zero_fill(const TensorView&, void*) { unavailable(); }
 
 }  // namespace fusedattn::cuda
