@@ -43,20 +43,21 @@ ForwardArgs check_forward_against(HostCase& c, Columns& m, bool causal, const Pr
   return f;
 }
 
-// The backward of forward call f (run; under both of the backward's plans), against the reference
-// of `truth` with dout's rows [hidden_lo, hidden_hi) zeroed (rows the mask hides every key from
-// take no part in it).
-void check_backward_against(HostCase& c, const ForwardArgs& f, const Problem& truth, int64_t hidden_lo = 0,
-                            int64_t hidden_hi = 0) {
-  const std::string name = case_name(c) + " with a column mask";
+// The backward of forward call f (run), under both of the backward's plans, into c's gradients.
+void run_masked_backward(HostCase& c, const ForwardArgs& f) {
   BackwardArgs a = backward_args_of(f);
   a.dout = c.dout.view();
   a.dq = c.dq.view();
   a.dk = c.dk.view();
   a.dv = c.dv.view();
   run_backward_both_plans(a, c);
+}
+
+// The backward of forward call f (run_masked_backward), against the reference of `truth`.
+void check_backward_against(HostCase& c, const ForwardArgs& f, const Problem& truth) {
+  const std::string name = case_name(c) + " with a column mask";
+  run_masked_backward(c, f);
   Tensors ref = c.values, plain = c.values;
-  for (Tensors* t : {&ref, &plain}) zero_rows(t->dout, c.problem, truth.head_dim, hidden_lo, hidden_hi);
   reference_backward(truth, ref);
   if (c.dtype != DType::kFloat32) plain_backward(truth, c.dtype, plain);
   const double low = atol_for(c.dtype);
@@ -149,38 +150,23 @@ TEST(CpuColumnMask, EachHeadReadsItsOwnMask) {
   }
 }
 
-// Every key hides from rows [40, 75) (they span query blocks and cut two): those rows get out 0
-// and lse -inf, and neither gradients nor the other rows' results see them.
+// Every key hides from rows [40, 75) (they span query blocks and cut two): those rows get out 0,
+// lse -inf and dq 0 exactly, and take no part in dk and dv; every other row sees every key, so its
+// results are the unmasked call's (expect_masked_results: the 2x rule on every output).
 TEST(CpuColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
-  const int64_t sq = 120, sk = 130, lo = 40, hi = 75;
+  const int64_t sq = 120, sk = 130;
+  const HiddenRows hidden{40, 75};
   const Problem call = dense(2, 2, 1, sq, sk, kHeadDim);
   for (const DType dtype : kCpuDtypes) {
     Columns m(2, 1, sk, 2);
-    for (int64_t b = 0; b < 2; ++b) hide_rows_from_every_key(m, b, 0, lo, hi);
+    for (int64_t b = 0; b < 2; ++b) hide_rows_from_every_key(m, b, 0, hidden.lo, hidden.hi);
     HostCase c = fresh_case(call, dtype);
     c.out.poison();
     c.lse.poison();
     const ForwardArgs f = masked_forward_args(c, m, /*causal=*/false);
     forward(f);
-    Tensors ref = c.values;
-    reference_forward(call, ref);
-    const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
-    const int64_t row = 2 * kHeadDim;
-    for (int64_t b = 0; b < 2; ++b)
-      for (int64_t i = 0; i < sq; ++i) {
-        const bool hidden = i >= lo && i < hi;
-        for (int64_t h = 0; h < 2; ++h) {
-          const double l = lse[(b * 2 + h) * sq + i];
-          if (hidden) {
-            EXPECT_EQ(l, -INFINITY) << "row " << i;
-          } else {
-            EXPECT_NEAR(l, ref.lse[(b * 2 + h) * sq + i], dtype == DType::kFloat32 ? 1e-4 : 2e-2) << "row " << i;
-          }
-        }
-        if (hidden)
-          for (int64_t e = 0; e < row; ++e) ASSERT_EQ(out[(b * sq + i) * row + e], 0.0) << "row " << i;
-      }
-    check_backward_against(c, f, call, lo, hi);
+    run_masked_backward(c, f);
+    expect_masked_results(c, call, hidden, atol_for(dtype), kLseAtol);
   }
 }
 

@@ -72,6 +72,8 @@ TEST(CpuDecode, OtherLayoutsAndLargeGroupsTakeTheTiledForward) {
   bshd.k_stride = bshd.v_stride = {kKeys * 2 * kHeadDim, 2 * kHeadDim, kHeadDim};
   FwdParams bhsd = bshd;
   bhsd.k_stride = bhsd.v_stride = {2 * kKeys * kHeadDim, kHeadDim, kKeys * kHeadDim};
+  EXPECT_TRUE(decodes_by_key_rows(bshd));
+  EXPECT_FALSE(decodes_by_key_rows(bhsd));
   FwdParams two_rows = bshd;
   two_rows.seqlen_q = 2;
   EXPECT_FALSE(decodes_by_key_rows(two_rows));

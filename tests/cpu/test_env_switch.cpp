@@ -3,6 +3,7 @@
 // on. Checked here without a GPU; the GPU tests then run each switch (Sm90Fwd.AblationSwitchesStayCorrect).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <optional>
 
 #include "cuda/common/env.h"
@@ -35,6 +36,24 @@ TEST(EnvSwitch, ZeroTurnsItOffAnythingElseOn) {
     EXPECT_EQ(env_switch(kName), std::optional<bool>(true)) << on;
     EXPECT_TRUE(env_switch_or(kName, false)) << on;
   }
+}
+
+// A switch set from outside the test binary holds again once a test's own setting ends.
+TEST(EnvSwitch, ScopedSettingsPutBackTheValueBefore) {
+  setenv(kName, "outside", 1);
+  {
+    const testing::ScopedEnv scoped(kName, "0");
+    EXPECT_STREQ(std::getenv(kName), "0");
+    {
+      const testing::ScopedEnv nested(kName, "1");
+      EXPECT_STREQ(std::getenv(kName), "1");
+    }
+    EXPECT_STREQ(std::getenv(kName), "0");
+  }
+  EXPECT_STREQ(std::getenv(kName), "outside");
+  unsetenv(kName);
+  { const testing::ScopedEnv scoped(kName, "1"); }
+  EXPECT_EQ(std::getenv(kName), nullptr);
 }
 
 }  // namespace

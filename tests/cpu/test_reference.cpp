@@ -183,6 +183,14 @@ TEST(Reference, TwoXRuleBoundary) {
   EXPECT_FALSE(within_2x_rule({0.0, 1.25}, plain, ref, 0.01, nullptr));
 }
 
+// A plain result that overflows where the reference is finite would make the bound infinite.
+TEST(Reference, TwoXRuleCannotJudgeANonFinitePlainResult) {
+  const std::vector<double> ref{0.0, 1.0}, plain{0.0, INFINITY};
+  std::string message;
+  EXPECT_FALSE(within_2x_rule({0.0, 5.0}, plain, ref, 0.01, &message));
+  EXPECT_NE(message.find("non-finite mismatches 1"), std::string::npos) << message;
+}
+
 TEST(Reference, FreshRngGivesNewValuesEachCall) {
   std::mt19937_64 a = fresh_rng(), b = fresh_rng();
   EXPECT_NE(a(), b());

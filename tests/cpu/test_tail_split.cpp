@@ -45,7 +45,6 @@ TEST(TailSplit, FewItemsAllSplit) {
   const TailSplit plan = plan_tail_split(100, 128, kSms, kCost);
   EXPECT_GT(plan.parts, 1);
   EXPECT_EQ(plan.whole, 0);
-  EXPECT_EQ(plan.parts, plan_tail_split(100, 128, kSms, kCost).parts) << "deterministic";
 }
 
 // Parts tile an item's steps exactly, near-equal (lengths differ by at most one).

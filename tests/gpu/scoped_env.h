@@ -6,22 +6,34 @@
 #include <cctype>
 #include <cstdlib>
 #include <deque>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace fusedattn::testing {
 
-// Sets `name` to `value` for the lifetime of the object and unsets it afterwards.
+// Sets `name` to `value` for the lifetime of the object, then puts back what was there: a value
+// the run set from outside (tools/gpu_check.sh runs a step with FUSEDATTN_SM90_D64_TILE=192 set)
+// holds for every later test, or none.
 class ScopedEnv {
  public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) before_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (before_)
+      setenv(name_, before_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::optional<std::string> before_;
 };
 
 // Switches as NAME, VALUE pairs.

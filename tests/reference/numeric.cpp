@@ -164,12 +164,14 @@ bool within_2x_rule(const std::vector<double>& got, const std::vector<double>& p
   const ErrorStats g = compare(got, ref);
   const ErrorStats p = compare(plain, ref);
   const double bound = kAllowedFactor * p.max_abs + atol;
-  const bool ok = g.mismatched_nonfinite == 0 && g.max_abs <= bound;
+  // A plain result that overflows (or turns NaN) where the reference does not makes the bound
+  // infinite, which would pass anything: the rule cannot judge such a case, so it fails.
+  const bool ok = g.mismatched_nonfinite == 0 && p.mismatched_nonfinite == 0 && g.max_abs <= bound;
   if (message) {
     std::ostringstream s;
     s << "max|got-ref| = " << g.max_abs << " (rel_l2 " << g.rel_l2 << ", non-finite mismatches "
       << g.mismatched_nonfinite << "), max|plain-ref| = " << p.max_abs << " (rel_l2 " << p.rel_l2
-      << "), bound 2*plain + " << atol << " = " << bound;
+      << ", non-finite mismatches " << p.mismatched_nonfinite << "), bound 2*plain + " << atol << " = " << bound;
     *message = s.str();
   }
   return ok;
