@@ -39,7 +39,8 @@ def _reject_unsupported(dropout_p: float, softcap: float, alibi_slopes: Optional
 def _window(window_size: Sequence[int], causal: bool) -> tuple[int, int]:
     if len(window_size) != 2:
         raise ValueError(f"fusedattn: window_size must be a pair (left, right), got {window_size!r}")
-    left, right = int(window_size[0]), int(window_size[1])
+    # flash_attn reads any negative side as unbounded; the library's -1.
+    left, right = (max(int(side), -1) for side in window_size)
     # flash_attn: causal overrides the right side of the window (causal == window_right 0).
     return left, (0 if causal else right)
 

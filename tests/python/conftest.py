@@ -58,9 +58,12 @@ def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=
 
     Returns out, lse [batch, heads, seqlen_q], dq, dk, dv. Fully masked rows give out = 0, lse = -inf
     and zero gradients. Used in float64 as the reference and in the inputs' dtype as the "plain
-    same-dtype implementation" of the 2x rule. `allowed` (bool, broadcastable to [batch, heads,
-    seqlen_q, seqlen_k]) hides more keys on top of the window.
+    same-dtype implementation" of the 2x rule; in half precision its lse is the float32 one of the
+    same inputs, as the kernels return lse (flash_attn's softmax_lse) in float32: a logsumexp
+    rounded to bf16 would set the bar at its own rounding, 0.06 at an lse of 8. `allowed` (bool,
+    broadcastable to [batch, heads, seqlen_q, seqlen_k]) hides more keys on top of the window.
     """
+    inputs = (q, k, v)
     group = q.shape[2] // k.shape[2]
     q, k, v = (t.to(dtype).transpose(1, 2) for t in (q, k, v))  # (batch, heads, seqlen, dim)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -72,6 +75,8 @@ def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=
     lse_or_zero = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # no -inf - (-inf)
     p = torch.exp(s - lse_or_zero[..., None])
     out = p @ v
+    if dtype in (torch.float16, torch.bfloat16):
+        lse = attention_math(*inputs, None, scale, window_left, window_right, torch.float32, allowed)[1]
     result = [out.transpose(1, 2), lse]
     if dout is not None:
         do = dout.to(dtype).transpose(1, 2)
@@ -111,6 +116,10 @@ def assert_2x_rule(name: str, ours: torch.Tensor, reference: torch.Tensor, plain
     ref = reference.double()
     finite = torch.isfinite(ref)
     assert torch.equal(torch.isfinite(ours), finite), f"{name}: non-finite values differ from the reference"
+    # Where the reference is not finite (a fully masked row's lse: -inf) ours must be the same value:
+    # a NaN there is the poison of an element never written, +inf a wrong sign.
+    torch.testing.assert_close(ours.double()[~finite], ref[~finite], rtol=0, atol=0, equal_nan=True,
+                               msg=lambda m: f"{name}: non-finite values differ from the reference: {m}")
     err = (ours.double() - ref)[finite].abs().max().item() if finite.any() else 0.0
     plain_err = (plain.double() - ref)[finite].abs().max().item() if finite.any() else 0.0
     magnitude = ref[finite].abs().max().item() if finite.any() else 0.0
@@ -121,6 +130,7 @@ def assert_2x_rule(name: str, ours: torch.Tensor, reference: torch.Tensor, plain
 def assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=""):
     """out and lse of a call on q, k, v (flash_attn's causal and window_size) and their gradients
     for dout, taken through autograd, against the float64 reference by the 2x rule."""
+    assert lse.dtype == torch.float32, f"{label}softmax_lse is {lse.dtype}, flash_attn returns float32"
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     left, right = window[0], (0 if causal else window[1])
     args = (q.detach(), k.detach(), v.detach(), dout, default_scale(q.shape[-1]), left, right)
@@ -133,6 +143,7 @@ def assert_matches_reference(q, k, v, dout, out, lse, causal, window, label=""):
 def assert_varlen_matches_reference(q, k, v, dout, cu_q, cu_k, out, lse, causal, window, label=""):
     """A varlen call's out, lse and gradients for dout (autograd) against the float64 reference run
     on each sequence alone, by the 2x rule."""
+    assert lse.dtype == torch.float32, f"{label}softmax_lse is {lse.dtype}, flash_attn returns float32"
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
     left, right = window[0], (0 if causal else window[1])
     scale = default_scale(q.shape[-1])

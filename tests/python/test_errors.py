@@ -62,8 +62,11 @@ def test_shape_mismatches():
 
 def test_bad_window_and_cu_seqlens():
     q, k, v = qkv()
-    with pytest.raises(ValueError, match="window_left"):
-        fusedattn.flash_attn_func(q, k, v, window_size=(-5, -1))
+    # flash_attn reads any negative side as unbounded.
+    assert torch.equal(fusedattn.flash_attn_func(q, k, v, window_size=(-5, -2)),
+                       fusedattn.flash_attn_func(q, k, v, window_size=(-1, -1)))
+    assert torch.equal(fusedattn.flash_attn_func(q, k, v, window_size=(3, -7)),
+                       fusedattn.flash_attn_func(q, k, v, window_size=(3, -1)))
     with pytest.raises(ValueError, match="window_size"):
         fusedattn.flash_attn_func(q, k, v, window_size=(1, 2, 3))
     packed = randn(8, 2, 64, dtype=torch.float32, device="cpu")

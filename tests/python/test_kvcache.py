@@ -199,9 +199,10 @@ def test_positions_past_the_lengths_are_never_read(device, portable, d, monkeypa
         monkeypatch.setenv("FUSEDATTN_DISABLE_SM90", "1")
     dtype = DTYPES[device][0]
     batch, capacity, hq, hkv = 3, 300, 8, 2
-    k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
-    q = randn(batch, 1, hq, d, dtype=dtype, device=device)
     for lengths in ([1, 200, 77], [77, 77, 77]):
+        # Fresh caches each time: the first lengths' NaN would lie inside the second's keys.
+        k_cache, v_cache = caches(batch, capacity, hkv, d, dtype, device)
+        q = randn(batch, 1, hq, d, dtype=dtype, device=device)
         for b, n in enumerate(lengths):
             k_cache[b, n:] = float("nan")
             v_cache[b, n:] = float("nan")
