@@ -98,9 +98,11 @@ RowResult forward_row(const Problem& p, const Tensors& t, const Seq& s, int h, i
 
 // ---- plain, in the storage dtype -----------------------------------------------------------------
 
-// A plain implementation's row: fp32 accumulation, every matmul result rounded to dtype. The
-// inputs must already be values of dtype (plain_forward/plain_backward round them first), which
-// keeps rounding out of the inner loops of million-key rows.
+// A plain implementation's row: fp32 accumulation, every matmul result rounded to dtype. Its lse,
+// an fp32 output (flash_attn's softmax_lse), is the fp32 softmax's of the unrounded scores: taken
+// from the scores rounded to bf16 (steps of 1/64 at 3) it set the 2x rule's bar at ~0.01, where the
+// kernels' lse errs by ~1e-6. The inputs must already be values of dtype (plain_forward/
+// plain_backward round them first), which keeps rounding out of the inner loops of million-key rows.
 struct PlainRow {
   std::vector<float> p;  // rounded probabilities over the visible keys
   std::vector<double> out;
@@ -116,10 +118,14 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   const double* q = &t.q[q_offset(p, s.q_start + i, h)];
   const int hk = kv_head_of(p, h);
   std::vector<float> sc;
+  float m32 = -std::numeric_limits<float>::infinity();  // of the unrounded scores, for the lse
+  std::vector<float> sc32;
   for (int64_t j = r.vis.lo; j <= r.vis.hi; ++j) {
     const double* k = &t.k[k_offset(p, s.k_start + j, hk)];
     float acc = 0;
     for (int d = 0; d < D; ++d) acc += static_cast<float>(q[d]) * static_cast<float>(k[d]);
+    sc32.push_back(acc * scale);
+    m32 = std::max(m32, sc32.back());
     sc.push_back(static_cast<float>(round_to(dtype, acc * scale)));
   }
   float m = -std::numeric_limits<float>::infinity();
@@ -135,7 +141,9 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
     for (int d = 0; d < D; ++d) acc[d] += r.p[j] * static_cast<float>(v[d]);
   }
   for (int d = 0; d < D; ++d) r.out[d] = round_to(dtype, acc[d]);
-  r.lse = static_cast<float>(m + std::log(sum));
+  float sum32 = 0;
+  for (float x : sc32) sum32 += std::exp(x - m32);
+  r.lse = static_cast<float>(m32 + std::log(sum32));
   return r;
 }
 
