@@ -65,9 +65,11 @@ inline void check_backward(const GpuCase& gc) {
     // A build without this head dim's instance (GPU_HEAD_DIMS) skips, as the other suites do.
     FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
     if (run == 0) {
-      const double atol = atol_for(gc.dtype) * gc.query_gain;
+      // Only dk grows with the query gain (dk = scale dS^T q; dq = scale dS k, dv = P^T dO), so
+      // only its slack does (as GpuEdges.LargeLogitsStayFiniteAndCorrect).
+      const double atol = atol_for(gc.dtype);
       EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
-      EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
+      EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol * gc.query_gain)) << "dk";
       EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
       for (int i = 0; i < 3; ++i) {
         const auto* bytes = static_cast<const unsigned char*>(grads[i]->data());

@@ -3,14 +3,18 @@
 // given tile really does rather than pass on another path.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "cuda/dispatch.h"
 #include "cuda/sm90/fwd_split.h"
 #include "fusedattn/params.h"
 #include "gpu/gpu_util.h"
+#include "gpu/missing_instance.h"
 #include "reference/problems.h"
 
 namespace fusedattn::testing {
@@ -44,7 +48,9 @@ inline FwdParams planning_params(const Problem& pr, DType dtype, int64_t page_si
 }
 
 // The work list (its tile shape, GQA packing and split) the Hopper launch plans for pr; nullopt
-// when this build has no Hopper instance for it.
+// where dispatch does not send pr to the Hopper forward: this build has no Hopper instance for it,
+// or dispatch picks the portable forward (a test that means to run the Hopper kernel tells the two
+// apart with sm90_forward_missing or expect_sm90_work, below).
 inline std::optional<cuda::sm90::FwdWork> planned_sm90_work(const Problem& pr, DType dtype, int64_t page_size = 0) {
   const FwdParams p = planning_params(pr, dtype, page_size);
   try {
@@ -55,6 +61,51 @@ inline std::optional<cuda::sm90::FwdWork> planned_sm90_work(const Problem& pr, D
   } catch (const Error&) {
     return std::nullopt;
   }
+}
+
+// The arch dispatch picks for pr's forward on an sm_90 device ("sm90" or "sm80"), under the
+// switches set now; "" where no compiled instance covers it.
+inline std::string planned_forward_arch(const Problem& pr, DType dtype, int64_t page_size = 0) {
+  try {
+    return cuda::choose_forward(planning_params(pr, dtype, page_size), 9, 0).arch;
+  } catch (const Error&) {
+    return "";
+  }
+}
+
+// For a case meant to run on the Hopper forward that dispatch does not send there (a
+// planned_sm90_work of nullopt): a skip reason where a plain dense problem of the same head dim and
+// dtype does not reach the Hopper forward either (a build without that Hopper instance, with
+// FUSEDATTN_SM90=OFF, or a run with FUSEDATTN_DISABLE_SM90=1); otherwise dispatch moved the case
+// off the kernel its test exercises: a failure naming it is recorded here and the result is
+// nullopt, so the caller drops the case (and the test fails).
+inline SkipReason sm90_forward_missing(const Problem& pr, DType dtype, int64_t page_size = 0) {
+  const Problem probe = dense(1, 1, 1, 64, 64, pr.head_dim);
+  if (planned_forward_arch(probe, dtype) != "sm90")
+    return "this build has no Hopper forward instance for " + std::string(dtype_name(dtype)) + " head_dim " +
+           std::to_string(pr.head_dim);
+  const std::string arch = planned_forward_arch(pr, dtype, page_size);
+  if (arch == "sm90") {  // planned_fwd_work threw
+    ADD_FAILURE() << pr.str() << " " << dtype_name(dtype) << ": the Hopper forward's plan failed";
+  } else {
+    ADD_FAILURE() << pr.str() << " " << dtype_name(dtype) << (page_size > 0 ? " paged" : "") << " dispatches to "
+                  << (arch.empty() ? "no kernel" : arch) << ", not to the Hopper forward";
+  }
+  return std::nullopt;
+}
+
+// planned_sm90_work for a case that must run on the Hopper forward: its plan where dispatch sends
+// it there. Otherwise nullopt, and the case is dropped: where this build has no Hopper forward for
+// its head dim and dtype, with the reason kept in `skipped` (the first one a test meets), so that a
+// test runs every case the build has and then skips (FUSEDATTN_RUN_OR_SKIP(skipped) at its end);
+// else after a recorded failure (sm90_forward_missing).
+inline std::optional<cuda::sm90::FwdWork> expect_sm90_work(const Problem& pr, DType dtype, SkipReason& skipped,
+                                                            int64_t page_size = 0) {
+  std::optional<cuda::sm90::FwdWork> work = planned_sm90_work(pr, dtype, page_size);
+  if (work) return work;
+  SkipReason why = sm90_forward_missing(pr, dtype, page_size);
+  if (why && !skipped) skipped = std::move(why);
+  return std::nullopt;
 }
 
 // Whether this build has a Hopper instance of pr's own head dim, not only a larger one that runs

@@ -108,6 +108,10 @@ TEST(GpuForward, LseMayBeOmitted) {
   }
 }
 
+// The call is captured on the caller's stream into a CUDA graph (gpu_util.h, run_captured): work
+// the library put on another stream, the legacy one included, would be missing from the graph (or
+// fail under the capture), and its results would not be the replay's. A dense call, which reads
+// nothing on the host, so that it may be captured.
 TEST(GpuForward, RunsOnTheCallersStream) {
   FUSEDATTN_REQUIRE_GPU();
   cudaStream_t stream;
@@ -120,16 +124,18 @@ TEST(GpuForward, RunsOnTheCallersStream) {
   a.options.stream = stream;
   dc.out.poison();
   dc.lse.poison();
-  const SkipReason skip = run_unless_missing([&] { forward(a); });
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  int kernels = 0;
+  const SkipReason skip = run_unless_missing([&] { kernels = run_captured(stream, [&] { forward(a); }); });
   cudaStreamDestroy(stream);
   FUSEDATTN_RUN_OR_SKIP(skip);
+  EXPECT_GE(kernels, 1) << "the graph captured on the caller's stream holds no kernel of the call";
   dc.out.download(c.out);
   dc.lse.download(c.lse);
   Tensors ref = c.values, plain = c.values;
   reference_forward(p, ref);
   plain_forward(p, c.dtype, plain);
   EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype)));
+  EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse";
 }
 
 // q, k, v as views into one packed QKV buffer and out written through padded rows: strides that
@@ -492,6 +498,9 @@ TEST(GpuDeterminism, DeterministicBackwardIsBitIdenticalOverThreeRuns) {
   }
 }
 
+// The caller's workspace comes poisoned (0xFF bytes: NaN as floats, -1 as counters), as fresh
+// cudaMalloc memory need not be: the library may read only what it wrote there first. The
+// gradients match the library's own workspace's to the bit and the reference by the 2x rule.
 TEST(GpuWorkspace, CallerWorkspaceGivesTheLibraryResult) {
   FUSEDATTN_REQUIRE_GPU();
   std::mt19937_64 rng = fresh_rng();
@@ -507,13 +516,26 @@ TEST(GpuWorkspace, CallerWorkspaceGivesTheLibraryResult) {
   void* workspace = nullptr;
   if (a.workspace_bytes > 0) {
     ASSERT_EQ(cudaMalloc(&workspace, a.workspace_bytes), cudaSuccess);
+    // A memset runs on the legacy stream: finished before the call, whatever its stream.
+    const bool poisoned = cudaMemset(workspace, kPoisonByte, a.workspace_bytes) == cudaSuccess &&
+                          cudaDeviceSynchronize() == cudaSuccess;
+    if (!poisoned) cudaFree(workspace);
+    ASSERT_TRUE(poisoned) << "poisoning the workspace failed";
   }
   a.workspace = workspace;
-  FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+  const SkipReason skip = dc.backward(a);
   if (workspace) cudaFree(workspace);
+  FUSEDATTN_RUN_OR_SKIP(skip);
   EXPECT_EQ(bytes_of(c.dq), dq0);
   EXPECT_EQ(bytes_of(c.dk), dk0);
   EXPECT_EQ(bytes_of(c.dv), dv0);
+  Tensors ref = c.values, plain = c.values;
+  reference_backward(p, ref);
+  plain_backward(p, c.dtype, plain);
+  const double atol = atol_for(c.dtype);
+  EXPECT_TRUE(obeys_2x_rule(c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
+  EXPECT_TRUE(obeys_2x_rule(c.dk.to_double(), plain.dk, ref.dk, atol)) << "dk";
+  EXPECT_TRUE(obeys_2x_rule(c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
 }
 
 }  // namespace

@@ -18,12 +18,20 @@ namespace {
 constexpr DType kFloatDtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
 
 // Runs the case's merge on device copies of its tensors (on `stream`), and brings out and lse back.
-void merge_on_device(MergeCase& c, cudaStream_t stream = nullptr) {
+// `captured`: the call is captured on `stream` into a CUDA graph, which then runs once
+// (run_captured, gpu_util.h), and the graph must hold its kernel: a merge launched on another
+// stream, the legacy one included, would be missing from it.
+void merge_on_device(MergeCase& c, cudaStream_t stream = nullptr, bool captured = false) {
   std::map<const HostTensor*, DeviceTensor> copies;
   for (HostTensor* t : {&c.out, &c.lse, &c.part_out, &c.part_lse}) copies.emplace(t, DeviceTensor(*t));
   MergeArgs a = c.args([&](HostTensor& t) { return copies.at(&t).view(t); });
   a.stream = stream;
-  merge_attention(a);
+  if (captured) {
+    EXPECT_GE(run_captured(stream, [&] { merge_attention(a); }), 1)
+        << "the graph captured on the caller's stream holds no kernel of the merge";
+  } else {
+    merge_attention(a);
+  }
   cuda_check(cudaDeviceSynchronize(), "merge_attention");
   copies.at(&c.out).download(c.out);
   copies.at(&c.lse).download(c.lse);
@@ -72,7 +80,7 @@ TEST(GpuMerge, RunsOnTheCallersStream) {
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   std::mt19937_64 rng = fresh_rng();
   MergeCase c({4, 300, 8, 128}, DType::kFloat32, DType::kFloat16, rng);
-  merge_on_device(c, stream);
+  merge_on_device(c, stream, /*captured=*/true);
   EXPECT_TRUE(c.check());
   cuda_check(cudaStreamDestroy(stream), "cudaStreamDestroy");
 }

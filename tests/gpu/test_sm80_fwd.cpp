@@ -15,7 +15,14 @@
 #include <vector>
 
 #include "cpu/cpu_check.h"  // dense(), packed(), with_mask(), atol_for()
+#include "cuda/common/env.h"
+#include "cuda/common/int_math.h"
+#include "cuda/dispatch.h"
+#include "cuda/sm80/fwd_kv_split.h"
+#include "cuda/sm80/tile_config.h"
+#include "gpu/missing_instance.h"
 #include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"  // planning_params(); gpu_util.h: sm_count()
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
@@ -110,6 +117,41 @@ void check(const Problem& p, DType dtype, Layout layout = Layout::kBSHD, double 
 
 const DType kDtypes[] = {DType::kFloat16, DType::kBFloat16};
 
+// The parts the portable launch cuts each tile's keys into (fwd_launch.cuh, run_fwd: plan_kv_split
+// over the grid of p, the grouped decode view), computed as it computes them.
+template <int kHeadDim>
+int kv_parts_on(const FwdParams& p) {
+  using Cfg = cuda::sm80::FwdConfig<kHeadDim>;
+  const int64_t ctas = cuda::ceil_div(p.seqlen_q, int64_t{Cfg::kBlockM}) * p.heads_q * p.batch;
+  return cuda::sm80::kv_split_parts(ctas, p.seqlen_k, int64_t{sm_count()} * Cfg::kMinBlocksPerSm);
+}
+
+// The key split's parts for pr on the portable forward: 1 where it does not split (masked
+// launches, launches that fill the GPU, FUSEDATTN_SM80_KV_SPLIT=0). Throws the dispatcher's
+// error where this build has no instance for pr (run_unless_missing turns it into a skip).
+int planned_kv_parts(const Problem& pr, DType dtype) {
+  const FwdParams params = planning_params(pr, dtype);
+  const int instance = cuda::choose_forward(params, 8, 0).instance_head_dim;  // the portable instance
+  if (params.is_masked() || !cuda::env_switch_or("FUSEDATTN_SM80_KV_SPLIT", true)) return 1;
+  const FwdParams p = cuda::env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true)
+                          ? decode_groups_as_rows(params, /*strided_rows=*/true)
+                          : params;
+  switch (instance) {
+    case 32: return kv_parts_on<32>(p);
+    case 64: return kv_parts_on<64>(p);
+    case 96: return kv_parts_on<96>(p);
+    case 128: return kv_parts_on<128>(p);
+    case 192: return kv_parts_on<192>(p);
+    default: return kv_parts_on<256>(p);
+  }
+}
+
+// check() of a launch meant to split its keys: first asserts that its plan does.
+void check_split(const Problem& p, DType dtype, Layout layout = Layout::kBSHD) {
+  EXPECT_GE(planned_kv_parts(p, dtype), 2) << p.str() << ": the launch does not split its keys";
+  check(p, dtype, layout);
+}
+
 TEST_F(Sm80Forward, RaggedDenseShapes) {
   for (DType dt : kDtypes)
     for (int d : {64, 128})
@@ -180,18 +222,15 @@ TEST_F(Sm80Forward, HeadDimsServedByLargerInstances) {
   check(with_mask(dense(1, 2, 1, 130, 150, 88), true, -1, -1), DType::kBFloat16);
 }
 
-// Every kernel head dim (and one partial width below it) that this build can serve; a head dim
-// beyond the largest compiled instance is skipped, so a small build still runs the rest.
+// Every kernel head dim (and one partial width below it) that this build can serve: the first
+// beyond the largest compiled instance ends the test as skipped, after the smaller ones ran (so a
+// small build still runs them); any other error fails it.
 TEST_F(Sm80Forward, EveryHeadDim) {
   for (int d : {32, 96, 192, 256})
     for (int width : {d, d - 8})
       for (DType dt : kDtypes) {
         const Problem p = with_mask(dense(1, 2, 1, 140, 170, width), dt == DType::kBFloat16, -1, -1);
-        try {
-          check(p, dt);
-        } catch (const Error& e) {
-          if (e.code() != ErrorCode::kUnsupported) throw;
-        }
+        FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { check(p, dt); }));
       }
 }
 
@@ -259,9 +298,21 @@ TEST_F(Sm80Forward, NanStaysInTheRowsItReaches) {
       ASSERT_EQ(std::isnan(out[i * 64 + d]), i == kNanRow) << "row " << i << " dim " << d;
 }
 
-// The second problem splits its keys (fwd_kv_split.h): the combine kernel writes no LSE either.
+// The second problem splits its keys (fwd_kv_split.h, asserted): the combine kernel writes no LSE
+// either. A call without LSE gives the kernels no LSE address, so a write of one could only go
+// through the null pointer (a fault, caught at run_on_gpu's synchronisation); and out must not
+// depend on it: the same call with LSE gives the same bits.
 TEST_F(Sm80Forward, NullLseIsNotWritten) {
-  for (const Problem& p : {dense(1, 2, 2, 100, 100, 64), dense(1, 8, 2, 1, 3000, 64)}) {
+  struct Case {
+    Problem p;
+    bool splits;
+  };
+  for (const Case& k : {Case{dense(1, 2, 2, 100, 100, 64), false}, Case{dense(1, 8, 2, 1, 3000, 64), true}}) {
+    const Problem& p = k.p;
+    SCOPED_TRACE(p.str());
+    if (k.splits) {
+      EXPECT_GE(planned_kv_parts(p, DType::kBFloat16), 2) << "the launch does not split its keys";
+    }
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(p, DType::kBFloat16, Layout::kBSHD, rng);
     run_on_gpu(c, /*with_lse=*/false);
@@ -269,30 +320,30 @@ TEST_F(Sm80Forward, NullLseIsNotWritten) {
     reference_forward(p, ref);
     plain_forward(p, DType::kBFloat16, plain);
     EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(DType::kBFloat16))) << p.str();
-    for (double x : c.lse.to_double()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested, " << p.str();
+    const std::vector<unsigned char> out_without_lse = bytes_of(c.out);
+    run_on_gpu(c, /*with_lse=*/true);
+    EXPECT_TRUE(bytes_of(c.out) == out_without_lse) << "out differs from the call's with LSE, " << p.str();
   }
 }
 
 // Launches of few tiles over many keys under full masks split each tile's key blocks into parts
 // (fwd_kv_split.h: at least kMinKeysPerPart keys a part) combined by a second kernel: decode with
 // and without grouped heads, a few query rows, key counts that end inside a block, both layouts.
+// Each shape is first asserted to split (its plan, computed as the launch computes it).
 TEST_F(Sm80Forward, KeySplitDenseLaunches) {
   for (DType dt : kDtypes)
     for (int d : {64, 128}) {
       for (int64_t sk : {1024, 3001, 20000}) {
-        check(dense(1, 8, 2, 1, sk, d), dt);
-        check(with_mask(dense(2, 4, 4, 1, sk, d), true, -1, -1), dt, Layout::kBHSD);  // one row: full
+        check_split(dense(1, 8, 2, 1, sk, d), dt);
+        check_split(with_mask(dense(2, 4, 4, 1, sk, d), true, -1, -1), dt, Layout::kBHSD);  // one row: full
       }
-      check(dense(2, 2, 1, 5, 4500, d), dt);
-      check(dense(1, 1, 1, 70, 7000, d), dt, Layout::kBHSD);
+      check_split(dense(2, 2, 1, 5, 4500, d), dt);
+      check_split(dense(1, 1, 1, 70, 7000, d), dt, Layout::kBHSD);
     }
-  for (int d : {40, 96, 256}) {  // on larger instances, where this build has them
-    try {
-      check(dense(1, 4, 2, 1, 2600, d), DType::kFloat16);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnsupported) throw;
-    }
-  }
+  // On larger instances, where this build has them: the first head dim it lacks ends the test as
+  // skipped (the list rises, so the rest lack one too); any other error fails it.
+  for (int d : {40, 96, 256})
+    FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { check_split(dense(1, 4, 2, 1, 2600, d), DType::kFloat16); }));
 }
 
 // The parts are combined in part order, so repeated runs give the same bits; launches of other
@@ -300,9 +351,10 @@ TEST_F(Sm80Forward, KeySplitDenseLaunches) {
 TEST_F(Sm80Forward, KeySplitRepeatsBitIdentical) {
   std::mt19937_64 rng = fresh_rng();
   HostCase c = make_case(dense(2, 8, 2, 1, 9000, 128), DType::kFloat16, Layout::kBSHD, rng);
+  EXPECT_GE(planned_kv_parts(c.problem, DType::kFloat16), 2) << "the launch does not split its keys";
   run_on_gpu(c);
   const std::vector<double> out = c.out.to_double(), lse = c.lse.to_double();
-  check(dense(4, 32, 8, 1, 20000, 128), DType::kBFloat16);  // a larger workspace
+  check_split(dense(4, 32, 8, 1, 20000, 128), DType::kBFloat16);  // a larger workspace
   run_on_gpu(c);
   EXPECT_EQ(c.out.to_double(), out);
   EXPECT_EQ(c.lse.to_double(), lse);
@@ -313,10 +365,10 @@ TEST_F(Sm80Forward, KeySplitRepeatsBitIdentical) {
 TEST_F(Sm80Forward, KeySplitVarlenLaunches) {
   for (DType dt : kDtypes)
     for (int d : {64, 128}) {
-      check(packed(8, 2, d, {1, 1, 1, 3}, {5000, 40, 2000, 0}), dt);
+      check_split(packed(8, 2, d, {1, 1, 1, 3}, {5000, 40, 2000, 0}), dt);
       Problem used = packed(4, 4, d, {1, 1, 1}, {6000, 6000, 6000});
       used.seqused_k = {5999, 0, 700};
-      check(used, dt);
+      check_split(used, dt);
     }
 }
 

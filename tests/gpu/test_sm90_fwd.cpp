@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "cuda/dispatch.h"
@@ -92,16 +93,21 @@ struct RunResult {
   std::vector<double> out, lse;
 };
 
-// Poisons out/lse, runs the kernel, returns both in canonical order; nothing (and a note) when
-// the build has no Hopper instance for the problem.
-std::optional<RunResult> run_kernel(HostCase& c) {
+// Poisons out/lse, runs the kernel, returns both in canonical order. Nothing where dispatch does
+// not send the problem to the Hopper forward: with the reason in *skipped (if given) and a note
+// where this build has no Hopper forward for its head dim and dtype, else after a recorded failure
+// (sm90_forward_missing, sm90_plan.h).
+std::optional<RunResult> run_kernel(HostCase& c, SkipReason* skipped = nullptr) {
   c.out.poison();
   c.lse.poison();
   DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
   const FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
   const cuda::FwdFn fn = hopper_instance(p);
   if (fn == nullptr) {
-    std::printf("no sm90 instance in this build for %s: not run\n", c.problem.str().c_str());
+    if (SkipReason why = sm90_forward_missing(c.problem, c.dtype)) {
+      std::printf("%s: %s not run\n", why->c_str(), c.problem.str().c_str());
+      if (skipped) *skipped = std::move(why);
+    }
     return std::nullopt;
   }
   fn(p);
@@ -111,10 +117,17 @@ std::optional<RunResult> run_kernel(HostCase& c) {
   return RunResult{c.out.to_double(), c.lse.to_double()};
 }
 
-// Full comparison for problems small enough for the float64 reference.
+// Full comparison for problems small enough for the float64 reference. A case this build has no
+// Hopper forward for is dropped and marks the test skipped (GTEST_SKIP here returns from this
+// helper only: the test's other cases still run, and a failure among them still fails it); one
+// that dispatch sends elsewhere fails (run_kernel).
 void expect_matches_reference(HostCase& c, double atol = kAtol) {
-  const auto run = run_kernel(c);
-  if (!run) return;
+  SkipReason skipped;
+  const auto run = run_kernel(c, &skipped);
+  if (!run) {
+    if (skipped) GTEST_SKIP() << *skipped;
+    return;
+  }
   const RunResult& got = *run;
   Tensors ref = c.values, plain = c.values;
   reference_forward(c.problem, ref);
@@ -202,6 +215,7 @@ TEST(Sm90Fwd, WindowRowsWithoutKeysBeforeAnUncutBlock) {
 TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
+  SkipReason skipped;  // a case this build cannot run on its own tile: dropped, the test skipped at its end
   struct Case {
     Problem pr;
     cuda::sm90::TileShape shape;
@@ -213,14 +227,19 @@ TEST(Sm90Fwd, ShortWindowsOverLongSequences) {
                           Case{make_problem(1, 2, 1, 256, 4300, 4300, false, 500, 0), cuda::sm90::kD256Block64},
                           Case{make_problem(1, 2, 1, 192, 4300, 4300, false, 500, 0), cuda::sm90::kD192Block64}}) {
       SCOPED_TRACE(k.pr.str());
-      const auto planned = planned_sm90_work(k.pr, dtype);
-      if (!planned || !has_own_sm90_instance(k.pr, dtype)) continue;  // the shapes are the instance's own
+      const auto planned = expect_sm90_work(k.pr, dtype, skipped);
+      if (!planned) continue;
+      if (!has_own_sm90_instance(k.pr, dtype)) {  // the shapes are the instance's own
+        if (!skipped) skipped = "this build has no Hopper instance of the head dim of " + k.pr.str() + " itself";
+        continue;
+      }
       EXPECT_EQ(planned->shape.block_m, k.shape.block_m);
       EXPECT_EQ(planned->shape.block_n, k.shape.block_n);
       EXPECT_EQ(planned->shape.ctas_per_sm, k.shape.ctas_per_sm);
       HostCase c = make_case(k.pr, dtype, Layout::kBSHD, rng);
       expect_matches_reference(c);
     }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // The mask's two element-wise paths on every instance: windows with a left edge compare both
@@ -323,7 +342,9 @@ TEST_P(Sm90RisingScores, RowMaximumRisingAcrossKeyBlocks) {
                        scoped.label());
           if (shape.sq == kTallTileQueries) {
             const auto planned = planned_sm90_work(pr, dtype);
-            if (planned) EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+            if (planned) {
+              EXPECT_EQ(planned->shape.block_m, cuda::sm90::kD64Tall.block_m);
+            }
           }
           HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
           for (int64_t i = 0; i < shape.sq; ++i)
@@ -781,15 +802,17 @@ TEST(Sm90Fwd, AblationSwitchesStayCorrect) {
 // (head, position) like every other case. Each case asserts through planned_fwd_work whether it
 // packs, so a silent fallback to unpacked tiles fails; a group that is no power of two stays
 // unpacked under the switch.
-// The pack shift the Hopper launch plans for pr; -1 when this build has no Hopper instance for it.
-int planned_pack_shift(const Problem& pr, DType dtype) {
-  const auto planned = planned_sm90_work(pr, dtype);
+// The pack shift the Hopper launch plans for pr; -1 where dispatch does not send pr to the Hopper
+// forward: after a recorded failure, or where this build has no Hopper forward for its head dim,
+// whose reason goes to `skipped` (expect_sm90_work, sm90_plan.h).
+int planned_pack_shift(const Problem& pr, DType dtype, SkipReason& skipped) {
+  const auto planned = expect_sm90_work(pr, dtype, skipped);
   return planned ? planned->rows.packing.shift : -1;
 }
 
-void expect_packed_case(const Problem& pr, DType dtype, bool packs, std::mt19937_64& rng) {
+void expect_packed_case(const Problem& pr, DType dtype, bool packs, std::mt19937_64& rng, SkipReason& skipped) {
   SCOPED_TRACE(pr.str());
-  const int shift = planned_pack_shift(pr, dtype);
+  const int shift = planned_pack_shift(pr, dtype, skipped);
   if (shift < 0) return;
   EXPECT_EQ(shift > 0, packs);
   HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
@@ -799,6 +822,7 @@ void expect_packed_case(const Problem& pr, DType dtype, bool packs, std::mt19937
 TEST(Sm90Fwd, PackedGqaGroups) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   struct Case {
     Problem pr;
     bool packs;
@@ -813,7 +837,7 @@ TEST(Sm90Fwd, PackedGqaGroups) {
                                            {make_problem(1, 8, 2, 128, 130, 90, true), true},
                                            {make_problem(1, 4, 4, 128, 5, 300, false), false},
                                            {make_problem(1, 6, 2, 128, 5, 300, true), false}})
-      expect_packed_case(k.pr, dtype, k.packs, rng);
+      expect_packed_case(k.pr, dtype, k.packs, rng, skipped);
   const ScopedEnv forced("FUSEDATTN_SM90_PACK_GQA", "1");
   for (const Case& k : std::vector<Case>{{make_problem(1, 8, 2, 128, 300, 300, true), true},
                                          {make_problem(1, 4, 1, 64, 700, 650, false), true},
@@ -821,9 +845,10 @@ TEST(Sm90Fwd, PackedGqaGroups) {
                                          {make_problem(2, 4, 2, 256, 200, 170, false, 30, 40), true},
                                          {make_problem(1, 128, 1, 64, 3, 100, false), false},
                                          {make_problem(1, 6, 2, 128, 100, 300, true), false}})
-    expect_packed_case(k.pr, DType::kFloat16, k.packs, rng);
+    expect_packed_case(k.pr, DType::kFloat16, k.packs, rng, skipped);
   const ScopedEnv off("FUSEDATTN_SM90_PACK_GQA", "0");
-  expect_packed_case(make_problem(2, 16, 2, 128, 1, 1000, true), DType::kFloat16, false, rng);
+  expect_packed_case(make_problem(2, 16, 2, 128, 1, 1000, true), DType::kFloat16, false, rng, skipped);
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // Every problem problems(d) lists, at each head dim of `dims`, in both dtypes, against the
@@ -899,8 +924,10 @@ TEST(Sm90Fwd, PackedGqaOverManyTiles) {
     for (const char* dynamic : {"0", "1"}) {
       const ScopedEnv schedule("FUSEDATTN_SM90_DYNAMIC", dynamic);
       const Problem pr = make_problem(8, 32, 4, 128, 40, 2000, causal);
-      const int shift = planned_pack_shift(pr, DType::kBFloat16);
-      if (shift < 0) GTEST_SKIP() << "no sm90 instance";
+      SkipReason skipped;
+      const int shift = planned_pack_shift(pr, DType::kBFloat16, skipped);
+      FUSEDATTN_RUN_OR_SKIP(skipped);
+      if (shift < 0) continue;  // a failure is recorded
       ASSERT_GT(shift, 0);
       HostCase c = make_case(pr, DType::kBFloat16, Layout::kBSHD, rng);
       SCOPED_TRACE(std::string("FUSEDATTN_SM90_DYNAMIC=") + dynamic);
@@ -910,14 +937,17 @@ TEST(Sm90Fwd, PackedGqaOverManyTiles) {
 
 // Captures the Hopper forward of c on a fresh stream into a CUDA graph, lets `inspect` see the
 // graph, and replays it twice, out and lse poisoned before each replay and checked against the
-// reference after it. False (after a note) where the build has no Hopper instance for c.
+// reference after it. False where dispatch does not send c to the Hopper forward: after a note
+// where the build has no Hopper forward for its head dim, else after a recorded failure
+// (sm90_forward_missing).
 template <class Inspect>
 bool expect_captured_forward_matches(HostCase& c, Inspect inspect) {
   DeviceBuffer q(c.q), k(c.k), v(c.v), o(c.out), lse(c.lse);
   FwdParams p = params_for(c.problem, c.dtype, c, q, k, v, o, lse);
   const cuda::FwdFn fn = hopper_instance(p);
   if (fn == nullptr) {
-    std::printf("no sm90 instance in this build for %s: not run\n", c.problem.str().c_str());
+    if (const SkipReason why = sm90_forward_missing(c.problem, c.dtype))
+      std::printf("%s: %s not run\n", why->c_str(), c.problem.str().c_str());
     return false;
   }
   cudaStream_t stream = nullptr;
@@ -1028,8 +1058,10 @@ TEST(Sm90Fwd, QuadMixCapturedOnAFreshStream) {
     // quads (60 quad items) and 4 pair items (QuadMixShares).
     const Problem pr = make_problem(1, 62, 62, 256, 512, 300, false);
     SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-    const auto work = planned_sm90_work(pr, dtype);
-    if (!work) GTEST_SKIP() << "no sm90 d256 instance in this build";
+    SkipReason skipped;
+    const auto work = expect_sm90_work(pr, dtype, skipped);
+    FUSEDATTN_RUN_OR_SKIP(skipped);
+    if (!work) continue;  // a failure is recorded
     ASSERT_TRUE(work->quad_mix) << "the plan must mix quads and pairs here";
     HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
     ASSERT_TRUE(run_kernel(c).has_value());

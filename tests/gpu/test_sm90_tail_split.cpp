@@ -27,8 +27,8 @@ namespace {
 
 constexpr int kRepeats = 3;
 
-// The work list the Hopper launch plans for pr; steps == 0 when this build has no Hopper
-// instance for it (the test then skips).
+// The work list the Hopper launch plans for pr; steps == 0 where dispatch does not send pr to
+// the Hopper forward (after expect_split, which tells a missing instance from a failure).
 cuda::sm90::FwdWork planned_work(const Problem& pr, DType dtype) {
   return planned_sm90_work(pr, dtype).value_or(cuda::sm90::FwdWork{});
 }
@@ -42,26 +42,27 @@ std::vector<Problem> split_shapes() {
           dense(1, 2, 2, 1500, 900, 128),  dense(1, 3, 1, 500, 1234, 64)};
 }
 
-// Asserts the launch will split pr; false (after GTEST_SKIP-worthy output) when no instance.
-bool expect_split(const Problem& pr, DType dtype) {
-  const cuda::sm90::FwdWork w = planned_work(pr, dtype);
-  if (w.split.steps == 0) {
-    std::printf("no sm90 instance in this build for %s: not run\n", pr.str().c_str());
-    return false;
-  }
-  EXPECT_TRUE(w.split.split()) << pr.str() << ": " << w.tiles << " tiles of " << w.kv_blocks << " KV blocks";
-  EXPECT_LT(w.split.whole, w.tiles) << pr.str();
-  return w.split.split();
+// Asserts the launch will split pr; false where it does not, after a recorded failure, or where
+// this build has no Hopper forward for pr's head dim, whose reason goes to `skipped` (the first
+// one: the test runs the cases the build has, then skips; expect_sm90_work, sm90_plan.h).
+bool expect_split(const Problem& pr, DType dtype, SkipReason& skipped) {
+  const auto w = expect_sm90_work(pr, dtype, skipped);
+  if (!w) return false;
+  EXPECT_TRUE(w->split.split()) << pr.str() << ": " << w->tiles << " tiles of " << w->kv_blocks << " KV blocks";
+  EXPECT_LT(w->split.whole, w->tiles) << pr.str();
+  return w->split.split();
 }
 
 TEST(Sm90TailSplit, SplitShapesMatchReference) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : split_shapes()) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_split(pr, dtype)) continue;
+      if (!expect_split(pr, dtype, skipped)) continue;
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
     }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // The combine runs in part order whichever part finishes last, so repeats agree to the bit; the
@@ -69,25 +70,29 @@ TEST(Sm90TailSplit, SplitShapesMatchReference) {
 // leave poisoned or wrong rows in a later run).
 TEST(Sm90TailSplit, BitIdenticalOverThreeRuns) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : {dense(1, 2, 2, 1024, 1024, 128), dense(1, 4, 2, 700, 1500, 256)}) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_split(pr, dtype)) continue;
+      if (!expect_split(pr, dtype, skipped)) continue;
       FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(pr, dtype, kRepeats));
     }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // Launches of different split counts, parts and head dims in a row on one stream share one
 // workspace (grown on demand) and its counters: each must still be right.
 TEST(Sm90TailSplit, AlternatingShapesShareTheWorkspace) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   const std::vector<Problem> shapes = {dense(1, 2, 2, 512, 2000, 256), dense(1, 1, 1, 128, 1024, 64),
                                        dense(1, 2, 2, 512, 2000, 256), dense(1, 8, 8, 256, 1024, 128)};
   for (const Problem& pr : shapes) {
     SCOPED_TRACE(pr.str());
-    if (!expect_split(pr, DType::kFloat16)) continue;
+    if (!expect_split(pr, DType::kFloat16, skipped)) continue;
     FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, DType::kFloat16));
   }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // Variable-length batches whose tiles fit one wave (decode and short prompts over long caches)
@@ -102,19 +107,21 @@ std::vector<Problem> varlen_split_shapes(int d) {
 
 TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   for (const int d : {64, 128, 256})
     for (const DType dtype : kGpuDtypes)
       for (const Problem& pr : varlen_split_shapes(d)) {
         SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-        if (!expect_split(pr, dtype)) continue;
+        if (!expect_split(pr, dtype, skipped)) continue;
         EXPECT_EQ(planned_work(pr, dtype).split.whole, 0);
         FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       }
   for (const Problem& pr : varlen_split_shapes(128)) {
     SCOPED_TRACE(pr.str());
-    if (!expect_split(pr, DType::kBFloat16)) continue;
+    if (!expect_split(pr, DType::kBFloat16, skipped)) continue;
     FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(pr, DType::kBFloat16, kRepeats));
   }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // Decode steps on dense caches: a GQA group packed into the tile's rows, so each warpgroup's slice
@@ -129,6 +136,7 @@ TEST(Sm90TailSplit, VarlenFewTilesSplitTheirKeys) {
 // The rows in use must combine right, in both dtypes, and to the bit on repeats.
 TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 4096, 128), dense(2, 16, 4, 5, 3000, 64),
                                        dense(1, 8, 1, 3, 2500, 256),  dense(1, 16, 4, 1, 3000, 256),
                                        dense(1, 64, 8, 1, 4096, 128), dense(2, 32, 2, 1, 3000, 64),
@@ -137,11 +145,12 @@ TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : shapes) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_split(pr, dtype)) continue;
+      if (!expect_split(pr, dtype, skipped)) continue;
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
     }
-  if (expect_split(shapes[0], DType::kFloat16))
+  if (expect_split(shapes[0], DType::kFloat16, skipped))
     FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // FUSEDATTN_SM90_FEW_ROWS_PARTS=32 (fwd_split.h, few_rows_parts): decode tiles cut into more than
@@ -150,25 +159,30 @@ TEST(Sm90TailSplit, DecodeStepsCombineTheirRowsOnly) {
 // for 16 at d64); both dtypes, and to the bit on repeats.
 TEST(Sm90TailSplit, DecodeTilesInManyParts) {
   SKIP_UNLESS_HOPPER();
+  SkipReason skipped;  // a head dim this build lacks: its cases dropped, the test skipped at its end
   const ScopedEnv finer("FUSEDATTN_SM90_FEW_ROWS_PARTS", "32");
   const std::vector<Problem> shapes = {dense(1, 32, 8, 1, 6000, 128), dense(1, 32, 8, 1, 3000, 64),
                                        dense(1, 16, 4, 1, 9000, 256), dense(2, 32, 2, 1, 5000, 64)};
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : shapes) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-      if (!expect_split(pr, dtype)) continue;
+      if (!expect_split(pr, dtype, skipped)) continue;
       EXPECT_GT(planned_work(pr, dtype).split.max_parts, cuda::kTailMaxParts);
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
     }
-  if (expect_split(shapes[0], DType::kFloat16))
+  if (expect_split(shapes[0], DType::kFloat16, skipped))
     FUSEDATTN_RUN_OR_SKIP(expect_bit_identical_forwards(shapes[0], DType::kFloat16, kRepeats));
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // FUSEDATTN_SM90_TAIL_SPLIT=0: the plan keeps every tile whole and the results still match.
 TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
   SKIP_UNLESS_HOPPER();
   const Problem pr = dense(1, 2, 2, 1024, 1100, 128);
-  if (!expect_split(pr, DType::kFloat16)) return;
+  SkipReason skipped;
+  const bool split = expect_split(pr, DType::kFloat16, skipped);
+  FUSEDATTN_RUN_OR_SKIP(skipped);
+  if (!split) return;
   const ScopedEnv off("FUSEDATTN_SM90_TAIL_SPLIT", "0");
   const cuda::sm90::FwdWork w = planned_work(pr, DType::kFloat16);
   EXPECT_FALSE(w.split.split());
@@ -181,7 +195,10 @@ TEST(Sm90TailSplit, SwitchOffRunsUnsplit) {
 TEST(Sm90TailSplit, SplitUnderEverySchedule) {
   SKIP_UNLESS_HOPPER();
   const Problem pr = dense(1, 2, 2, 1024, 1100, 128);
-  if (!expect_split(pr, DType::kFloat16)) return;
+  SkipReason skipped;
+  const bool split = expect_split(pr, DType::kFloat16, skipped);
+  FUSEDATTN_RUN_OR_SKIP(skipped);
+  if (!split) return;
   const std::vector<EnvSettings> settings = {
       {{"FUSEDATTN_SM90_DYNAMIC", "0"}},
       {{"FUSEDATTN_SM90_PERSISTENT", "0"}},
@@ -219,7 +236,10 @@ TEST_P(Sm90CrossingShares, SharesCrossingTilesMatchReference) {
   const CrossingCase& c = GetParam();
   const ScopedEnv forced("FUSEDATTN_SM90_TAIL_SHARES", c.shares);
   SCOPED_TRACE(c.pr.str() + " shares " + c.shares);
-  if (!expect_split(c.pr, DType::kFloat16)) return;
+  SkipReason skipped;
+  const bool split = expect_split(c.pr, DType::kFloat16, skipped);
+  FUSEDATTN_RUN_OR_SKIP(skipped);
+  if (!split) return;
   const cuda::TailShares s = planned_work(c.pr, DType::kFloat16).split;
   EXPECT_EQ(s.shares, std::atoi(c.shares));
   bool crosses = false;
