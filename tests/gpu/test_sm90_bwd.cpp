@@ -156,8 +156,9 @@ TEST(Sm90BackwardDispatch, HopperWhereItHasATile) {
   // Deterministic calls run there too: every tile's writer warp adds dQ in ordered turns.
   EXPECT_EQ(backward_arch(full, DType::kFloat16, true), "sm90");
   EXPECT_EQ(backward_arch(masked, DType::kBFloat16, true), "sm90");
-  if (const Problem wide = dense(1, 2, 2, 256, 256, 256); backward_arch(wide, DType::kFloat16) == "sm90")
+  if (const Problem wide = dense(1, 2, 2, 256, 256, 256); backward_arch(wide, DType::kFloat16) == "sm90") {
     EXPECT_EQ(backward_arch(wide, DType::kFloat16, true), "sm90");
+  }
   // Its TMA maps need rows in use: a variable-length batch without keys (or without queries)
   // stays portable.
   EXPECT_EQ(backward_arch(varlen(dense(0, 2, 2, 0, 0, 128), {5, 3}, {0, 0}), DType::kFloat16), "sm80");
