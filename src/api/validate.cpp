@@ -79,6 +79,9 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
       fail(ErrorCode::kInvalidArgument, name, "negative size " + std::to_string(t.shape[d]) +
                                                   " in dimension " + std::to_string(d));
   if (t.data == nullptr && has_elements(t)) fail(ErrorCode::kInvalidArgument, name, "data pointer is null");
+  // A tensor without elements has no layout to read (torch gives the gradient of an empty output
+  // stride 0, which .contiguous() leaves as it is).
+  if (!has_elements(t)) return;
   if (contiguous_last && t.shape[rank - 1] > 1 && t.stride[rank - 1] != 1)
     fail(ErrorCode::kLayout, name,
          "the last dimension must be contiguous (stride 1), got stride " + std::to_string(t.stride[rank - 1]));
