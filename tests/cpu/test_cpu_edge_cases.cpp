@@ -51,6 +51,21 @@ TEST(CpuZeroSizes, ZeroQueryHeadsGiveZeroKeyGradients) { expect_no_query_rows(de
 TEST(CpuZeroSizes, VarlenWithNoQueryRowsGivesZeroKeyGradients) {
   expect_no_query_rows(packed(2, 2, kHeadDim, {0, 0}, {3, 0}));
 }
+// torch hands the gradient of an empty output over as an expanded view (stride 0 everywhere): a
+// tensor without elements has no layout to turn down.
+TEST(CpuZeroSizes, TensorsWithoutElementsTakeAnyStrides) {
+  std::mt19937_64 rng = fresh_rng();
+  HostCase c = make_case(dense(2, 2, 2, 0, 10, kHeadDim), DType::kFloat32, Layout::kBSHD, rng);
+  BackwardArgs a = backward_args(c);
+  for (TensorView* t : {&a.dout, &a.q, &a.out, &a.dq})
+    for (int d = 0; d < t->rank; ++d) t->stride[d] = 0;
+  c.dk.poison();
+  c.dv.poison();
+  EXPECT_NO_THROW(backward(a));
+  for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0);
+  for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0);
+}
+
 // Key gradients laid out [B, H, S, D] (run_backward's views follow the case's layout).
 TEST(CpuZeroSizes, ZeroQueryLengthZeroesStridedKeyGradients) {
   for (DType dtype : kCpuDtypes) {
