@@ -74,10 +74,27 @@ double dot(const double* a, const double* b, int64_t n) {
   return s;
 }
 
-double abs_dot(const double* a, const double* b, int64_t n) {
-  double s = 0;
-  for (int64_t d = 0; d < n; ++d) s += std::abs(a[d] * b[d]);
+float plain_dot(const double* a, const double* b, int64_t n) {
+  float s = 0.f;
+  for (int64_t d = 0; d < n; ++d) s += static_cast<float>(a[d]) * static_cast<float>(b[d]);
   return s;
+}
+
+// a . b three ways in one pass: exactly (float64), the sum of its terms' sizes, and as the plain
+// implementation sums it (plain_dot's fp32 order).
+struct Dots {
+  double exact = 0, size = 0;
+  float plain = 0.f;
+};
+Dots dots(const double* a, const double* b, int64_t n) {
+  Dots r;
+  for (int64_t d = 0; d < n; ++d) {
+    const double term = a[d] * b[d];
+    r.exact += term;
+    r.size += std::abs(term);
+    r.plain += static_cast<float>(a[d]) * static_cast<float>(b[d]);
+  }
+  return r;
 }
 
 // Exact softmax row i: out (dim values) and lse; a fully masked row gives 0 and -inf.
@@ -113,14 +130,9 @@ struct PlainStats {  // a row's fp32 softmax statistics
   double lse() const { return max + std::log(sum); }
 };
 
-float plain_dot(const double* a, const double* b, int64_t n) {
-  float s = 0.f;
-  for (int64_t d = 0; d < n; ++d) s += static_cast<float>(a[d]) * static_cast<float>(b[d]);
-  return s;
-}
-
-float plain_score(const RunConfig& c, const double* q, const double* k) {
-  return numeric::round_to(c.dtype, plain_dot(q, k, c.head_dim) * static_cast<float>(c.softmax_scale()));
+// S_ij from its fp32 dot product q_i . k_j: scaled and rounded to the dtype.
+float plain_score(const RunConfig& c, float qk) {
+  return numeric::round_to(c.dtype, qk * static_cast<float>(c.softmax_scale()));
 }
 
 float plain_prob(DType dtype, float score, const PlainStats& row) {
@@ -135,7 +147,10 @@ PlainStats plain_row(const RunConfig& c, const double* q, const HeadRows& k, con
   PlainStats row;
   if (span.size() == 0) return row;
   scores.resize(static_cast<size_t>(span.size()));
-  for (int64_t j = span.lo; j <= span.hi; ++j) row.max = std::max(row.max, scores[j - span.lo] = plain_score(c, q, k.row(j)));
+  for (int64_t j = span.lo; j <= span.hi; ++j) {
+    scores[j - span.lo] = plain_score(c, plain_dot(q, k.row(j), c.head_dim));
+    row.max = std::max(row.max, scores[j - span.lo]);
+  }
   std::vector<float> acc(static_cast<size_t>(c.head_dim), 0.f);
   for (float& s : scores) row.sum += std::exp(s - row.max);
   for (int64_t j = span.lo; j <= span.hi; ++j) {
@@ -312,8 +327,9 @@ CheckReport check_backward(const Workload& w) {
       for (int64_t n = begin; n < end; ++n) {
         const int64_t g = n / c.seqlen_q, i = n % c.seqlen_q;
         exact_row(c, q[g].row(i), k, v, i, scores, out.data(), lse[n]);
-        delta[n] = dot(dout[g].row(i), out.data(), D);
-        delta_abs[n] = abs_dot(dout[g].row(i), out.data(), D);
+        const Dots d_o = dots(dout[g].row(i), out.data(), D);
+        delta[n] = d_o.exact;
+        delta_abs[n] = d_o.size;
         plain_stats[n] = plain_row(c, q[g].row(i), k, v, i, plain_scores, plain_out.data());
         plain_delta[n] = plain_dot(dout[g].row(i), plain_out.data(), D);
       }
@@ -331,16 +347,17 @@ CheckReport check_backward(const Workload& w) {
       const int64_t n = g * c.seqlen_q + i;
       const double* qi = q[g].row(i);
       const double* oi = dout[g].row(i);
+      const Dots qk = dots(qi, k.row(j), D), dp = dots(oi, v.row(j), D);
       ScoreGrad r;
       const double fp32_step = numeric::epsilon(DType::kFloat32);
-      r.p = std::exp(scale * dot(qi, k.row(j), D) - lse[n]);
-      r.ds = r.p * (dot(oi, v.row(j), D) - delta[n]);
+      r.p = std::exp(scale * qk.exact - lse[n]);
+      r.ds = r.p * (dp.exact - delta[n]);
       // exp's own step, and the steps of the argument's terms: S's products and the lse
-      const double p_relative_steps = 1 + scale * abs_dot(qi, k.row(j), D) + std::abs(lse[n]);
+      const double p_relative_steps = 1 + scale * qk.size + std::abs(lse[n]);
       r.p_step = r.p * fp32_step * p_relative_steps;
-      r.ds_step = std::abs(r.ds) * fp32_step * p_relative_steps + r.p * fp32_step * (abs_dot(oi, v.row(j), D) + delta_abs[n]);
-      r.plain_p = plain_prob(c.dtype, plain_score(c, qi, k.row(j)), plain_stats[n]);
-      const float plain_dp = numeric::round_to(c.dtype, plain_dot(oi, v.row(j), D));
+      r.ds_step = std::abs(r.ds) * fp32_step * p_relative_steps + r.p * fp32_step * (dp.size + delta_abs[n]);
+      r.plain_p = plain_prob(c.dtype, plain_score(c, qk.plain), plain_stats[n]);
+      const float plain_dp = numeric::round_to(c.dtype, dp.plain);
       r.plain_ds = numeric::round_to(c.dtype, r.plain_p * (plain_dp - plain_delta[n]));
       return r;
     };
