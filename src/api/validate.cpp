@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "api/layout.h"
 #include "cuda/cuda_backend.h"
 
 namespace fusedattn::detail {
@@ -101,19 +102,14 @@ void check_tensor(const TensorView& t, const char* name, int rank, const char* l
 void check_written(const TensorView& t, const char* name) {
   if (!has_elements(t)) return;
   int dims[kMaxRank];
-  int n = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] <= 1) continue;
+  const int n = dims_by_stride(t, dims);  // strides of 0 first (check_tensor turned negative ones down)
+  int64_t reach = 0;  // the last offset the dimensions taken so far reach
+  for (int i = 0; i < n; ++i) {
+    const int d = dims[i];
     if (t.stride[d] == 0)
       fail(ErrorCode::kLayout, name, "stride 0 in dimension " + std::to_string(d) +
                                          " (size " + std::to_string(t.shape[d]) +
                                          "): a written tensor's elements must not share memory");
-    dims[n++] = d;
-  }
-  std::stable_sort(dims, dims + n, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
-  int64_t reach = 0;  // the last offset the dimensions taken so far reach
-  for (int i = 0; i < n; ++i) {
-    const int d = dims[i];
     if (t.stride[d] <= reach)
       fail(ErrorCode::kLayout, name, "dimension " + std::to_string(d) + " (size " + std::to_string(t.shape[d]) +
                                          ", stride " + std::to_string(t.stride[d]) +

@@ -5,9 +5,9 @@
 // padded rows or a transposed layout one block of runs.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
+#include "api/layout.h"
 #include "fusedattn/tensor.h"
 
 namespace fusedattn::detail {
@@ -37,18 +37,14 @@ struct ZeroRuns {
 };
 
 // `t`'s elements as ZeroRuns. Validation has turned down views whose elements share memory
-// (check_written), so taken in order of stride each dimension steps past the ones before it: the
-// dimensions that continue a run's bytes widen it, the next one and those that continue its steps
-// make the block, the rest repeat it. Dimensions of size 1 take no part.
+// (check_written), so taken in order of stride (dims_by_stride) each dimension steps past the ones
+// before it: the dimensions that continue a run's bytes widen it, the next one and those that
+// continue its steps make the block, the rest repeat it.
 inline ZeroRuns zero_runs(const TensorView& t) {
   ZeroRuns r;
+  if (t.numel() == 0) return r;
   int dims[kMaxRank];
-  int n = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] == 0) return r;
-    if (t.shape[d] > 1) dims[n++] = d;
-  }
-  std::stable_sort(dims, dims + n, [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  const int n = dims_by_stride(t, dims);
   const auto element = static_cast<int64_t>(dtype_size(t.dtype));
   int i = 0;
   int64_t run = 1;  // elements
