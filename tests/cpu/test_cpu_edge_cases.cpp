@@ -31,16 +31,21 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // backward writes only the key gradients, which are 0 since no query attends to a key (they hold
 // the poison before each run). A no-op once left them unwritten: NaN here, in the binding whatever
 // torch.empty_like held, summed into k.grad.
-void expect_no_query_rows(const Problem& p) {
+void expect_zero_key_gradients(const HostCase& c) {
+  for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0) << "dk";
+  for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0) << "dv";
+}
+
+// run_backward's views follow the case's layout ([B, H, S, D] for kBHSD).
+void expect_no_query_rows(const Problem& p, Layout layout = Layout::kBSHD) {
   for (DType dtype : kCpuDtypes) {
     SCOPED_TRACE(p.str() + " " + dtype_name(dtype));
     std::mt19937_64 rng = fresh_rng();
-    HostCase c = make_case(p, dtype, Layout::kBSHD, rng);
+    HostCase c = make_case(p, dtype, layout, rng);
     EXPECT_NO_THROW(run_forward(c));
     EXPECT_EQ(c.out.to_double().size(), 0u);
     EXPECT_NO_THROW(run_backward(c));
-    for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0);
-    for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0);
+    expect_zero_key_gradients(c);
   }
 }
 
@@ -62,19 +67,12 @@ TEST(CpuZeroSizes, TensorsWithoutElementsTakeAnyStrides) {
   c.dk.poison();
   c.dv.poison();
   EXPECT_NO_THROW(backward(a));
-  for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0);
-  for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0);
+  expect_zero_key_gradients(c);
 }
 
-// Key gradients laid out [B, H, S, D] (run_backward's views follow the case's layout).
+// Key gradients laid out [B, H, S, D].
 TEST(CpuZeroSizes, ZeroQueryLengthZeroesStridedKeyGradients) {
-  for (DType dtype : kCpuDtypes) {
-    std::mt19937_64 rng = fresh_rng();
-    HostCase c = make_case(dense(2, 4, 2, 0, 9, 40), dtype, Layout::kBHSD, rng);
-    EXPECT_NO_THROW(run_backward(c));
-    for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0) << dtype_name(dtype);
-    for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0) << dtype_name(dtype);
-  }
+  expect_no_query_rows(dense(2, 4, 2, 0, 9, 40), Layout::kBHSD);
 }
 
 // No keys at all: every query row is fully masked.
