@@ -14,7 +14,7 @@ import fusedattn
 from conftest import DEVICES, DTYPES, HAS_CUDA, randn
 from fusedattn import _device_faults, flash_attn_interface
 from test_device_checks import capture
-from test_kvcache import CUDA_PAGE_ROWS, caches, check_against_reference, paged, rotary_tables, unpaged
+from test_kvcache import CUDA_PAGE_ROWS, caches, check_against_reference, paged, rope_reference, rotary_tables, unpaged
 
 KINDS = ["unpaged", "block_table", "cache_batch_idx"]
 
@@ -28,9 +28,10 @@ def lengths_on_device(monkeypatch, on_device: bool) -> None:
 
 class Case:
     """A decode step that appends `new` tokens: caches of `capacity` positions per sequence, stored
-    as `kind` says (KINDS), with fresh values everywhere."""
+    as `kind` says (KINDS), with fresh values everywhere; `rotary` None, or the layout of rotary
+    embedding's pairs, "interleaved" (0, 1), (2, 3), ... or "neox" (i, i + half)."""
 
-    def __init__(self, device, kind, lengths, new=2, capacity=CUDA_PAGE_ROWS * 2, rotary=False, causal=True):
+    def __init__(self, device, kind, lengths, new=2, capacity=CUDA_PAGE_ROWS * 2, rotary=None, causal=True):
         self.device, self.kind, self.new, self.capacity, self.causal = device, kind, new, capacity, causal
         self.dtype = DTYPES[device][-1]
         batch, hq, hkv, d = len(lengths), 4, 2, 64
@@ -48,8 +49,9 @@ class Case:
             self.k_cache, self.v_cache = logical
         self.q = randn(batch, new, hq, d, dtype=self.dtype, device=device)
         self.k, self.v = (randn(batch, new, hkv, d, dtype=self.dtype, device=device) for _ in range(2))
-        if rotary:
+        if rotary is not None:
             self.kwargs["rotary_cos"], self.kwargs["rotary_sin"] = rotary_tables(capacity, 32, self.dtype, device)
+            self.kwargs["rotary_interleaved"] = {"interleaved": True, "neox": False}[rotary]
 
     def fresh_caches(self):
         return self.k_cache.clone(), self.v_cache.clone()
@@ -60,15 +62,25 @@ class Case:
             cache_seqlens=self.lengths if lengths is None else lengths, causal=self.causal,
             return_softmax_lse=True, **self.kwargs)
 
-    def rotated_q(self, sequences=None):
-        """The sequences' query rows (default: every sequence's) rotated as a causal call rotates
-        them: at their new keys' positions."""
+    def rotated(self, x, sequences=None):
+        """x's rows of the sequences (default: every sequence's) rotated in float64 as a causal call
+        rotates its new tokens: at their positions after each sequence's cached keys."""
         sequences = list(range(self.q.shape[0])) if sequences is None else sequences
-        starts, k = self.lengths[sequences].long(), self.k[sequences]
-        q, _ = flash_attn_interface._rotate_new_tokens(
-            self.q[sequences], k, starts, flash_attn_interface._new_positions(starts, k.shape[1]),
-            self.kwargs["rotary_cos"], self.kwargs["rotary_sin"], True, True)
-        return q
+        positions = self.lengths[sequences].long()[:, None] + torch.arange(self.new, device=self.device)[None, :]
+        return rope_reference(x[sequences], self.kwargs["rotary_cos"], self.kwargs["rotary_sin"], positions,
+                              self.kwargs["rotary_interleaved"])
+
+    def rotated_q(self, sequences=None):
+        """The sequences' query rows as the call attends them: rotated, rounded to the dtype."""
+        return self.rotated(self.q, sequences).to(self.dtype)
+
+    def expect_rotated_keys(self, k_cache, sequences=None):
+        """The new keys in the caches are the float64 rotation of k, to a few roundings."""
+        sequences = list(range(self.q.shape[0])) if sequences is None else sequences
+        cache, expected, eps = self.logical(k_cache, sequences), self.rotated(self.k, sequences), torch.finfo(self.dtype).eps
+        for row, b in enumerate(sequences):
+            n = int(self.lengths[b])
+            torch.testing.assert_close(cache[row, n:n + self.new].double(), expected[row], rtol=4 * eps, atol=4 * eps)
 
     def logical(self, cache, sequences=None):
         """The sequences' cache positions (len(sequences), capacity, heads, dim) in the stored
@@ -83,7 +95,7 @@ class Case:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("rotary", [False, True], ids=["plain", "rotary"])
+@pytest.mark.parametrize("rotary", [None, "interleaved", "neox"], ids=["plain", "interleaved", "neox"])
 def test_appends_as_the_host_path_does(device, kind, rotary, monkeypatch):
     """The caches written bit for bit as by the host path (which reads the lengths first), and
     attention over each sequence's keys as the reference says; ragged lengths, one empty sequence
@@ -96,6 +108,8 @@ def test_appends_as_the_host_path_does(device, kind, rotary, monkeypatch):
     k_cache, v_cache = case.fresh_caches()
     out, lse = case.run(k_cache, v_cache)
     assert torch.equal(k_cache, host_k) and torch.equal(v_cache, host_v), "caches written otherwise"
+    if rotary is not None:
+        case.expect_rotated_keys(k_cache)
     q = case.rotated_q() if rotary else case.q  # the query rows as the call rotated them
     visible = [n + case.new for n in case.lengths.tolist()]
     check_against_reference(q, case.logical(k_cache), case.logical(v_cache), visible, out, lse, True, (-1, -1))
@@ -119,7 +133,7 @@ def test_a_failing_sequence_is_not_written_reads_nan_and_is_raised(device, fault
     for check_device_errors, which raises it once in the host path's words."""
     lengths, side, words = FAULTS[fault]
     kind = "cache_batch_idx" if side == "cache_batch_idx" else "unpaged"
-    case = Case(device, kind, lengths, rotary=side == "rotary")
+    case = Case(device, kind, lengths, rotary="neox" if side == "rotary" else None)
     if side == "cache_batch_idx":
         case.kwargs["cache_batch_idx"][1] = case.k_cache.shape[0]
     if side == "rotary":  # tables that end before the last sequence's new tokens
@@ -140,6 +154,8 @@ def test_a_failing_sequence_is_not_written_reads_nan_and_is_raised(device, fault
         assert torch.equal(k_cache[untouched], case.k_cache[untouched])
     else:
         assert torch.equal(k_cache[failed], case.k_cache[failed]) and torch.equal(v_cache[failed], case.v_cache[failed])
+    if side == "rotary":
+        case.expect_rotated_keys(k_cache, others)
     q = case.rotated_q(others) if side == "rotary" else case.q[others]
     check_against_reference(q, case.logical(k_cache, others), case.logical(v_cache, others),
                             [lengths[b] + case.new for b in others], out[others], lse[others], True, (-1, -1))
@@ -178,7 +194,7 @@ def test_the_device_path_reads_nothing_on_the_host(kind, monkeypatch):
     """torch's sync debug mode turns any host read into an error: the device path (what a
     captured call runs; forced here on an eager one) reads nothing."""
     lengths_on_device(monkeypatch, True)
-    case = Case("cuda", kind, [5, 0, 9], rotary=True)
+    case = Case("cuda", kind, [5, 0, 9], rotary="interleaved")
     case.run(*case.fresh_caches())  # warm-up: the offsets the call makes once
     torch.cuda.set_sync_debug_mode("error")
     try:
