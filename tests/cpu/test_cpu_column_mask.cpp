@@ -170,6 +170,33 @@ TEST(CpuColumnMask, RowsHiddenFromEveryKeyAreFullyMasked) {
   }
 }
 
+// Spans that fall with the key (key j seen by rows [s - 1 - j, s)): a later key block reaches
+// further back, the order of blocks that the GPU's deterministic backward cannot skip. Against
+// causal attention over K and V in reverse row order (reversed_causal_references), under both of
+// the backward's plans.
+TEST(CpuColumnMask, SpansThatFallWithTheKeyMatchCausalOverReversedKeys) {
+  const int64_t s = 150;
+  for (const DType dtype : kCpuDtypes) {
+    Columns m(1, 1, s, 1);
+    hide_before_the_reversed_diagonal(m, 0, 0);
+    HostCase c = fresh_case(dense(1, 4, 2, s, s, kHeadDim), dtype);
+    c.out.poison();
+    c.lse.poison();
+    const ForwardArgs f = masked_forward_args(c, m, /*causal=*/false);
+    forward(f);
+    run_masked_backward(c, f);
+    Tensors ref, plain;
+    reversed_causal_references(c, ref, plain);
+    const std::string name = case_name(c) + " with spans that fall with the key";
+    const double low = atol_for(dtype);
+    expect_matches("out", dtype, c.out.to_double(), ref.out, plain.out, kFp32OutAtol, kFp32OutRtol, low, name);
+    expect_matches("lse", dtype, c.lse.to_double(), ref.lse, plain.lse, kFp32LseAtol, kFp32LseRtol, kLseAtol, name);
+    expect_matches("dq", dtype, c.dq.to_double(), ref.dq, plain.dq, kFp32GradAtol, kFp32GradRtol, low, name);
+    expect_matches("dk", dtype, c.dk.to_double(), ref.dk, plain.dk, kFp32GradAtol, kFp32GradRtol, low, name);
+    expect_matches("dv", dtype, c.dv.to_double(), ref.dv, plain.dv, kFp32GradAtol, kFp32GradRtol, low, name);
+  }
+}
+
 TEST(CpuColumnMask, MalformedMasksAreRejectedByName) {
   HostCase c = fresh_case(dense(2, 4, 2, 16, 24, kHeadDim), DType::kFloat32);
   const auto message = [&](Columns& m, TensorView view) {

@@ -152,16 +152,17 @@ TEST_P(GpuColumnMask, DeterministicBackwardOfDocumentsIsBitIdentical) {
 // A mask whose spans fall with the key block: key j is seen by rows [s - 1 - j, s) only, so a
 // later key block reaches further back. The deterministic backward then cannot leave a KV block's
 // unseen query blocks out (sm80/bwd_column_spans.cuh: the blocks adding into a query block would
-// not be consecutive); every block of the window adds in turn, the hidden ones masked whole. Its
-// gradients are bit-identical run to run and equal the default backward's (atomic adds, unseen
-// query blocks left out) up to the order of the fp32 dQ sums.
+// not be consecutive); every block of the window adds in turn, the hidden ones masked whole. Both
+// backwards against the reference of what the mask equals (reversed_causal_references); the
+// deterministic one is bit-identical run to run and equals the default's (atomic adds, unseen query
+// blocks left out) up to the order of the fp32 dQ sums.
 TEST_P(GpuColumnMask, DeterministicBackwardWhereSpansFallMatchesTheDefault) {
   FUSEDATTN_REQUIRE_GPU();
   const int64_t s = 600;
   for (const DType dtype : kGpuDtypes) {
     SCOPED_TRACE(dtype_name(dtype));
     Columns m(1, 1, s, 1);
-    for (int64_t j = 0; j < s; ++j) m.hide(0, 0, j, 0, 0, s - 1 - j);
+    hide_before_the_reversed_diagonal(m, 0, 0);
     std::mt19937_64 rng = fresh_rng();
     HostCase c = make_case(dense(1, 4, 2, s, s, head_dim()), dtype, Layout::kBSHD, rng);
     DeviceCase dc(c);
@@ -172,11 +173,25 @@ TEST_P(GpuColumnMask, DeterministicBackwardWhereSpansFallMatchesTheDefault) {
     BackwardArgs a = dc.backward_args();
     a.options.column_mask = f.options.column_mask;
     FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
+    Tensors ref, plain;
+    reversed_causal_references(c, ref, plain);
+    const double atol = atol_for(dtype);
+    EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol)) << "out";
+    EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse";
     const std::vector<double> dq = gather_dense(c.dq.view()), dk = gather_dense(c.dk.view()),
                               dv = gather_dense(c.dv.view());
     a.deterministic = true;
     FUSEDATTN_RUN_OR_SKIP(dc.backward(a));
     const std::vector<unsigned char> first_run = bytes_of(c.dq);
+    const auto expect_both = [atol](const char* name, const std::vector<double>& deterministic,
+                                    const std::vector<double>& by_default, const std::vector<double>& want,
+                                    const std::vector<double>& want_plain) {
+      EXPECT_TRUE(obeys_2x_rule(by_default, want_plain, want, atol)) << name << " of the default backward";
+      EXPECT_TRUE(obeys_2x_rule(deterministic, want_plain, want, atol)) << name << " of the deterministic backward";
+    };
+    expect_both("dq", c.dq.to_double(), dq, ref.dq, plain.dq);
+    expect_both("dk", c.dk.to_double(), dk, ref.dk, plain.dk);
+    expect_both("dv", c.dv.to_double(), dv, ref.dv, plain.dv);
     constexpr double kAtol = 1e-3, kRtol = 1e-2;  // a few units in the last place of fp16 / bf16
     EXPECT_TRUE(all_close(gather_dense(c.dq.view()), dq, kAtol, kRtol)) << "dq";
     EXPECT_TRUE(all_close(gather_dense(c.dk.view()), dk, kAtol, kRtol)) << "dk";

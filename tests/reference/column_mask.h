@@ -73,6 +73,13 @@ inline void hide_rows_from_every_key(Columns& m, int64_t b, int64_t h, int64_t l
   }
 }
 
+// Key j of (b, h) hides from rows [0, keys - 1 - j) of a square call: the spans fall with the key,
+// so a later key block reaches further back. That is causal attention over K and V in reverse row
+// order (key j at row keys - 1 - j): reversed_causal_references.
+inline void hide_before_the_reversed_diagonal(Columns& m, int64_t b, int64_t h) {
+  for (int64_t j = 0; j < m.keys; ++j) m.hide(b, h, j, 0, 0, m.keys - 1 - j);
+}
+
 // Zeroes query rows [lo, hi) of every sequence of a dense problem's canonical [B, Sq, H, width]
 // values (width: head_dim for q, out, dout). A row that sees no key takes no part in the backward,
 // so the reference of the unmasked problem with those dout rows zeroed gives its gradients.
@@ -143,6 +150,38 @@ inline void expect_masked_forward(const HostCase& c, const Tensors& ref, const T
       for (int64_t e = (b * call.seqlen_q + i) * row; e < (b * call.seqlen_q + i + 1) * row; ++e)
         ASSERT_EQ(out[e], 0.0) << "out of hidden row " << i << " of " << name;
     }
+}
+
+// Reverses the order of each sequence's rows in t, canonical [batch, seqlen, width] values.
+inline void reverse_rows(std::vector<double>& t, int64_t batch, int64_t seqlen, int64_t width) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0, j = seqlen - 1; i < j; ++i, --j)
+      std::swap_ranges(t.begin() + (b * seqlen + i) * width, t.begin() + (b * seqlen + i + 1) * width,
+                       t.begin() + (b * seqlen + j) * width);
+}
+
+// The float64 reference (ref) and, in fp16/bf16, the plain same-dtype implementation (plain) of c,
+// a square dense call with the mask of hide_before_the_reversed_diagonal, forward and backward:
+// causal attention over K and V in reverse row order, its dk and dv reversed back.
+inline void reversed_causal_references(const HostCase& c, Tensors& ref, Tensors& plain) {
+  const Problem& call = c.problem;
+  const Problem truth = with_mask(call, true, -1, -1);
+  const int64_t kv_row = int64_t{call.heads_kv} * call.head_dim;
+  const auto reverse_keys = [&](std::vector<double>& k, std::vector<double>& v) {
+    reverse_rows(k, call.batch, call.seqlen_k, kv_row);
+    reverse_rows(v, call.batch, call.seqlen_k, kv_row);
+  };
+  ref = c.values;
+  reverse_keys(ref.k, ref.v);
+  reference_forward(truth, ref);
+  reference_backward(truth, ref);
+  reverse_keys(ref.dk, ref.dv);
+  plain = c.values;
+  if (c.dtype == DType::kFloat32) return;  // fp32 is judged by tolerance, without a plain bar
+  reverse_keys(plain.k, plain.v);
+  plain_forward(truth, c.dtype, plain);
+  plain_backward(truth, c.dtype, plain);
+  reverse_keys(plain.dk, plain.dv);
 }
 
 // The backend's results in c (a dense call with a column mask, run forward and backward) under
