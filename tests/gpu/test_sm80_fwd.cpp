@@ -15,8 +15,6 @@
 #include <vector>
 
 #include "cpu/cpu_check.h"  // dense(), packed(), with_mask(), atol_for()
-#include "cuda/common/env.h"
-#include "cuda/common/int_math.h"
 #include "cuda/dispatch.h"
 #include "cuda/sm80/fwd_kv_split.h"
 #include "cuda/sm80/tile_config.h"
@@ -117,25 +115,22 @@ void check(const Problem& p, DType dtype, Layout layout = Layout::kBSHD, double 
 
 const DType kDtypes[] = {DType::kFloat16, DType::kBFloat16};
 
-// The parts the portable launch cuts each tile's keys into (fwd_launch.cuh, run_fwd: plan_kv_split
-// over the grid of p, the grouped decode view), computed as it computes them.
+// The parts the portable launch cuts each tile's keys into on the instance of kHeadDim.
 template <int kHeadDim>
 int kv_parts_on(const FwdParams& p) {
   using Cfg = cuda::sm80::FwdConfig<kHeadDim>;
-  const int64_t ctas = cuda::ceil_div(p.seqlen_q, int64_t{Cfg::kBlockM}) * p.heads_q * p.batch;
-  return cuda::sm80::kv_split_parts(ctas, p.seqlen_k, int64_t{sm_count()} * Cfg::kMinBlocksPerSm);
+  return cuda::sm80::kv_split_parts_for(p, Cfg::kBlockM, Cfg::kMinBlocksPerSm);
 }
 
-// The key split's parts for pr on the portable forward: 1 where it does not split (masked
-// launches, launches that fill the GPU, FUSEDATTN_SM80_KV_SPLIT=0). Throws the dispatcher's
-// error where this build has no instance for pr (run_unless_missing turns it into a skip).
+// The key split's parts for pr on the portable forward (fwd_launch.cuh, run_fwd): 1 where it does
+// not split (masked launches, launches that fill the GPU, FUSEDATTN_SM80_KV_SPLIT=0). Throws the
+// dispatcher's error where this build has no instance for pr (run_unless_missing turns it into a
+// skip).
 int planned_kv_parts(const Problem& pr, DType dtype) {
   const FwdParams params = planning_params(pr, dtype);
   const int instance = cuda::choose_forward(params, 8, 0).instance_head_dim;  // the portable instance
-  if (params.is_masked() || !cuda::env_switch_or("FUSEDATTN_SM80_KV_SPLIT", true)) return 1;
-  const FwdParams p = cuda::env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true)
-                          ? decode_groups_as_rows(params, /*strided_rows=*/true)
-                          : params;
+  if (params.is_masked()) return 1;
+  const FwdParams p = cuda::sm80::launch_view(params);
   switch (instance) {
     case 32: return kv_parts_on<32>(p);
     case 64: return kv_parts_on<64>(p);

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "cuda/common/env.h"
 #include "fusedattn/params.h"
 
 namespace fusedattn::cuda::sm80 {
@@ -48,11 +49,23 @@ inline int kv_split_parts(int64_t ctas, int64_t keys, int64_t slots) {
   return static_cast<int>(parts < 2 ? 1 : (parts > kMaxKvParts ? kMaxKvParts : parts));
 }
 
-// The split of a full-mask launch of p in `ctas` tiles of CTAs that fit ctas_per_sm to an SM, on
-// an instance of head dim o_cols, with its workspace in p.stream's buffer (common/stream_buffer.h).
-// parts == 1 where none pays, where FUSEDATTN_SM80_KV_SPLIT=0, or where the buffer would have to
-// grow during a graph capture.
-KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_cols);
+// The view of params that the portable forward launches: a grouped decode's query heads as rows
+// of one head, read as strided rows, so ragged and paged decodes take it too
+// (FUSEDATTN_SM80_DECODE_ROWS=0 launches them head by head, for A/B measurements).
+inline FwdParams launch_view(const FwdParams& params) {
+  return env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true) ? decode_groups_as_rows(params, /*strided_rows=*/true)
+                                                           : params;
+}
+
+// The parts each tile's keys are cut into in a full-mask launch of p (a launch view) in tiles of
+// block_m query rows, ctas_per_sm CTAs to an SM: kv_split_parts over the GPU's slots, 1 where
+// FUSEDATTN_SM80_KV_SPLIT=0. The tests assert with it that a launch splits.
+int kv_split_parts_for(const FwdParams& p, int block_m, int ctas_per_sm);
+
+// The split of that launch on an instance of head dim o_cols, with its workspace in p.stream's
+// buffer (common/stream_buffer.h): parts == 1 where kv_split_parts_for says so, or where the
+// buffer would have to grow during a graph capture.
+KvSplit plan_kv_split(const FwdParams& p, int block_m, int ctas_per_sm, int o_cols);
 
 // Combines a split launch's parts into p's O and LSE (fwd_split_combine.cu).
 void combine_kv_split(const FwdParams& p, const KvSplit& split);

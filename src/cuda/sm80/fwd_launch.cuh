@@ -23,11 +23,7 @@ constexpr unsigned kMaxGridYZ = 65535;
 template <typename Element, int kHeadDim, MaskKind kMask>
 void run_fwd(const FwdParams& params) {
   using Cfg = FwdConfig<kHeadDim>;
-  // FUSEDATTN_SM80_DECODE_ROWS=0 runs a grouped decode head by head (A/B measurements). This
-  // kernel reads the view's strided rows, so it takes it for ragged and paged decodes too.
-  const FwdParams p = env_switch_or("FUSEDATTN_SM80_DECODE_ROWS", true)
-                          ? decode_groups_as_rows(params, /*strided_rows=*/true)
-                          : params;
+  const FwdParams p = launch_view(params);
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;
   if (static_cast<unsigned>(p.heads_q) > kMaxGridYZ || static_cast<unsigned>(p.batch) > kMaxGridYZ)
     throw Error(ErrorCode::kUnsupported, "q",
@@ -42,8 +38,7 @@ void run_fwd(const FwdParams& params) {
   const int64_t m_blocks = ceil_div(p.seqlen_q, Cfg::kBlockM);
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const KvSplit split =
-      kMask == MaskKind::kFull ? plan_kv_split(p, m_blocks * p.heads_q * p.batch, Cfg::kMinBlocksPerSm, kHeadDim)
-                               : KvSplit{};
+      kMask == MaskKind::kFull ? plan_kv_split(p, Cfg::kBlockM, Cfg::kMinBlocksPerSm, kHeadDim) : KvSplit{};
   const dim3 grid(static_cast<unsigned>(m_blocks * split.parts), static_cast<unsigned>(p.heads_q),
                   static_cast<unsigned>(p.batch));
   // A pair's K and V: 2 seqlen_k rows of head_dim elements (fwd_cta).

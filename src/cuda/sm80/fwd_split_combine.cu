@@ -80,11 +80,16 @@ __global__ void __launch_bounds__(kCombineWarps* kWarpSize)
 
 }  // namespace
 
-KvSplit plan_kv_split(const FwdParams& p, int64_t ctas, int ctas_per_sm, int o_cols) {
-  if (!env_switch_or("FUSEDATTN_SM80_KV_SPLIT", true)) return {};
+int kv_split_parts_for(const FwdParams& p, int block_m, int ctas_per_sm) {
+  if (!env_switch_or("FUSEDATTN_SM80_KV_SPLIT", true)) return 1;
+  const int64_t ctas = ceil_div(p.seqlen_q, int64_t{block_m}) * p.heads_q * p.batch;
   const int64_t slots = int64_t{current_device_attribute(cudaDevAttrMultiProcessorCount)} * ctas_per_sm;
+  return kv_split_parts(ctas, p.seqlen_k, slots);
+}
+
+KvSplit plan_kv_split(const FwdParams& p, int block_m, int ctas_per_sm, int o_cols) {
   KvSplit split;
-  split.parts = kv_split_parts(ctas, p.seqlen_k, slots);
+  split.parts = kv_split_parts_for(p, block_m, ctas_per_sm);
   if (split.parts == 1) return {};
   split.heads = p.heads_q;
   split.rows = p.cu_seqlens_q != nullptr ? p.varlen_rows_q * p.view_group : p.batch * p.seqlen_q;
