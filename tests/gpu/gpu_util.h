@@ -164,47 +164,72 @@ struct DeviceCase {
   }
 };
 
-// Runs `call` while `stream` is being captured into a CUDA graph (global mode), then launches the
-// graph once on `stream` and waits for it; returns the graph's kernel nodes. Work a call puts on
-// another stream (the legacy one included) is not in the graph: it fails under the capture, or ran
-// at once, before the graph, so that the graph lacks its kernels and the results it leaves are not
-// the replay's. An error `call` throws is rethrown once the capture has ended (a missing instance:
-// wrap the call in run_unless_missing). Only calls that read nothing on the host may be captured
-// (dense forwards, merges: docs/api.md).
+// `call` captured into a CUDA graph on `stream` (global mode) and instantiated, for a test to
+// replay. Work a call puts on another stream (the legacy one included) is not in the graph: it
+// fails under the capture, or ran at once, before the graph, so that the graph lacks its kernels
+// and the results it leaves are not the replay's. The capture ends whatever `call` does (else the
+// stream would stay captured); an error it throws is rethrown then (a missing instance: wrap the
+// call in run_unless_missing). Only calls that read nothing on the host may be captured (dense
+// forwards, merges, calls with their lengths on the device: docs/api.md).
+class CapturedGraph {
+ public:
+  template <typename Fn>
+  CapturedGraph(cudaStream_t stream, Fn&& call) : stream_(stream) {
+    cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    std::exception_ptr error;
+    try {
+      call();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph_);
+    if (error) std::rethrow_exception(error);
+    cuda_check(ended, "end capture");
+    cuda_check(cudaGraphInstantiate(&exec_, graph_, 0), "instantiate");
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+  }
+
+  cudaGraph_t graph() const { return graph_; }
+
+  // The graph's kernel nodes.
+  int kernels() const {
+    std::size_t count = 0;
+    cuda_check(cudaGraphGetNodes(graph_, nullptr, &count), "graph nodes");
+    std::vector<cudaGraphNode_t> nodes(count);
+    cuda_check(cudaGraphGetNodes(graph_, nodes.data(), &count), "graph nodes");
+    int kernels = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      cudaGraphNodeType type{};
+      cuda_check(cudaGraphNodeGetType(nodes[i], &type), "graph node type");
+      kernels += type == cudaGraphNodeTypeKernel;
+    }
+    return kernels;
+  }
+
+  // Launches the graph on its stream and waits for it.
+  void replay() const {
+    cuda_check(cudaGraphLaunch(exec_, stream_), "graph launch");
+    cuda_check(cudaStreamSynchronize(stream_), "graph replay");
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// Runs `call` captured into a CUDA graph on `stream` (CapturedGraph), replays it once and waits
+// for it; returns the graph's kernel nodes.
 template <typename Fn>
 int run_captured(cudaStream_t stream, Fn&& call) {
-  struct Graph {
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    ~Graph() {
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
-    }
-  } g;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  std::exception_ptr error;
-  try {
-    call();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  const cudaError_t ended = cudaStreamEndCapture(stream, &g.graph);
-  if (error) std::rethrow_exception(error);
-  cuda_check(ended, "end capture");
-  std::size_t count = 0;
-  cuda_check(cudaGraphGetNodes(g.graph, nullptr, &count), "graph nodes");
-  std::vector<cudaGraphNode_t> nodes(count);
-  cuda_check(cudaGraphGetNodes(g.graph, nodes.data(), &count), "graph nodes");
-  int kernels = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    cudaGraphNodeType type{};
-    cuda_check(cudaGraphNodeGetType(nodes[i], &type), "graph node type");
-    kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cuda_check(cudaGraphInstantiate(&g.exec, g.graph, 0), "instantiate");
-  cuda_check(cudaGraphLaunch(g.exec, stream), "graph launch");
-  cuda_check(cudaStreamSynchronize(stream), "graph replay");
-  return kernels;
+  const CapturedGraph g(stream, std::forward<Fn>(call));
+  g.replay();
+  return g.kernels();
 }
 
 // SMs of device 0: what the launchers' tail-split plans divide the work by.

@@ -106,12 +106,7 @@ TEST(GpuAppendKv, ReplaysTheLengthsItFinds) {
   cudaStream_t stream = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   d.args.stream = stream;
-  cudaGraph_t graph = nullptr;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  append_kv(d.args);
-  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec = nullptr;
-  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const CapturedGraph graph(stream, [&] { append_kv(d.args); });
   for (const std::vector<int32_t>& lengths : {std::vector<int32_t>{31, 5, 0}, std::vector<int32_t>{32, 1, 17}}) {
     c.lengths = lengths;
     d.lengths.upload(lengths);
@@ -121,13 +116,10 @@ TEST(GpuAppendKv, ReplaysTheLengthsItFinds) {
     std::vector<int32_t> status_want;
     c.expected(k_want, v_want, status_want);
     cuda_check(cudaDeviceSynchronize(), "lengths in place");  // the upload is on the legacy stream
-    cuda_check(cudaGraphLaunch(exec, stream), "replay");
-    cuda_check(cudaStreamSynchronize(stream), "replay");
+    graph.replay();
     EXPECT_EQ(d.status.download(), status_want);
     EXPECT_TRUE(d.k_cache.download() == k_want && d.v_cache.download() == v_want);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

@@ -205,23 +205,11 @@ void expect_replays_follow_the_offsets(int64_t page_size) {
   // An eager call first sizes the stream's scratch, which cannot grow during a capture.
   FUSEDATTN_RUN_OR_SKIP(run_unless_missing([&] { forward(a); }));
   cuda_check(cudaStreamSynchronize(stream), "eager call");
-  cudaGraph_t graph = nullptr;
-  cuda_check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  std::string error;
-  try {
-    forward(a);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  cuda_check(cudaStreamEndCapture(stream, &graph), "end capture");
-  ASSERT_TRUE(error.empty()) << "the captured call threw: " << error;
-  cudaGraphExec_t exec = nullptr;
-  cuda_check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const CapturedGraph graph(stream, [&] { forward(a); });
   const auto replay = [&] {
     call.dc->out.poison();
     call.dc->lse.poison();
-    cuda_check(cudaGraphLaunch(exec, stream), "graph launch");
-    cuda_check(cudaStreamSynchronize(stream), "replay");
+    graph.replay();
     call.dc->out.download(call.c.out);
     call.dc->lse.download(call.c.lse);
   };
@@ -253,8 +241,6 @@ void expect_replays_follow_the_offsets(int64_t page_size) {
   replay();
   EXPECT_TRUE(every_element_is(call.c.out, device_nan_bits(DType::kFloat16)));
   expect_error([] { check_device_errors(kGpu); }, ErrorCode::kInvalidArgument, "cu_seqlens_q", "entry 2 (39)");
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
 

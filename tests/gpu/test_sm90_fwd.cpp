@@ -953,13 +953,8 @@ bool expect_captured_forward_matches(HostCase& c, Inspect inspect) {
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   p.stream = stream;
-  cudaGraph_t graph = nullptr;
-  check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  fn(p);
-  check(cudaStreamEndCapture(stream, &graph), "end capture");
-  inspect(graph);
-  cudaGraphExec_t exec = nullptr;
-  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const CapturedGraph graph(stream, [&] { fn(p); });
+  inspect(graph.graph());
   Tensors ref = c.values, plain = c.values;
   reference_forward(c.problem, ref);
   plain_forward(c.problem, c.dtype, plain);
@@ -972,15 +967,12 @@ bool expect_captured_forward_matches(HostCase& c, Inspect inspect) {
     // A copy from pageable memory may return before its DMA has landed, on the legacy stream,
     // which `stream` does not wait for.
     check(cudaDeviceSynchronize(), "poison");
-    check(cudaGraphLaunch(exec, stream), "graph launch");
-    check(cudaStreamSynchronize(stream), "replay");
+    graph.replay();
     o.copy_to(c.out);
     lse.copy_to(c.lse);
     EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, kAtol)) << c.problem.str() << " replay " << replay;
     EXPECT_TRUE(all_close(c.lse.to_double(), ref.lse, kLseAtol, kLseAtol)) << "lse, replay " << replay;
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
   return true;
 }
