@@ -20,7 +20,7 @@
 #include "cuda/sm80/tile_config.h"
 #include "gpu/missing_instance.h"
 #include "gpu/scoped_env.h"
-#include "gpu/sm90_plan.h"  // planning_params(); gpu_util.h: sm_count()
+#include "gpu/sm90_plan.h"  // planning_params()
 #include "reference/test_util.h"
 
 namespace fusedattn::testing {
