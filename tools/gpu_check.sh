@@ -49,7 +49,9 @@
 # GPU_CUDA_FLAGS adds nvcc flags to the main build, e.g. a compile-time experiment switch
 # (-DFUSEDATTN_SM90_ASCENDING_MASKED=2) for its tests; unset, the build has none.
 # PYTEST_K picks Python tests by pytest's -k expression (default all); PYTEST_LIMIT bounds the step
-# (seconds, default 420: the whole suite on CUDA took ~240 s in session 54).
+# (seconds, default 420: the whole suite on CUDA took ~240 s in session 54, ~315 s in session 100).
+# The steps run in the order build, tests, sanitize, cli, pytest: sanitize (~260 s for its Hopper
+# set) and pytest together overrun a call's 600 s with the machine's start, so give each a call.
 # CPU_TESTS=0 leaves the CPU suite out of the tests step (~45 s; CI runs it on every change).
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
