@@ -9,12 +9,14 @@ import zlib
 import pytest
 import torch
 
-import fusedattn  # noqa: F401  (loads the operators)
+import fusedattn
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device"))]
 # The CUDA kernels take half precision only; the CPU backend also takes float32.
 DTYPES = {"cpu": (torch.float32, torch.float16, torch.bfloat16), "cuda": (torch.float16, torch.bfloat16)}
+# check_device_errors raises one fault a call; a failed test leaves at most a few.
+_MAX_FAULTS_LEFT = 16
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +25,22 @@ def fresh_seed(request):
     from FUSEDATTN_TEST_SEED where that is set: other draws of the same tests, e.g. a longer fuzz
     run with `for s in $(seq 20); do FUSEDATTN_TEST_SEED=$s pytest -q test_fuzz.py; done`)."""
     torch.manual_seed(zlib.crc32((request.node.nodeid + os.environ.get("FUSEDATTN_TEST_SEED", "")).encode()))
+
+
+@pytest.fixture(autouse=True)
+def no_fault_left_from_an_earlier_test():
+    """A test that fails before its check_device_errors leaves its device-check faults recorded;
+    they are taken here, so that the next test's checks see only its own (each test that makes a
+    fault asserts that check_device_errors raises it). CUDA is only asked where torch has set it up
+    already: a first CUDA call in this process could break a later test's forked workers."""
+    devices = ["cpu"] + (["cuda"] if HAS_CUDA and torch.cuda.is_initialized() else [])
+    for device in devices:
+        for _ in range(_MAX_FAULTS_LEFT):
+            try:
+                fusedattn.check_device_errors(device)
+                break
+            except ValueError:
+                continue
 
 
 @pytest.fixture(autouse=True)
