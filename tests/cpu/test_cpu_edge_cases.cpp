@@ -28,13 +28,7 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // ---- zero sizes --------------------------------------------------------------------------------
 
 // A valid call without query rows computes nothing: the forward has nothing to write, and the
-// backward writes only the key gradients, which are 0 since no query attends to a key (they hold
-// the poison before each run). A no-op once left them unwritten: NaN here, in the binding whatever
-// torch.empty_like held, summed into k.grad.
-void expect_zero_key_gradients(const HostCase& c) {
-  for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0) << "dk";
-  for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0) << "dv";
-}
+// backward writes only the key gradients (expect_zero_key_gradients, test_util.h).
 
 // run_backward's views follow the case's layout ([B, H, S, D] for kBHSD).
 void expect_no_query_rows(const Problem& p, Layout layout = Layout::kBSHD) {

@@ -46,9 +46,7 @@ ZeroRuns expect_exact_zeroing(const Layout& l) {
     }
   });
   std::vector<bool> inside(buffer.size(), false);
-  int64_t count = t.rank > 0 ? 1 : 0;
-  for (int d = 0; d < t.rank; ++d) count *= t.shape[d];
-  for (int64_t e = 0; e < count; ++e) {
+  for (int64_t e = 0, count = t.numel(); e < count; ++e) {
     int64_t offset = 0, rest = e;
     for (int d = t.rank - 1; d >= 0; --d) {
       offset += rest % t.shape[d] * t.stride[d];

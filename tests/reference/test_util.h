@@ -289,4 +289,12 @@ inline ::testing::AssertionResult obeys_2x_rule(const std::vector<double>& got, 
   return ::testing::AssertionFailure() << message;
 }
 
+// c's key gradients after a backward without query rows: 0, since no query attends to a key (they
+// hold the poison before each run). A no-op once left them unwritten: NaN in the tests, in the
+// binding whatever torch.empty_like held, summed into k.grad.
+inline void expect_zero_key_gradients(const HostCase& c) {
+  for (double x : c.dk.to_double()) ASSERT_EQ(x, 0.0) << "dk";
+  for (double x : c.dv.to_double()) ASSERT_EQ(x, 0.0) << "dv";
+}
+
 }  // namespace fusedattn::testing
