@@ -135,8 +135,6 @@ TEST(CpuMaskedRows, CausalWithSqAboveSkGivesZeroAndMinusInf) {
 
 // ---- large logits --------------------------------------------------------------------------------
 
-// large_logits_ok (test_util.h) judges each result.
-
 TEST(CpuLargeLogits, QueryTimesHundredStaysFiniteAndCorrect) {
   constexpr double kQueryGain = 100.0;
   for (const Problem& p : {dense(1, 2, 2, 100, 120, kHeadDim), with_mask(dense(1, 2, 1, 120, 100, kHeadDim), true, -1, -1)}) {
@@ -148,23 +146,7 @@ TEST(CpuLargeLogits, QueryTimesHundredStaysFiniteAndCorrect) {
       refill_inputs(c);
       run_forward(c);
       run_backward(c);
-      Tensors ref = c.values, plain = c.values;
-      reference_forward(p, ref);
-      reference_backward(p, ref);
-      if (dtype != DType::kFloat32) {
-        plain_forward(p, dtype, plain);
-        plain_backward(p, dtype, plain);
-      }
-      const auto out = c.out.to_double(), lse = c.lse.to_double();
-      for (double x : out) ASSERT_TRUE(std::isfinite(x));
-      for (size_t n = 0; n < lse.size(); ++n) ASSERT_EQ(std::isfinite(lse[n]), std::isfinite(ref.lse[n]));
-      const double atol = atol_for(dtype);
-      EXPECT_TRUE(large_logits_ok(dtype, out, plain.out, ref.out, atol)) << "out";
-      EXPECT_TRUE(large_logits_ok(dtype, lse, plain.lse, ref.lse, kLseAtol)) << "lse";
-      EXPECT_TRUE(large_logits_ok(dtype, c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
-      EXPECT_TRUE(large_logits_ok(dtype, c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
-      // dk = scale dS^T q carries the query's gain.
-      EXPECT_TRUE(large_logits_ok(dtype, c.dk.to_double(), plain.dk, ref.dk, atol * kQueryGain)) << "dk";
+      expect_large_logits_results(p, c, kQueryGain);
     }
   }
 }

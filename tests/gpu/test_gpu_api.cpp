@@ -330,21 +330,7 @@ TEST(GpuEdges, LargeLogitsStayFiniteAndCorrect) {
       DeviceCase dc(c);
       FUSEDATTN_RUN_OR_SKIP(dc.forward());
       FUSEDATTN_RUN_OR_SKIP(dc.backward());
-      Tensors ref = c.values, plain = c.values;
-      reference_forward(p, ref);
-      reference_backward(p, ref);
-      plain_forward(p, dtype, plain);
-      plain_backward(p, dtype, plain);
-      const double atol = atol_for(dtype);
-      const auto out = c.out.to_double(), lse = c.lse.to_double();
-      for (double x : out) ASSERT_TRUE(std::isfinite(x));
-      for (size_t n = 0; n < lse.size(); ++n) ASSERT_EQ(std::isfinite(lse[n]), std::isfinite(ref.lse[n]));
-      EXPECT_TRUE(large_logits_ok(dtype, out, plain.out, ref.out, atol)) << "out";
-      EXPECT_TRUE(large_logits_ok(dtype, lse, plain.lse, ref.lse, kLseAtol)) << "lse";
-      EXPECT_TRUE(large_logits_ok(dtype, c.dq.to_double(), plain.dq, ref.dq, atol)) << "dq";
-      // dk = scale dS^T q carries the query's gain.
-      EXPECT_TRUE(large_logits_ok(dtype, c.dk.to_double(), plain.dk, ref.dk, atol * kQueryGain)) << "dk";
-      EXPECT_TRUE(large_logits_ok(dtype, c.dv.to_double(), plain.dv, ref.dv, atol)) << "dv";
+      expect_large_logits_results(p, c, kQueryGain);
     }
   }
 }

@@ -289,40 +289,6 @@ inline ::testing::AssertionResult obeys_2x_rule(const std::vector<double>& got, 
   return ::testing::AssertionFailure() << message;
 }
 
-// The relative rounding step of a storage dtype (2^-mantissa bits).
-inline double dtype_epsilon(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16: return std::ldexp(1.0, -10);
-    case DType::kBFloat16: return std::ldexp(1.0, -7);
-    default: return std::ldexp(1.0, -23);
-  }
-}
-
-// Results at large logits (queries scaled up a hundredfold), on the CPU and GPU suites alike.
-// fp32 at large logits: the FA2 formulation evaluates exp2(s * scale_log2 - lse_log2) with both
-// terms near |s| ~ 150 and recomputes P in the backward from the stored lse, so each exponent
-// carries a few fp32 ulps of 150 (~1e-5) where a plain softmax carries one ulp of (s - max).
-// That is the algorithm's precision, not a defect: judge fp32 by relative L2 error instead.
-constexpr double kFp32LargeLogitsRelL2 = 2e-4;
-// fp16/bf16: the plain implementation rounds S (~400 here) to the dtype, so its error, and the 2x
-// rule's bound with it, is about as large as the results (a zeroed dq passed it in bf16). Our
-// kernels keep S in fp32, so the results must also be within a few of the dtype's rounding steps
-// in relative L2: at most 3.4 measured (bf16 dq), over 8 seeds.
-constexpr double kHalfLargeLogitsRelSteps = 8.0;
-
-inline ::testing::AssertionResult large_logits_ok(DType dtype, const std::vector<double>& got, const std::vector<double>& plain,
-                                           const std::vector<double>& ref, double atol) {
-  if (dtype != DType::kFloat32) {
-    ::testing::AssertionResult two_x = obeys_2x_rule(got, plain, ref, atol);
-    if (!two_x) return two_x;
-  }
-  const double bound = dtype == DType::kFloat32 ? kFp32LargeLogitsRelL2 : kHalfLargeLogitsRelSteps * dtype_epsilon(dtype);
-  const ErrorStats e = compare(got, ref);
-  if (e.mismatched_nonfinite == 0 && e.rel_l2 <= bound) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "rel_l2 " << e.rel_l2 << " (bound " << bound << "), max_abs " << e.max_abs
-                                       << ", non-finite mismatches " << e.mismatched_nonfinite;
-}
-
 // c's key gradients after a backward without query rows: 0, since no query attends to a key (they
 // hold the poison before each run). A no-op once left them unwritten: NaN in the tests, in the
 // binding whatever torch.empty_like held, summed into k.grad.
