@@ -164,6 +164,34 @@ TEST(Reference, PlainErrorShrinksWithPrecision) {
   EXPECT_LT(err[2], 1e-5);
 }
 
+// The FlashAttention model differs from the reference only through delta = dO . O: over the exact
+// output it is the reference (to float64 rounding), over a rounded one dq and dk move and dv not.
+TEST(Reference, BackwardOverStoredOutMovesOnlyDelta) {
+  const Problem p = dense(1, 2, 1, 40, 56, 32);
+  std::mt19937_64 rng = fresh_rng();
+  Tensors t;
+  t.q = randn(rng, 40 * 2 * 32, 1.0, DType::kFloat32);
+  t.k = randn(rng, 56 * 1 * 32, 1.0, DType::kFloat32);
+  t.v = randn(rng, 56 * 1 * 32, 1.0, DType::kFloat32);
+  t.dout = randn(rng, 40 * 2 * 32, 1.0, DType::kFloat32);
+  Tensors ref = t;
+  reference_forward(p, ref);
+  reference_backward(p, ref);
+  constexpr double kFloat64Sums = 1e-12;
+  Tensors exact = t;
+  reference_backward_over_stored_out(p, exact, ref.out);
+  EXPECT_LT(compare(exact.dq, ref.dq).max_abs, kFloat64Sums);
+  EXPECT_LT(compare(exact.dk, ref.dk).max_abs, kFloat64Sums);
+  EXPECT_EQ(exact.dv, ref.dv);
+  std::vector<double> stored = ref.out;
+  for (double& x : stored) x = round_to(DType::kBFloat16, x);
+  Tensors rounded = t;
+  reference_backward_over_stored_out(p, rounded, stored);
+  EXPECT_GT(compare(rounded.dq, ref.dq).max_abs, kFloat64Sums);
+  EXPECT_GT(compare(rounded.dk, ref.dk).max_abs, kFloat64Sums);
+  EXPECT_EQ(rounded.dv, ref.dv);
+}
+
 TEST(Reference, CompareCountsNonFiniteMismatches) {
   const std::vector<double> ref{1.0, NAN, INFINITY, -INFINITY, 2.0};
   EXPECT_EQ(compare(ref, ref).mismatched_nonfinite, 0);

@@ -71,7 +71,8 @@ def allowed_keys(seqlen_q: int, seqlen_k: int, window_left: int, window_right: i
     return ok
 
 
-def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=torch.float64, allowed=None):
+def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=torch.float64, allowed=None,
+                   stored_out=None):
     """Plain attention and its gradients in `dtype`, on one dense (batch, seqlen, heads, dim) batch.
 
     Returns out, lse [batch, heads, seqlen_q], dq, dk, dv. Fully masked rows give out = 0, lse = -inf
@@ -80,6 +81,8 @@ def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=
     same inputs, as the kernels return lse (flash_attn's softmax_lse) in float32: a logsumexp
     rounded to bf16 would set the bar at its own rounding, 0.06 at an lse of 8. `allowed` (bool,
     broadcastable to [batch, heads, seqlen_q, seqlen_k]) hides more keys on top of the window.
+    `stored_out` (the output as a kernel stored it) gives the backward's delta = dO . O over it, as
+    the FlashAttention backward reads its O back: in float64, that algorithm's own model.
     """
     inputs = (q, k, v)
     group = q.shape[2] // k.shape[2]
@@ -100,7 +103,8 @@ def attention_math(q, k, v, dout, scale, window_left=-1, window_right=-1, dtype=
         do = dout.to(dtype).transpose(1, 2)
         dv = p.transpose(-1, -2) @ do
         dp = do @ v.transpose(-1, -2)
-        delta = (do * out).sum(-1, keepdim=True)
+        o = out if stored_out is None else stored_out.to(dtype).transpose(1, 2)
+        delta = (do * o).sum(-1, keepdim=True)
         ds = p * (dp - delta) * scale
         dq = ds @ k
         dk = ds.transpose(-1, -2) @ q

@@ -194,7 +194,11 @@ def test_no_query_rows_give_zero_key_gradients(device):
 # At logits in the hundreds the plain bf16 implementation rounds S by ~1, so the 2x rule's bound
 # is about the size of the results (a zeroed dq passed it); the kernels keep S in float32, so their
 # results must also lie within a few bf16 rounding steps in relative L2 (the C++ test of the same
-# case measured at most 3.4 on the CPU).
+# case measured at most 3.4 on the CPU) beyond twice the error of the algorithm's float64 model
+# (attention_math's stored_out). That error, the stored output's rounding carried into delta, is
+# an absolute floor under dq and dk, whose terms cancel where every row's softmax is nearly
+# one-hot: it decides where dq itself is small (one seed's dq of L2 norm 0.06 over a floor of
+# 0.037, 74 bf16 steps relative to dq alone).
 LARGE_LOGITS_REL_STEPS = 8
 
 
@@ -209,11 +213,14 @@ def test_large_logits_do_not_overflow(device):
     grads = torch.autograd.grad(out, (q, k, v), dout)
     args = (q.detach(), k.detach(), v.detach(), dout, default_scale(64))
     ref, plain = attention_math(*args), attention_math(*args, dtype=dtype)
-    for name, o, r, p in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref, plain):
+    model = attention_math(*args, stored_out=out.detach())
+    for name, o, r, p, m in zip(("out", "lse", "dq", "dk", "dv"), (out, lse, *grads), ref, plain, model):
         assert torch.isfinite(o).all(), name
         assert_2x_rule(name, o.detach(), r, p)
         rel_l2 = ((o.detach().double() - r).norm() / r.norm()).item()
-        assert rel_l2 <= LARGE_LOGITS_REL_STEPS * torch.finfo(dtype).eps, f"{name}: relative L2 error {rel_l2:.3e}"
+        floor = ((m - r).norm() / r.norm()).item()
+        bound = LARGE_LOGITS_REL_STEPS * torch.finfo(dtype).eps + 2 * floor
+        assert rel_l2 <= bound, f"{name}: relative L2 error {rel_l2:.3e} (bound {bound:.3e}, the model's {floor:.3e})"
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -270,9 +270,11 @@ void plain_forward(const Problem& p, DType dtype, Tensors& t) {
   store_rows(p, t, [&](const Seq& s, int h, int64_t i) { return plain_row(p, dtype, t, s, h, i); });
 }
 
-// dS = P o (dP - delta) with P = softmax(S) recomputed in double, delta_i = sum_j P_ij dP_ij;
-// dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK/dV accumulate over a GQA group's heads.
-void reference_backward(const Problem& p, Tensors& t) {
+namespace {
+// dS = P o (dP - delta) with P = softmax(S) recomputed in double, delta_i = sum_j P_ij dP_ij (or,
+// given stored_out, dO_i . O_i over it); dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO; dK/dV
+// accumulate over a GQA group's heads.
+void backward_rows(const Problem& p, Tensors& t, const std::vector<double>* stored_out) {
   const int D = p.head_dim;
   const double scale = p.scale();
   t.dq.assign(q_size(p), 0.0);
@@ -298,8 +300,10 @@ void reference_backward(const Problem& p, Tensors& t) {
           double dot = 0;
           for (int d = 0; d < D; ++d) dot += dout[d] * v[d];
           dp[j] = dot;
-          delta += prob[j] * dot;
+          if (!stored_out) delta += prob[j] * dot;
         }
+        if (stored_out)
+          for (int d = 0; d < D; ++d) delta += dout[d] * (*stored_out)[qo + d];
         for (size_t j = 0; j < sc.size(); ++j) {
           const int64_t ko = k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), hk);
           const double ds = prob[j] * (dp[j] - delta);
@@ -312,6 +316,13 @@ void reference_backward(const Problem& p, Tensors& t) {
       }
     }
   }
+}
+}  // namespace
+
+void reference_backward(const Problem& p, Tensors& t) { backward_rows(p, t, nullptr); }
+
+void reference_backward_over_stored_out(const Problem& p, Tensors& t, const std::vector<double>& stored_out) {
+  backward_rows(p, t, &stored_out);
 }
 
 // The same in the storage dtype: each matmul (dP, dS, dQ, dK, dV) accumulates in fp32 and is

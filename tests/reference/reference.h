@@ -52,6 +52,12 @@ struct Tensors {
 void reference_forward(const Problem& p, Tensors& t);
 // Needs t.q, t.k, t.v, t.dout; fills dq, dk, dv (dk/dv summed over a GQA group's heads).
 void reference_backward(const Problem& p, Tensors& t);
+// The FlashAttention backward's own float64 model: reference_backward with each row's
+// delta = dO . O taken over `stored_out` (the output as the forward stored it, in its dtype) in
+// place of sum_j P_ij dP_ij. What it differs from the reference by is the stored output's
+// rounding carried into dS, which every kernel that reads O back shares; where each row's softmax
+// is nearly one-hot (logits in the hundreds), dq and dk are little more than that.
+void reference_backward_over_stored_out(const Problem& p, Tensors& t, const std::vector<double>& stored_out);
 
 // The same computation as a plain implementation would do it in `dtype`: inputs rounded to
 // dtype, S = QK^T accumulated in fp32 and rounded to dtype, softmax in fp32, P rounded to dtype,
