@@ -58,6 +58,31 @@ int64_t lse_size(const Problem& p) { return p.total_q() * p.heads_q; }
 int64_t q_size(const Problem& p) { return p.total_q() * p.heads_q * int64_t{p.head_dim}; }
 int64_t k_size(const Problem& p) { return p.total_k() * p.heads_kv * int64_t{p.head_dim}; }
 
+// out[j] = sum over d of a[d] * row(j)[d] for j in [0, n), each summed in the order of d, as one
+// loop per row would (so every value is that loop's, bit for bit), but kDotRows rows at a time:
+// their sums are independent chains the CPU overlaps, where a single row's chain waits out each
+// add's latency. The naive reference spends most of the GPU suite's host time in these sums.
+constexpr int64_t kDotRows = 4;
+
+template <typename Acc, typename RowFn>
+void dots_in_order(const double* a, int D, int64_t n, RowFn row, Acc* out) {
+  int64_t j = 0;
+  for (; j + kDotRows <= n; j += kDotRows) {
+    const double* r[kDotRows];
+    Acc acc[kDotRows] = {};
+    for (int64_t u = 0; u < kDotRows; ++u) r[u] = row(j + u);
+    for (int d = 0; d < D; ++d)
+      for (int64_t u = 0; u < kDotRows; ++u) acc[u] += static_cast<Acc>(a[d]) * static_cast<Acc>(r[u][d]);
+    for (int64_t u = 0; u < kDotRows; ++u) out[j + u] = acc[u];
+  }
+  for (; j < n; ++j) {
+    const double* r = row(j);
+    Acc acc = 0;
+    for (int d = 0; d < D; ++d) acc += static_cast<Acc>(a[d]) * static_cast<Acc>(r[d]);
+    out[j] = acc;
+  }
+}
+
 // ---- float64 -----------------------------------------------------------------------------------
 
 // Scores of row i against its visible keys, scaled: s[j - lo].
@@ -65,14 +90,28 @@ std::vector<double> scores(const Problem& p, const Tensors& t, const Seq& s, int
   const int D = p.head_dim;
   const double scale = p.scale();
   const double* q = &t.q[q_offset(p, s.q_start + i, h)];
-  std::vector<double> out;
-  for (int64_t j = vis.lo; j <= vis.hi; ++j) {
-    const double* k = &t.k[k_offset(p, s.k_start + j, kv_head_of(p, h))];
-    double dot = 0;
-    for (int d = 0; d < D; ++d) dot += q[d] * k[d];
-    out.push_back(scale * dot);
-  }
+  const int hk = kv_head_of(p, h);
+  std::vector<double> out(static_cast<size_t>(vis.hi - vis.lo + 1));
+  dots_in_order(q, D, vis.hi - vis.lo + 1, [&](int64_t j) { return &t.k[k_offset(p, s.k_start + vis.lo + j, hk)]; },
+                out.data());
+  for (double& x : out) x *= scale;
   return out;
+}
+
+// A row's softmax over its scores: e[j] = exp(sc[j] - max) and their sum. The max is only a shift
+// for exp's range; a NaN score is skipped here but still reaches the sum and the output, which is
+// what confines NaN to the rows that see it.
+struct RowSoftmax {
+  std::vector<double> e;
+  double max = kNegInf, sum = 0;
+  double lse() const { return max + std::log(sum); }
+};
+
+RowSoftmax row_softmax(const std::vector<double>& sc) {
+  RowSoftmax r{std::vector<double>(sc.size())};
+  for (double x : sc) r.max = std::max(r.max, x);
+  for (size_t j = 0; j < sc.size(); ++j) r.sum += r.e[j] = std::exp(sc[j] - r.max);
+  return r;
 }
 
 RowResult forward_row(const Problem& p, const Tensors& t, const Seq& s, int h, int64_t i) {
@@ -80,19 +119,13 @@ RowResult forward_row(const Problem& p, const Tensors& t, const Seq& s, int h, i
   RowResult r{std::vector<double>(D, 0.0), kNegInf};
   const Visible vis = visible_keys(p, i, s.len_q, s.len_k);
   if (vis.empty()) return r;  // fully masked: out 0, lse -inf
-  const std::vector<double> sc = scores(p, t, s, h, i, vis);
-  // The max is only a shift for exp's range; a NaN score is skipped here but still reaches
-  // the sum and the output below, which is what confines NaN to the rows that see it.
-  double m = kNegInf;
-  for (double x : sc) m = std::max(m, x);
-  double sum = 0;
-  std::vector<double> e(sc.size());
-  for (size_t j = 0; j < sc.size(); ++j) sum += e[j] = std::exp(sc[j] - m);
-  for (size_t j = 0; j < sc.size(); ++j) {
+  const RowSoftmax sm = row_softmax(scores(p, t, s, h, i, vis));
+  for (size_t j = 0; j < sm.e.size(); ++j) {
     const double* v = &t.v[k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), kv_head_of(p, h))];
-    for (int d = 0; d < D; ++d) r.out[d] += e[j] / sum * v[d];
+    const double weight = sm.e[j] / sm.sum;  // once per key: the compiler cannot hoist it past the stores
+    for (int d = 0; d < D; ++d) r.out[d] += weight * v[d];
   }
-  r.lse = m + std::log(sum);
+  r.lse = sm.lse();
   return r;
 }
 
@@ -117,16 +150,14 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   if (r.vis.empty()) return r;
   const double* q = &t.q[q_offset(p, s.q_start + i, h)];
   const int hk = kv_head_of(p, h);
-  std::vector<float> sc;
+  const int64_t n = r.vis.hi - r.vis.lo + 1;
+  std::vector<float> sc32(static_cast<size_t>(n)), sc(static_cast<size_t>(n));
+  dots_in_order(q, D, n, [&](int64_t j) { return &t.k[k_offset(p, s.k_start + r.vis.lo + j, hk)]; }, sc32.data());
   float m32 = -std::numeric_limits<float>::infinity();  // of the unrounded scores, for the lse
-  std::vector<float> sc32;
-  for (int64_t j = r.vis.lo; j <= r.vis.hi; ++j) {
-    const double* k = &t.k[k_offset(p, s.k_start + j, hk)];
-    float acc = 0;
-    for (int d = 0; d < D; ++d) acc += static_cast<float>(q[d]) * static_cast<float>(k[d]);
-    sc32.push_back(acc * scale);
-    m32 = std::max(m32, sc32.back());
-    sc.push_back(static_cast<float>(round_to(dtype, acc * scale)));
+  for (int64_t j = 0; j < n; ++j) {
+    sc32[j] *= scale;
+    m32 = std::max(m32, sc32[j]);
+    sc[j] = static_cast<float>(round_to(dtype, sc32[j]));
   }
   float m = -std::numeric_limits<float>::infinity();
   for (float x : sc) m = std::max(m, x);
@@ -138,7 +169,8 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   std::vector<float> acc(D, 0.f);
   for (size_t j = 0; j < sc.size(); ++j) {
     const double* v = &t.v[k_offset(p, s.k_start + r.vis.lo + static_cast<int64_t>(j), hk)];
-    for (int d = 0; d < D; ++d) acc[d] += r.p[j] * static_cast<float>(v[d]);
+    const float pj = r.p[j];
+    for (int d = 0; d < D; ++d) acc[d] += pj * static_cast<float>(v[d]);
   }
   for (int d = 0; d < D; ++d) r.out[d] = round_to(dtype, acc[d]);
   float sum32 = 0;
@@ -287,30 +319,28 @@ void backward_rows(const Problem& p, Tensors& t, const std::vector<double>* stor
       for (int64_t i = 0; i < s.len_q; ++i) {
         const Visible vis = visible_keys(p, i, s.len_q, s.len_k);
         if (vis.empty()) continue;  // P = 0: this row contributes no gradient
-        const RowResult fwd = forward_row(p, t, s, h, i);
         const std::vector<double> sc = scores(p, t, s, h, i, vis);
+        const double lse = row_softmax(sc).lse();  // the forward's, without its output
         const int64_t qo = q_offset(p, s.q_start + i, h);
         const double* q = &t.q[qo];
         const double* dout = &t.dout[qo];
         std::vector<double> prob(sc.size()), dp(sc.size());
+        dots_in_order(dout, D, static_cast<int64_t>(sc.size()),
+                      [&](int64_t j) { return &t.v[k_offset(p, s.k_start + vis.lo + j, hk)]; }, dp.data());
         double delta = 0;
         for (size_t j = 0; j < sc.size(); ++j) {
-          const double* v = &t.v[k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), hk)];
-          prob[j] = std::exp(sc[j] - fwd.lse);
-          double dot = 0;
-          for (int d = 0; d < D; ++d) dot += dout[d] * v[d];
-          dp[j] = dot;
-          if (!stored_out) delta += prob[j] * dot;
+          prob[j] = std::exp(sc[j] - lse);
+          if (!stored_out) delta += prob[j] * dp[j];
         }
         if (stored_out)
           for (int d = 0; d < D; ++d) delta += dout[d] * (*stored_out)[qo + d];
         for (size_t j = 0; j < sc.size(); ++j) {
           const int64_t ko = k_offset(p, s.k_start + vis.lo + static_cast<int64_t>(j), hk);
-          const double ds = prob[j] * (dp[j] - delta);
+          const double ds = prob[j] * (dp[j] - delta), scaled_ds = scale * ds, pj = prob[j];
           for (int d = 0; d < D; ++d) {
-            t.dq[qo + d] += scale * ds * t.k[ko + d];
-            t.dk[ko + d] += scale * ds * q[d];
-            t.dv[ko + d] += prob[j] * dout[d];
+            t.dq[qo + d] += scaled_ds * t.k[ko + d];
+            t.dk[ko + d] += scaled_ds * q[d];
+            t.dv[ko + d] += pj * dout[d];
           }
         }
       }
@@ -343,15 +373,16 @@ void plain_backward(const Problem& p, DType dtype, Tensors& t) {
         const int64_t qo = q_offset(p, s.q_start + i, h);
         float delta = 0;
         for (int d = 0; d < D; ++d) delta += static_cast<float>(t.dout[qo + d]) * static_cast<float>(fwd.out[d]);
+        std::vector<float> dp(fwd.p.size());
+        dots_in_order(&t.dout[qo], D, static_cast<int64_t>(dp.size()),
+                      [&](int64_t j) { return &t.v[k_offset(p, s.k_start + fwd.vis.lo + j, hk)]; }, dp.data());
         for (size_t j = 0; j < fwd.p.size(); ++j) {
           const int64_t ko = k_offset(p, s.k_start + fwd.vis.lo + static_cast<int64_t>(j), hk);
-          float dp = 0;
-          for (int d = 0; d < D; ++d) dp += static_cast<float>(t.dout[qo + d]) * static_cast<float>(t.v[ko + d]);
-          const float ds = rd(fwd.p[j] * (rd(dp) - delta));
+          const float pj = fwd.p[j], ds = rd(pj * (rd(dp[j]) - delta));
           for (int d = 0; d < D; ++d) {
             dq[qo + d] += ds * static_cast<float>(t.k[ko + d]);
             dk[ko + d] += ds * static_cast<float>(t.q[qo + d]);
-            dv[ko + d] += fwd.p[j] * static_cast<float>(t.dout[qo + d]);
+            dv[ko + d] += pj * static_cast<float>(t.dout[qo + d]);
           }
         }
       }
