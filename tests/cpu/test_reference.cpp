@@ -169,11 +169,7 @@ TEST(Reference, PlainErrorShrinksWithPrecision) {
 TEST(Reference, BackwardOverStoredOutMovesOnlyDelta) {
   const Problem p = dense(1, 2, 1, 40, 56, 32);
   std::mt19937_64 rng = fresh_rng();
-  Tensors t;
-  t.q = randn(rng, 40 * 2 * 32, 1.0, DType::kFloat32);
-  t.k = randn(rng, 56 * 1 * 32, 1.0, DType::kFloat32);
-  t.v = randn(rng, 56 * 1 * 32, 1.0, DType::kFloat32);
-  t.dout = randn(rng, 40 * 2 * 32, 1.0, DType::kFloat32);
+  const Tensors t = make_case(p, DType::kFloat32, Layout::kBSHD, rng).values;
   Tensors ref = t;
   reference_forward(p, ref);
   reference_backward(p, ref);

@@ -1,5 +1,6 @@
 // Storage-dtype rounding and encoding, random inputs, and error statistics. Written from the
 // IEEE-754 definitions so that the tests do not share a conversion routine with any backend.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,16 +24,23 @@ struct Format {
 constexpr Format kHalf{11, -14, 15};
 constexpr Format kBFloat16{8, -126, 127};
 
+// 2^e for a normal double's exponent (-1022..1023), from its bits: what std::ldexp(1.0, e) gives,
+// without a library call per element. Rounding into fp16/bf16 asks for exponents within -160..1023.
+constexpr int kDoubleExponentBias = 1023, kDoubleMantissaBits = 52;
+double power_of_two(int e) {
+  return std::bit_cast<double>(static_cast<uint64_t>(e + kDoubleExponentBias) << kDoubleMantissaBits);
+}
+
 // Round-to-nearest-even of x into `f`, overflow to +-inf, computed exactly in double.
 double round_to_format(double x, const Format& f) {
   if (!std::isfinite(x) || x == 0.0) return x;
   const double a = std::fabs(x);
   const int exponent = std::max(std::ilogb(a), f.min_exponent);
-  const double ulp = std::ldexp(1.0, exponent - (f.precision - 1));
-  // a / ulp is exact (a power-of-two scaling); rint rounds in the default ties-to-even mode (as
-  // nearbyint does, which also saves and restores the floating-point environment: twice the time
-  // of the whole call, and the plain implementation rounds every score and probability).
-  double r = std::rint(a / ulp) * ulp;
+  const int ulp_exponent = exponent - (f.precision - 1);
+  // a * 2^-ulp_exponent is exact (a power-of-two scaling); rint rounds in the default ties-to-even
+  // mode (as nearbyint does, which also saves and restores the floating-point environment: twice
+  // the time of the whole call, and the plain implementation rounds every score and probability).
+  double r = std::rint(a * power_of_two(-ulp_exponent)) * power_of_two(ulp_exponent);
   if (exponent >= f.max_exponent && r > f.max_finite()) r = std::numeric_limits<double>::infinity();
   return std::copysign(r, x);
 }

@@ -64,11 +64,11 @@ int64_t k_size(const Problem& p) { return p.total_k() * p.heads_kv * int64_t{p.h
 // add's latency. The naive reference spends most of the GPU suite's host time in these sums.
 constexpr int64_t kDotRows = 4;
 
-template <typename Acc, typename RowFn>
-void dots_in_order(const double* a, int D, int64_t n, RowFn row, Acc* out) {
+template <typename Acc, typename T, typename RowFn>
+void dots_in_order(const T* a, int D, int64_t n, RowFn row, Acc* out) {
   int64_t j = 0;
   for (; j + kDotRows <= n; j += kDotRows) {
-    const double* r[kDotRows];
+    const T* r[kDotRows];
     Acc acc[kDotRows] = {};
     for (int64_t u = 0; u < kDotRows; ++u) r[u] = row(j + u);
     for (int d = 0; d < D; ++d)
@@ -76,7 +76,7 @@ void dots_in_order(const double* a, int D, int64_t n, RowFn row, Acc* out) {
     for (int64_t u = 0; u < kDotRows; ++u) out[j + u] = acc[u];
   }
   for (; j < n; ++j) {
-    const double* r = row(j);
+    const T* r = row(j);
     Acc acc = 0;
     for (int d = 0; d < D; ++d) acc += static_cast<Acc>(a[d]) * static_cast<Acc>(r[d]);
     out[j] = acc;
@@ -143,12 +143,23 @@ struct PlainRow {
   Visible vis;
 };
 
-PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s, int h, int64_t i) {
+// A plain implementation's inputs as it holds them, in fp32: the whole-problem passes convert each
+// element once instead of at every row that reads it (the same floats, so the same results).
+struct PlainInputs {
+  std::vector<float> q, k, v, dout;
+  explicit PlainInputs(const Tensors& t)
+      : q(t.q.begin(), t.q.end()), k(t.k.begin(), t.k.end()), v(t.v.begin(), t.v.end()),
+        dout(t.dout.begin(), t.dout.end()) {}
+};
+
+// Inputs: Tensors (doubles, for sampled rows) or PlainInputs (their floats), the same values.
+template <typename Inputs>
+PlainRow plain_row(const Problem& p, DType dtype, const Inputs& t, const Seq& s, int h, int64_t i) {
   const int D = p.head_dim;
   const float scale = p.scale();
   PlainRow r{{}, std::vector<double>(D, 0.0), kNegInf, visible_keys(p, i, s.len_q, s.len_k)};
   if (r.vis.empty()) return r;
-  const double* q = &t.q[q_offset(p, s.q_start + i, h)];
+  const auto* q = &t.q[q_offset(p, s.q_start + i, h)];
   const int hk = kv_head_of(p, h);
   const int64_t n = r.vis.hi - r.vis.lo + 1;
   std::vector<float> sc32(static_cast<size_t>(n)), sc(static_cast<size_t>(n));
@@ -168,7 +179,7 @@ PlainRow plain_row(const Problem& p, DType dtype, const Tensors& t, const Seq& s
   for (size_t j = 0; j < sc.size(); ++j) r.p[j] = static_cast<float>(round_to(dtype, e[j] / sum));
   std::vector<float> acc(D, 0.f);
   for (size_t j = 0; j < sc.size(); ++j) {
-    const double* v = &t.v[k_offset(p, s.k_start + r.vis.lo + static_cast<int64_t>(j), hk)];
+    const auto* v = &t.v[k_offset(p, s.k_start + r.vis.lo + static_cast<int64_t>(j), hk)];
     const float pj = r.p[j];
     for (int d = 0; d < D; ++d) acc[d] += pj * static_cast<float>(v[d]);
   }
@@ -299,7 +310,8 @@ void round_inputs(DType dtype, Tensors& t) {
 
 void plain_forward(const Problem& p, DType dtype, Tensors& t) {
   round_inputs(dtype, t);
-  store_rows(p, t, [&](const Seq& s, int h, int64_t i) { return plain_row(p, dtype, t, s, h, i); });
+  const PlainInputs in(t);
+  store_rows(p, t, [&](const Seq& s, int h, int64_t i) { return plain_row(p, dtype, in, s, h, i); });
 }
 
 namespace {
@@ -359,6 +371,7 @@ void reference_backward_over_stored_out(const Problem& p, Tensors& t, const std:
 // rounded once to dtype; delta = rowsum(dO o O) in fp32 from the plain forward's rounded O.
 void plain_backward(const Problem& p, DType dtype, Tensors& t) {
   round_inputs(dtype, t);
+  const PlainInputs in(t);
   const int D = p.head_dim;
   const float scale = p.scale();
   std::vector<float> dq(q_size(p), 0.f), dk(k_size(p), 0.f), dv(k_size(p), 0.f);
@@ -368,21 +381,21 @@ void plain_backward(const Problem& p, DType dtype, Tensors& t) {
     for (int h = 0; h < p.heads_q; ++h) {
       const int hk = kv_head_of(p, h);
       for (int64_t i = 0; i < s.len_q; ++i) {
-        const PlainRow fwd = plain_row(p, dtype, t, s, h, i);
+        const PlainRow fwd = plain_row(p, dtype, in, s, h, i);
         if (fwd.vis.empty()) continue;
         const int64_t qo = q_offset(p, s.q_start + i, h);
         float delta = 0;
-        for (int d = 0; d < D; ++d) delta += static_cast<float>(t.dout[qo + d]) * static_cast<float>(fwd.out[d]);
+        for (int d = 0; d < D; ++d) delta += in.dout[qo + d] * static_cast<float>(fwd.out[d]);
         std::vector<float> dp(fwd.p.size());
-        dots_in_order(&t.dout[qo], D, static_cast<int64_t>(dp.size()),
-                      [&](int64_t j) { return &t.v[k_offset(p, s.k_start + fwd.vis.lo + j, hk)]; }, dp.data());
+        dots_in_order(&in.dout[qo], D, static_cast<int64_t>(dp.size()),
+                      [&](int64_t j) { return &in.v[k_offset(p, s.k_start + fwd.vis.lo + j, hk)]; }, dp.data());
         for (size_t j = 0; j < fwd.p.size(); ++j) {
           const int64_t ko = k_offset(p, s.k_start + fwd.vis.lo + static_cast<int64_t>(j), hk);
           const float pj = fwd.p[j], ds = rd(pj * (rd(dp[j]) - delta));
           for (int d = 0; d < D; ++d) {
-            dq[qo + d] += ds * static_cast<float>(t.k[ko + d]);
-            dk[ko + d] += ds * static_cast<float>(t.q[qo + d]);
-            dv[ko + d] += pj * static_cast<float>(t.dout[qo + d]);
+            dq[qo + d] += ds * in.k[ko + d];
+            dk[ko + d] += ds * in.q[qo + d];
+            dv[ko + d] += pj * in.dout[qo + d];
           }
         }
       }
