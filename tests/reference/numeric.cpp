@@ -25,7 +25,7 @@ constexpr Format kHalf{11, -14, 15};
 constexpr Format kBFloat16{8, -126, 127};
 
 // 2^e for a normal double's exponent (-1022..1023), from its bits: what std::ldexp(1.0, e) gives,
-// without a library call per element. Rounding into fp16/bf16 asks for exponents within -160..1023.
+// without a library call per element. Rounding into fp16/bf16 asks for exponents within -1016..1016.
 constexpr int kDoubleExponentBias = 1023, kDoubleMantissaBits = 52;
 double power_of_two(int e) {
   return std::bit_cast<double>(static_cast<uint64_t>(e + kDoubleExponentBias) << kDoubleMantissaBits);

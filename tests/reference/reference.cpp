@@ -61,7 +61,7 @@ int64_t k_size(const Problem& p) { return p.total_k() * p.heads_kv * int64_t{p.h
 // out[j] = sum over d of a[d] * row(j)[d] for j in [0, n), each summed in the order of d, as one
 // loop per row would (so every value is that loop's, bit for bit), but kDotRows rows at a time:
 // their sums are independent chains the CPU overlaps, where a single row's chain waits out each
-// add's latency. The naive reference spends most of the GPU suite's host time in these sums.
+// add's latency (these sums are much of what the naive reference costs the suites' hosts).
 constexpr int64_t kDotRows = 4;
 
 template <typename Acc, typename T, typename RowFn>
