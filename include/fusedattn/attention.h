@@ -7,6 +7,8 @@
 // Semantics follow flash_attn 2.x: softmax(q k^T * scale) v with the natural-log LSE saved;
 // causal and windows are aligned to the bottom-right corner when Sq != Sk; query head h reads
 // KV head h / (Hq / Hkv). A fully masked query row gives out = 0 and lse = -inf.
+// A tensor a call writes must not share a byte with any other tensor of the call (checked: an
+// Error of kLayout names both); views of one packed buffer whose elements are disjoint are fine.
 #pragma once
 
 #include <cstdint>

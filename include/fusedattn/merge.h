@@ -21,7 +21,8 @@ struct MergeArgs {
   // many parts exact to fp32); lse: fp32. Any strides with the last dimension of out contiguous.
   TensorView out, lse;
   // The other key set's attention, the same shapes; part_out in any of out's dtypes. They may be
-  // out and lse themselves, but must not otherwise overlap them.
+  // out and lse themselves (the same views), but must not otherwise share memory with them
+  // (checked, as for every written tensor: docs/api.md, "Tensors").
   TensorView part_out, part_lse;
   Backend backend = Backend::kAuto;  // kAuto: the tensors' device decides
   void* stream = nullptr;            // cudaStream_t for the CUDA backend; null = default stream

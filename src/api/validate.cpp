@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "api/layout.h"
+#include "api/overlap.h"
 #include "cuda/cuda_backend.h"
 
 namespace fusedattn::detail {
@@ -123,6 +125,40 @@ void check_written(const TensorView& t, const char* name) {
   }
 }
 
+// A tensor of a call, named as in the API, for the check that written tensors stay apart.
+struct Named {
+  ByteView bytes;
+  const char* name;
+};
+Named named(const TensorView& t, const char* name) { return {bytes_of(t), name}; }
+
+// No byte of a written tensor may lie in another written tensor or in a tensor the call reads:
+// the kernels read their inputs while they write (a forward's output over a transposed view of q
+// was a wrong answer on the CPU), and two writers of one byte race. Views of one buffer that stay
+// apart byte for byte (q, k and v of a packed qkv, dq, dk and dv of a packed gradient) pass.
+void check_apart(std::initializer_list<Named> written, std::initializer_list<Named> read) {
+  for (auto w = written.begin(); w != written.end(); ++w) {
+    const auto check = [&](const Named& other, const char* role) {
+      const Overlap o = overlap(w->bytes, other.bytes);
+      if (o == Overlap::kApart) return;
+      fail(ErrorCode::kLayout, w->name,
+           std::string(o == Overlap::kShared ? "shares memory with " : "may share memory with ") + other.name +
+               (o == Overlap::kShared ? "" : " (their strides interleave too finely to rule it out)") + ", " +
+               role + "; a tensor the call writes must not overlap any tensor it reads or writes");
+    };
+    for (auto other = written.begin(); other != w; ++other) check(*other, "which the call also writes");
+    for (const Named& other : read) check(other, "which the call reads");
+  }
+}
+
+// Whether two views are one: the same elements in the same places.
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.stride[d] != b.stride[d])) return false;
+  return true;
+}
+
 void check_same_shape(const TensorView& a, const char* an, const TensorView& b, const char* bn) {
   for (int d = 0; d < a.rank; ++d)
     if (a.shape[d] != b.shape[d])
@@ -235,6 +271,10 @@ void check_column_mask(const TensorView& m, bool varlen, int64_t batch, int64_t 
     fail(ErrorCode::kShapeMismatch, name, "must be " + want + ", got " + shape_str(m));
   check_int32_tensor(m, name, batch * m.shape[1] * sk > 0, device, kOnQsDevice);
   if (m.stride[3] != 1) fail(ErrorCode::kLayout, name, "each key's bounds must be contiguous (last stride 1)");
+  for (int d = 0; d < 3; ++d)
+    if (m.shape[d] > 1 && m.stride[d] < 0)
+      fail(ErrorCode::kLayout, name, "negative stride " + std::to_string(m.stride[d]) + " in dimension " +
+                                         std::to_string(d) + "; strides must be >= 0");
 }
 
 // block_table (Options): its description, before anything reads it (fill_common has already
@@ -457,6 +497,10 @@ bool fill_common(const TensorView& q, const TensorView& k, const TensorView& v, 
   if (!backward) {
     if (out) check_written(*out, "out");
     if (!lse.empty()) check_written(lse, "lse");
+    check_apart({out ? named(*out, "out") : Named{}, named(lse, "lse")},
+                {named(q, "q"), named(k, "k"), named(v, "v"), named(opt.cu_seqlens_q, "cu_seqlens_q"),
+                 named(opt.cu_seqlens_k, "cu_seqlens_k"), named(opt.seqused_k, "seqused_k"),
+                 named(opt.block_table, "block_table"), named(opt.column_mask, "column_mask")});
   }
   if (varlen) {
     // A caller's check (check_cu_seqlens) saves the device-to-host copy of the offsets per call.
@@ -584,6 +628,12 @@ bool make_bwd_params(const BackwardArgs& a, BwdParams& p, Backend& backend) {
     // A call without query rows still writes dk and dv (zeros: attention.cpp).
     if (g.written) check_written(g.t, g.name);
   }
+  const Options& o = a.options;
+  check_apart({named(a.dq, "dq"), named(a.dk, "dk"), named(a.dv, "dv"),
+               {bytes_of(a.workspace, a.workspace_bytes), "workspace"}},
+              {named(a.dout, "dout"), named(a.q, "q"), named(a.k, "k"), named(a.v, "v"), named(a.out, "out"),
+               named(a.lse, "lse"), named(o.cu_seqlens_q, "cu_seqlens_q"), named(o.cu_seqlens_k, "cu_seqlens_k"),
+               named(o.column_mask, "column_mask")});
   p.dout = a.dout.data;
   p.dq = a.dq.data;
   p.dk = a.dk.data;
@@ -647,6 +697,9 @@ bool make_append_params(const AppendKvArgs& a, AppendParams& p, Backend& backend
   backend = choose_backend(a.backend, device);
   for (const auto& [t, name] : {std::pair{&a.k_cache, "k_cache"}, {&a.v_cache, "v_cache"}, {&a.status, "status"}})
     check_written(*t, name);
+  check_apart({named(a.k_cache, "k_cache"), named(a.v_cache, "v_cache"), named(a.status, "status")},
+              {named(a.k, "k"), named(a.v, "v"), named(a.cache_seqlens, "cache_seqlens"),
+               named(a.block_table, "block_table")});
   if (batch == 0) return false;  // nothing to write or report
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (batch > kMaxInt || a.k.shape[1] > kMaxInt || a.k.shape[2] > kMaxInt || a.k.shape[3] > kMaxInt)
@@ -720,6 +773,10 @@ bool make_merge_params(const MergeArgs& a, MergeParams& p, Backend& backend) {
   backend = choose_backend(a.backend, device);
   check_written(a.out, "out");
   check_written(a.lse, "lse");
+  // The parts may be out and lse themselves (each element then reads itself before it is written).
+  check_apart({named(a.out, "out"), named(a.lse, "lse")},
+              {same_view(a.part_out, a.out) ? Named{} : named(a.part_out, "part_out"),
+               same_view(a.part_lse, a.lse) ? Named{} : named(a.part_lse, "part_lse")});
   if (batch == 0 || seqlen == 0 || heads == 0) return false;  // no row (head_dim 0 still merges the LSEs)
   p.out = a.out.data;
   p.part_out = a.part_out.data;

@@ -222,6 +222,10 @@ TEST(CpuColumnMask, MalformedMasksAreRejectedByName) {
   TensorView strided = good.view();
   strided.stride[3] = 2;
   EXPECT_NE(message(good, strided).find("each key's bounds must be contiguous"), std::string::npos);
+  TensorView backwards = good.view();  // the keys from the last: a stride the API turns down
+  backwards.data = static_cast<int32_t*>(backwards.data) + (backwards.shape[2] - 1) * backwards.stride[2];
+  backwards.stride[2] = -backwards.stride[2];
+  EXPECT_NE(message(good, backwards).find("column_mask: negative stride"), std::string::npos);
   // Variable-length calls do not take it.
   HostCase v = fresh_case(packed(2, 1, kHeadDim, {5, 7}, {5, 7}), DType::kFloat32);
   Columns m(2, 1, 7, 1);

@@ -114,6 +114,12 @@ TEST(CpuMerge, RejectsMalformedArgumentsByName) {
        "out's device"},
       {[](MergeArgs& x) { x.lse.device = {DeviceType::kCUDA, 0}; }, ErrorCode::kDeviceMismatch, "lse",
        "out's device"},
+      // The other side's tensors over out's or lse's memory, other than as those very views.
+      {[](MergeArgs& x) { x.part_out.data = x.out.data; }, ErrorCode::kLayout, "out", "shares memory with part_out"},
+      {[](MergeArgs& x) { x.part_lse.data = static_cast<float*>(x.lse.data) + 1; }, ErrorCode::kLayout, "lse",
+       "shares memory with part_lse"},
+      {[](MergeArgs& x) { x.lse.data = x.out.data; }, ErrorCode::kLayout, "lse",
+       "shares memory with out, which the call also writes"},
       {[&](MergeArgs& x) {  // a varlen out with a dense LSE
          x.out = TensorView::contiguous(other.data(), DType::kFloat32, {4, 2, 8});
          x.part_out = x.out;
@@ -125,6 +131,40 @@ TEST(CpuMerge, RejectsMalformedArgumentsByName) {
     bad.spoil(a);
     expect_error([&] { merge_attention(a); }, bad.code, bad.argument, bad.mentions);
   }
+}
+
+// The other side may be out and lse themselves: each element is read before it is written. The
+// merge of attention with itself keeps out and adds log 2 to the LSE (a row without keys stays
+// one: out 0, lse -inf).
+TEST(CpuMerge, TheOtherSideMayBeOutAndLseThemselves) {
+  std::mt19937_64 rng = fresh_rng();
+  HostTensor out(DType::kFloat32, {2, 5, 3, 8}), lse(DType::kFloat32, {2, 3, 5});
+  out.fill(randn(rng, out.numel(), 1.0, DType::kFloat32));
+  std::vector<double> lse_in = randn(rng, lse.numel(), 2.0, DType::kFloat32);
+  lse_in[7] = -INFINITY;
+  lse.fill(lse_in);
+  const std::vector<double> out_in = out.to_double();
+  MergeArgs a;
+  a.out = a.part_out = out.view();
+  a.lse = a.part_lse = lse.view();
+  merge_attention(a);
+  const std::vector<double> out_got = out.to_double(), lse_got = lse.to_double();
+  for (size_t i = 0; i < lse_in.size(); ++i)
+    if (std::isinf(lse_in[i]))
+      EXPECT_EQ(lse_got[i], -INFINITY) << i;
+    else
+      EXPECT_NEAR(lse_got[i], lse_in[i] + std::log(2.0), 1e-5) << i;
+  // lse row 7 is batch 0, head 1, row 2: its output is [0, 2, 1, :].
+  for (int64_t b = 0, i = 0; b < 2; ++b)
+    for (int64_t s = 0; s < 5; ++s)
+      for (int64_t h = 0; h < 3; ++h)
+        for (int64_t d = 0; d < 8; ++d, ++i) {
+          const bool keyless = b == 0 && h == 1 && s == 2;
+          if (keyless)
+            EXPECT_EQ(out_got[i], 0.0) << i;
+          else
+            EXPECT_NEAR(out_got[i], out_in[i], 1e-6 * (1 + std::fabs(out_in[i]))) << i;
+        }
 }
 
 // A call with no row writes nothing and reads no data pointer.

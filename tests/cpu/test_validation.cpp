@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -143,6 +144,96 @@ TEST(Validation, WrittenTensorsWhoseDimensionsOverlap) {
   v.fwd.out = TensorView::contiguous(wide.data(), DType::kFloat32, {2, 4, 6, 2 * kHeadDim}).transposed(1, 2);
   v.fwd.out.shape[3] = kHeadDim;  // each row's first half
   EXPECT_NO_THROW(forward(v.fwd));
+}
+
+// Nor may a written tensor share a byte with another tensor of the call: the kernels read their
+// inputs while they write (the CPU forward's output over q's memory viewed as [B, H, S, D] was a
+// wrong answer before this check), and two writers of one byte race.
+TEST(Validation, WrittenTensorsApartFromEveryOtherTensor) {
+  const auto fwd_fails = [](void (*spoil)(Valid&), const char* argument, const char* mentions) {
+    Valid v = valid_dense();
+    spoil(v);
+    expect_fwd_error(v.fwd, ErrorCode::kLayout, argument, mentions);
+  };
+  fwd_fails([](Valid& v) { v.fwd.out = v.fwd.q; }, "out", "shares memory with q, which the call reads");
+  fwd_fails([](Valid& v) { v.fwd.out = TensorView::contiguous(v.c.q.data(), DType::kFloat32, {2, 4, 6, kHeadDim}).transposed(1, 2); },
+            "out", "shares memory with q");
+  fwd_fails([](Valid& v) { v.fwd.lse.data = static_cast<float*>(v.c.v.data()) + 3; }, "lse", "shares memory with v");
+  fwd_fails([](Valid& v) { v.fwd.lse.data = static_cast<float*>(v.c.out.data()) + 5; }, "lse",
+            "shares memory with out, which the call also writes");
+  {  // lse over the offsets a variable-length call reads
+    Valid w = valid_varlen();
+    std::vector<float> arena(static_cast<size_t>(w.c.lse.numel()));
+    std::memcpy(arena.data(), w.c.cu_q.data(), w.c.cu_q.nbytes());
+    w.fwd.options.cu_seqlens_q.data = arena.data();
+    w.fwd.lse.data = arena.data();
+    expect_fwd_error(w.fwd, ErrorCode::kLayout, "lse", "shares memory with cu_seqlens_q");
+  }
+  const auto bwd_fails = [](void (*spoil)(Valid&), const char* argument, const char* mentions) {
+    Valid v = valid_dense();
+    spoil(v);
+    expect_bwd_error(v.bwd, ErrorCode::kLayout, argument, mentions);
+  };
+  bwd_fails([](Valid& v) { v.bwd.dk.data = v.bwd.dq.data; }, "dk", "shares memory with dq, which the call also writes");
+  bwd_fails([](Valid& v) { v.bwd.dv.data = v.bwd.dout.data; }, "dv", "shares memory with dout");
+  bwd_fails([](Valid& v) { v.bwd.dq = v.bwd.q; }, "dq", "shares memory with q");
+  bwd_fails([](Valid& v) { v.bwd.dq.data = static_cast<float*>(v.c.lse.data()) + 40; }, "dq", "shares memory with lse");
+  bwd_fails([](Valid& v) {
+              v.bwd.workspace = static_cast<float*>(v.bwd.dv.data) + 9;
+              v.bwd.workspace_bytes = 16;
+            },
+            "workspace", "shares memory with dv");
+  Valid v = valid_dense();
+  std::vector<unsigned char> workspace(64);
+  v.bwd.workspace = workspace.data();
+  v.bwd.workspace_bytes = workspace.size();
+  EXPECT_NO_THROW(backward(v.bwd));
+}
+
+// The views of one packed buffer stay apart byte for byte, so a call takes them, with the results
+// of separate tensors: q, k, v and out of one [B, S, 12, D] buffer (4 query heads, 2 KV heads each
+// for k and v, 4 for out), and dq, dk and dv of one [B, S, 8, D] buffer.
+TEST(Validation, PackedBuffersGiveTheResultsOfSeparateTensors) {
+  Valid v = valid_dense();  // q [2, 6, 4, 16], k and v [2, 5, 2, 16]
+  forward(v.fwd);
+  backward(v.bwd);
+  const auto copy = [](const TensorView& from, const TensorView& to) {
+    for (int64_t b = 0; b < from.shape[0]; ++b)
+      for (int64_t s = 0; s < from.shape[1]; ++s)
+        for (int64_t h = 0; h < from.shape[2]; ++h)
+          for (int64_t d = 0; d < from.shape[3]; ++d)
+            static_cast<float*>(to.data)[b * to.stride[0] + s * to.stride[1] + h * to.stride[2] + d] =
+                static_cast<const float*>(from.data)[b * from.stride[0] + s * from.stride[1] + h * from.stride[2] + d];
+  };
+  constexpr int64_t B = 2, S = 6, W = 12, D = kHeadDim;
+  HostTensor buffer(DType::kFloat32, {B, S, W, D});
+  const auto slot = [&](HostTensor& base, int64_t width, int64_t first_head, int64_t rows, int64_t heads) {
+    return strided_view(base, first_head * D, {B, rows, heads, D}, {S * width * D, width * D, D, 1});
+  };
+  ForwardArgs f = v.fwd;
+  f.q = slot(buffer, W, 0, 6, 4);
+  f.k = slot(buffer, W, 4, 5, 2);
+  f.v = slot(buffer, W, 6, 5, 2);
+  f.out = slot(buffer, W, 8, 6, 4);
+  copy(v.fwd.q, f.q);
+  copy(v.fwd.k, f.k);
+  copy(v.fwd.v, f.v);
+  HostTensor lse(DType::kFloat32, {B, 4, S});
+  f.lse = lse.view();
+  forward(f);
+  EXPECT_EQ(gather_dense(f.out), gather_dense(v.fwd.out));
+  EXPECT_EQ(lse.to_double(), v.c.lse.to_double());
+
+  HostTensor grads(DType::kFloat32, {B, S, 8, D});
+  grads.poison();
+  BackwardArgs g = v.bwd;
+  g.dq = slot(grads, 8, 0, 6, 4);
+  g.dk = slot(grads, 8, 4, 5, 2);
+  g.dv = slot(grads, 8, 6, 5, 2);
+  backward(g);
+  EXPECT_EQ(gather_dense(g.dq), gather_dense(v.bwd.dq));
+  EXPECT_EQ(gather_dense(g.dk), gather_dense(v.bwd.dk));
+  EXPECT_EQ(gather_dense(g.dv), gather_dense(v.bwd.dv));
 }
 
 TEST(Validation, ReadTensorsMayBeExpanded) {

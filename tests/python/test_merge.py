@@ -142,6 +142,9 @@ def test_malformed_arguments_are_named(device):
         fusedattn.merge_attention_(out, lse, out, lse[..., :4])
     with pytest.raises(ValueError, match=r"out: stride 0"):
         fusedattn.merge_attention_(out[:, :1].expand(2, 5, 3, 8), lse, out, lse)
+    # The other side over out's rows one row on (the merge would read rows it has written).
+    with pytest.raises(ValueError, match=r"out: shares memory with part_out"):
+        fusedattn.merge_attention_(out[:, :4], lse[..., :4], out[:, 1:], lse[..., 1:])
 
 
 @pytest.mark.parametrize("device", DEVICES)
