@@ -1,7 +1,8 @@
 // Random calls of forward(), backward(), merge_attention() and append_kv() on host tensors, most
 // of them invalid in one or more ways (sizes, strides, dtypes, windows, scales, offsets, tables,
 // column masks, backends): each must either run or throw fusedattn::Error; any other exception
-// fails the test. A read or write outside a view's buffer, undefined behaviour or two threads
+// fails the test. A call whose written tensor was placed over another tensor's memory must not
+// run (unless it has nothing to write). A read or write outside a view's buffer, undefined behaviour or two threads
 // writing one address is what the sanitized builds of this suite catch (scripts/test_sanitize.sh;
 // docs/api.md's rules are what it probes).
 // Every view is backed by a buffer that holds all of its elements, so a call that passes
@@ -111,12 +112,37 @@ class Fuzzer {
   std::vector<std::vector<uint64_t>> buffers_;
 };
 
-// One call's arguments: a dense or variable-length problem, each part perhaps broken.
+// One call's arguments: a dense or variable-length problem, each part perhaps broken; at times a
+// written tensor placed over the memory of another tensor of the call.
 struct Call {
   ForwardArgs fwd;
   std::optional<BackwardArgs> bwd;
   std::vector<int32_t> cu_q, cu_k;
+  bool fwd_aliased = false, bwd_aliased = false;
 };
+
+// The bytes from a view's data pointer to the end of its last element; 0 where it has no element,
+// no data or a negative stride (nothing then backs it from its data pointer on).
+int64_t extent_bytes(const TensorView& t) {
+  if (t.data == nullptr || t.rank < 1 || t.rank > kMaxRank) return 0;
+  int64_t last = 0;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.shape[d] < 1 || t.shape[d] > kMaxBackedElements || t.stride[d] < 0) return 0;
+    last += (t.shape[d] - 1) * t.stride[d];
+  }
+  return (last + 1) * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+// Points one of `written` at the data of one of `others` (another written tensor or one the call
+// reads), where that buffer holds the whole written view, so that a call validation wrongly let
+// through would stay inside the buffers. Returns whether it did.
+bool alias_one(Fuzzer& f, std::initializer_list<TensorView*> written, std::initializer_list<TensorView*> others) {
+  TensorView* w = f.pick(written);
+  TensorView* o = f.pick(others);
+  if (w == o || extent_bytes(*w) == 0 || extent_bytes(*o) < extent_bytes(*w)) return false;
+  w->data = o->data;
+  return true;
+}
 
 void fill(Fuzzer& f, Call& c) {
   const DType dtype = f.pick({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat32,
@@ -201,7 +227,12 @@ void fill(Fuzzer& f, Call& c) {
     b.dv = like(a.v, 30);
     b.deterministic = f.chance(50);
     c.bwd = b;
+    if (f.chance(10))
+      c.bwd_aliased = alias_one(f, {&c.bwd->dq, &c.bwd->dk, &c.bwd->dv},
+                                {&c.bwd->dq, &c.bwd->dk, &c.bwd->dv, &c.bwd->dout, &c.bwd->q, &c.bwd->k,
+                                 &c.bwd->v, &c.bwd->out, &c.bwd->lse});
   }
+  if (f.chance(10)) c.fwd_aliased = alias_one(f, {&a.out, &a.lse}, {&a.out, &a.lse, &a.q, &a.k, &a.v});
 }
 
 // Whether the call ran; a fusedattn::Error is a refusal, anything else a failure.
@@ -239,8 +270,16 @@ TEST(ApiFuzz, EveryCallRunsOrThrowsAnError) {
     Call c;
     fill(f, c);
     SCOPED_TRACE("call " + std::to_string(i));
-    forwards_run += runs_or_throws_error([&] { forward(c.fwd); }) && computes(c.fwd);
-    if (c.bwd) backwards_run += runs_or_throws_error([&] { backward(*c.bwd); }) && computes(*c.bwd);
+    const bool forward_computed = runs_or_throws_error([&] { forward(c.fwd); }) && computes(c.fwd);
+    forwards_run += forward_computed;
+    // A written tensor over another's memory is turned down; only a call with nothing to compute
+    // (no query rows, so nothing written) may return without an error.
+    EXPECT_FALSE(c.fwd_aliased && forward_computed) << "a forward wrote over another tensor's memory";
+    if (c.bwd) {
+      const bool ran = runs_or_throws_error([&] { backward(*c.bwd); });
+      backwards_run += ran && computes(*c.bwd);
+      EXPECT_FALSE(c.bwd_aliased && ran) << "a backward wrote over another tensor's memory";
+    }
   }
   // The valid share keeps the kernels in the probe, not only the checks. Only calls that reach the
   // backend count, not those with nothing to compute: over 40 seeds 33-62 forwards and 19-34
@@ -287,7 +326,7 @@ TEST(ApiFuzz, EveryMergeRunsOrThrowsAnError) {
 // append_kv's arguments: per-sequence caches, or pools of pages read through a table of entries
 // mostly in range, new tokens, and lengths of any int32 (a sequence whose tokens do not fit its
 // positions or pages is reported in status, not written), each view perhaps broken.
-AppendKvArgs append_call(Fuzzer& f, std::vector<int32_t>& lengths) {
+AppendKvArgs append_call(Fuzzer& f, std::vector<int32_t>& lengths, bool& aliased) {
   const auto dtype = [&] { return f.pick({DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kInt32}); };
   const DType cache_dtype = dtype();
   const int64_t batch = f.pick<int64_t>({0, 1, 3}), heads = f.pick<int64_t>({0, 1, 4});
@@ -316,6 +355,8 @@ AppendKvArgs append_call(Fuzzer& f, std::vector<int32_t>& lengths) {
   a.cache_seqlens = f.offsets(lengths);
   a.status = f.view(maybe(10) ? DType::kFloat32 : DType::kInt32, {maybe(10) ? batch + 1 : batch}, maybe(30));
   a.backend = f.pick({Backend::kAuto, Backend::kAuto, Backend::kCPU, Backend::kCUDA});
+  aliased = f.chance(10) && alias_one(f, {&a.k_cache, &a.v_cache, &a.status},
+                                      {&a.k_cache, &a.v_cache, &a.status, &a.k, &a.v, &a.cache_seqlens, &a.block_table});
   return a;
 }
 
@@ -326,9 +367,12 @@ TEST(ApiFuzz, EveryAppendRunsOrThrowsAnError) {
   std::vector<int32_t> lengths;
   for (int i = 0; i < kCalls; ++i) {
     f.next_call();
-    const AppendKvArgs a = append_call(f, lengths);
+    bool aliased = false;
+    const AppendKvArgs a = append_call(f, lengths, aliased);
     SCOPED_TRACE("call " + std::to_string(i));
-    appends_run += runs_or_throws_error([&] { append_kv(a); });
+    const bool ran = runs_or_throws_error([&] { append_kv(a); });
+    appends_run += ran;
+    EXPECT_FALSE(aliased && ran) << "append_kv wrote over another tensor's memory";
   }
   EXPECT_GT(appends_run, kCalls / kMinRunShare);
 }
