@@ -29,6 +29,7 @@ FLAGS = {
     "--layout": (["bshd", "bhsd"], ["x"]), "--iters": (["1", "2"], ["0", "-1", "x"]),
     "--warmup": (["0", "1"], ["-1"]), "--threads": (["0", "1", "2", "16"], ["-3"]),
     "--seed": (["1", "7"], ["-1", "x"]), "--check-rows": (["0", "1", "64", "100000"], ["-1"]),
+    "--softmax-scale": (["0", "0.125", "1", "-0.5", "4", "1e-3", "100"], ["nan", "inf", "x", "1e39", "", "0x1p3"]),
 }
 MALFORMED_SHARE = 0.1  # of the drawn flags' values
 BARE = ["--causal", "--backward", "--deterministic", "--peers-naive", "--help", "--bogus", "--backend"]

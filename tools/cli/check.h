@@ -7,9 +7,12 @@
 // rows of one or two (batch, kv-head) groups, with the softmax statistics of every query row of
 // the group recomputed in float64 and as the plain computation has them; its atol also covers the
 // fp32 rounding where the plain computation is exact by its order of summation (check.cpp).
+// Where the plain computation overflows its dtype (fp16 scores past 65504 at a large
+// --softmax-scale) the bar is 8 dtype steps of the reference's largest magnitude instead.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -20,9 +23,10 @@ namespace fusedattn::cli {
 struct TensorCheck {
   std::string name;    // "out", "lse", "dq", "dk", "dv"
   double max_err = 0;  // max |got - float64| over the checked rows; +inf where NaN/Inf disagree
-  double bound = 0;    // the largest error accepted
+  double bound = 0;    // the largest error accepted (finite: check.cpp's two_x_bar)
   int64_t rows = 0;
-  bool passed() const { return max_err <= bound; }
+  // An infinite error (a NaN or a wrong infinity) never passes, whatever the bound.
+  bool passed() const { return max_err <= bound && max_err < std::numeric_limits<double>::infinity(); }
 };
 
 struct CheckReport {

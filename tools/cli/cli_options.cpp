@@ -42,6 +42,17 @@ int64_t parse_int(std::string_view flag, std::string_view text, int64_t lo, int6
   return value;
 }
 
+// A finite number a float holds (the library's scale is a float), rounded to that float.
+double parse_float(std::string_view flag, std::string_view text) {
+  double value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
+    throw UsageError("--" + std::string(flag) + ": expected a finite number, got '" + std::string(text) + "'");
+  if (std::fabs(value) > std::numeric_limits<float>::max())
+    throw UsageError("--" + std::string(flag) + ": " + std::string(text) + " is beyond the float range the library takes");
+  return static_cast<float>(value);
+}
+
 template <typename T>
 T parse_choice(std::string_view flag, std::string_view text,
                std::initializer_list<std::pair<std::string_view, T>> choices) {
@@ -63,6 +74,8 @@ const std::vector<Flag>& flags() {
       {"seqlen-k", "N", "key length (default: --seqlen-q)",
        [](CliArgs& a, std::string_view v) { a.seqlen_k = parse_int("seqlen-k", v, 1, kMaxInt); }},
       {"head-dim", "N", "head dimension", [](CliArgs& a, std::string_view v) { a.head_dim = parse_int("head-dim", v, 1, kMaxInt); }},
+      {"softmax-scale", "X", "scale of q.k before the softmax, any finite float (default: 1/sqrt(head-dim))",
+       [](CliArgs& a, std::string_view v) { a.softmax_scale = parse_float("softmax-scale", v); }},
       {"causal", nullptr, "causal mask, aligned to the bottom-right corner", [](CliArgs& a, std::string_view) { a.causal = true; }},
       {"window", "LEFT,RIGHT", "sliding window; -1 = unbounded on that side",
        [](CliArgs& a, std::string_view v) {
@@ -160,6 +173,7 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   c.seqlen_q = a.seqlen_q.value_or(d.seqlen);
   c.seqlen_k = a.seqlen_k.value_or(c.seqlen_q);
   c.head_dim = static_cast<int>(a.head_dim.value_or(d.head_dim));
+  c.scale = a.softmax_scale;
   c.causal = a.causal;
   c.window_left = a.window_left;
   c.window_right = a.window_right;
@@ -209,7 +223,7 @@ RunConfig resolve(const CliArgs& a, bool cuda_available) {
   return c;
 }
 
-double RunConfig::softmax_scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+double RunConfig::softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
 double RunConfig::q_elements() const {
   return static_cast<double>(batch) * static_cast<double>(seqlen_q) * heads_q * head_dim;

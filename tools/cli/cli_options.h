@@ -31,6 +31,7 @@ constexpr double kMaxElements = 1152921504606846976.0;
 // What was given; anything unset takes the chosen backend's default in resolve().
 struct CliArgs {
   std::optional<int64_t> batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim;
+  std::optional<double> softmax_scale;  // a float's value
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   std::optional<DType> dtype;
@@ -53,6 +54,9 @@ struct RunConfig {
   Backend backend = Backend::kCPU;  // kCPU or kCUDA, never kAuto
   int batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   int64_t seqlen_q = 0, seqlen_k = 0;
+  // --softmax-scale (a float's value, passed to the library as Options::softmax_scale); unset:
+  // the library's default, 1/sqrt(head_dim).
+  std::optional<double> scale;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   DType dtype = DType::kFloat32;
@@ -83,6 +87,7 @@ struct RunConfig {
   bool paged() const { return page_size > 0; }
   // Rows of K/V per sequence as stored: seqlen_k, rounded up to whole pages when paged.
   int64_t stored_seqlen_k() const;
+  // The scale the run's softmax uses: --softmax-scale, or 1/sqrt(head_dim).
   double softmax_scale() const;
   // Elements of q (and out, dout, dq) and of k (and v, dk, dv), in double: the products may
   // pass int64 before resolve() bounds them.

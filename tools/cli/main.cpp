@@ -26,6 +26,7 @@ void print_row(const RunConfig& c, const RunResult& r) {
               c.backward ? "bwd" : "fwd", dtype_name(c.dtype), layout_name(c.layout), c.shape_str().c_str(),
               c.mask_str().c_str(), c.kv_str().c_str(), r.median_ms, r.host_median_ms, r.tflops, r.check.str().c_str(),
               r.check.tensors.empty() ? "off" : (r.check.passed() ? "pass" : "FAIL"));
+  if (c.scale) std::printf(" softmax_scale=%.9g", *c.scale);
   if (r.repeat_identical) std::printf(" repeat=%s", *r.repeat_identical ? "identical" : "DIFFERS");
   if (r.naive) {
     const NaiveTiming& n = *r.naive;

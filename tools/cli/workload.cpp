@@ -174,6 +174,7 @@ Workload::Workload(const RunConfig& c)
 
 Options Workload::options() const {
   Options o;
+  if (config.scale) o.softmax_scale = static_cast<float>(*config.scale);
   o.causal = config.causal;
   o.window_left = config.window_left;
   o.window_right = config.window_right;
