@@ -4,6 +4,7 @@
 // honest "undecided".
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -21,14 +22,8 @@ using detail::overlap;
 // A view at byte `offset` of a buffer that starts at `base`.
 TensorView view_at(unsigned char* base, int64_t offset, DType dtype, std::initializer_list<int64_t> shape,
                    std::initializer_list<int64_t> stride) {
-  TensorView t;
-  t.data = base + offset;
-  t.dtype = dtype;
-  t.rank = static_cast<int>(shape.size());
-  int d = 0;
-  for (int64_t s : shape) t.shape[d++] = s;
-  d = 0;
-  for (int64_t s : stride) t.stride[d++] = s;
+  TensorView t = TensorView::contiguous(base + offset, dtype, shape);
+  std::copy(stride.begin(), stride.end(), t.stride);
   return t;
 }
 
