@@ -7,10 +7,11 @@ The raw operators are torch.ops.fusedattn.{fwd, bwd, varlen_fwd, varlen_bwd, app
 merge_attention}. ring_flash_attn_func
 (fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
 fusedattn.masks builds column masks (flash_attn_func's column_mask) for packed documents and
-prefix-LM attention. merge_attention(_) merges attention over disjoint key sets by their
+prefix-LM attention; fusedattn.bert_padding has flash_attn.bert_padding's unpad_input and
+pad_input. merge_attention(_) merges attention over disjoint key sets by their
 log-sum-exp (fusedattn.merge).
 """
-from . import masks
+from . import bert_padding, masks
 from ._ops import ops
 from .context_parallel import ring_flash_attn_func
 from .merge import merge_attention, merge_attention_
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention",
+    "bert_padding",
     "check_device_errors",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
