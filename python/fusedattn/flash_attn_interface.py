@@ -20,6 +20,7 @@ import torch
 
 from . import _device_faults
 from ._ops import ops
+from .rotary import check_tables, rotate_at
 
 # flash_attn's "no limit" for either side of window_size.
 _UNBOUNDED = -1
@@ -267,30 +268,7 @@ def _check_rotary(rotary_cos, rotary_sin, q: torch.Tensor, new: int) -> None:
         return
     if new == 0:
         raise ValueError("fusedattn: rotary_cos: rotary embedding applies to new keys; pass k and v with it")
-    for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-        if t.dim() != 2 or t.shape != rotary_cos.shape or not t.is_floating_point() or t.device != q.device:
-            raise ValueError(f"fusedattn: {name}: must be a floating-point (seqlen_ro, rotary_dim / 2) tensor on "
-                             f"q's device ({q.device}), alike in shape; got {t.dtype} {tuple(t.shape)} on {t.device}")
-    if not 1 <= 2 * rotary_cos.shape[1] <= q.shape[-1]:
-        raise ValueError(f"fusedattn: rotary_cos: rotary_dim = 2 x {rotary_cos.shape[1]} must be between 2 and the "
-                         f"head dim {q.shape[-1]}")
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-            interleaved: bool) -> torch.Tensor:
-    """x (batch, seqlen, heads, dim) with its first rotary_dim = 2 * cos.shape[1] dims rotated at
-    positions (batch, seqlen): pairs (0, 1), (2, 3), ... when interleaved, else (i, i + rotary_dim / 2)
-    (GPT-NeoX). In fp32, rounded once to x's dtype."""
-    half = cos.shape[1]
-    c, s = (table[positions].unsqueeze(2).float() for table in (cos, sin))  # (batch, seqlen, 1, half)
-    head = x[..., :2 * half].float()
-    if interleaved:
-        x1, x2 = head[..., 0::2], head[..., 1::2]
-        rotated = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
-    else:
-        x1, x2 = head[..., :half], head[..., half:]
-        rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), dim=-1)
+    check_tables(q, rotary_cos, rotary_sin, "fusedattn: ", "rotary_cos", "rotary_sin", "q")
 
 
 def _rotary_reach(q, k, masked: bool) -> int:
@@ -312,8 +290,8 @@ def _rotate_new_tokens(q, k, starts: torch.Tensor, positions: torch.Tensor, rota
     if rotary_cos is None:
         return q, k
     q_positions = starts[:, None] + torch.arange(q.shape[1], device=q.device) * int(masked)
-    return (_rotate(q, rotary_cos, rotary_sin, q_positions, interleaved),
-            _rotate(k, rotary_cos, rotary_sin, positions, interleaved))
+    return (rotate_at(q, rotary_cos, rotary_sin, q_positions, interleaved),
+            rotate_at(k, rotary_cos, rotary_sin, positions, interleaved))
 
 
 def _place_new_tokens(q, k, lengths: list[int], rotary_cos, rotary_sin, interleaved: bool, masked: bool):
