@@ -69,7 +69,9 @@ target_compile_definitions(fusedattn_cuda_sm80 PRIVATE $<$<BOOL:${FUSEDATTN_SM90
   # Which architecture's PTX is embedded: SASS below it that is never JIT-compiled may leave out
   # rows it cannot run (src/cuda/sm80/bwd_kernel.cuh).
   FUSEDATTN_SM80_PTX_ARCH=${_sm80_ptx_arch})
-target_link_libraries(fusedattn PRIVATE fusedattn_cuda_sm80 CUDA::cudart_static)
+# The objects go into the library itself (not a link to the object library, which an installed
+# package would have to export too: CMakeLists.txt's install).
+target_sources(fusedattn PRIVATE $<TARGET_OBJECTS:fusedattn_cuda_sm80>)
 
 # Hopper-only kernels (wgmma, setmaxnreg) need the arch-specific sm_90a target.
 if(FUSEDATTN_SM90 AND _sm90_sources)
@@ -79,7 +81,8 @@ if(FUSEDATTN_SM90 AND _sm90_sources)
     $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags} -gencode=arch=compute_90a,code=sm_90a>)
   target_include_directories(fusedattn_cuda_sm90 PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/include
     ${CMAKE_CURRENT_SOURCE_DIR}/src ${_gen_dir})
-  target_link_libraries(fusedattn PRIVATE fusedattn_cuda_sm90 CUDA::cuda_driver)
+  target_sources(fusedattn PRIVATE $<TARGET_OBJECTS:fusedattn_cuda_sm90>)
+  target_link_libraries(fusedattn PRIVATE CUDA::cuda_driver)
 endif()
 target_link_libraries(fusedattn PRIVATE CUDA::cudart_static)
 target_compile_definitions(fusedattn PRIVATE FUSEDATTN_WITH_CUDA=1)

@@ -10,9 +10,10 @@ namespace {
 // stride or size), and bounding reaches by it keeps every sum below within ByteCount.
 constexpr ByteCount kAddressSpace = ByteCount{1} << 64;
 
-// Steps the search may take before it gives up. Views whose strides nest (each stepping past the
-// reach of the smaller ones: every framework's, and every written tensor validation accepts)
-// leave at most three candidates a level, 3^8 in all at worst and a few dozen in practice.
+// Steps the search may take before it gives up. Where both views' strides nest (each stepping past
+// the reach of the smaller ones: every framework's views, and every written tensor validation
+// accepts) a level leaves a few candidates at most, and the packed layouts of the tests take a few
+// dozen steps in all; only strides that interleave finely over long dimensions reach the limit.
 constexpr long kSearchSteps = 1 << 14;
 
 // The bytes from a view's base that its last element ends at, or kAddressSpace + 1 past it.

@@ -62,11 +62,12 @@ TEST(CpuAppendKv, RejectsMalformedArgumentsByName) {
       {[](AppendKvArgs& x) { x.block_table.rank = 9; }, "block_table"},  // its message names the rank, reads no size
       {[](AppendKvArgs& x) { x.block_table = {}; }, "k_cache"},  // per-sequence caches: 6 of them for 2 sequences
       {[](AppendKvArgs& x) { x.v_cache.stride[2] = x.v_cache.shape[3] / 2; }, "v_cache"},  // heads overlap
-      // A written tensor over another tensor's memory.
+      // A written tensor over another tensor's memory (each view inside the other's buffer, so that
+      // nothing else can meet it).
       {[](AppendKvArgs& x) { x.v_cache.data = x.k_cache.data; }, "v_cache"},
       {[](AppendKvArgs& x) { x.k.data = x.k_cache.data; }, "k_cache"},
       {[](AppendKvArgs& x) { x.status.data = x.cache_seqlens.data; }, "status"},
-      {[](AppendKvArgs& x) { x.block_table.data = x.status.data; }, "status"},
+      {[](AppendKvArgs& x) { x.status.data = x.block_table.data; }, "status"},
   };
   for (const auto& [make_bad, name] : cases) {
     AppendKvArgs bad = a;

@@ -114,10 +114,15 @@ TEST(CpuMerge, RejectsMalformedArgumentsByName) {
        "out's device"},
       {[](MergeArgs& x) { x.lse.device = {DeviceType::kCUDA, 0}; }, ErrorCode::kDeviceMismatch, "lse",
        "out's device"},
-      // The other side's tensors over out's or lse's memory, other than as those very views.
+      // The other side's tensors over out's or lse's memory, other than as those very views (each
+      // inside the other's buffer, so that nothing else can meet it): part_out's fp16 elements over
+      // out's fp32 ones, part_lse as each row's first lse repeated.
       {[](MergeArgs& x) { x.part_out.data = x.out.data; }, ErrorCode::kLayout, "out", "shares memory with part_out"},
-      {[](MergeArgs& x) { x.part_lse.data = static_cast<float*>(x.lse.data) + 1; }, ErrorCode::kLayout, "lse",
-       "shares memory with part_lse"},
+      {[](MergeArgs& x) {
+         x.part_lse = x.lse;
+         x.part_lse.stride[2] = 0;
+       },
+       ErrorCode::kLayout, "lse", "shares memory with part_lse"},
       {[](MergeArgs& x) { x.lse.data = x.out.data; }, ErrorCode::kLayout, "lse",
        "shares memory with out, which the call also writes"},
       {[&](MergeArgs& x) {  // a varlen out with a dense LSE
