@@ -212,7 +212,12 @@ if has cli; then
   # Packed documents (a column mask), forward and backward, checked against float64 on sampled rows.
   step cli-docs 120 cli_docs.log "$build/fusedattn" --backend cuda --backward --causal --heads 8 --head-dim 128 \
     --documents 1500,7,700,841
-  tail -n 2 "$out/cli.log" "$out/cli_bwd.log" "$out/cli_docs.log" | tee -a "$summary"
+  # A scale of the caller's: logits in the tens (fp16 forward), and a negative scale (bf16 backward).
+  step cli-scale 120 cli_scale.log "$build/fusedattn" --backend cuda --softmax-scale 2 --seqlen-q 2048
+  step cli-scale-bwd 120 cli_scale_bwd.log "$build/fusedattn" --backend cuda --backward --dtype bf16 \
+    --softmax-scale -0.3 --seqlen-q 2048
+  tail -n 2 "$out/cli.log" "$out/cli_bwd.log" "$out/cli_docs.log" "$out/cli_scale.log" "$out/cli_scale_bwd.log" |
+    tee -a "$summary"
 fi
 
 export PYTHONPATH=$build/python:$root/.devbuild/carry:${PYTHONPATH:-}

@@ -11,7 +11,8 @@ operations (autograd, CPU and CUDA alike). flash_attn_with_kvcache's rotary_cos 
 
 A position past the tables (or before them) is left unrotated, as flash_attn's kernel leaves it;
 with an int seqlen_offsets that is an error instead, since it is known on the host.
-RotaryEmbedding (the module) is not provided.
+RotaryEmbedding is the module that builds the tables (and XPos's scaled ones) and turns q and k
+of a packed qkv (or q and kv) in place.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Optional, Union
 
 import torch
 
-__all__ = ["apply_rotary_emb", "apply_rotary_emb_kv_", "apply_rotary_emb_qkv_"]
+__all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_kv_", "apply_rotary_emb_qkv_"]
 
 
 def rotate_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -140,3 +141,76 @@ def apply_rotary_emb_kv_(kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                          f"{tuple(kv.shape)}")
     apply_rotary_emb(kv[:, :, 0], cos, sin, interleaved, True, seqlen_offsets)
     return kv
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """flash_attn.layers.rotary.RotaryEmbedding: rotary tables for head dims of `dim` rotated dims,
+    frequencies base^(-2i / dim), built for the longest sequence seen so far (in the inputs' dtype,
+    from float32 positions unless pos_idx_in_fp32=False) and kept until a longer one, another
+    device or dtype comes. With scale_base (XPos), q's tables are scaled by
+    ((2i + 0.4 dim) / (1.4 dim)) ^ ((position - seqlen / 2) / scale_base) and k's divided by it."""
+
+    def __init__(self, dim: int, base: float = 10000.0, interleaved: bool = False,
+                 scale_base: Optional[float] = None, pos_idx_in_fp32: bool = True, device=None):
+        super().__init__()
+        if dim < 2 or dim % 2:
+            raise ValueError(f"fusedattn.rotary.RotaryEmbedding: dim must be an even number of at least 2, got {dim}")
+        self.dim, self.base, self.interleaved = dim, float(base), interleaved
+        self.scale_base, self.pos_idx_in_fp32 = scale_base, pos_idx_in_fp32
+        self.register_buffer("inv_freq", self._inverse_frequencies(device), persistent=False)
+        pairs = torch.arange(0, dim, 2, device=device, dtype=torch.float32)
+        scale = (pairs + 0.4 * dim) / (1.4 * dim) if scale_base is not None else None
+        self.register_buffer("scale", scale, persistent=False)
+        self._seq_len_cached = 0
+        self._cos_cached = self._sin_cached = self._cos_k_cached = self._sin_k_cached = None
+
+    def _inverse_frequencies(self, device) -> torch.Tensor:
+        return 1.0 / (self.base ** (torch.arange(0, self.dim, 2, device=device, dtype=torch.float32) / self.dim))
+
+    def _update_cos_sin_cache(self, seqlen: int, device=None, dtype=None) -> None:
+        stale = (self._cos_cached is None or seqlen > self._seq_len_cached or self._cos_cached.device != device
+                 or self._cos_cached.dtype != dtype or (self.training and self._cos_cached.is_inference()))
+        if not stale:
+            return
+        self._seq_len_cached = seqlen
+        if self.pos_idx_in_fp32:
+            positions = torch.arange(seqlen, device=device, dtype=torch.float32)
+            # A module moved to half precision has half-precision frequencies: rebuild them in float32.
+            inv_freq = self.inv_freq if self.inv_freq.dtype == torch.float32 else self._inverse_frequencies(device)
+        else:
+            positions = torch.arange(seqlen, device=device, dtype=self.inv_freq.dtype)
+            inv_freq = self.inv_freq
+        angles = torch.outer(positions, inv_freq.to(device))
+        cos, sin = torch.cos(angles), torch.sin(angles)
+        if self.scale is None:
+            self._cos_cached, self._sin_cached = cos.to(dtype), sin.to(dtype)
+            self._cos_k_cached = self._sin_k_cached = None
+            return
+        power = (torch.arange(seqlen, dtype=self.scale.dtype, device=self.scale.device) - seqlen // 2) / self.scale_base
+        scale = (self.scale.to(device=power.device) ** power[:, None]).to(device)
+        self._cos_cached, self._sin_cached = (cos * scale).to(dtype), (sin * scale).to(dtype)
+        self._cos_k_cached, self._sin_k_cached = (cos / scale).to(dtype), (sin / scale).to(dtype)
+
+    def forward(self, qkv: torch.Tensor, kv: Optional[torch.Tensor] = None,
+                seqlen_offset: Union[int, torch.Tensor] = 0, max_seqlen: Optional[int] = None,
+                num_heads_q: Optional[int] = None):
+        """qkv (batch, seqlen, 3, heads, dim) or grouped (batch, seqlen, heads_q + 2 heads_k, dim)
+        with num_heads_q: q and k turned in place, returns qkv. With kv (batch, seqlen, 2, heads,
+        dim): qkv is q (batch, seqlen, heads, dim); returns (q, kv), both turned in place. Positions
+        start at seqlen_offset (an int, or a (batch,) tensor, for which give max_seqlen: the
+        tables are then built that long)."""
+        seqlen = qkv.shape[1]
+        if max_seqlen is not None:
+            self._update_cos_sin_cache(max_seqlen, device=qkv.device, dtype=qkv.dtype)
+        elif isinstance(seqlen_offset, int):
+            self._update_cos_sin_cache(seqlen + seqlen_offset, device=qkv.device, dtype=qkv.dtype)
+        elif self._cos_cached is None:
+            raise ValueError("fusedattn.rotary.RotaryEmbedding: a tensor seqlen_offset needs max_seqlen (how long "
+                             "the tables must be)")
+        cos_k = self._cos_cached if self._cos_k_cached is None else self._cos_k_cached
+        sin_k = self._sin_cached if self._sin_k_cached is None else self._sin_k_cached
+        if kv is None:
+            return apply_rotary_emb_qkv_(qkv, self._cos_cached, self._sin_cached, cos_k, sin_k, self.interleaved,
+                                         seqlen_offset, num_heads_q)
+        q = apply_rotary_emb(qkv, self._cos_cached, self._sin_cached, self.interleaved, True, seqlen_offset)
+        return q, apply_rotary_emb_kv_(kv, cos_k, sin_k, self.interleaved, seqlen_offset)

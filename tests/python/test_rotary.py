@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fusedattn
 from conftest import DEVICES, DTYPES
 from fusedattn.rotary import apply_rotary_emb, apply_rotary_emb_kv_, apply_rotary_emb_qkv_
 from test_kvcache import rope_reference, rotary_tables
@@ -136,3 +137,50 @@ def test_malformed_arguments_are_named(device):
         apply_rotary_emb_qkv_(x, cos, sin)
     with pytest.raises(ValueError, match=r"apply_rotary_emb_kv_: kv must be \(batch, seqlen, 2, heads, dim\)"):
         apply_rotary_emb_kv_(x, cos, sin)
+
+
+def _tables(dim, seqlen, dtype, device, scale_base=None):
+    """RotaryEmbedding's tables built here from their definition: q's and k's (XPos scales them)."""
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    angles = torch.arange(seqlen, dtype=torch.float32, device=device)[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    if scale_base is None:
+        return (cos.to(dtype), sin.to(dtype)), (cos.to(dtype), sin.to(dtype))
+    base = (torch.arange(0, dim, 2, dtype=torch.float32, device=device) + 0.4 * dim) / (1.4 * dim)
+    scale = base[None, :] ** ((torch.arange(seqlen, dtype=torch.float32, device=device) - seqlen // 2) / scale_base)[:, None]
+    return ((cos * scale).to(dtype), (sin * scale).to(dtype)), ((cos / scale).to(dtype), (sin / scale).to(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale_base", [None, 512.0], ids=["rope", "xpos"])
+@LAYOUTS
+def test_rotary_embedding_module(device, scale_base, interleaved):
+    """q and k of a packed qkv turned in place by tables of the longest sequence so far (the
+    second call, 4 tokens at offset 8, grows them to 12); q and kv given apart; rotary_dim 8 of a
+    head dim of 16."""
+    dtype = torch.float16
+    rotary = fusedattn.rotary.RotaryEmbedding(8, interleaved=interleaved, scale_base=scale_base, device=device)
+    qkv = torch.randn(2, 8, 3, 2, 16, device=device).to(dtype)
+    before = qkv.clone()
+    assert rotary(qkv) is qkv
+    (cos, sin), (cos_k, sin_k) = _tables(8, 8, dtype, device, scale_base)
+    assert torch.equal(qkv[:, :, 0], apply_rotary_emb(before[:, :, 0], cos, sin, interleaved))
+    assert torch.equal(qkv[:, :, 1], apply_rotary_emb(before[:, :, 1], cos_k, sin_k, interleaved))
+    assert torch.equal(qkv[:, :, 2], before[:, :, 2])
+    q, kv = torch.randn(2, 4, 2, 16, device=device).to(dtype), torch.randn(2, 4, 2, 2, 16, device=device).to(dtype)
+    q_before, kv_before = q.clone(), kv.clone()
+    q_out, kv_out = rotary(q, kv, seqlen_offset=8)
+    assert q_out is q and kv_out is kv and rotary._seq_len_cached == 12
+    (cos, sin), (cos_k, sin_k) = _tables(8, 12, dtype, device, scale_base)
+    assert torch.equal(q, apply_rotary_emb(q_before, cos, sin, interleaved, seqlen_offsets=8))
+    assert torch.equal(kv[:, :, 0], apply_rotary_emb(kv_before[:, :, 0], cos_k, sin_k, interleaved, seqlen_offsets=8))
+    assert torch.equal(kv[:, :, 1], kv_before[:, :, 1])
+
+
+def test_rotary_embedding_arguments():
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: dim must be an even number of at least 2, got 7"):
+        fusedattn.rotary.RotaryEmbedding(7)
+    with pytest.raises(ValueError, match=r"RotaryEmbedding: a tensor seqlen_offset needs max_seqlen"):
+        fusedattn.rotary.RotaryEmbedding(8)(torch.randn(1, 4, 3, 1, 8), seqlen_offset=torch.tensor([2]))
+    qkv = torch.randn(1, 4, 3, 1, 8)
+    fusedattn.rotary.RotaryEmbedding(8)(qkv, seqlen_offset=torch.tensor([2]), max_seqlen=6)
