@@ -24,16 +24,20 @@ __all__ = ["RotaryEmbedding", "apply_rotary_emb", "apply_rotary_emb_kv_", "apply
 
 
 def rotate_at(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-              interleaved: bool) -> torch.Tensor:
+              interleaved: bool, outside: bool = False) -> torch.Tensor:
     """x (batch, seqlen, heads, dim) with its first rotary_dim = 2 * cos.shape[1] dims rotated at
-    positions (batch, seqlen); positions outside [0, seqlen_ro) stay unrotated. In float32 (float64
-    for float64 x), rounded once to x's dtype."""
+    positions (batch, seqlen), which must lie in [0, seqlen_ro) unless `outside` says some may not:
+    those then stay unrotated (a few more operations, which the kvcache path's checked positions
+    need not pay a decode step). In float32 (float64 for float64 x), rounded once to x's dtype."""
     half = cos.shape[1]
     work = torch.promote_types(x.dtype, torch.float32)
-    inside = (positions >= 0) & (positions < cos.shape[0])
-    rows = positions.clamp(0, cos.shape[0] - 1)
-    c = torch.where(inside[..., None], cos[rows].to(work), 1.0).unsqueeze(2)  # (batch, seqlen, 1, half)
-    s = torch.where(inside[..., None], sin[rows].to(work), 0.0).unsqueeze(2)
+    if outside:
+        inside = ((positions >= 0) & (positions < cos.shape[0]))[..., None]
+        rows = positions.clamp(0, cos.shape[0] - 1)
+        c, s = torch.where(inside, cos[rows].to(work), 1.0), torch.where(inside, sin[rows].to(work), 0.0)
+    else:
+        c, s = cos[positions].to(work), sin[positions].to(work)
+    c, s = c.unsqueeze(2), s.unsqueeze(2)  # (batch, seqlen, 1, half)
     head = x[..., :2 * half].to(work)
     if interleaved:
         x1, x2 = head[..., 0::2], head[..., 1::2]
@@ -89,7 +93,8 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
         batch, seqlen = x.shape[:2]
         starts = _offsets(seqlen_offsets, batch, seqlen, cos.shape[0], x.device, function)
         positions = starts[:, None] + torch.arange(seqlen, device=x.device)
-        rotated = rotate_at(x, cos, sin, positions, interleaved)
+        # An int offset was checked against the tables above; a tensor's entries are not read here.
+        rotated = rotate_at(x, cos, sin, positions, interleaved, outside=isinstance(seqlen_offsets, torch.Tensor))
     else:
         if x.dim() != 3 or cu_seqlens.dim() != 1 or cu_seqlens.shape[0] < 1 or cu_seqlens.is_floating_point():
             raise ValueError(f"fusedattn.rotary.{function}: with cu_seqlens, x must be (total, heads, dim) and "
@@ -108,7 +113,7 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inte
         else:
             positions = rows - bounds[sequence] + starts[sequence]
             positions = torch.where(rows < bounds[-1], positions, -1)
-        rotated = rotate_at(x[None], cos, sin, positions[None], interleaved)[0]
+        rotated = rotate_at(x[None], cos, sin, positions[None], interleaved, outside=True)[0]
     return x.copy_(rotated) if inplace else rotated
 
 
