@@ -34,6 +34,18 @@ constexpr int kMinRunShare = 50;  // at least 1 in 50 calls must pass validation
 constexpr int kMinComputeShare = 100;  // attention: at least 1 in 100 must reach the backend
 constexpr int kBackwardShare = 100;  // percent of the calls with a backward call beside
 
+// A view's largest element offset, where every dimension longer than one has a stride >= 0 and a
+// size a buffer could hold (else none: no buffer backs the view from its data pointer on).
+std::optional<int64_t> last_offset(const TensorView& t) {
+  int64_t last = 0;
+  for (int d = 0; d < std::min(t.rank, kMaxRank); ++d) {
+    if (t.shape[d] <= 1) continue;
+    if (t.stride[d] < 0 || t.shape[d] > kMaxBackedElements) return std::nullopt;
+    last += (t.shape[d] - 1) * t.stride[d];
+  }
+  return last;
+}
+
 class Fuzzer {
  public:
   explicit Fuzzer(std::mt19937_64& rng) : rng_(rng) {}
@@ -63,15 +75,9 @@ class Fuzzer {
       if (chance(10)) t.shape[d] = pick<int64_t>({-1, 0, kHugeSize});
       if (chance(5)) t.rank = pick({-1, 0, 1, 5, 9});
     }
-    int64_t last = 0;  // the largest element offset, where every size > 1 has a stride >= 0
-    bool backed = true;
-    for (int d = 0; d < std::min(t.rank, kMaxRank); ++d) {
-      if (t.shape[d] <= 1) continue;
-      if (t.stride[d] < 0 || t.shape[d] > kMaxBackedElements) backed = false;
-      else last += (t.shape[d] - 1) * t.stride[d];
-    }
-    backed = backed && last < kMaxBackedElements;
-    const std::size_t words = backed ? ceil_words(static_cast<std::size_t>(last + 1) * dtype_size(dtype)) : 1;
+    const std::optional<int64_t> last = last_offset(t);
+    const bool backed = last && *last < kMaxBackedElements;
+    const std::size_t words = backed ? ceil_words(static_cast<std::size_t>(*last + 1) * dtype_size(dtype)) : 1;
     auto& buffer = buffers_.emplace_back(words);
     for (uint64_t& w : buffer) w = rng_();  // any bits: NaN and inf included
     // Unbacked views, and a few others, have no data: validation must say so (or find the view
@@ -122,15 +128,13 @@ struct Call {
 };
 
 // The bytes from a view's data pointer to the end of its last element; 0 where it has no element,
-// no data or a negative stride (nothing then backs it from its data pointer on).
+// no data or no buffer could back it (last_offset).
 int64_t extent_bytes(const TensorView& t) {
   if (t.data == nullptr || t.rank < 1 || t.rank > kMaxRank) return 0;
-  int64_t last = 0;
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.shape[d] < 1 || t.shape[d] > kMaxBackedElements || t.stride[d] < 0) return 0;
-    last += (t.shape[d] - 1) * t.stride[d];
-  }
-  return (last + 1) * static_cast<int64_t>(dtype_size(t.dtype));
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] < 1) return 0;
+  const std::optional<int64_t> last = last_offset(t);
+  return last ? (*last + 1) * static_cast<int64_t>(dtype_size(t.dtype)) : 0;
 }
 
 // Points one of `written` at the data of one of `others` (another written tensor or one the call
