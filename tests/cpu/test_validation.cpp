@@ -196,18 +196,10 @@ TEST(Validation, WrittenTensorsApartFromEveryOtherTensor) {
 // for k and v, 4 for out), and dq, dk and dv of one [B, S, 8, D] buffer.
 TEST(Validation, PackedBuffersGiveTheResultsOfSeparateTensors) {
   Valid v = valid_dense();  // q [2, 6, 4, 16], k and v [2, 5, 2, 16]
-  forward(v.fwd);
-  backward(v.bwd);
-  const auto copy = [](const TensorView& from, const TensorView& to) {
-    for (int64_t b = 0; b < from.shape[0]; ++b)
-      for (int64_t s = 0; s < from.shape[1]; ++s)
-        for (int64_t h = 0; h < from.shape[2]; ++h)
-          for (int64_t d = 0; d < from.shape[3]; ++d)
-            static_cast<float*>(to.data)[b * to.stride[0] + s * to.stride[1] + h * to.stride[2] + d] =
-                static_cast<const float*>(from.data)[b * from.stride[0] + s * from.stride[1] + h * from.stride[2] + d];
-  };
   constexpr int64_t B = 2, S = 6, W = 12, D = kHeadDim;
+  std::mt19937_64 rng = fresh_rng();
   HostTensor buffer(DType::kFloat32, {B, S, W, D});
+  buffer.fill(randn(rng, buffer.numel(), 1.0, DType::kFloat32));
   const auto slot = [&](HostTensor& base, int64_t width, int64_t first_head, int64_t rows, int64_t heads) {
     return strided_view(base, first_head * D, {B, rows, heads, D}, {S * width * D, width * D, D, 1});
   };
@@ -216,9 +208,12 @@ TEST(Validation, PackedBuffersGiveTheResultsOfSeparateTensors) {
   f.k = slot(buffer, W, 4, 5, 2);
   f.v = slot(buffer, W, 6, 5, 2);
   f.out = slot(buffer, W, 8, 6, 4);
-  copy(v.fwd.q, f.q);
-  copy(v.fwd.k, f.k);
-  copy(v.fwd.v, f.v);
+  // The separate tensors hold the packed ones' values (gather_dense reads them in fill's order).
+  v.c.q.fill(gather_dense(f.q));
+  v.c.k.fill(gather_dense(f.k));
+  v.c.v.fill(gather_dense(f.v));
+  forward(v.fwd);
+  backward(v.bwd);
   HostTensor lse(DType::kFloat32, {B, 4, S});
   f.lse = lse.view();
   forward(f);
