@@ -8,8 +8,8 @@ merge_attention}. ring_flash_attn_func
 (fusedattn.context_parallel) runs attention over a sequence sharded across a torch.distributed group.
 fusedattn.masks builds column masks (flash_attn_func's column_mask) for packed documents and
 prefix-LM attention; fusedattn.bert_padding has flash_attn.bert_padding's unpad_input and
-pad_input, fusedattn.rotary flash_attn.layers.rotary's apply_rotary_emb and RotaryEmbedding. merge_attention(_) merges attention over disjoint key sets by their
-log-sum-exp (fusedattn.merge).
+pad_input, fusedattn.rotary flash_attn.layers.rotary's apply_rotary_emb and RotaryEmbedding.
+merge_attention(_) merges attention over disjoint key sets by their log-sum-exp (fusedattn.merge).
 """
 from . import bert_padding, masks, rotary
 from ._ops import ops
