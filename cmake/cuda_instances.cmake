@@ -23,9 +23,10 @@ foreach(dt IN LISTS FUSEDATTN_DTYPES)
       set(f ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}.cu)
       if(FUSEDATTN_SM90 AND _is90 GREATER -1 AND EXISTS ${f})
         list(APPEND _sm90_sources ${f})
-        # Its clustered kernels (fwd_launch.cuh declares them), one translation unit each.
-        file(GLOB _paired ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_pair_n*.cu ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_quads_n*.cu)
-        list(APPEND _sm90_sources ${_paired})
+        # Its clustered and decode kernels (fwd_launch.cuh declares them), one translation unit each.
+        file(GLOB _own_units ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_pair_n*.cu
+          ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_quads_n*.cu ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_decode_n*.cu)
+        list(APPEND _sm90_sources ${_own_units})
         string(APPEND _table "FUSEDATTN_INSTANCE(sm90, fwd, ${dt}, ${hd}, ${mask})\n")
       endif()
       set(f ${_inst_dir}/sm90_bwd_${dt}_d${hd}_${mask}.cu)

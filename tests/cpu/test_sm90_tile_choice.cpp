@@ -1,6 +1,6 @@
 // The sm90 forward's tile choice per launch (src/cuda/sm90/fwd_split.h: keys_per_row, d64_tile,
-// uses_block64, uses_pair_cluster, fwd_tile_shape): host rules the launcher and the GPU tests share, checked
-// here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
+// uses_block64, uses_pair_cluster, fwd_tile_shape, runs_decode_tile): host rules the launcher and
+// the GPU tests share, checked here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
 // Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
 #include <gtest/gtest.h>
 
@@ -543,6 +543,31 @@ TEST(Sm90TileChoice, FewRowPlansFollowTheKernelsSpreadRule) {
   ASSERT_TRUE(five.split.split());
   EXPECT_GT(four.split.max_parts, kTailMaxParts);
   EXPECT_LE(five.split.max_parts, kTailMaxParts);
+}
+
+// Decode steps (at most kDecodeTileRows tiled rows: the one-row slices') take the tile's decode
+// kernel, which alone compiles the warp-split loop (tile_config.h, decode_tile); every other launch
+// takes the kernel without it, whose prefill tiles ran ~1% faster (docs/hopper.md, session 103).
+// Rows count after GQA packing (a variable-length batch's by its longest sequence, FwdParams::seqlen_q).
+TEST(Sm90TileChoice, DecodeStepsTakeTheDecodeKernel) {
+  const auto decodes = [](int64_t queries, int heads_q, int heads_kv) {
+    FwdParams p;
+    testing::set_shape(p, testing::dense(4, heads_q, heads_kv, queries, 8192, 128));
+    return runs_decode_tile(tiled_rows(p, 128, MaskKind::kFull, 132));
+  };
+  EXPECT_TRUE(decodes(1, 32, 8));    // a packed group of 4
+  EXPECT_TRUE(decodes(1, 64, 8));    // a packed group of 8
+  EXPECT_TRUE(decodes(2, 32, 8));    // 2 positions x 4 heads
+  EXPECT_FALSE(decodes(3, 32, 8));   // 12 tiled rows
+  EXPECT_FALSE(decodes(2, 64, 8));   // 16 tiled rows
+  EXPECT_TRUE(decodes(1, 8, 8));     // one query, no GQA
+  EXPECT_TRUE(decodes(8, 8, 8));
+  EXPECT_FALSE(decodes(9, 8, 8));
+  EXPECT_FALSE(decodes(2048, 16, 16));  // prefill
+  EXPECT_EQ(kDecodeTileRows, 8);
+  EXPECT_TRUE(decode_tile(tile_shape(128)).decode);
+  EXPECT_FALSE(tile_shape(128).decode);
+  EXPECT_TRUE(same(decode_tile(tile_shape(128)), tile_shape(128)));  // the same tile otherwise
 }
 
 }  // namespace

@@ -67,9 +67,9 @@ inline constexpr bool kMaskedOneP = FUSEDATTN_SM90_MASKED_ONE_P != 0;
 #define FUSEDATTN_SM90_ONE_ROW_COPY 1
 #endif
 
-// Whether the instances with the one-row loop also compile the warp-split loop for those slices
-// (Consumer::kWarpSplitCopy, warp_split.cuh). A compile-time ablation switch like the one above:
-// -DFUSEDATTN_SM90_WARP_SPLIT_COPY=0 builds them without it.
+// Whether the decode kernels (tile_config.h, decode_tile) compile the warp-split loop for those
+// slices (Consumer::kWarpSplitCopy, warp_split.cuh). A compile-time ablation switch like the one
+// above: -DFUSEDATTN_SM90_WARP_SPLIT_COPY=0 builds them without it.
 #ifndef FUSEDATTN_SM90_WARP_SPLIT_COPY
 #define FUSEDATTN_SM90_WARP_SPLIT_COPY 1
 #endif
@@ -276,11 +276,13 @@ struct Consumer {
   // step's tensor work shrinks from the 64 rows of the wgmma to 16, and no warp waits for another
   // until the tile's end.
   // Up to d192: at d256 (the 64-key tile, O 128 registers) the kernel spilled 540 B with it, still
-  // 552 B with Q's rows read at each k-step rather than held, 120 B without the merge.
+  // 552 B with Q's rows read at each k-step rather than held, 120 B without the merge. Only in
+  // the decode steps' kernels (tile_config.h, decode_tile): the prefill kernels ran ~1% slower
+  // with the loop compiled in, though they never enter it.
   using Split = WarpSplit<Element, Cfg>;
   static constexpr int kWarpSplitMaxHeadDim = 192;
   static constexpr bool kWarpSplitCopy =
-      kOneRowCopy && FUSEDATTN_SM90_WARP_SPLIT_COPY != 0 && kHeadDim <= kWarpSplitMaxHeadDim;
+      kOneRowCopy && FUSEDATTN_SM90_WARP_SPLIT_COPY != 0 && kHeadDim <= kWarpSplitMaxHeadDim && Cfg::kShape.decode;
   // Where the registers left beside the accumulators allow (the d64 128-row tile: 80; d128 with
   // its second P buffer, full masks: 48; d256: 52), the tile and the mask's per-tile facts stay
   // in registers: 0 B spills, and the epilogue saves re-reading the announcement (d128 full

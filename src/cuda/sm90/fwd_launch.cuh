@@ -432,7 +432,8 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
 }
 
 // kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h) and the
-// GPU fits such clusters.
+// GPU fits such clusters, or kShape's decode kernel for decode steps where it has one
+// (runs_decode_tile).
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
@@ -441,6 +442,14 @@ void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_
         if (uses_quad_mix(p, kMask, kHeadDim, rows) && launch_quad_mix<Element, kHeadDim, kMask, kShape>(p, rows, num_sms))
           return;
       if (launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms)) return;
+    }
+  }
+  using DecodeConsumer = Consumer<Element, KernelConfig<Element, kHeadDim, decode_tile(kShape)>, kMask>;
+  if constexpr (DecodeConsumer::kWarpSplitCopy) {
+    static_assert(DecodeConsumer::kHalfWarpRows == kDecodeTileRows, "decode steps' rows are the one-row slices'");
+    if (runs_decode_tile(rows)) {
+      launch_fwd<Element, kHeadDim, kMask, decode_tile(kShape)>(p, rows, num_sms);
+      return;
     }
   }
   launch_fwd<Element, kHeadDim, kMask, kShape>(p, rows, num_sms);
@@ -474,17 +483,21 @@ void run_fwd(const FwdParams& p) {
   launch_fwd_maybe_paired<Element, kHeadDim, kMask, tile_shape(kHeadDim)>(p, rows, num_sms);
 }
 
-// The clustered kernels are compiled in translation units of their own
-// (src/cuda/instances/sm90_fwd_*_pair_n*.cu, *_quads_n*.cu), one kernel each; tools/gen_instances.py
-// writes them and the list of their declarations.
+// The clustered kernels and the decode kernels are compiled in translation units of their own
+// (src/cuda/instances/sm90_fwd_*_pair_n*.cu, *_quads_n*.cu, *_decode_n*.cu), one kernel each;
+// tools/gen_instances.py writes them and the list of their declarations.
 #define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                       \
   extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(                       \
       const FwdParams&, const TiledRows&, int, const ClusterSlice*);
 #define FUSEDATTN_SM90_QUAD_MIX(Element, kHeadDim, kShape)                                                        \
   extern template bool launch_quad_mix<Element, kHeadDim, MaskKind::kFull, kShape>(const FwdParams&, const TiledRows&, \
                                                                                   int);
-#include "cuda/sm90/paired_instances.inc"
+#define FUSEDATTN_SM90_DECODE(Element, kHeadDim, kShape)                                                       \
+  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, decode_tile(kShape)>(                  \
+      const FwdParams&, const TiledRows&, int, const ClusterSlice*);
+#include "cuda/sm90/unit_instances.inc"
 #undef FUSEDATTN_SM90_PAIRED
 #undef FUSEDATTN_SM90_QUAD_MIX
+#undef FUSEDATTN_SM90_DECODE
 
 }  // namespace fusedattn::cuda::sm90

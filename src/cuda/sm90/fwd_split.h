@@ -245,6 +245,14 @@ inline TiledRows tiled_rows(const FwdParams& p, int pack_shift) {
   return {packing, packing.rows(p.seqlen_q), packing.tile_heads(p.heads_q)};
 }
 
+// Decode steps: launches of at most kDecodeTileRows tiled rows per (tile head, batch) (a packed
+// GQA group of up to 8 query heads, or one query of up to 8 heads; a variable-length batch by its
+// longest sequence). Every tile's rows in use then lie in the first half of each warp's 16 rows
+// (Consumer::one_row_slice), and the launch takes the tile's decode kernel where it has one
+// (tile_config.h, decode_tile; fwd_launch.cuh, launch_fwd_maybe_paired).
+constexpr int64_t kDecodeTileRows = kWarpgroupRows / kWarpsPerWarpgroup / 2;
+inline bool runs_decode_tile(const TiledRows& rows) { return rows.rows <= kDecodeTileRows; }
+
 // Pairs of CTAs in a cluster sharing each K/V block by multicast (tile_config.h, kPairCluster):
 // the d128 and d256 instances' one-CTA tiles, under full masks of dense batches (a pair's two
 // query blocks see the same keys; a variable-length batch's tiles are counted in the kernel, so

@@ -16,6 +16,7 @@ struct TileShape {
   int ctas_per_sm = 1;      // CTAs resident per SM: they share its registers and shared memory
   int v_stages = 0;         // depth of the V ring where it is deeper than K's (0: `stages`)
   int cluster_ctas = 1;     // CTAs per cluster sharing each K/V block by TMA multicast (kPairCluster)
+  bool decode = false;      // decode steps' kernel: compiles the warp-split loop (decode_tile)
 };
 
 // d128's V ring is a stage deeper than its K ring: a V stage is held from its load until P V has
@@ -89,6 +90,18 @@ constexpr TileShape paired(TileShape shape) {
 constexpr int kQuadCluster = 4;
 constexpr TileShape quads(TileShape shape) {
   shape.cluster_ctas = kQuadCluster;
+  return shape;
+}
+
+// The kernel of decode steps (launches of at most kDecodeTileRows tiled rows, fwd_split.h:
+// runs_decode_tile) on a tile whose one-row slices may split each block's keys over the warps
+// (Consumer::kWarpSplitCopy, warp_split.cuh): a kernel of its own, so that the loop is not compiled
+// into the prefill kernels. With it compiled in, ptxas schedules the whole kernel anew, and the
+// prefill tiles, which never enter it, ran slower: H200, tools/ab_build.sh, five rounds, the
+// speed with / without it, fp16 d128 full 2k 0.990, 8k 0.991, bf16 d128 full 2k 0.991, d64 full 2k
+// 1.000, 512 1.005 (docs/hopper.md, session 103).
+constexpr TileShape decode_tile(TileShape shape) {
+  shape.decode = true;
   return shape;
 }
 
