@@ -1,7 +1,8 @@
 // The sm90 forward's tile choice per launch (src/cuda/sm90/fwd_split.h: keys_per_row, d64_tile,
 // uses_block64, uses_pair_cluster, fwd_tile_shape, runs_decode_tile): host rules the launcher and
-// the GPU tests share, checked here without a GPU. The GPU tests force each shape on every kind of mask (Sm90Fwd.TileShapes,
-// Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one a launch gets by default.
+// the GPU tests share, checked here without a GPU. The GPU tests force each shape on every kind of
+// mask (Sm90Fwd.TileShapes, Sm90Fwd.D192BlockWidths, Sm90Fwd.D256BlockWidths); these pin which one
+// a launch gets by default.
 #include <gtest/gtest.h>
 
 #include <algorithm>
