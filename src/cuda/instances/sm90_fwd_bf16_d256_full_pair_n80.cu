@@ -2,6 +2,6 @@
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace fusedattn::cuda::sm90 {
-template bool launch_fwd<__nv_bfloat16, 256, MaskKind::kFull, paired(tile_shape(256))>(const FwdParams&, const TiledRows&,
-                                                                            int, const ClusterSlice*);
+template bool launch_fwd<__nv_bfloat16, 256, MaskKind::kFull, paired(tile_shape(256))>(
+    const FwdParams&, const TiledRows&, int, const ClusterSlice*);
 }  // namespace fusedattn::cuda::sm90

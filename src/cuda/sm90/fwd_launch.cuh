@@ -486,18 +486,14 @@ void run_fwd(const FwdParams& p) {
 // The clustered kernels and the decode kernels are compiled in translation units of their own
 // (src/cuda/instances/sm90_fwd_*_pair_n*.cu, *_quads_n*.cu, *_decode_n*.cu), one kernel each;
 // tools/gen_instances.py writes them and the list of their declarations.
-#define FUSEDATTN_SM90_PAIRED(Element, kHeadDim, kShape)                                                       \
-  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, paired(kShape)>(                       \
-      const FwdParams&, const TiledRows&, int, const ClusterSlice*);
-#define FUSEDATTN_SM90_QUAD_MIX(Element, kHeadDim, kShape)                                                        \
-  extern template bool launch_quad_mix<Element, kHeadDim, MaskKind::kFull, kShape>(const FwdParams&, const TiledRows&, \
-                                                                                  int);
-#define FUSEDATTN_SM90_DECODE(Element, kHeadDim, kShape)                                                       \
-  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, decode_tile(kShape)>(                  \
-      const FwdParams&, const TiledRows&, int, const ClusterSlice*);
+#define FUSEDATTN_SM90_LAUNCH(Element, kHeadDim, kTile)                                                         \
+  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, kTile>(const FwdParams&, const TiledRows&, \
+                                                                            int, const ClusterSlice*);
+#define FUSEDATTN_SM90_QUAD_MIX(Element, kHeadDim, kTile)                                                         \
+  extern template bool launch_quad_mix<Element, kHeadDim, MaskKind::kFull, kTile>(const FwdParams&, const TiledRows&, \
+                                                                                 int);
 #include "cuda/sm90/unit_instances.inc"
-#undef FUSEDATTN_SM90_PAIRED
+#undef FUSEDATTN_SM90_LAUNCH
 #undef FUSEDATTN_SM90_QUAD_MIX
-#undef FUSEDATTN_SM90_DECODE
 
 }  // namespace fusedattn::cuda::sm90
