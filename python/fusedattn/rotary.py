@@ -192,7 +192,7 @@ class RotaryEmbedding(torch.nn.Module):
             self._cos_k_cached = self._sin_k_cached = None
             return
         power = (torch.arange(seqlen, dtype=self.scale.dtype, device=self.scale.device) - seqlen // 2) / self.scale_base
-        scale = (self.scale.to(device=power.device) ** power[:, None]).to(device)
+        scale = (self.scale ** power[:, None]).to(device)
         self._cos_cached, self._sin_cached = (cos * scale).to(dtype), (sin * scale).to(dtype)
         self._cos_k_cached, self._sin_k_cached = (cos / scale).to(dtype), (sin / scale).to(dtype)
 
