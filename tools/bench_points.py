@@ -121,6 +121,12 @@ def install_deterministic():
     install_ours("ours_deterministic", deterministic=True)
 
 
+def header_cells(names, width=16):
+    """Column headers of `width` characters, a space first so that neighbours never run together;
+    a longer name keeps its end, where an env column's value is."""
+    return "".join(" " + name[-(width - 1):].rjust(width - 1) for name in names)
+
+
 @contextlib.contextmanager
 def apply_env(env):
     """Sets an --env column's NAME=VALUE[+NAME=VALUE...] for the block (read by the library at launch)."""
@@ -248,13 +254,13 @@ def main():
     # An env column runs `ours` unless its setting names another provider (`ours_deterministic@...`).
     columns = [(p, None) for p in args.providers.split(",")]
     columns += [tuple(e.split("@", 1)) if "@" in e else ("ours", e) for e in args.env]
-    # Column headers: an env column by its setting without the common prefixes (16 characters),
-    # after its provider's suffix where it is not `ours`.
+    # Column headers: an env column by its setting without the common prefixes, after its
+    # provider's suffix where it is not `ours` (header_cells keeps the value where it is long).
     short = lambda p, e: (p[len("ours_"):] + "@" if p != "ours" else "") + e.replace("FUSEDATTN_", "").replace("SM90_", "")
     names = [p if e is None else short(p, e) for p, e in columns]
     what = "TFLOP/s" if args.repeat == 1 else f"median TFLOP/s of {args.repeat} (min-max)"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}")
-    print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "   ratios to the first column")
+    print("%-32s" % "point" + header_cells(names) + "   ratios to the first column")
     if args.gemm:
         gemm = [measure_gemm(args.gemm, args.dtype, rep if args.repeat > 1 else None, out) for rep in range(args.repeat)]
         print("%-32s" % f"matmul {args.gemm}^3" + "%16.1f" % statistics.median(gemm)

@@ -82,7 +82,7 @@ def main():
     cold = f", each after a {args.cold} MiB write (in the copy column)" if args.cold else ""
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  median us per (copy, attention) pair of {args.repeat} {how} "
           f"of {args.iters}{cold}")
-    print("%-32s" % "point" + "".join("%16s" % n[:16] for n in names) + "%10s" % "copy" + "   ratios to the first column")
+    print("%-32s" % "point" + bp.header_cells(names) + "%10s" % "copy" + "   ratios to the first column")
     for text in bp.expand_points(args.points):
         point, q_src, k, v = bp.forward_inputs(text, dtype)
         _, d, causal, *_ = point
