@@ -121,6 +121,13 @@ def install_deterministic():
     install_ours("ours_deterministic", deterministic=True)
 
 
+def column_names(columns):
+    """Each (provider, env) column's header name: the provider, or an env column's setting without
+    the common prefixes, after its provider's suffix where that is not `ours`."""
+    short = lambda p, e: (p[len("ours_"):] + "@" if p != "ours" else "") + e.replace("FUSEDATTN_", "").replace("SM90_", "")
+    return [p if e is None else short(p, e) for p, e in columns]
+
+
 def header_cells(names, width=16):
     """Column headers of `width` characters, a space first so that neighbours never run together;
     a longer name keeps its end, where an env column's value is."""
@@ -254,10 +261,7 @@ def main():
     # An env column runs `ours` unless its setting names another provider (`ours_deterministic@...`).
     columns = [(p, None) for p in args.providers.split(",")]
     columns += [tuple(e.split("@", 1)) if "@" in e else ("ours", e) for e in args.env]
-    # Column headers: an env column by its setting without the common prefixes, after its
-    # provider's suffix where it is not `ours` (header_cells keeps the value where it is long).
-    short = lambda p, e: (p[len("ours_"):] + "@" if p != "ours" else "") + e.replace("FUSEDATTN_", "").replace("SM90_", "")
-    names = [p if e is None else short(p, e) for p, e in columns]
+    names = column_names(columns)
     what = "TFLOP/s" if args.repeat == 1 else f"median TFLOP/s of {args.repeat} (min-max)"
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  {what}")
     print("%-32s" % "point" + header_cells(names) + "   ratios to the first column")

@@ -77,7 +77,7 @@ def main():
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     columns = [(p, None) for p in args.providers.split(",")] + [("ours", e) for e in args.env]
-    names = [p if e is None else e.replace("FUSEDATTN_", "").replace("SM90_", "") for p, e in columns]
+    names = bp.column_names(columns)
     how = "graph replays" if args.graph else "runs"
     cold = f", each after a {args.cold} MiB write (in the copy column)" if args.cold else ""
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  median us per (copy, attention) pair of {args.repeat} {how} "
