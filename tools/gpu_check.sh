@@ -16,8 +16,10 @@
 #            column order reversed every second time unless POINT_ORDER=given; POINT_DTYPE, default
 #            float16, may list several, float16,bfloat16: a run each), and
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
-#            power at POWER_POINTS (forward points as in POINTS) with the providers POWER_PROVIDERS,
-#            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS), and
+#            power, calls back to back for POWER_SECONDS (default 2) a run, at POWER_POINTS (forward
+#            points as in POINTS; fa-fwd, the whole forward grid, wants POWER_SECONDS=1 to fit the
+#            step's 400 s) with the providers POWER_PROVIDERS, default sdpa_cudnn,ours, and an ours
+#            column per setting in POWER_ENVS, as POINT_ENVS), and
 #            span (not in the default: tools/call_span.py, a short loop of calls below the power
 #            cap, at SPAN_POINTS (forward points as in POINTS, default fwd:256:full:2048) with the
 #            providers SPAN_PROVIDERS,
@@ -311,7 +313,7 @@ if has power; then
   for e in ${POWER_ENVS:-}; do envs+=(--env "$e"); done
   step power 400 power.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_power.py" --points "$POWER_POINTS" \
     --providers "${POWER_PROVIDERS:-sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" "${envs[@]}" \
-    --out "$dest/power.jsonl"
+    --seconds "${POWER_SECONDS:-2}" --out "$dest/power.jsonl"
 fi
 
 if has span; then
