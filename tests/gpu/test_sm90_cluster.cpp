@@ -211,9 +211,11 @@ TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
       EXPECT_EQ(mixed->shape.block_n, cuda::sm90::kD256Block64.block_n);
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       // The second run without dependent launches: the pairs then also wait for the quads' blocks
-      // to begin (a launch-completion event, launch_quad_mix).
-      for (int run = 0; run < 2; ++run) {
-        const ScopedEnv pdl("FUSEDATTN_SM90_PDL", run == 0 ? "" : "0");
+      // to begin (a launch-completion event, launch_quad_mix). The third with the quads' launch at
+      // the device's greatest priority (quad_launch_priority).
+      for (int run = 0; run < 3; ++run) {
+        const ScopedEnv pdl("FUSEDATTN_SM90_PDL", run == 1 ? "0" : "");
+        const ScopedEnv priority("FUSEDATTN_SM90_QUAD_PRIORITY", run == 2 ? "1" : "");
         FUSEDATTN_RUN_OR_SKIP(dc.forward());
         EXPECT_EQ(bytes_of(c.out), out) << "out differs from the unpaired kernel's, run " << run;
         EXPECT_EQ(bytes_of(c.lse), lse) << "lse differs from the unpaired kernel's, run " << run;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 
 #include "cuda/common/captured_fork.h"
 #include "cuda/common/check.cuh"
@@ -114,12 +115,12 @@ inline bool dependent_launch() { return env_switch_or("FUSEDATTN_SM90_PDL", kDep
 // kernel may start while the kernel before it on the stream finishes; fwd_kernel waits for it
 // before touching global memory). Not copyable: the configuration points at its attributes.
 // `started`, where given, is recorded once every block has begun (the quad mix orders its pair
-// launch behind it).
+// launch behind it). `priority`, where given, replaces the stream's priority for this launch.
 struct ClusterLaunch {
   cudaLaunchConfig_t config{};
-  cudaLaunchAttribute attrs[3]{};
+  cudaLaunchAttribute attrs[4]{};
   ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas,
-                bool dependent = false, cudaEvent_t started = nullptr) {
+                bool dependent = false, cudaEvent_t started = nullptr, std::optional<int> priority = std::nullopt) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
@@ -141,6 +142,11 @@ struct ClusterLaunch {
       completion.id = cudaLaunchAttributeLaunchCompletionEvent;
       completion.val.launchCompletionEvent.event = started;
       completion.val.launchCompletionEvent.flags = 0;
+    }
+    if (priority) {
+      cudaLaunchAttribute& rank = attrs[config.numAttrs++];
+      rank.id = cudaLaunchAttributePriority;
+      rank.val.priority = *priority;
     }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
@@ -174,13 +180,14 @@ int max_active_clusters(int threads, int smem_bytes) {
 
 // A share of a clustered launch's work list, where two launches split it (launch_quad_mix): the
 // items [begin, end), on at most `clusters` clusters at once, on `stream`, every item whole; a
-// dependent launch or not (dependent_launch), and the event to record once all its blocks have
-// begun (none: nullptr).
+// dependent launch or not (dependent_launch), the event to record once all its blocks have
+// begun (none: nullptr), and the launch's priority (none: the stream's).
 struct ClusterSlice {
   int64_t begin, end, clusters;
   cudaStream_t stream;
   bool dependent;
   cudaEvent_t started;
+  std::optional<int> priority;
 };
 
 // Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
@@ -325,7 +332,8 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas,
                              slice != nullptr ? slice->dependent : dependent_launch(),
-                             slice != nullptr ? slice->started : nullptr);
+                             slice != nullptr ? slice->started : nullptr,
+                             slice != nullptr ? slice->priority : std::nullopt);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
   columns.release(stream);
@@ -354,6 +362,19 @@ inline cudaStream_t quad_mix_stream() {
   if (streams[device].compare_exchange_strong(expected, made)) return made;
   FUSEDATTN_CUDA_CHECK(cudaStreamDestroy(made));  // another thread made one first
   return expected;
+}
+
+// The quads' launch priority under FUSEDATTN_SM90_QUAD_PRIORITY=1 (off by default, unmeasured):
+// the device's greatest, so that the block scheduler may place the quads' clusters before the
+// pairs take SMs where both launches become ready at once. Calls back to back are such a case:
+// the quads, a dependent launch, follow the wait for the call before rather than a kernel, so they
+// cannot start early, and on the H100 the mix then took 1.31-1.39x the pairs' cycles (d256 full
+// 4k/16k; docs/hopper.md, session 105). None: the stream's priority.
+inline std::optional<int> quad_launch_priority() {
+  if (!env_switch_or("FUSEDATTN_SM90_QUAD_PRIORITY", false)) return std::nullopt;
+  int least = 0, greatest = 0;
+  FUSEDATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return greatest;
 }
 
 // The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
@@ -388,11 +409,12 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   const bool dependent = dependent_launch();
   const int64_t quad_items = shares.quad_items();
   const auto launch_quads = [&](cudaEvent_t started) {
-    const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started};
+    const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started, quad_launch_priority()};
     launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &share);
   };
   const auto launch_pairs = [&] {
-    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr};
+    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr,
+                             std::nullopt};
     launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &share);
   };
   if (captured) {
