@@ -35,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import peers  # noqa: E402
 from bench_points import forward_inputs, apply_env, expand_points, parse_point  # noqa: E402
-from perf_table import add_goal_arguments, goal_at  # noqa: E402
+import perf_table  # noqa: E402
 from gpu_sampler import Sampler  # noqa: E402
 
 
@@ -66,7 +66,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--warmup", type=float, default=0.5)
     ap.add_argument("--out", default=None)
-    add_goal_arguments(ap)
+    perf_table.add_goal_arguments(ap)
+    ap.set_defaults(goal_peer="sdpa_cudnn")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     peers.OURS["mod"] = __import__(args.module)
@@ -115,24 +116,16 @@ def print_rows(rows):
               f"{r['tflops'] / first[r['point']]:6.3f}")
 
 
-def print_goal(args, rows, peer="sdpa_cudnn"):
-    """Ours against issue 5's goal over the points where the peer and ours both ran."""
-    by_point = {}
+def print_goal(args, rows):
+    """Ours against issue 5's goal over the points where cuDNN and ours both ran: tools/perf_table.py's
+    goal lines, on this table's points (keyed as perf_table keys a grid's) and runs."""
+    keyed, runs = {}, {}
     for r in rows:
-        by_point.setdefault(r["point"], {})[r["provider"]] = r["tflops"]
-    points = [(text, vals["ours"] / vals[peer]) for text, vals in by_point.items() if "ours" in vals and peer in vals]
-    if not points:
-        return
-    missed = [(text, ratio) for text, ratio in points if ratio < goal_at(args, point_seqlen(text))]
-    print(f"\nGoal back to back, ours/{peer}: {args.goal:.2f} from {args.goal_from} keys, {args.goal_below:.2f} below; "
-          f"{len(points) - len(missed)} of {len(points)} points meet it.")
-    for text, ratio in missed:
-        print(f"- below: {text}: {ratio:.4f}")
-
-
-def point_seqlen(text):
-    """A point's query length, the seqlen perf_table.py's goal reads."""
-    return parse_point(text)[3]
+        key = parse_point(r["point"])[:4]  # mode, head dim, causal, seqlen_q
+        keyed.setdefault(key, {})[r["provider"]] = r["tflops"]
+        runs.setdefault(key, {})[r["provider"]] = r["runs"]
+    if any("ours" in vals and args.goal_peer in vals for vals in keyed.values()):
+        perf_table.print_goal(args, keyed, runs, "cuDNN")
 
 
 if __name__ == "__main__":
