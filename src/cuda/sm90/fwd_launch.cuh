@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <optional>
 
 #include "cuda/common/captured_fork.h"
 #include "cuda/common/check.cuh"
@@ -102,11 +101,10 @@ inline Features features_from_env(int compiled_stages, int compiled_v_stages, in
 }
 
 // Whether a launch on the caller's stream, behind the caller's kernel, goes out as a dependent
-// launch (ClusterLaunch), which the driver may start before that kernel has completed. (The quad
-// mix's pair launch, behind an event or its quads, never does: launch_quad_mix.) H200, a copy
-// kernel then the forward, many in a row (tools/chain_bench.py): 0.3-1.3 us less a decode call,
-// d256's quad mix 12% (its quads then launch before its pairs); do_bench's calls alone read even
-// (docs/hopper.md, session 92). FUSEDATTN_SM90_PDL=0 launches plainly.
+// launch (ClusterLaunch), which the driver may start before that kernel has completed. (An eager
+// quad mix never does; a captured one's quads do: launch_quad_mix.) H200, a copy kernel then the
+// forward, many in a row (tools/chain_bench.py): 0.3-1.3 us less a decode call; do_bench's calls
+// alone read even (docs/hopper.md, session 92). FUSEDATTN_SM90_PDL=0 launches plainly.
 constexpr bool kDependentLaunchDefault = true;
 inline bool dependent_launch() { return env_switch_or("FUSEDATTN_SM90_PDL", kDependentLaunchDefault); }
 
@@ -115,12 +113,12 @@ inline bool dependent_launch() { return env_switch_or("FUSEDATTN_SM90_PDL", kDep
 // kernel may start while the kernel before it on the stream finishes; fwd_kernel waits for it
 // before touching global memory). Not copyable: the configuration points at its attributes.
 // `started`, where given, is recorded once every block has begun (the quad mix orders its pair
-// launch behind it). `priority`, where given, replaces the stream's priority for this launch.
+// launch behind it).
 struct ClusterLaunch {
   cudaLaunchConfig_t config{};
-  cudaLaunchAttribute attrs[4]{};
+  cudaLaunchAttribute attrs[3]{};
   ClusterLaunch(int64_t grid, int threads, int smem_bytes, cudaStream_t stream, int cluster_ctas,
-                bool dependent = false, cudaEvent_t started = nullptr, std::optional<int> priority = std::nullopt) {
+                bool dependent = false, cudaEvent_t started = nullptr) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(threads));
     config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
@@ -142,11 +140,6 @@ struct ClusterLaunch {
       completion.id = cudaLaunchAttributeLaunchCompletionEvent;
       completion.val.launchCompletionEvent.event = started;
       completion.val.launchCompletionEvent.flags = 0;
-    }
-    if (priority) {
-      cudaLaunchAttribute& rank = attrs[config.numAttrs++];
-      rank.id = cudaLaunchAttributePriority;
-      rank.val.priority = *priority;
     }
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
@@ -180,14 +173,12 @@ int max_active_clusters(int threads, int smem_bytes) {
 
 // A share of a clustered launch's work list, where two launches split it (launch_quad_mix): the
 // items [begin, end), on at most `clusters` clusters at once, on `stream`, every item whole; a
-// dependent launch or not (dependent_launch), the event to record once all its blocks have
-// begun (none: nullptr), and the launch's priority (none: the stream's).
+// dependent launch or not, and the event to record once all its blocks have begun (none: nullptr).
 struct ClusterSlice {
   int64_t begin, end, clusters;
   cudaStream_t stream;
   bool dependent;
   cudaEvent_t started;
-  std::optional<int> priority;
 };
 
 // Sets kKernel's shared-memory attributes and returns how many of its CTAs (clusters of
@@ -332,8 +323,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.columns = columns.summary;
   const ClusterLaunch launch(grid, Cfg::kThreads, kSmemBytes, stream, Cfg::kClusterCtas,
                              slice != nullptr ? slice->dependent : dependent_launch(),
-                             slice != nullptr ? slice->started : nullptr,
-                             slice != nullptr ? slice->priority : std::nullopt);
+                             slice != nullptr ? slice->started : nullptr);
   FUSEDATTN_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, kp));
   FUSEDATTN_CHECK_LAUNCH();
   columns.release(stream);
@@ -362,19 +352,6 @@ inline cudaStream_t quad_mix_stream() {
   if (streams[device].compare_exchange_strong(expected, made)) return made;
   FUSEDATTN_CUDA_CHECK(cudaStreamDestroy(made));  // another thread made one first
   return expected;
-}
-
-// The quads' launch priority under FUSEDATTN_SM90_QUAD_PRIORITY=1 (off by default, unmeasured):
-// the device's greatest, so that the block scheduler may place the quads' clusters before the
-// pairs take SMs where both launches become ready at once. Calls back to back are such a case:
-// the quads, a dependent launch, follow the wait for the call before rather than a kernel, so they
-// cannot start early, and on the H100 the mix then took 1.31-1.39x the pairs' cycles (d256 full
-// 4k/16k; docs/hopper.md, session 105). None: the stream's priority.
-inline std::optional<int> quad_launch_priority() {
-  if (!env_switch_or("FUSEDATTN_SM90_QUAD_PRIORITY", false)) return std::nullopt;
-  int least = 0, greatest = 0;
-  FUSEDATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  return greatest;
 }
 
 // The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
@@ -406,20 +383,20 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
                              quad_clusters, pair_clusters, quad_round_percent()};
-  const bool dependent = dependent_launch();
   const int64_t quad_items = shares.quad_items();
-  const auto launch_quads = [&](cudaEvent_t started) {
-    const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started, quad_launch_priority()};
+  const auto launch_quads = [&](bool dependent, cudaEvent_t started) {
+    const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started};
     launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &share);
   };
   const auto launch_pairs = [&] {
-    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr,
-                             std::nullopt};
+    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr};
     launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &share);
   };
   if (captured) {
+    // No edge orders the pairs: one from the quads' launch-completion port serialised them
+    // behind the quads (docs/hopper.md, session 95). The quads keep the dependent launch.
     CapturedFork fork(stream);
-    launch_quads(nullptr);
+    launch_quads(dependent_launch(), nullptr);
     fork.before_second();
     launch_pairs();
     fork.join();
@@ -434,19 +411,21 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
         if (e != nullptr) (void)cudaEventDestroy(e);
     }
   } events;
-  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.fork, cudaEventDisableTiming));
-  FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.join, cudaEventDisableTiming));
-  // The quads first, so that the pairs' clusters find the SMs the quads leave: as a dependent
-  // launch the quads start on the SMs of the kernel before them as it ends, ahead of the pairs,
-  // which wait for that kernel's completion (the fork). Otherwise both would become ready at
-  // once (12% slower behind another kernel, docs/hopper.md session 92), so the pairs also wait
-  // until every quad block has begun (a launch-completion event). With the quads a dependent
-  // launch that event fired only at their end: the mix ran 1.39x the pairs' time (session 95).
-  if (!dependent) FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(&events.started, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&events.fork, &events.started, &events.join})
+    FUSEDATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  // The quads first, so that the pairs' clusters find the SMs the quads leave: the pairs wait for
+  // the caller's work before the call (the fork) and for every quad block to have begun (the
+  // quads' launch-completion event). The quads are therefore no dependent launch: as one they
+  // start early behind a kernel and take their GPCs first, but behind an event wait (the call
+  // before's join, where calls run back to back) both launches became ready at once, and with
+  // the quads dependent the event fired only at their end, even with the pairs skipping their
+  // grid wait (docs/hopper.md, sessions 95 and 106). H100, d256 full 2k/4k/16k, ours / cuDNN back
+  // to back: 0.95-0.99x with dependent quads, 1.10-1.14x without; behind a copy kernel without
+  // 0.2-1.4% slower, in do_bench's calls 1-4% slower.
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.fork, stream));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.fork, 0));
-  launch_quads(events.started);
-  if (events.started != nullptr) FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.started, 0));
+  launch_quads(false, events.started);
+  FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.started, 0));
   launch_pairs();
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));
