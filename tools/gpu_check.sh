@@ -18,8 +18,9 @@
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
 #            power, calls back to back for POWER_SECONDS (default 2) a run, at POWER_POINTS (forward
 #            points as in POINTS; fa-fwd, the whole forward grid, wants POWER_SECONDS=1 to fit the
-#            step's 400 s) with the providers POWER_PROVIDERS, default sdpa_cudnn,ours, and an ours
-#            column per setting in POWER_ENVS, as POINT_ENVS), and
+#            step's 400 s, ~330 s on an H100: one dtype a call) with the providers POWER_PROVIDERS,
+#            default sdpa_cudnn,ours, and an ours column per setting in POWER_ENVS, as POINT_ENVS, a
+#            run per dtype in POWER_DTYPE, default POINT_DTYPE, as POINT_DTYPE), and
 #            span (not in the default: tools/call_span.py, a short loop of calls below the power
 #            cap, at SPAN_POINTS (forward points as in POINTS, default fwd:256:full:2048) with the
 #            providers SPAN_PROVIDERS,
@@ -311,9 +312,13 @@ fi
 if has power; then
   envs=()
   for e in ${POWER_ENVS:-}; do envs+=(--env "$e"); done
-  step power 400 power.log env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_power.py" --points "$POWER_POINTS" \
-    --providers "${POWER_PROVIDERS:-sdpa_cudnn,ours}" --dtype "${POINT_DTYPE:-float16}" "${envs[@]}" \
-    --seconds "${POWER_SECONDS:-2}" --out "$dest/power.jsonl"
+  power_dtypes=${POWER_DTYPE:-${POINT_DTYPE:-float16}}
+  for dt in ${power_dtypes//,/ }; do
+    name=power; [[ "$power_dtypes" == *,* ]] && name=power_$dt
+    step "$name" 400 "$name.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_power.py" --points "$POWER_POINTS" \
+      --providers "${POWER_PROVIDERS:-sdpa_cudnn,ours}" --dtype "$dt" "${envs[@]}" \
+      --seconds "${POWER_SECONDS:-2}" --out "$dest/$name.jsonl"
+  done
 fi
 
 if has span; then
@@ -380,7 +385,9 @@ fi
 for f in "$out"/points.log "$out"/points_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
-[ -f "$out/power.log" ] && { echo "== power.log"; grep -v "is_fx_tracing" "$out/power.log"; }
+for f in "$out"/power.log "$out"/power_*.log; do
+  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
+done
 for f in "$out"/chain_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v -i "warn" "$f"; fi
 done
