@@ -420,11 +420,11 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   // before's join, where calls run back to back) both launches became ready at once, and with
   // the quads dependent the event fired only at their end, even with the pairs skipping their
   // grid wait (docs/hopper.md, sessions 95 and 106). H100, d256 full 2k/4k/16k, ours / cuDNN back
-  // to back: 0.95-0.99x with dependent quads, 1.10-1.14x without; behind a copy kernel without
+  // to back: 0.94-0.99x with dependent quads, 1.09-1.14x without; behind a copy kernel without
   // 0.2-1.4% slower, in do_bench's calls 1-4% slower.
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.fork, stream));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.fork, 0));
-  launch_quads(false, events.started);
+  launch_quads(/*dependent=*/false, events.started);
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(side, events.started, 0));
   launch_pairs();
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
