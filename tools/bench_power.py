@@ -21,7 +21,8 @@ The regime is not do_bench's: peers.py and bench_points.py time each call after 
 flushes the L2, this tool times calls back to back with nothing between them. The two differ
 where a call's launches race those of the call before it: on the H100 the d256 full-mask quad
 mix read 0.95-0.97x cuDNN back to back and 1.12-1.19x in do_bench's regime (docs/hopper.md,
-session 105).
+session 105) until its launches were ordered in every eager call (1.09-1.13x back to back,
+session 106).
 """
 import argparse
 import json

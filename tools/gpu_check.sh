@@ -382,10 +382,7 @@ done
 if [ "${PEER_REPEAT:-1}" -gt 1 ]; then
   for f in "$out"/peers_*_order.md "$out"/peers_*_table.md; do [ -f "$f" ] && { echo "== $(basename "$f")"; cat "$f"; }; done
 fi
-for f in "$out"/points.log "$out"/points_*.log; do
-  if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
-done
-for f in "$out"/power.log "$out"/power_*.log; do
+for f in "$out"/points.log "$out"/points_*.log "$out"/power.log "$out"/power_*.log; do
   if [ -f "$f" ]; then echo "== $(basename "$f")"; grep -v "is_fx_tracing" "$f"; fi
 done
 for f in "$out"/chain_*.log; do
