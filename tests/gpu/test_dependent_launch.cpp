@@ -13,12 +13,15 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
+#include <random>
 #include <vector>
 
 #include "fusedattn/attention.h"
 #include "gpu/dependent_launch_kernels.h"
 #include "gpu/gpu_check.h"
 #include "gpu/scoped_env.h"
+#include "gpu/sm90_plan.h"
 
 namespace fusedattn::testing {
 namespace {
@@ -61,6 +64,48 @@ bool all_poison(const std::vector<unsigned char>& bytes) {
   return true;
 }
 
+// Checks c's downloaded out and lse against the float64 reference (the 2x rule).
+void expect_correct(HostCase& c) {
+  Tensors ref = c.values, plain = c.values;
+  reference_forward(c.problem, ref);
+  plain_forward(c.problem, c.dtype, plain);
+  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype))) << "out of " << case_name(c);
+  EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse of " << case_name(c);
+}
+
+// pr's forward on `stream` behind launch_late_copies: K holds other values until the final K
+// lands late, and O's snapshot is taken late. The forward must compute with the final K and must
+// not have written O before the snapshot.
+SkipReason check_behind_late_copies(const Problem& pr, DType dtype, const Stream& stream, std::mt19937_64& rng) {
+  HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+  HostCase stale = make_case(pr, dtype, Layout::kBSHD, rng);  // other values where K will be
+  DeviceCase dc(c);
+  const DeviceTensor final_k(c.k);
+  dc.k.upload(stale.k);
+  DeviceTensor out_snapshot(c.out);
+  ForwardArgs args = dc.forward_args();
+  args.options.stream = stream.s;
+  // Once unwatched, so that the forward's kernels are loaded (and its workspaces made).
+  const SkipReason skip_warm = run_unless_missing([&] { fusedattn::forward(args); });
+  cuda_check(cudaStreamSynchronize(stream.s), "forward");
+  if (skip_warm) return skip_warm;
+  dc.out.poison();
+  dc.lse.poison();
+  const DeviceCopy copies[] = {{dc.k.data(), final_k.data(), c.k.nbytes()},
+                               {out_snapshot.data(), dc.out.data(), c.out.nbytes()}};
+  cuda_check(launch_late_copies(copies, 2, kLateNs, stream.s), "late copies");
+  const SkipReason skip = run_unless_missing([&] { fusedattn::forward(args); });
+  cuda_check(cudaStreamSynchronize(stream.s), "forward");
+  if (skip) return skip;
+  dc.out.download(c.out);
+  dc.lse.download(c.lse);
+  HostTensor snapshot = c.out;
+  out_snapshot.download(snapshot);
+  EXPECT_TRUE(all_poison(bytes_of(snapshot))) << "O written before the kernel before it had read it: " << case_name(c);
+  expect_correct(c);
+  return std::nullopt;
+}
+
 TEST(Sm90DependentLaunch, WaitsForTheKernelBefore) {
   SKIP_UNLESS_HOPPER();
   const ScopedEnv dependent("FUSEDATTN_SM90_PDL", "1");
@@ -75,40 +120,61 @@ TEST(Sm90DependentLaunch, WaitsForTheKernelBefore) {
       with_mask(dense(2, 4, 2, 700, 650, 128), true, -1, -1),
       with_mask(dense(1, 4, 4, 512, 2048, 128), false, -1, -1),
   };
-  for (const Problem& pr : problems) {
-    for (DType dtype : kGpuDtypes) {
-      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-      HostCase stale = make_case(pr, dtype, Layout::kBSHD, rng);  // other values where K will be
-      DeviceCase dc(c);
-      const DeviceTensor final_k(c.k);
-      dc.k.upload(stale.k);
-      DeviceTensor out_snapshot(c.out);
-      ForwardArgs args = dc.forward_args();
-      args.options.stream = stream.s;
-      // Once unwatched, so that the forward's kernels are loaded (and its workspaces made).
-      const SkipReason skip_warm = run_unless_missing([&] { fusedattn::forward(args); });
-      cuda_check(cudaStreamSynchronize(stream.s), "forward");
-      if (skip_warm) GTEST_SKIP() << *skip_warm;
-      dc.out.poison();
-      dc.lse.poison();
-      const DeviceCopy copies[] = {{dc.k.data(), final_k.data(), c.k.nbytes()},
-                                   {out_snapshot.data(), dc.out.data(), c.out.nbytes()}};
-      cuda_check(launch_late_copies(copies, 2, kLateNs, stream.s), "late copies");
-      const SkipReason skip = run_unless_missing([&] { fusedattn::forward(args); });
-      cuda_check(cudaStreamSynchronize(stream.s), "forward");
-      if (skip) GTEST_SKIP() << *skip;
-      dc.out.download(c.out);
-      dc.lse.download(c.lse);
-      HostTensor snapshot = c.out;
-      out_snapshot.download(snapshot);
-      EXPECT_TRUE(all_poison(bytes_of(snapshot))) << "O written before the kernel before it had read it: "
-                                                   << case_name(c);
-      Tensors ref = c.values, plain = c.values;
-      reference_forward(pr, ref);
-      plain_forward(pr, dtype, plain);
-      EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(dtype))) << "out of " << case_name(c);
-      EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse of " << case_name(c);
+  for (const Problem& pr : problems)
+    for (DType dtype : kGpuDtypes) FUSEDATTN_RUN_OR_SKIP(check_behind_late_copies(pr, dtype, stream, rng));
+  if (!early) GTEST_SKIP() << "this device started no dependent launch before the kernel ahead of it ended";
+}
+
+// Two calls of pr back to back on `stream`, the second's Q the first's O (poisoned before: NaN
+// wherever the second call reads it before the first call wrote it); checks the second.
+SkipReason check_back_to_back(const Problem& pr, DType dtype, const Stream& stream, std::mt19937_64& rng) {
+  HostCase first = make_case(pr, dtype, Layout::kBSHD, rng);
+  HostCase second = make_case(pr, dtype, Layout::kBSHD, rng);
+  DeviceCase d1(first), d2(second);
+  d1.out.poison();
+  d2.out.poison();
+  d2.lse.poison();
+  ForwardArgs a1 = d1.forward_args(), a2 = d2.forward_args();
+  a2.q = d1.out.view(first.out);
+  a1.options.stream = a2.options.stream = stream.s;
+  const SkipReason skip = run_unless_missing([&] {
+    fusedattn::forward(a1);
+    fusedattn::forward(a2);
+  });
+  cuda_check(cudaStreamSynchronize(stream.s), "forward");
+  if (skip) return skip;
+  d1.out.download(second.q);
+  second.values.q = second.q.to_double();
+  d2.out.download(second.out);
+  d2.lse.download(second.lse);
+  expect_correct(second);
+  return std::nullopt;
+}
+
+// The d256 full-mask quad mix (launch_quad_mix: quads on the caller's stream, pairs on a second
+// one), in each dtype behind the late copies, then two calls back to back, so that the second
+// call's launches follow the first call's join. 62 heads of four query blocks give the quads and
+// the pairs beside them work; one key block keeps the float64 reference to seconds.
+TEST(Sm90DependentLaunch, QuadMixWaitsForTheKernelBefore) {
+  SKIP_UNLESS_HOPPER();
+  // Forced: by default the pairs (and so the mix) start at kPairClusterMinKeys keys.
+  const ScopedEnvs mix({{"FUSEDATTN_SM90_PDL", "1"}, {"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
+  const Problem pr = with_mask(dense(1, 62, 62, 512, 50, 256), false, -1, -1);
+  for (DType dtype : kGpuDtypes) {
+    SkipReason skipped;
+    const auto w = expect_sm90_work(pr, dtype, skipped);
+    if (!w) {
+      FUSEDATTN_RUN_OR_SKIP(skipped);
+      return;  // a failure is recorded (expect_sm90_work)
     }
+    if (!w->quad_mix) GTEST_SKIP() << "this GPU runs no quad mix (no quad beside pairs on every SM)";
+  }
+  const Stream stream;
+  const bool early = starts_early(stream);
+  auto rng = fresh_rng();
+  for (DType dtype : kGpuDtypes) {
+    FUSEDATTN_RUN_OR_SKIP(check_behind_late_copies(pr, dtype, stream, rng));
+    FUSEDATTN_RUN_OR_SKIP(check_back_to_back(pr, dtype, stream, rng));
   }
   if (!early) GTEST_SKIP() << "this device started no dependent launch before the kernel ahead of it ended";
 }
