@@ -11,19 +11,24 @@ namespace fusedattn::testing {
 
 constexpr DType kGpuDtypes[] = {DType::kFloat16, DType::kBFloat16};
 
-// Forward on the device; checks out and lse. The returned case holds the results (c.out,
-// c.lse) and the reference's out/lse in c.values.
-inline SkipReason check_forward_gpu(HostCase& c) {
-  const Problem& p = c.problem;
-  DeviceCase dc(c);
-  if (SkipReason skip = dc.forward()) return skip;
+// Checks a forward's results, as downloaded into c.out and c.lse, against the float64 reference
+// (the 2x rule), and leaves the reference's out/lse in c.values.
+inline void expect_forward_matches_reference(HostCase& c) {
   Tensors ref = c.values, plain = c.values;
-  reference_forward(p, ref);
-  plain_forward(p, c.dtype, plain);
+  reference_forward(c.problem, ref);
+  plain_forward(c.problem, c.dtype, plain);
   EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype))) << "out of " << case_name(c);
   EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse of " << case_name(c);
   c.values.out = ref.out;
   c.values.lse = ref.lse;
+}
+
+// Forward on the device; checks out and lse. The returned case holds the results (c.out,
+// c.lse) and the reference's out/lse in c.values.
+inline SkipReason check_forward_gpu(HostCase& c) {
+  DeviceCase dc(c);
+  if (SkipReason skip = dc.forward()) return skip;
+  expect_forward_matches_reference(c);
   return std::nullopt;
 }
 

@@ -64,15 +64,6 @@ bool all_poison(const std::vector<unsigned char>& bytes) {
   return true;
 }
 
-// Checks c's downloaded out and lse against the float64 reference (the 2x rule).
-void expect_correct(HostCase& c) {
-  Tensors ref = c.values, plain = c.values;
-  reference_forward(c.problem, ref);
-  plain_forward(c.problem, c.dtype, plain);
-  EXPECT_TRUE(obeys_2x_rule(c.out.to_double(), plain.out, ref.out, atol_for(c.dtype))) << "out of " << case_name(c);
-  EXPECT_TRUE(obeys_2x_rule(c.lse.to_double(), plain.lse, ref.lse, kLseAtol)) << "lse of " << case_name(c);
-}
-
 // pr's forward on `stream` behind launch_late_copies: K holds other values until the final K
 // lands late, and O's snapshot is taken late. The forward must compute with the final K and must
 // not have written O before the snapshot.
@@ -102,7 +93,7 @@ SkipReason check_behind_late_copies(const Problem& pr, DType dtype, const Stream
   HostTensor snapshot = c.out;
   out_snapshot.download(snapshot);
   EXPECT_TRUE(all_poison(bytes_of(snapshot))) << "O written before the kernel before it had read it: " << case_name(c);
-  expect_correct(c);
+  expect_forward_matches_reference(c);
   return std::nullopt;
 }
 
@@ -147,7 +138,7 @@ SkipReason check_back_to_back(const Problem& pr, DType dtype, const Stream& stre
   second.values.q = second.q.to_double();
   d2.out.download(second.out);
   d2.lse.download(second.lse);
-  expect_correct(second);
+  expect_forward_matches_reference(second);
   return std::nullopt;
 }
 
