@@ -341,7 +341,12 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
 // share (232) left them 48 (8 rounds) for the same 8 quad rounds.
 TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
   EXPECT_EQ((QuadMixShares{512, 30, 6, 100}.quad_items()), 240);
-  EXPECT_EQ(QuadMixShares::pair_begin(QuadMixShares{512, 30, 6, 100}.quad_items()), 480);
+  const QuadMixShares grid{512, 30, 6, 100};
+  EXPECT_EQ(grid.pair_begin(grid.quad_items()), 480);
+  // Clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8): 15 of them, four pair items an item.
+  const QuadMixShares octets{512, 15, 6, 100, 4};
+  EXPECT_EQ(octets.quad_items(), 120);
+  EXPECT_EQ(octets.pair_begin(octets.quad_items()), 480);
   EXPECT_EQ((QuadMixShares{512, 30, 6, 70}.quad_items()), 240);  // the same from 70% to 130%
   EXPECT_EQ((QuadMixShares{512, 30, 6, 130}.quad_items()), 240);
   EXPECT_EQ((QuadMixShares{2, 30, 6, 100}.quad_items()), 0);  // one round either way: the tie keeps the first
@@ -365,8 +370,8 @@ TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
           return std::max(quad_rounds * percent, pair_rounds * 100);
         };
         ASSERT_GE(s.quad_items(), 0);
-        ASSERT_EQ(QuadMixShares::pair_begin(s.quad_items()), 2 * s.quad_items());
-        ASSERT_LE(QuadMixShares::pair_begin(s.quad_items()), pairs);
+        ASSERT_EQ(s.pair_begin(s.quad_items()), 2 * s.quad_items());
+        ASSERT_LE(s.pair_begin(s.quad_items()), pairs);
         for (int64_t other = 0; 2 * other <= pairs; ++other) ASSERT_LE(end(s.quad_items()), end(other)) << other;
       }
 }

@@ -179,12 +179,10 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
 // to mix, then out and LSE against the reference, and to the bit against the unpaired kernel on
 // the same 64-key tile (the tail split off there): the clusters change where K/V come from, not
 // the arithmetic.
-TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
-  SKIP_UNLESS_HOPPER();
+void expect_mix_matches_reference_and_unpaired(std::initializer_list<Problem> problems) {
   SkipReason skipped;
   for (const DType dtype : kGpuDtypes)
-    for (const Problem& pr : {dense(1, 62, 62, 512, 300, 256), dense(1, 2, 2, 512, 4500, 256),
-                              dense(1, 8, 2, 512, 700, 256)}) {
+    for (const Problem& pr : problems) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
@@ -220,6 +218,22 @@ TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
       }
     }
   FUSEDATTN_RUN_OR_SKIP(skipped);
+}
+
+TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
+  SKIP_UNLESS_HOPPER();
+  expect_mix_matches_reference_and_unpaired(
+      {dense(1, 62, 62, 512, 300, 256), dense(1, 2, 2, 512, 4500, 256), dense(1, 8, 2, 512, 700, 256)});
+}
+
+// The mix with clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8): query blocks in eights, the same
+// cases otherwise (62 heads of 8 query blocks: on the H200's 15 octets and 6 pairs 60 octet items,
+// four rounds, and 8 pair items).
+TEST(Sm90Cluster, OctetMixMatchesReferenceAndUnpaired) {
+  SKIP_UNLESS_HOPPER();
+  const ScopedEnv octets("FUSEDATTN_SM90_MIX_CLUSTER", "8");
+  expect_mix_matches_reference_and_unpaired(
+      {dense(1, 62, 62, 1024, 300, 256), dense(1, 2, 2, 1024, 4500, 256), dense(1, 8, 2, 1024, 700, 256)});
 }
 
 // Launches in a row on one stream alternate paired and unpaired kernels of both head dims: each

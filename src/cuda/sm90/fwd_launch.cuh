@@ -363,33 +363,34 @@ inline cudaStream_t quad_mix_stream() {
 // pair items: the same four query blocks). Returns false, having launched nothing, where that
 // cannot run: no quad or no pair beside them fits, or there is no second stream; the caller then
 // runs the pairs alone.
-template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
-  using QuadCfg = KernelConfig<Element, kHeadDim, quads(kShape)>;
+template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape, int kMixCtas>
+bool launch_cluster_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
+  constexpr TileShape kMixShape = mix_clusters(kShape, kMixCtas);
+  using QuadCfg = KernelConfig<Element, kHeadDim, kMixShape>;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const bool captured = capturing(stream);
   constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
   constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
   const int64_t quad_clusters =
-      launch_slots<kQuadKernel, kQuadCluster>(QuadCfg::kThreads, kSmemBytes, QuadCfg::kCtasPerSm, num_sms);
+      launch_slots<kQuadKernel, kMixCtas>(QuadCfg::kThreads, kSmemBytes, QuadCfg::kCtasPerSm, num_sms);
   // The pairs run on the SMs the quads leave. The occupancy API answers for an empty device, so
   // this asks it whether every SM pairs up there (as on the H200: 66 pairs of 132 SMs), of the
   // quad kernel, whose resources are the pair kernel's. Then every GPC holds an even number of
   // SMs, and those its quads leave pair up too. Elsewhere a pair cluster could wait for the quads
   // to end, and under the static schedule its items would run after theirs.
   const int64_t all_pairs = max_active_clusters<kQuadKernel, kPairCluster>(QuadCfg::kThreads, kSmemBytes);
-  const int64_t pair_clusters = (num_sms - quad_clusters * kQuadCluster) / kPairCluster;
+  const int64_t pair_clusters = (num_sms - quad_clusters * kMixCtas) / kPairCluster;
   const cudaStream_t side = captured ? stream : quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;
   const QuadMixShares shares{cluster_items(rows.blocks(kShape.block_m), kPairCluster) * rows.heads * p.batch,
-                             quad_clusters, pair_clusters, quad_round_percent()};
+                             quad_clusters, pair_clusters, quad_round_percent(), kMixCtas / kPairCluster};
   const int64_t quad_items = shares.quad_items();
   const auto launch_quads = [&](bool dependent, cudaEvent_t started) {
     const ClusterSlice share{0, quad_items, quad_clusters, stream, dependent, started};
-    launch_fwd<Element, kHeadDim, kMask, quads(kShape)>(p, rows, num_sms, &share);
+    launch_fwd<Element, kHeadDim, kMask, kMixShape>(p, rows, num_sms, &share);
   };
   const auto launch_pairs = [&] {
-    const ClusterSlice share{QuadMixShares::pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr};
+    const ClusterSlice share{shares.pair_begin(quad_items), shares.pairs, pair_clusters, side, false, nullptr};
     launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms, &share);
   };
   if (captured) {
@@ -430,6 +431,13 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   FUSEDATTN_CUDA_CHECK(cudaEventRecord(events.join, side));
   FUSEDATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, events.join, 0));
   return true;
+}
+
+template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
+bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
+  if (mix_cluster_ctas() == kOctetCluster)
+    return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kOctetCluster>(p, rows, num_sms);
+  return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kQuadCluster>(p, rows, num_sms);
 }
 
 // kShape, or kShape in a cluster of two where uses_pair_cluster says so (fwd_split.h) and the

@@ -316,12 +316,17 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
 // length, unless FUSEDATTN_SM90_D256_TILE=80 forces the other), where each (head, batch) has its
 // query blocks in fours. FUSEDATTN_SM90_QUAD_MIX=0 keeps the pairs alone.
 constexpr bool has_quad_mix(int instance_head_dim) { return instance_head_dim == 256; }
+// The mix's cluster size: kQuadCluster, or kOctetCluster where FUSEDATTN_SM90_MIX_CLUSTER=8.
+inline int mix_cluster_ctas() {
+  const char* v = std::getenv("FUSEDATTN_SM90_MIX_CLUSTER");
+  return v != nullptr && std::atoi(v) == kOctetCluster ? kOctetCluster : kQuadCluster;
+}
 inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
   if (!has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
     return false;
   const TileShape shape = block64_tile(instance_head_dim);
-  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % kQuadCluster == 0;
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % mix_cluster_ctas() == 0;
 }
 
 // A quad round's time as a percent of a pair round's, for QuadMixShares: even, as measured alone
@@ -356,14 +361,14 @@ inline int64_t quad_round_percent() {
 struct QuadMixShares {
   int64_t pairs, quad_clusters, pair_clusters;
   int64_t quad_round_percent;
-  static constexpr int64_t kPairsPerQuad = kQuadCluster / kPairCluster;
+  int64_t pairs_per_cluster = kQuadCluster / kPairCluster;
   static constexpr int64_t kPairRoundPercent = 100;
   constexpr int64_t quad_items() const {
-    const int64_t most = pairs / kPairsPerQuad;
+    const int64_t most = pairs / pairs_per_cluster;
     int64_t best = 0, best_end = 0, best_sum = 0;
     for (int64_t rounds = 0; rounds == 0 || (rounds - 1) * quad_clusters < most; ++rounds) {
       const int64_t items = std::min(rounds * quad_clusters, most);
-      const int64_t pair_rounds = ceil_div(pairs - kPairsPerQuad * items, pair_clusters);
+      const int64_t pair_rounds = ceil_div(pairs - pairs_per_cluster * items, pair_clusters);
       const int64_t quad_time = rounds * quad_round_percent, pair_time = pair_rounds * kPairRoundPercent;
       const int64_t end = std::max(quad_time, pair_time), sum = quad_time + pair_time;
       if (rounds == 0 || end < best_end || (end == best_end && sum < best_sum)) {
@@ -374,7 +379,7 @@ struct QuadMixShares {
     }
     return best;
   }
-  static constexpr int64_t pair_begin(int64_t quad_items) { return kPairsPerQuad * quad_items; }
+  constexpr int64_t pair_begin(int64_t quad_items) const { return pairs_per_cluster * quad_items; }
 };
 
 // Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p's tiled rows

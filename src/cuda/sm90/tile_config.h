@@ -92,6 +92,14 @@ constexpr TileShape quads(TileShape shape) {
   shape.cluster_ctas = kQuadCluster;
   return shape;
 }
+// Clusters of eight on the same tile (an experiment, FUSEDATTN_SM90_MIX_CLUSTER=8): each CTA loads
+// one swizzle atom (8 rows) of every K/V block, an eighth of the K/V reads out of the L2; the H200
+// fits 15 (120 SMs), as many SMs as the quads.
+constexpr int kOctetCluster = 8;
+constexpr TileShape mix_clusters(TileShape shape, int ctas) {
+  shape.cluster_ctas = ctas;
+  return shape;
+}
 
 // The kernel of decode steps (launches of at most kDecodeTileRows tiled rows, fwd_split.h:
 // runs_decode_tile) on a tile whose one-row slices may split each block's keys over the warps
@@ -265,8 +273,10 @@ struct KernelConfig {
   // Each CTA's share of a K/V block starts on a 128B-swizzle atom (8 rows of 128 bytes), so the
   // swizzle pattern of its box is the one the whole block's wgmma descriptors assume.
   static_assert(kBlockN % (kClusterCtas * 8) == 0, "a cluster CTA's share of a K/V block must be whole swizzle atoms");
-  static_assert(kClusterCtas == 1 || ((kClusterCtas == kPairCluster || kClusterCtas == kQuadCluster) && kCtasPerSm == 1),
-                "clusters of two or four one-CTA-per-SM tiles");
+  static_assert(kClusterCtas == 1 ||
+                    ((kClusterCtas == kPairCluster || kClusterCtas == kQuadCluster || kClusterCtas == kOctetCluster) &&
+                     kCtasPerSm == 1),
+                "clusters of two, four or eight one-CTA-per-SM tiles");
 };
 
 }  // namespace fusedattn::cuda::sm90
