@@ -366,19 +366,19 @@ inline cudaStream_t quad_mix_stream() {
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape, int kMixCtas>
 bool launch_cluster_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   constexpr TileShape kMixShape = mix_clusters(kShape, kMixCtas);
-  using QuadCfg = KernelConfig<Element, kHeadDim, kMixShape>;
+  using MixCfg = KernelConfig<Element, kHeadDim, kMixShape>;
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const bool captured = capturing(stream);
-  constexpr auto kQuadKernel = fwd_kernel<Element, QuadCfg, kMask>;
-  constexpr int kSmemBytes = shared_bytes<Element, QuadCfg>();
+  constexpr auto kMixKernel = fwd_kernel<Element, MixCfg, kMask>;
+  constexpr int kSmemBytes = shared_bytes<Element, MixCfg>();
   const int64_t quad_clusters =
-      launch_slots<kQuadKernel, kMixCtas>(QuadCfg::kThreads, kSmemBytes, QuadCfg::kCtasPerSm, num_sms);
+      launch_slots<kMixKernel, kMixCtas>(MixCfg::kThreads, kSmemBytes, MixCfg::kCtasPerSm, num_sms);
   // The pairs run on the SMs the quads leave. The occupancy API answers for an empty device, so
   // this asks it whether every SM pairs up there (as on the H200: 66 pairs of 132 SMs), of the
   // quad kernel, whose resources are the pair kernel's. Then every GPC holds an even number of
   // SMs, and those its quads leave pair up too. Elsewhere a pair cluster could wait for the quads
   // to end, and under the static schedule its items would run after theirs.
-  const int64_t all_pairs = max_active_clusters<kQuadKernel, kPairCluster>(QuadCfg::kThreads, kSmemBytes);
+  const int64_t all_pairs = max_active_clusters<kMixKernel, kPairCluster>(MixCfg::kThreads, kSmemBytes);
   const int64_t pair_clusters = (num_sms - quad_clusters * kMixCtas) / kPairCluster;
   const cudaStream_t side = captured ? stream : quad_mix_stream();
   if (quad_clusters == 0 || pair_clusters <= 0 || all_pairs * kPairCluster != num_sms || side == nullptr) return false;

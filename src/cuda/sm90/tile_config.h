@@ -84,17 +84,12 @@ constexpr TileShape paired(TileShape shape) {
   shape.cluster_ctas = kPairCluster;
   return shape;
 }
-// Clusters of four on d256's 64-key tile, each CTA loading 16 rows (two swizzle atoms) of every
-// K/V block: a quarter of the K/V reads out of the L2. The H200 fits only 30 (120 of its SMs),
-// so they run beside a pair launch on the SMs left (fwd_split.h, uses_quad_mix).
+// The quad mix's clusters on d256's 64-key tile. Of four CTAs (kQuadCluster), each loads 16 rows
+// (two swizzle atoms) of every K/V block: a quarter of the K/V reads out of the L2. The H200 fits
+// only 30 (120 of its SMs), so they run beside a pair launch on the SMs left (fwd_split.h,
+// uses_quad_mix). Of eight (kOctetCluster, an experiment, FUSEDATTN_SM90_MIX_CLUSTER=8), each
+// loads one swizzle atom (8 rows), an eighth of the reads; the H200 fits 15, the same 120 SMs.
 constexpr int kQuadCluster = 4;
-constexpr TileShape quads(TileShape shape) {
-  shape.cluster_ctas = kQuadCluster;
-  return shape;
-}
-// Clusters of eight on the same tile (an experiment, FUSEDATTN_SM90_MIX_CLUSTER=8): each CTA loads
-// one swizzle atom (8 rows) of every K/V block, an eighth of the K/V reads out of the L2; the H200
-// fits 15 (120 SMs), as many SMs as the quads.
 constexpr int kOctetCluster = 8;
 constexpr TileShape mix_clusters(TileShape shape, int ctas) {
   shape.cluster_ctas = ctas;
