@@ -26,6 +26,7 @@ foreach(dt IN LISTS FUSEDATTN_DTYPES)
         # Its clustered and decode kernels (fwd_launch.cuh declares them), one translation unit each.
         file(GLOB _own_units ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_pair_n*.cu
           ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_quads_n*.cu
+          ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_octets_n*.cu
           ${_inst_dir}/sm90_fwd_${dt}_d${hd}_${mask}_decode_n*.cu)
         list(APPEND _sm90_sources ${_own_units})
         string(APPEND _table "FUSEDATTN_INSTANCE(sm90, fwd, ${dt}, ${hd}, ${mask})\n")

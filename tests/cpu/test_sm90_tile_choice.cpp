@@ -329,6 +329,17 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
     const testing::ScopedEnv wide("FUSEDATTN_SM90_D256_TILE", "80");
     EXPECT_FALSE(mix(full(2048, 2048, 256), 256));
   }
+  {
+    // Clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8) where the query blocks come in eights; any
+    // other value keeps the quads.
+    const auto ctas = [](const FwdParams& p) { return quad_mix_ctas(p, mask_of(p), 256, tiled_rows(p, 0)); };
+    EXPECT_EQ(ctas(full(2048, 2048, 256)), kQuadCluster);
+    const testing::ScopedEnv octets("FUSEDATTN_SM90_MIX_CLUSTER", "8");
+    EXPECT_EQ(ctas(full(2048, 2048, 256)), kOctetCluster);        // 16 query blocks
+    EXPECT_EQ(ctas(full(12 * 128, 8192, 256)), 0);                // 12: in fours, not in eights
+    const testing::ScopedEnv other("FUSEDATTN_SM90_MIX_CLUSTER", "6");
+    EXPECT_EQ(ctas(full(12 * 128, 8192, 256)), kQuadCluster);
+  }
   const testing::ScopedEnv forced("FUSEDATTN_SM90_CLUSTER", "1");
   EXPECT_TRUE(mix(full(512, 1000, 256), 256));
 }

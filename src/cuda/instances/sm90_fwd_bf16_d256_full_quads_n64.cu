@@ -2,5 +2,6 @@
 #include "cuda/sm90/fwd_launch.cuh"
 
 namespace fusedattn::cuda::sm90 {
-template bool launch_quad_mix<__nv_bfloat16, 256, MaskKind::kFull, kD256Block64>(const FwdParams&, const TiledRows&, int);
+template bool launch_cluster_mix<__nv_bfloat16, 256, MaskKind::kFull, kD256Block64, kQuadCluster>(
+    const FwdParams&, const TiledRows&, int);
 }  // namespace fusedattn::cuda::sm90

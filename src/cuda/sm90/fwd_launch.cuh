@@ -433,9 +433,10 @@ bool launch_cluster_mix(const FwdParams& p, const TiledRows& rows, int num_sms) 
   return true;
 }
 
+// The mix of mix_ctas-CTA clusters (quad_mix_ctas: kQuadCluster or kOctetCluster).
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
-bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
-  if (mix_cluster_ctas() == kOctetCluster)
+bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms, int mix_ctas) {
+  if (mix_ctas == kOctetCluster)
     return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kOctetCluster>(p, rows, num_sms);
   return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kQuadCluster>(p, rows, num_sms);
 }
@@ -448,7 +449,8 @@ void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_
   if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
     if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape)) {
       if constexpr (has_quad_mix(kHeadDim) && kShape.block_n == block64_tile(kHeadDim).block_n)
-        if (uses_quad_mix(p, kMask, kHeadDim, rows) && launch_quad_mix<Element, kHeadDim, kMask, kShape>(p, rows, num_sms))
+        if (const int mix_ctas = quad_mix_ctas(p, kMask, kHeadDim, rows);
+            mix_ctas != 0 && launch_quad_mix<Element, kHeadDim, kMask, kShape>(p, rows, num_sms, mix_ctas))
           return;
       if (launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms)) return;
     }
@@ -498,11 +500,11 @@ void run_fwd(const FwdParams& p) {
 #define FUSEDATTN_SM90_LAUNCH(Element, kHeadDim, kTile)                                                         \
   extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, kTile>(const FwdParams&, const TiledRows&, \
                                                                             int, const ClusterSlice*);
-#define FUSEDATTN_SM90_QUAD_MIX(Element, kHeadDim, kTile)                                                         \
-  extern template bool launch_quad_mix<Element, kHeadDim, MaskKind::kFull, kTile>(const FwdParams&, const TiledRows&, \
-                                                                                 int);
+#define FUSEDATTN_SM90_CLUSTER_MIX(Element, kHeadDim, kTile, kMixCtas)                                     \
+  extern template bool launch_cluster_mix<Element, kHeadDim, MaskKind::kFull, kTile, kMixCtas>( \
+      const FwdParams&, const TiledRows&, int);
 #include "cuda/sm90/unit_instances.inc"
 #undef FUSEDATTN_SM90_LAUNCH
-#undef FUSEDATTN_SM90_QUAD_MIX
+#undef FUSEDATTN_SM90_CLUSTER_MIX
 
 }  // namespace fusedattn::cuda::sm90

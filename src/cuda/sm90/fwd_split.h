@@ -321,12 +321,17 @@ inline int mix_cluster_ctas() {
   const char* v = std::getenv("FUSEDATTN_SM90_MIX_CLUSTER");
   return v != nullptr && std::atoi(v) == kOctetCluster ? kOctetCluster : kQuadCluster;
 }
-inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
+// The cluster size of the mix p runs (launch_quad_mix), or 0 where it runs none.
+inline int quad_mix_ctas(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
   if (!has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
-    return false;
+    return 0;
   const TileShape shape = block64_tile(instance_head_dim);
-  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % mix_cluster_ctas() == 0;
+  const int ctas = mix_cluster_ctas();
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % ctas == 0 ? ctas : 0;
+}
+inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
+  return quad_mix_ctas(p, mask, instance_head_dim, rows) != 0;
 }
 
 // A quad round's time as a percent of a pair round's, for QuadMixShares: even, as measured alone
