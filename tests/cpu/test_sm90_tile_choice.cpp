@@ -318,7 +318,7 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
   varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
   EXPECT_FALSE(mix(varlen, 256));
   const FwdWork w = planned_fwd_work(full(4096, 4096, 256), MaskKind::kFull, 256, 132);
-  EXPECT_TRUE(w.quad_mix);
+  EXPECT_EQ(w.quad_mix_ctas, kOctetCluster);  // 32 query blocks
   EXPECT_FALSE(w.split.split());
   {
     const testing::ScopedEnv off("FUSEDATTN_SM90_QUAD_MIX", "0");
@@ -330,15 +330,16 @@ TEST(Sm90TileChoice, QuadMixWhereQueryBlocksComeInFours) {
     EXPECT_FALSE(mix(full(2048, 2048, 256), 256));
   }
   {
-    // Clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8) where the query blocks come in eights; any
-    // other value keeps the quads.
+    // Clusters of eight (mix_cluster_ctas) where the query blocks come in eights, else of four;
+    // FUSEDATTN_SM90_MIX_CLUSTER=4 keeps the quads, any other value the default.
     const auto ctas = [](const FwdParams& p) { return quad_mix_ctas(p, mask_of(p), 256, tiled_rows(p, 0)); };
+    EXPECT_EQ(ctas(full(2048, 2048, 256)), kOctetCluster);   // 16 query blocks
+    EXPECT_EQ(ctas(full(12 * 128, 8192, 256)), kQuadCluster);  // 12: in fours, not in eights
+    EXPECT_EQ(ctas(full(6 * 128, 8192, 256)), 0);
+    const testing::ScopedEnv quads("FUSEDATTN_SM90_MIX_CLUSTER", "4");
     EXPECT_EQ(ctas(full(2048, 2048, 256)), kQuadCluster);
-    const testing::ScopedEnv octets("FUSEDATTN_SM90_MIX_CLUSTER", "8");
-    EXPECT_EQ(ctas(full(2048, 2048, 256)), kOctetCluster);        // 16 query blocks
-    EXPECT_EQ(ctas(full(12 * 128, 8192, 256)), 0);                // 12: in fours, not in eights
     const testing::ScopedEnv other("FUSEDATTN_SM90_MIX_CLUSTER", "6");
-    EXPECT_EQ(ctas(full(12 * 128, 8192, 256)), kQuadCluster);
+    EXPECT_EQ(ctas(full(2048, 2048, 256)), kOctetCluster);
   }
   const testing::ScopedEnv forced("FUSEDATTN_SM90_CLUSTER", "1");
   EXPECT_TRUE(mix(full(512, 1000, 256), 256));
@@ -354,7 +355,7 @@ TEST(Sm90TileChoice, QuadMixSharesEndTheLaterLaunchFirst) {
   EXPECT_EQ((QuadMixShares{512, 30, 6, 100}.quad_items()), 240);
   const QuadMixShares grid{512, 30, 6, 100};
   EXPECT_EQ(grid.pair_begin(grid.quad_items()), 480);
-  // Clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8): 15 of them, four pair items an item.
+  // Clusters of eight (on the H200 15 of them, the quads' 120 SMs): four pair items an item.
   const QuadMixShares octets{512, 15, 6, 100, 4};
   EXPECT_EQ(octets.quad_items(), 120);
   EXPECT_EQ(octets.pair_begin(octets.quad_items()), 480);

@@ -145,28 +145,35 @@ SkipReason check_back_to_back(const Problem& pr, DType dtype, const Stream& stre
 // The d256 full-mask quad mix (launch_quad_mix: quads on the caller's stream, pairs on a second
 // one), in each dtype behind the late copies, then two calls back to back, so that the second
 // call's launches follow the first call's join. 62 heads of four query blocks give the quads and
-// the pairs beside them work; one key block keeps the float64 reference to seconds.
+// the pairs beside them work, of eight the octets; one key block keeps the float64 reference to
+// seconds.
 TEST(Sm90DependentLaunch, QuadMixWaitsForTheKernelBefore) {
   SKIP_UNLESS_HOPPER();
   // Forced: by default the pairs (and so the mix) start at kPairClusterMinKeys keys.
-  const ScopedEnvs mix({{"FUSEDATTN_SM90_PDL", "1"}, {"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
-  const Problem pr = with_mask(dense(1, 62, 62, 512, 50, 256), false, -1, -1);
-  for (DType dtype : kGpuDtypes) {
-    SkipReason skipped;
-    const auto w = expect_sm90_work(pr, dtype, skipped);
-    if (!w) {
-      FUSEDATTN_RUN_OR_SKIP(skipped);
-      return;  // a failure is recorded (expect_sm90_work)
+  const ScopedEnvs mix({{"FUSEDATTN_SM90_PDL", "1"},
+                        {"FUSEDATTN_SM90_CLUSTER", "1"},
+                        {"FUSEDATTN_SM90_QUAD_MIX", ""},
+                        {"FUSEDATTN_SM90_MIX_CLUSTER", ""}});
+  const Problem problems[] = {with_mask(dense(1, 62, 62, 512, 50, 256), false, -1, -1),
+                              with_mask(dense(1, 62, 62, 1024, 50, 256), false, -1, -1)};
+  for (const Problem& pr : problems)
+    for (DType dtype : kGpuDtypes) {
+      SkipReason skipped;
+      const auto w = expect_sm90_work(pr, dtype, skipped);
+      if (!w) {
+        FUSEDATTN_RUN_OR_SKIP(skipped);
+        return;  // a failure is recorded (expect_sm90_work)
+      }
+      if (w->quad_mix_ctas == 0) GTEST_SKIP() << "this GPU runs no quad mix (no quad beside pairs on every SM)";
     }
-    if (!w->quad_mix) GTEST_SKIP() << "this GPU runs no quad mix (no quad beside pairs on every SM)";
-  }
   const Stream stream;
   const bool early = starts_early(stream);
   auto rng = fresh_rng();
-  for (DType dtype : kGpuDtypes) {
-    FUSEDATTN_RUN_OR_SKIP(check_behind_late_copies(pr, dtype, stream, rng));
-    FUSEDATTN_RUN_OR_SKIP(check_back_to_back(pr, dtype, stream, rng));
-  }
+  for (const Problem& pr : problems)
+    for (DType dtype : kGpuDtypes) {
+      FUSEDATTN_RUN_OR_SKIP(check_behind_late_copies(pr, dtype, stream, rng));
+      FUSEDATTN_RUN_OR_SKIP(check_back_to_back(pr, dtype, stream, rng));
+    }
   if (!early) GTEST_SKIP() << "this device started no dependent launch before the kernel ahead of it ended";
 }
 

@@ -250,11 +250,11 @@ TEST(GpuSanitizer, QuadMix) {
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 512, 4500, 256), DType::kBFloat16));
 }
 
-// The same with clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8), on query blocks in eights.
+// The same with clusters of eight, which query blocks in eights take.
 TEST(GpuSanitizer, OctetMix) {
   FUSEDATTN_REQUIRE_GPU();
   const ScopedEnvs env(
-      {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}, {"FUSEDATTN_SM90_MIX_CLUSTER", "8"}});
+      {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}, {"FUSEDATTN_SM90_MIX_CLUSTER", ""}});
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 62, 62, 1024, 300, 256), DType::kFloat16));
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 1024, 4500, 256), DType::kBFloat16));
 }

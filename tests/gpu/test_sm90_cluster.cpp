@@ -179,7 +179,7 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
 // to mix, then out and LSE against the reference, and to the bit against the unpaired kernel on
 // the same 64-key tile (the tail split off there): the clusters change where K/V come from, not
 // the arithmetic.
-void expect_mix_matches_reference_and_unpaired(std::initializer_list<Problem> problems) {
+void expect_mix_matches_reference_and_unpaired(std::initializer_list<Problem> problems, int mix_ctas) {
   SkipReason skipped;
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : problems) {
@@ -205,7 +205,7 @@ void expect_mix_matches_reference_and_unpaired(std::initializer_list<Problem> pr
       if (!expect_paired(pr, dtype, skipped)) continue;
       const auto mixed = planned_sm90_work(pr, dtype);
       ASSERT_TRUE(mixed.has_value());
-      EXPECT_TRUE(mixed->quad_mix);
+      EXPECT_EQ(mixed->quad_mix_ctas, mix_ctas);
       EXPECT_EQ(mixed->shape.block_n, cuda::sm90::kD256Block64.block_n);
       FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       // Twice more: the second run without dependent launches, which changes no launch of an
@@ -223,17 +223,19 @@ void expect_mix_matches_reference_and_unpaired(std::initializer_list<Problem> pr
 TEST(Sm90Cluster, QuadMixMatchesReferenceAndUnpaired) {
   SKIP_UNLESS_HOPPER();
   expect_mix_matches_reference_and_unpaired(
-      {dense(1, 62, 62, 512, 300, 256), dense(1, 2, 2, 512, 4500, 256), dense(1, 8, 2, 512, 700, 256)});
+      {dense(1, 62, 62, 512, 300, 256), dense(1, 2, 2, 512, 4500, 256), dense(1, 8, 2, 512, 700, 256)},
+      cuda::sm90::kQuadCluster);
 }
 
-// The mix with clusters of eight (FUSEDATTN_SM90_MIX_CLUSTER=8): query blocks in eights, the same
-// cases otherwise (62 heads of 8 query blocks: on the H200's 15 octets and 6 pairs 60 octet items,
-// four rounds, and 8 pair items).
+// The mix with clusters of eight, which query blocks in eights take: the same cases otherwise (62
+// heads of 8 query blocks: on the H200's 15 octets and 6 pairs 60 octet items, four rounds, and 8
+// pair items).
 TEST(Sm90Cluster, OctetMixMatchesReferenceAndUnpaired) {
   SKIP_UNLESS_HOPPER();
-  const ScopedEnv octets("FUSEDATTN_SM90_MIX_CLUSTER", "8");
+  const ScopedEnv octets("FUSEDATTN_SM90_MIX_CLUSTER", "");
   expect_mix_matches_reference_and_unpaired(
-      {dense(1, 62, 62, 1024, 300, 256), dense(1, 2, 2, 1024, 4500, 256), dense(1, 8, 2, 1024, 700, 256)});
+      {dense(1, 62, 62, 1024, 300, 256), dense(1, 2, 2, 1024, 4500, 256), dense(1, 8, 2, 1024, 700, 256)},
+      cuda::sm90::kOctetCluster);
 }
 
 // Launches in a row on one stream alternate paired and unpaired kernels of both head dims: each

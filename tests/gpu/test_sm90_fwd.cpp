@@ -1036,7 +1036,7 @@ size_t graph_edges(cudaGraph_t graph) {
   return count;
 }
 
-// The quad mix (d256 full masks: clusters of four beside pairs, fwd_launch.cuh launch_quad_mix)
+// The quad mix (d256 full masks: clusters of four or eight beside pairs, fwd_launch.cuh launch_quad_mix)
 // captured on a fresh stream: its two launches become two kernel nodes side by side on the
 // capturing stream (CapturedFork), no second stream, no event node, no edge between them. Before
 // session 95 a capture ran the pairs alone. The replays match the reference and, to the bit, an
@@ -1044,29 +1044,37 @@ size_t graph_edges(cudaGraph_t graph) {
 TEST(Sm90Fwd, QuadMixCapturedOnAFreshStream) {
   SKIP_UNLESS_HOPPER();
   auto rng = fresh_rng();
-  const ScopedEnvs mix({{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}});
-  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
-    // 62 heads of 4 query blocks, 124 pair items: on the H200 (30 quads, 6 pairs) two rounds of
-    // quads (60 quad items) and 4 pair items (QuadMixShares).
-    const Problem pr = make_problem(1, 62, 62, 256, 512, 300, false);
-    SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
-    SkipReason skipped;
-    const auto work = expect_sm90_work(pr, dtype, skipped);
-    FUSEDATTN_RUN_OR_SKIP(skipped);
-    if (!work) continue;  // a failure is recorded
-    ASSERT_TRUE(work->quad_mix) << "the plan must mix quads and pairs here";
-    HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
-    ASSERT_TRUE(run_kernel(c).has_value());
-    const std::vector<unsigned char> eager_out = bytes_of(c.out), eager_lse = bytes_of(c.lse);
-    expect_captured_forward_matches(c, [&](cudaGraph_t graph) {
-      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeKernel), 2)
-          << "the quads' and the pairs' kernels (one: QuadMixShares gave one launch every item)";
-      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeEventRecord), 0);
-      EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeWaitEvent), 0);
-      EXPECT_EQ(graph_edges(graph), 0u) << "the two launches side by side";
-    });
-    EXPECT_EQ(bytes_of(c.out), eager_out) << "the captured mix's out differs from the eager call's";
-    EXPECT_EQ(bytes_of(c.lse), eager_lse) << "the captured mix's lse differs from the eager call's";
+  const ScopedEnvs mix(
+      {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", ""}, {"FUSEDATTN_SM90_MIX_CLUSTER", ""}});
+  // 62 heads of 4 query blocks, 124 pair items: on the H200 (30 quads, 6 pairs) two rounds of
+  // quads (60 quad items) and 4 pair items (QuadMixShares). Of 8 query blocks, clusters of eight:
+  // on the H200 (15 octets, 6 pairs) four rounds of octets (60 octet items) and 8 pair items.
+  const struct {
+    int64_t queries;
+    int mix_ctas;
+  } mixes[] = {{512, cuda::sm90::kQuadCluster}, {1024, cuda::sm90::kOctetCluster}};
+  for (const auto& mix_case : mixes) {
+    for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+      const Problem pr = make_problem(1, 62, 62, 256, mix_case.queries, 300, false);
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      SkipReason skipped;
+      const auto work = expect_sm90_work(pr, dtype, skipped);
+      FUSEDATTN_RUN_OR_SKIP(skipped);
+      if (!work) continue;  // a failure is recorded
+      ASSERT_EQ(work->quad_mix_ctas, mix_case.mix_ctas) << "the plan must mix clusters and pairs here";
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      ASSERT_TRUE(run_kernel(c).has_value());
+      const std::vector<unsigned char> eager_out = bytes_of(c.out), eager_lse = bytes_of(c.lse);
+      expect_captured_forward_matches(c, [&](cudaGraph_t graph) {
+        EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeKernel), 2)
+            << "the quads' and the pairs' kernels (one: QuadMixShares gave one launch every item)";
+        EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeEventRecord), 0);
+        EXPECT_EQ(graph_nodes_of(graph, cudaGraphNodeTypeWaitEvent), 0);
+        EXPECT_EQ(graph_edges(graph), 0u) << "the two launches side by side";
+      });
+      EXPECT_EQ(bytes_of(c.out), eager_out) << "the captured mix's out differs from the eager call's";
+      EXPECT_EQ(bytes_of(c.lse), eager_lse) << "the captured mix's lse differs from the eager call's";
+    }
   }
 }
 

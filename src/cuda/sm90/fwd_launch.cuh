@@ -355,14 +355,14 @@ inline cudaStream_t quad_mix_stream() {
 }
 
 // The quad mix (fwd_split.h, uses_quad_mix): the pairs' work items (pairs of query blocks) split
-// between a launch of clusters of four, on the caller's stream, and a pair launch on the SMs no
-// quad fits. Eagerly the pairs run on a second stream forked from the caller's and joined back
-// into it; in a graph capture, where a shared second stream would join the capture, on the
-// caller's stream beside the quads (CapturedFork). Each takes a share of the items
-// (QuadMixShares: the later launch ends first); the quads take the first ones (a quad item is two
-// pair items: the same four query blocks). Returns false, having launched nothing, where that
-// cannot run: no quad or no pair beside them fits, or there is no second stream; the caller then
-// runs the pairs alone.
+// between a launch of clusters of kMixCtas (four or eight; "the quads" below), on the caller's
+// stream, and a pair launch on the SMs no such cluster fits. Eagerly the pairs run on a second
+// stream forked from the caller's and joined back into it; in a graph capture, where a shared
+// second stream would join the capture, on the caller's stream beside the quads (CapturedFork).
+// Each takes a share of the items (QuadMixShares: the later launch ends first); the quads take the
+// first ones (a quad item is kMixCtas / 2 pair items: the same kMixCtas query blocks). Returns
+// false, having launched nothing, where that cannot run: no quad or no pair beside them fits, or
+// there is no second stream; the caller then runs the pairs alone.
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape, int kMixCtas>
 bool launch_cluster_mix(const FwdParams& p, const TiledRows& rows, int num_sms) {
   constexpr TileShape kMixShape = mix_clusters(kShape, kMixCtas);
@@ -433,11 +433,13 @@ bool launch_cluster_mix(const FwdParams& p, const TiledRows& rows, int num_sms) 
   return true;
 }
 
-// The mix of mix_ctas-CTA clusters (quad_mix_ctas: kQuadCluster or kOctetCluster).
+// The mix of mix_ctas-CTA clusters (quad_mix_ctas: kQuadCluster or kOctetCluster), or of quads
+// where no octet fits the GPU (query blocks in eights come in fours too).
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms, int mix_ctas) {
-  if (mix_ctas == kOctetCluster)
-    return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kOctetCluster>(p, rows, num_sms);
+  if (mix_ctas == kOctetCluster &&
+      launch_cluster_mix<Element, kHeadDim, kMask, kShape, kOctetCluster>(p, rows, num_sms))
+    return true;
   return launch_cluster_mix<Element, kHeadDim, kMask, kShape, kQuadCluster>(p, rows, num_sms);
 }
 

@@ -303,23 +303,30 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
          (m_blocks % kPairCluster == 0 || m_blocks >= kPairClusterMinOddBlocks);
 }
 
-// The quad mix (fwd_launch.cuh, launch_quad_mix): a d256 pair launch's work split between
-// clusters of four CTAs on the 64-key tile (kQuadCluster: a quarter of the K/V reads out of the
-// L2 per CTA) and, on a second stream at the same time, pairs on the SMs no quad fits (the H200
-// fits 30 quads, 120 of its 132 SMs: the GPCs' SM counts leave 12 without one). Alone, the quads
-// lost to the pairs for those 12 SMs (docs/hopper.md, session 70); beside the pairs they gain.
-// H200, FA grid shapes, medians of 7 (5 at 16k) in one process, TFLOP/s pairs / mix: fp16 full 2k
-// 653.7 / 671.3, 4k 677.4 / 698.5, 8k (the pairs on their 80-key tile) 692.0 / 731.7, 16k 702.0
-// / 747.2; bf16 2k 678.0 / 681.4 (noise), 4k 714.4 / 733.8, 8k 737.2 / 757.0, 16k 741.6 / 777.0;
-// 1k (not paired by default) forced, fp16 594.0 unpaired / 589.4, bf16 623.4 / 606.2
-// (docs/hopper.md, session 81). So wherever d256's full-mask pairs run (the 64-key tile at any
-// length, unless FUSEDATTN_SM90_D256_TILE=80 forces the other), where each (head, batch) has its
-// query blocks in fours. FUSEDATTN_SM90_QUAD_MIX=0 keeps the pairs alone.
+// The quad mix (fwd_launch.cuh, launch_quad_mix): a d256 pair launch's work split between clusters
+// of four CTAs on the 64-key tile (kQuadCluster: a quarter of the K/V reads out of the L2 per CTA;
+// of eight where they fit, mix_cluster_ctas) and, on a second stream at the same time, pairs on the
+// SMs no quad fits (the H200 fits 30 quads, 120 of its 132 SMs: the GPCs' SM counts leave 12
+// without one). Alone, the quads lost to the pairs for those 12 SMs (docs/hopper.md, session 70);
+// beside the pairs they gain. H200, FA grid shapes, medians of 7 (5 at 16k) in one process, TFLOP/s
+// pairs / mix: fp16 full 2k 653.7 / 671.3, 4k 677.4 / 698.5, 8k (the pairs on their 80-key tile)
+// 692.0 / 731.7, 16k 702.0 / 747.2; bf16 2k 678.0 / 681.4 (noise), 4k 714.4 / 733.8, 8k 737.2 /
+// 757.0, 16k 741.6 / 777.0; 1k (not paired by default) forced, fp16 594.0 unpaired / 589.4, bf16
+// 623.4 / 606.2 (docs/hopper.md, session 81). So wherever d256's full-mask pairs run (the 64-key
+// tile at any length, unless FUSEDATTN_SM90_D256_TILE=80 forces the other), where each (head,
+// batch) has its query blocks in fours. FUSEDATTN_SM90_QUAD_MIX=0 keeps the pairs alone.
 constexpr bool has_quad_mix(int instance_head_dim) { return instance_head_dim == 256; }
-// The mix's cluster size: kQuadCluster, or kOctetCluster where FUSEDATTN_SM90_MIX_CLUSTER=8.
-inline int mix_cluster_ctas() {
+// The mix's cluster size for `blocks` query blocks a (head, batch): clusters of eight
+// (kOctetCluster: an eighth of the K/V reads out of the L2 per CTA) where the blocks come in
+// eights, else of four. FUSEDATTN_SM90_MIX_CLUSTER=4 keeps the quads. H100, d256 full fp16, octets
+// / quads in one process, two calls: do_bench medians of 9, 2k +2.2-2.5%, 4k +2.3-3.6%, 16k
+// +0.1-1.0% (bf16 one call: +1.9%, +0.9%, +2.3%); back to back for 2 s (at the power cap), 2k
+// +1.2-1.4%, 4k +1.2-1.8%, 16k +0.8-1.0%, with 0.6-1.9% fewer joules per FLOP; behind a copy
+// kernel -1.9% to +0.4% in time (docs/hopper.md, session 109).
+inline int mix_cluster_ctas(int64_t blocks) {
   const char* v = std::getenv("FUSEDATTN_SM90_MIX_CLUSTER");
-  return v != nullptr && std::atoi(v) == kOctetCluster ? kOctetCluster : kQuadCluster;
+  const bool quads_forced = v != nullptr && std::atoi(v) == kQuadCluster;
+  return blocks % kOctetCluster == 0 && !quads_forced ? kOctetCluster : kQuadCluster;
 }
 // The cluster size of the mix p runs (launch_quad_mix), or 0 where it runs none.
 inline int quad_mix_ctas(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
@@ -327,8 +334,10 @@ inline int quad_mix_ctas(const FwdParams& p, MaskKind mask, int instance_head_di
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
     return 0;
   const TileShape shape = block64_tile(instance_head_dim);
-  const int ctas = mix_cluster_ctas();
-  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % ctas == 0 ? ctas : 0;
+  const int64_t blocks = rows.blocks(shape.block_m);
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && blocks % kQuadCluster == 0
+             ? mix_cluster_ctas(blocks)
+             : 0;
 }
 inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
   return quad_mix_ctas(p, mask, instance_head_dim, rows) != 0;
@@ -347,22 +356,22 @@ inline int64_t quad_round_percent() {
 }
 
 // The quad mix's share of `pairs` work items (pairs of query blocks) for quad_clusters clusters of
-// four beside pair_clusters pairs: the quads take the first quad_items() quad items (two pair
-// items each, the same four query blocks), the pairs the rest from pair item
-// pair_begin(quad_items()) (the launcher computes quad_items() once). Every item runs whole under
-// the static schedule, so each launch takes whole rounds, and a quad round takes
-// quad_round_percent of a pair round's time. The share is the one whose later launch ends
+// four beside pair_clusters pairs: the quads take the first quad_items() quad items (two pair items
+// each, the same four query blocks; pairs_per_cluster = 4 for clusters of eight), the pairs the
+// rest from pair item pair_begin(quad_items()) (the launcher computes quad_items() once). Every
+// item runs whole under the static schedule, so each launch takes whole rounds, and a quad round
+// takes quad_round_percent of a pair round's time. The share is the one whose later launch ends
 // first; of equal ends, the one whose two launches' rounds add up to least. The quads' k rounds
-// hold at most k * quad_clusters items, and every item more the quads take is two fewer for the
-// pairs, so only those counts are candidates. Against session 81's share in proportion to the
-// clusters (which ends both launches after about as many rounds, the quads' last one part empty),
-// H200, one process, TFLOP/s this / proportional, medians of 7: fp16 d256 full 4k 727.4 / 715.9,
-// 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k 764.6 / 755.3; medians of 21: fp16
-// 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4, 16k 774.1 / 777.0 (docs/hopper.md,
-// session 82). Every point of that grid has 512 pairs (16k tokens): 240 quad items (8 rounds) and
-// 32 pair items (6 rounds) here, 232 (8 rounds, the last with 22 of the 30 quads) and 48 (8
-// rounds) proportionally. So the same shares read +1.2-2.3% at 4k and 8k, +0.1-1.6% at 2k and
-// -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent) explains.
+// hold at most k * quad_clusters items, and every item more the quads take is pairs_per_cluster
+// fewer for the pairs, so only those counts are candidates. Against session 81's share in
+// proportion to the clusters (which ends both launches after about as many rounds, the quads' last
+// one part empty), H200, one process, TFLOP/s this / proportional, medians of 7: fp16 d256 full 4k
+// 727.4 / 715.9, 8k 755.3 / 738.0; bf16 2k 711.7 / 700.2, 4k 751.5 / 734.3, 8k 764.6 / 755.3;
+// medians of 21: fp16 2k 690.3 / 683.6, 16k 745.2 / 754.5, bf16 2k 704.8 / 704.4, 16k 774.1 / 777.0
+// (docs/hopper.md, session 82). Every point of that grid has 512 pairs (16k tokens): 240 quad items
+// (8 rounds) and 32 pair items (6 rounds) here, 232 (8 rounds, the last with 22 of the 30 quads)
+// and 48 (8 rounds) proportionally. So the same shares read +1.2-2.3% at 4k and 8k, +0.1-1.6% at 2k
+// and -0.4-1.2% at 16k, which no cost per round (kQuadRoundPercent) explains.
 struct QuadMixShares {
   int64_t pairs, quad_clusters, pair_clusters;
   int64_t quad_round_percent;
@@ -390,7 +399,7 @@ struct QuadMixShares {
 // Whether the instance for instance_head_dim (192 or 256) runs its 64-key tile for p's tiled rows
 // under mask: by the keys a row sees (uses_block64), always for paged K/V, whose blocks must each
 // lie in one page (pages are multiples of kCudaPageRows; the 112- and 80-key blocks do not divide
-// it), and wherever the quad mix runs (its clusters of four take the 64-key tile only).
+// it), and wherever the quad mix runs (its clusters of four or eight take the 64-key tile only).
 inline bool runs_block64(int instance_head_dim, const FwdParams& p, MaskKind mask, const TiledRows& rows) {
   static_assert(kCudaPageRows % kD256Block64.block_n == 0 && kCudaPageRows % kD192Block64.block_n == 0,
                 "a 64-key block lies in one page");
@@ -476,9 +485,9 @@ struct FwdWork {
   TailShares split;    // split.shares == 0: every item whole
   TiledRows rows{};
   TileShape shape{};   // the tile shape the launch runs
-  // The pairs' work split with clusters of four (uses_quad_mix; planned_fwd_work only): every
-  // item whole, whatever `split` plans for the pairs alone.
-  bool quad_mix = false;
+  // The cluster size of the mix the pairs' work is split with (quad_mix_ctas: four or eight), 0
+  // where none (planned_fwd_work only): every item whole, whatever `split` plans for the pairs alone.
+  int quad_mix_ctas = 0;
   int64_t items() const { return split.items(); }
   // Every item whole: the split's whole items and its tail items, uncut.
   void run_whole() { split = TailShares::unsplit(split.whole + split.tiles, kv_blocks); }
@@ -565,8 +574,8 @@ inline FwdWork planned_fwd_work(const FwdParams& p, MaskKind mask, int instance_
   const TileShape shape = fwd_tile_shape(p, instance_head_dim, mask, rows);
   FwdWork w =
       fwd_work(p, mask, instance_head_dim, rows, shape, int64_t{sm_count} * shape.ctas_per_sm / shape.cluster_ctas);
-  w.quad_mix = uses_quad_mix(p, mask, instance_head_dim, rows);
-  if (w.quad_mix) w.run_whole();
+  w.quad_mix_ctas = quad_mix_ctas(p, mask, instance_head_dim, rows);
+  if (w.quad_mix_ctas != 0) w.run_whole();
   return w;
 }
 

@@ -87,8 +87,8 @@ constexpr TileShape paired(TileShape shape) {
 // The quad mix's clusters on d256's 64-key tile. Of four CTAs (kQuadCluster), each loads 16 rows
 // (two swizzle atoms) of every K/V block: a quarter of the K/V reads out of the L2. The H200 fits
 // only 30 (120 of its SMs), so they run beside a pair launch on the SMs left (fwd_split.h,
-// uses_quad_mix). Of eight (kOctetCluster, an experiment, FUSEDATTN_SM90_MIX_CLUSTER=8), each
-// loads one swizzle atom (8 rows), an eighth of the reads; the H200 fits 15, the same 120 SMs.
+// uses_quad_mix). Of eight (kOctetCluster, where the query blocks come in eights), each loads one
+// swizzle atom (8 rows), an eighth of the reads; the H200 fits 15, the same 120 SMs.
 constexpr int kQuadCluster = 4;
 constexpr int kOctetCluster = 8;
 constexpr TileShape mix_clusters(TileShape shape, int ctas) {
