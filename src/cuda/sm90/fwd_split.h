@@ -318,11 +318,11 @@ inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_he
 constexpr bool has_quad_mix(int instance_head_dim) { return instance_head_dim == 256; }
 // The mix's cluster size for `blocks` query blocks a (head, batch): clusters of eight
 // (kOctetCluster: an eighth of the K/V reads out of the L2 per CTA) where the blocks come in
-// eights, else of four. FUSEDATTN_SM90_MIX_CLUSTER=4 keeps the quads. H100, d256 full fp16, octets
-// / quads in one process, two calls: do_bench medians of 9, 2k +2.2-2.5%, 4k +2.3-3.6%, 16k
-// +0.1-1.0% (bf16 one call: +1.9%, +0.9%, +2.3%); back to back for 2 s (at the power cap), 2k
-// +1.2-1.4%, 4k +1.2-1.8%, 16k +0.8-1.0%, with 0.6-1.9% fewer joules per FLOP; behind a copy
-// kernel -1.9% to +0.4% in time (docs/hopper.md, session 109).
+// eights, else of four. FUSEDATTN_SM90_MIX_CLUSTER=4 keeps the quads. Two H100s, d256 full fp16
+// 2k/4k/16k, octets / quads in one process: back to back for 2 s (at the power cap) +0.8% to +1.8%
+// in all nine readings, with 0.6-2.0% fewer joules per FLOP; do_bench (medians of 9) +0.1% to
+// +3.6% on one machine, -1.6% to +1.9% on the other; behind a copy kernel -1.9% to +0.8% in time
+// (docs/hopper.md, session 109). On the H200, do_bench alone read them even (session 84).
 inline int mix_cluster_ctas(int64_t blocks) {
   const char* v = std::getenv("FUSEDATTN_SM90_MIX_CLUSTER");
   const bool quads_forced = v != nullptr && std::atoi(v) == kQuadCluster;
