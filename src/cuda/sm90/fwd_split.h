@@ -328,19 +328,18 @@ inline int mix_cluster_ctas(int64_t blocks) {
   const bool quads_forced = v != nullptr && std::atoi(v) == kQuadCluster;
   return blocks % kOctetCluster == 0 && !quads_forced ? kOctetCluster : kQuadCluster;
 }
-// The cluster size of the mix p runs (launch_quad_mix), or 0 where it runs none.
-inline int quad_mix_ctas(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
+inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
   if (!has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
-    return 0;
+    return false;
   const TileShape shape = block64_tile(instance_head_dim);
-  const int64_t blocks = rows.blocks(shape.block_m);
-  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && blocks % kQuadCluster == 0
-             ? mix_cluster_ctas(blocks)
-             : 0;
+  return uses_pair_cluster(p, mask, instance_head_dim, rows, shape) && rows.blocks(shape.block_m) % kQuadCluster == 0;
 }
-inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
-  return quad_mix_ctas(p, mask, instance_head_dim, rows) != 0;
+// The cluster size of the mix p runs (launch_quad_mix), or 0 where it runs none. Only dispatch
+// and planned_fwd_work ask for the size; the other callers need only uses_quad_mix.
+inline int quad_mix_ctas(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
+  if (!uses_quad_mix(p, mask, instance_head_dim, rows)) return 0;
+  return mix_cluster_ctas(rows.blocks(block64_tile(instance_head_dim).block_m));
 }
 
 // A quad round's time as a percent of a pair round's, for QuadMixShares: even, as measured alone
