@@ -14,7 +14,8 @@
 #            POINT_PROVIDERS, default sdpa_flash,sdpa_cudnn,ours, one more column per setting in
 #            POINT_ENVS (space-separated NAME=VALUE[+NAME=VALUE]), POINT_REPEAT readings each, the
 #            column order reversed every second time unless POINT_ORDER=given; POINT_DTYPE, default
-#            float16, may list several, float16,bfloat16: a run each), and
+#            float16, may list several, float16,bfloat16: a run each; POINT_CLOCKS=1 adds each
+#            reading's mean SM clock, power and temperature to its JSON line), and
 #            power (not in the default: tools/bench_power.py's sustained TFLOP/s, SM clock and board
 #            power, calls back to back for POWER_SECONDS (default 2) a run, at POWER_POINTS (forward
 #            points as in POINTS; fa-fwd, the whole forward grid, wants POWER_SECONDS=1 to fit the
@@ -305,7 +306,8 @@ if has points; then
     name=points; [[ "$point_dtypes" == *,* ]] && name=points_$dt
     step "$name" 500 "$name.log" env PYTHONUNBUFFERED=1 python3 "$root/tools/bench_points.py" --points "$POINTS" \
       --providers "${POINT_PROVIDERS:-sdpa_flash,sdpa_cudnn,ours}" --dtype "$dt" \
-      --repeat "${POINT_REPEAT:-1}" --order "${POINT_ORDER:-alternate}" "${envs[@]}" --out "$dest/$name.jsonl"
+      --repeat "${POINT_REPEAT:-1}" --order "${POINT_ORDER:-alternate}" "${envs[@]}" \
+      $([ "${POINT_CLOCKS:-0}" = 1 ] && echo --clocks) --out "$dest/$name.jsonl"
   done
 fi
 
