@@ -115,13 +115,14 @@ bool sm90_supports(const FwdParams& p) {
 // key block whole, rows past its keys too (a KV cache from torch.empty, or a page's unused rows,
 // may hold NaN there, and P V's 0 * NaN would carry it), so warpgroup 0 zeroes those V rows
 // before its P V turn (Consumer::clear_unused_v_rows). That needs every warpgroup to read every
-// block, in GEMM turns: the 128 x 128 tiles (head dims up to 128; d64 launches with seqused_k or
+// block, in GEMM turns: the 128 x 128 tiles (instances up to d128; d64 launches with seqused_k or
 // pages take that tile, fwd_split.h's d64_tile) under any mask and the d192/d256 tiles under full
-// masks. Masked d192/d256 launches (their slices skip blocks) take the
-// portable path, whose loads zero-fill those rows.
-bool sm90_clears_unused_rows(const FwdParams& p) {
+// masks. Masked launches on the d192/d256 instances (their slices skip blocks) take the portable
+// path, whose loads zero-fill those rows. What counts is the instance's head dim: a build without
+// the smaller instances (FUSEDATTN_HEAD_DIMS) runs a d64 call on d256's tile.
+bool sm90_clears_unused_rows(const FwdParams& p, int instance_head_dim) {
   constexpr int kSquareTileMaxHeadDim = 128;
-  return !loads_unwritten_rows(p) || p.head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
+  return !loads_unwritten_rows(p) || instance_head_dim <= kSquareTileMaxHeadDim || !p.is_masked();
 }
 
 // Column masks have Hopper instances at some head dims only (tools/gen_instances.py: d64, d128):
@@ -151,8 +152,9 @@ FwdChoice choose_forward(const FwdParams& p, int cc_major, int cc_minor) {
                 "the CUDA backend needs compute capability 8.0 or newer, got " + std::to_string(cc_major) + "." +
                     std::to_string(cc_minor));
   const Entry* portable = find(80, false, p);
-  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p) && sm90_clears_unused_rows(p))
-    if (const Entry* e = find(90, false, p); e && sm90_runs_head_dim(p, *e, portable))
+  if (cc_major == 9 && cc_minor == 0 && sm90_allowed() && sm90_supports(p))
+    if (const Entry* e = find(90, false, p);
+        e && sm90_runs_head_dim(p, *e, portable) && sm90_clears_unused_rows(p, e->head_dim))
       return {e->fwd, "sm90", e->head_dim};
   if (const Entry* e = portable) return {e->fwd, "sm80", e->head_dim};
   no_instance(p, "forward");

@@ -268,7 +268,8 @@ int cluster_of(const FwdParams& p, int instance_head_dim) { return chosen(p, ins
 
 // CTA pairs (kPairCluster) by default for full masks of dense batches at d256 from
 // kPairClusterMinKeys keys, where the query blocks pair up (an even count, or enough that an idle
-// last CTA costs little); never under masks, for variable-length batches, d64, d128 or d192. By
+// last CTA costs little); never for variable-length batches, d64, d128 or d192, and under masks
+// only on d256's 80-key tile (MaskedPairsByDefaultOnD256sLongTile). By
 // default d256 pairs its 64-key tile from kPairClusterMinKeys to 4096 keys (where 64-key blocks
 // end) and above it where the quad mix runs (query blocks in fours), its 80-key tile elsewhere;
 // forced, either at any length.
@@ -285,7 +286,7 @@ TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
   EXPECT_EQ(cluster_of(full(1024, 1024, 256), 256), 1);
   EXPECT_EQ(cluster_of(full(3 * 128, 8192, 256), 256), 1);  // three query blocks: one CTA of two idle
   EXPECT_EQ(cluster_of(full(kPairClusterMinOddBlocks * 128, 8192, 256), 256), 2);
-  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 256), 256), 1);
+  EXPECT_EQ(cluster_of(windowed(4096, -1, 0, 256), 256), 1);  // causal on the 64-key tile
   EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 1);
   EXPECT_EQ(cluster_of(full(8192, 8192, 64), 64), 1);
   EXPECT_EQ(cluster_of(full(8192, 8192, 192), 192), 1);
@@ -297,6 +298,31 @@ TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
   EXPECT_EQ(chosen(full(4096, 4096, 256), 256).block_n, kD256Block64.block_n);
   EXPECT_EQ(cluster_of(full(4096, 4096, 256), 256), 2);
   EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 2);
+}
+
+// Pairs under causal and window masks (pairs_masked): on by default, only on d256's 80-key tile
+// (rows that see more than kBlock64MaxKeys keys) with dense K/V; FUSEDATTN_SM90_CAUSAL_PAIRS=0
+// turns them off.
+TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
+  {
+    const testing::ScopedEnv off("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
+    EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 256), 256), 1);
+  }
+  EXPECT_EQ(chosen(windowed(8192, -1, 0, 256), 256).block_n, tile_shape(256).block_n);
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 256), 256), 2);
+  EXPECT_EQ(cluster_of(windowed(8192, 6000, 0, 256), 256), 2);           // a sliding window
+  EXPECT_EQ(cluster_of(windowed(4096, -1, 0, 256), 256), 1);             // the 64-key tile
+  EXPECT_EQ(cluster_of(windowed(8192, 1000, 0, 256), 256), 1);           // short windows: 64-key too
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 1);
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 192), 192), 1);
+  FwdParams varlen = windowed(8192, -1, 0, 256);
+  const int32_t offsets[2] = {0, 8192};
+  varlen.cu_seqlens_q = varlen.cu_seqlens_k = offsets;
+  EXPECT_EQ(cluster_of(varlen, 256), 1);
+  FwdParams used = windowed(8192, -1, 0, 256);
+  const int32_t seqused[2] = {8192, 8000};
+  used.seqused_k = seqused;
+  EXPECT_EQ(cluster_of(used, 256), 1);
 }
 
 // The quad mix (uses_quad_mix): d256's full-mask pairs split with clusters of four where every

@@ -259,5 +259,21 @@ TEST(GpuSanitizer, OctetMix) {
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(dense(1, 2, 2, 1024, 4500, 256), DType::kBFloat16));
 }
 
+// Pairs under causal and window masks (FUSEDATTN_SM90_CAUSAL_PAIRS=1): rank 0 hands each item it
+// fetches to its peer through distributed shared memory (the fetch slots and their barriers), the
+// first query block's slices skip the blocks only the second sees, and an odd number of query
+// blocks leaves the last pair's second CTA a tile to pass through. Keys past 4096 take d256's
+// 80-key tile; with it forced at 300 keys (FUSEDATTN_SM90_D256_TILE=80), 68 heads of two query
+// blocks put more pairs than clusters (second fetches) and the pairs stage O in K/V.
+TEST(GpuSanitizer, MaskedPairs) {
+  FUSEDATTN_REQUIRE_GPU();
+  const ScopedEnv paired("FUSEDATTN_SM90_CAUSAL_PAIRS", "1");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 2, 384, 4200, 256), true, -1, -1), DType::kFloat16));
+  FUSEDATTN_RUN_OR_SKIP(
+      check_forward_gpu(with_mask(dense(1, 2, 2, 256, 4500, 256), false, 4200, 30), DType::kBFloat16));
+  const ScopedEnv long_tile("FUSEDATTN_SM90_D256_TILE", "80");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 68, 68, 256, 300, 256), true, -1, -1), DType::kFloat16));
+}
+
 }  // namespace
 }  // namespace fusedattn::testing

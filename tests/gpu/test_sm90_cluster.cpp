@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -135,6 +136,24 @@ TEST(Sm90Cluster, SplitPairsMatchReference) {
   FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
+// The unpaired kernel's out and LSE bytes for dc's inputs (c's host copies), under the caller's
+// switches, the launch asserted unpaired; nothing where this build has no Hopper forward for pr or
+// the run skips (`skipped` then says why).
+struct ForwardBytes {
+  std::vector<unsigned char> out, lse;
+};
+std::optional<ForwardBytes> unpaired_bytes(const Problem& pr, DType dtype, HostCase& c, DeviceCase& dc,
+                                           SkipReason& skipped) {
+  const auto w = expect_sm90_work(pr, dtype, skipped);
+  if (!w) return std::nullopt;
+  EXPECT_EQ(w->shape.cluster_ctas, 1) << pr.str();
+  if (SkipReason why = dc.forward()) {
+    if (!skipped) skipped = why;
+    return std::nullopt;
+  }
+  return ForwardBytes{bytes_of(c.out), bytes_of(c.lse)};
+}
+
 // The same inputs through the pair and through the unpaired kernel, the tail split off in both:
 // identical bytes. Then the pair again, for bit-identical repeats.
 TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
@@ -147,16 +166,13 @@ TEST(Sm90Cluster, PairMatchesUnpairedToTheBit) {
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
       DeviceCase dc(c);
-      std::vector<unsigned char> out, lse;
+      std::optional<ForwardBytes> unpaired;
       {
-        const ScopedEnvs unpaired({{"FUSEDATTN_SM90_CLUSTER", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
-        const auto w = expect_sm90_work(pr, dtype, skipped);
-        if (!w) continue;
-        ASSERT_EQ(w->shape.cluster_ctas, 1);
-        FUSEDATTN_RUN_OR_SKIP(dc.forward());
-        out = bytes_of(c.out);
-        lse = bytes_of(c.lse);
+        const ScopedEnvs env({{"FUSEDATTN_SM90_CLUSTER", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
+        unpaired = unpaired_bytes(pr, dtype, c, dc, skipped);
       }
+      if (!unpaired) continue;
+      const auto& [out, lse] = *unpaired;
       const ScopedEnvs paired(
           {{"FUSEDATTN_SM90_CLUSTER", "1"}, {"FUSEDATTN_SM90_QUAD_MIX", "0"}, {"FUSEDATTN_SM90_TAIL_SPLIT", "0"}});
       if (!expect_paired(pr, dtype, skipped, Split::kNone)) continue;
@@ -236,6 +252,88 @@ TEST(Sm90Cluster, OctetMixMatchesReferenceAndUnpaired) {
   expect_mix_matches_reference_and_unpaired(
       {dense(1, 62, 62, 1024, 300, 256), dense(1, 2, 2, 1024, 4500, 256), dense(1, 8, 2, 1024, 700, 256)},
       cuda::sm90::kOctetCluster);
+}
+
+// Pairs under causal and window masks (fwd_split.h, pairs_masked; FUSEDATTN_SM90_CAUSAL_PAIRS=1):
+// d256's 80-key tile, rows that see more than 4096 keys. A pair loads the blocks either of its
+// query blocks sees, and the first one's slices skip the blocks only the second sees. Causal
+// (bottom-right aligned, Sq < Sk), an odd number of query blocks (the last pair's second CTA passes
+// its tile through), a partial last query block, GQA, a sliding window, and a local window with a
+// right edge; against the reference.
+constexpr bool kCausal = true;  // with_mask's second argument
+std::vector<Problem> masked_pair_shapes() {
+  return {with_mask(dense(1, 2, 2, 512, 5000, 256), kCausal, -1, -1),
+          with_mask(dense(1, 2, 2, 640, 4500, 256), kCausal, -1, -1),
+          with_mask(dense(1, 4, 2, 300, 4400, 256), kCausal, -1, -1),
+          with_mask(dense(1, 2, 2, 512, 6000, 256), !kCausal, 5000, 0),
+          with_mask(dense(1, 2, 2, 384, 4800, 256), !kCausal, 4500, 200)};
+}
+
+// The same on the 80-key tile forced at short keys (FUSEDATTN_SM90_D256_TILE=80), where the pairs
+// stage O in their last K/V stage (fwd_launch.cuh, kPairOInKVMaxKeys): both CTAs' stores read
+// before either producer refills it. 68 heads of two query blocks: more pairs than clusters.
+std::vector<Problem> short_masked_pair_shapes() {
+  return {with_mask(dense(1, 2, 2, 512, 700, 256), kCausal, -1, -1),
+          with_mask(dense(1, 68, 68, 256, 300, 256), kCausal, -1, -1),
+          with_mask(dense(1, 3, 3, 640, 900, 256), !kCausal, 300, 0)};
+}
+
+TEST(Sm90Cluster, MaskedPairsMatchReference) {
+  SKIP_UNLESS_HOPPER();
+  const ScopedEnv on("FUSEDATTN_SM90_CAUSAL_PAIRS", "1");
+  SkipReason skipped;
+  for (const char* tile : {"", "80"}) {
+    const ScopedEnv forced("FUSEDATTN_SM90_D256_TILE", tile);
+    for (const DType dtype : kGpuDtypes)
+      for (const Problem& pr : *tile ? short_masked_pair_shapes() : masked_pair_shapes()) {
+        SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_D256_TILE=" + tile);
+        if (!expect_paired(pr, dtype, skipped, Split::kNone)) continue;
+        EXPECT_EQ(planned_sm90_work(pr, dtype)->shape.block_n, cuda::sm90::tile_shape(256).block_n);
+        FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+      }
+  }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
+}
+
+// The same inputs through the masked pairs and the unpaired kernel: identical bytes (each slice
+// computes its own blocks in the same order either way), with the launch's counter handing items
+// from rank 0 to its peer, and on the static schedule (FUSEDATTN_SM90_DYNAMIC=0, as in a graph
+// capture). 68 heads of two query blocks put more pairs than clusters on an H100 or H200, so
+// clusters fetch again; two runs each, and the unpaired kernel again after the pairs (the counter
+// the pairs leave at zero for the next launch on the stream).
+TEST(Sm90Cluster, MaskedPairsMatchUnpairedToTheBit) {
+  SKIP_UNLESS_HOPPER();
+  SkipReason skipped;
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : {with_mask(dense(1, 68, 68, 256, 4200, 256), kCausal, -1, -1),
+                              with_mask(dense(2, 8, 4, 1000, 5000, 256), kCausal, -1, -1),
+                              with_mask(dense(1, 16, 16, 640, 6000, 256), !kCausal, 5000, 0)}) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
+      std::mt19937_64 rng = fresh_rng();
+      HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
+      DeviceCase dc(c);
+      std::optional<ForwardBytes> unpaired;
+      {
+        const ScopedEnv env("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
+        unpaired = unpaired_bytes(pr, dtype, c, dc, skipped);
+      }
+      if (!unpaired) continue;
+      const auto& [out, lse] = *unpaired;
+      for (const char* dynamic : {"", "0"}) {
+        const ScopedEnvs paired({{"FUSEDATTN_SM90_CAUSAL_PAIRS", "1"}, {"FUSEDATTN_SM90_DYNAMIC", dynamic}});
+        if (!expect_paired(pr, dtype, skipped, Split::kNone)) continue;
+        for (int run = 0; run < 2; ++run) {
+          FUSEDATTN_RUN_OR_SKIP(dc.forward());
+          EXPECT_EQ(bytes_of(c.out), out) << "FUSEDATTN_SM90_DYNAMIC=" << dynamic << ", run " << run;
+          EXPECT_EQ(bytes_of(c.lse), lse) << "FUSEDATTN_SM90_DYNAMIC=" << dynamic << ", run " << run;
+        }
+      }
+      const ScopedEnv again("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
+      FUSEDATTN_RUN_OR_SKIP(dc.forward());
+      EXPECT_EQ(bytes_of(c.out), out) << "the unpaired kernel after the pairs";
+      EXPECT_EQ(bytes_of(c.lse), lse) << "the unpaired kernel after the pairs";
+    }
+  FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
 // Launches in a row on one stream alternate paired and unpaired kernels of both head dims: each

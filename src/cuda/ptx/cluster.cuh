@@ -37,6 +37,15 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
+// st.async.shared::cluster.mbarrier::complete_tx::bytes.b32; PTX ISA 8.1, sm_90. `value` into the
+// word at `word`'s offset in the shared memory of the cluster's CTA `rank`, which completes
+// sizeof(int) bytes of the current phase's transaction on the mbarrier at `bar`'s offset there:
+// the peer that waits on that barrier (after its own arrive.expect_tx) then reads the word.
+__device__ __forceinline__ void store_to_cta(int* word, int value, uint64_t* bar, uint32_t rank) {
+  ::cuda::ptx::st_async(static_cast<int*>(__cluster_map_shared_rank(word, rank)), value,
+                        static_cast<uint64_t*>(__cluster_map_shared_rank(bar, rank)));
+}
+
 // One arrival on the mbarrier at `bar`'s offset in every CTA of a cluster of kCtas (this one's
 // included), from one thread; kCtas = 1: a plain local arrival.
 template <int kCtas>

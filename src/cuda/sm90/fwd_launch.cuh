@@ -257,10 +257,11 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
                   "this Hopper tile cannot clear a block's unused rows");
     kp.features.pingpong = true;
   }
-  // A cluster's two CTAs walk the same pairs in step: persistent, static (tile_scheduler.cuh).
+  // A cluster's CTAs walk the same items in step: persistent; full masks' equal items statically,
+  // masked ones by the counter, rank 0 handing each item on (tile_scheduler.cuh, Producer::next_tile).
   if constexpr (kClustered) {
     kp.features.persistent = true;
-    kp.features.dynamic = false;
+    if constexpr (kMask == MaskKind::kFull) kp.features.dynamic = false;
   }
   // A variable-length batch's tiles add their sequence's first row (map_rows).
   const auto [rows_q, rows_k] = map_rows(p);
@@ -306,9 +307,10 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.split = {work.split, workspace.tickets, workspace.lse, workspace.o};
   kp.tile_counter = kp.features.persistent && kp.features.dynamic ? tile_counter(stream) : nullptr;
   if (kp.features.persistent && kp.features.dynamic && kp.tile_counter == nullptr) {
-    // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0.
+    // No counter can be made during a graph capture: schedule like FUSEDATTN_SM90_DYNAMIC=0 (a
+    // cluster's CTAs stay persistent, on the static schedule).
     kp.features.dynamic = false;
-    kp.features.persistent = kMask == MaskKind::kFull;
+    kp.features.persistent = kMask == MaskKind::kFull || kClustered;
   }
   // A clustered launch is persistent (above), a cluster of kClusterCtas CTAs per slot.
   const int64_t slots_used =
@@ -448,6 +450,11 @@ bool launch_quad_mix(const FwdParams& p, const TiledRows& rows, int num_sms, int
 // (runs_decode_tile).
 template <typename Element, int kHeadDim, MaskKind kMask, TileShape kShape>
 void launch_fwd_maybe_paired(const FwdParams& p, const TiledRows& rows, int num_sms) {
+  if constexpr (kMask == MaskKind::kWindow && has_masked_pair_cluster(kHeadDim, kShape.block_n)) {
+    if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape) &&
+        launch_fwd<Element, kHeadDim, kMask, paired(kShape)>(p, rows, num_sms))
+      return;
+  }
   if constexpr (kMask == MaskKind::kFull && has_pair_cluster(kHeadDim)) {
     if (uses_pair_cluster(p, kMask, kHeadDim, rows, kShape)) {
       if constexpr (has_quad_mix(kHeadDim) && kShape.block_n == block64_tile(kHeadDim).block_n)
@@ -499,9 +506,9 @@ void run_fwd(const FwdParams& p) {
 // The clustered kernels and the decode kernels are compiled in translation units of their own
 // (src/cuda/instances/sm90_fwd_*_pair_n*.cu, *_quads_n*.cu, *_decode_n*.cu), one kernel each;
 // tools/gen_instances.py writes them and the list of their declarations.
-#define FUSEDATTN_SM90_LAUNCH(Element, kHeadDim, kTile)                                                         \
-  extern template bool launch_fwd<Element, kHeadDim, MaskKind::kFull, kTile>(const FwdParams&, const TiledRows&, \
-                                                                            int, const ClusterSlice*);
+#define FUSEDATTN_SM90_LAUNCH(Element, kHeadDim, kMask, kTile)                                        \
+  extern template bool launch_fwd<Element, kHeadDim, kMask, kTile>(const FwdParams&, const TiledRows&, int, \
+                                                                  const ClusterSlice*);
 #define FUSEDATTN_SM90_CLUSTER_MIX(Element, kHeadDim, kTile, kMixCtas)                                     \
   extern template bool launch_cluster_mix<Element, kHeadDim, MaskKind::kFull, kTile, kMixCtas>( \
       const FwdParams&, const TiledRows&, int);

@@ -292,11 +292,28 @@ inline bool stores_o_as_one_box(const FwdParams& p, bool one_box_staging, int pa
 constexpr int64_t kPairClusterMinOddBlocks = 15;
 constexpr bool has_pair_cluster(int instance_head_dim) { return instance_head_dim == 128 || instance_head_dim == 256; }
 constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_dim == 256; }
+// Pairs under causal and window masks (MaskKind::kWindow): d256's 80-key tile (the longer keys,
+// above kD256Block64's), dense K/V. The two query blocks of a pair load the blocks either sees, so
+// the first one's slices skip the last block or two the second sees (Consumer::mma_tile), and the
+// pairs go longest first through the launch's counter, rank 0 handing each item to its peer
+// (Producer::next_tile). H100, paired / unpaired in one process (bench_points and bench_power,
+// fp16 and bf16; six readings at 8k, eight at 16k): d256 causal 8k +0.0 to +4.7%, 16k -1.6 to
+// +5.3%, medians +2-3%; windows of 4k-8k keys over 8k-16k queries +1.6 to +4.8%. Half the K/V
+// reads bounded it at +3-7% (docs/hopper.md, session 112). FUSEDATTN_SM90_CAUSAL_PAIRS=0 turns
+// them off.
+constexpr bool has_masked_pair_cluster(int instance_head_dim, int block_n) {
+  return instance_head_dim == 256 && block_n == tile_shape(256).block_n;
+}
+inline bool pairs_masked(const FwdParams& p, int instance_head_dim, TileShape shape) {
+  return has_masked_pair_cluster(instance_head_dim, shape.block_n) && !loads_unwritten_rows(p) &&
+         env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS", true);
+}
 inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows,
                               TileShape shape) {
-  if (!has_pair_cluster(instance_head_dim) || mask != MaskKind::kFull || p.cu_seqlens_q != nullptr ||
-      shape.ctas_per_sm != 1 || shape.consumer_warpgroups != 2)
+  if (!has_pair_cluster(instance_head_dim) || (mask != MaskKind::kFull && mask != MaskKind::kWindow) ||
+      p.cu_seqlens_q != nullptr || shape.ctas_per_sm != 1 || shape.consumer_warpgroups != 2)
     return false;
+  if (mask == MaskKind::kWindow) return pairs_masked(p, instance_head_dim, shape);
   if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_CLUSTER")) return *forced;
   const int64_t m_blocks = rows.blocks(shape.block_m);
   return pairs_by_default(instance_head_dim) && p.seqlen_k >= kPairClusterMinKeys &&

@@ -23,7 +23,7 @@
 
 namespace fusedattn::cuda::sm90 {
 
-template <typename Element, class Cfg>
+template <typename Element, class Cfg, MaskKind kMask>
 __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   constexpr uint32_t kProducerArrivals = 1;  // the elected thread's arrive.expect_tx
   // A Q slot is read by every consumer warp, or with kWarpgroupQ by one warpgroup's.
@@ -35,6 +35,14 @@ __device__ void init_barriers(SharedStorage<Element, Cfg>& smem) {
   for (int slot = 0; slot < kAnnouncementSlots; ++slot) {
     ptx::mbarrier_init(&smem.tile_full[slot], kProducerArrivals);  // the announcement's plain arrive
     ptx::mbarrier_init(&smem.tile_empty[slot], Cfg::kConsumerWarps);
+  }
+  // A cluster's handed-on items (Producer::next_tile): a peer's own expect_tx (the store completes
+  // the bytes); on rank 0, one arrival of each peer.
+  if constexpr (Producer<Element, Cfg, kMask>::kHandsOnItems) {
+    for (int slot = 0; slot < kAnnouncementSlots; ++slot) {
+      ptx::mbarrier_init(&smem.fetch_full[slot], kProducerArrivals);
+      ptx::mbarrier_init(&smem.fetch_empty[slot], Cfg::kClusterCtas - 1);
+    }
   }
   // The staging warpgroup's store, in every CTA of the cluster (Producer::StagedO).
   for (int s = 0; s < Cfg::kStages; ++s)
@@ -65,7 +73,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
   const int lane = static_cast<int>(threadIdx.x) % 32;
 
   if (threadIdx.x == 0) {
-    init_barriers<Element, Cfg>(smem);
+    init_barriers<Element, Cfg, kMask>(smem);
     FUSEDATTN_SM90_TRACE_RESET();  // the trace build's stamp counters (trace.cuh), else nothing
     // The maps are kernel parameters, which no kernel before this one writes: fetched into the
     // descriptor cache while a dependent launch still waits below. Thread 0 is the producer warp's

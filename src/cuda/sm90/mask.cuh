@@ -142,9 +142,10 @@ struct TileMask {
     return key_range(p, position(row_last), len_q, len_k).hi < int64_t{n_block} * kBlockN + kNarrowKeys;
   }
 
-  // The KV blocks of the query tile that starts at first_row: those any of its rows sees.
-  __device__ __forceinline__ KVBlockRange kv_blocks(int first_row) const {
-    const int64_t end = int64_t{first_row} + kBlockM;
+  // The KV blocks of the query tile that starts at first_row, or of `tiles` tiles from there (a
+  // cluster's, which all load the same blocks): those any of their rows sees.
+  __device__ __forceinline__ KVBlockRange kv_blocks(int first_row, int tiles = 1) const {
+    const int64_t end = int64_t{first_row} + int64_t{kBlockM} * tiles;
     return kv_blocks_of_rows(first_row, (end < rows() ? end : rows()) - 1);
   }
 

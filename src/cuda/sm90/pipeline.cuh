@@ -112,6 +112,7 @@ class TileRing {
   __device__ __forceinline__ int announcement_slot() const { return static_cast<int>(count_ & 1); }
   __device__ __forceinline__ uint32_t announcement_phase() const { return count_ >> 1 & 1; }
   __device__ __forceinline__ void advance() { ++count_; }
+  __device__ __forceinline__ uint32_t tiles() const { return count_; }  // before the current one
   __device__ __forceinline__ TileRing following() const {
     TileRing next = *this;
     next.advance();

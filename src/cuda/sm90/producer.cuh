@@ -162,6 +162,63 @@ struct Producer {
     }
   }
 
+  // Whether the launch may hand items out by its counter in a cluster (masked clusters; full
+  // masks' clusters walk their equal items statically, tile_scheduler.cuh).
+  static constexpr bool kHandsOnItems = Cfg::kClusterCtas > 1 && kMask != MaskKind::kFull;
+
+  __device__ __forceinline__ static int cluster_rank() {
+    return Cfg::kClusterCtas > 1 ? static_cast<int>(ptx::cluster_ctarank()) : 0;
+  }
+
+  // Whether this launch does hand its items on: a masked cluster with the launch's counter (without
+  // one, as in a graph capture, every CTA walks the static round robin and nothing is handed on).
+  __device__ __forceinline__ bool hands_on() const { return kHandsOnItems && params.tile_counter != nullptr; }
+
+  // The work item after t. In a cluster whose launch hands items out by a counter, rank 0 fetches
+  // it and stores it into every peer's slot of this fetch once that peer has read the slot's
+  // previous item; each peer waits for its slot. Fetch f of a CTA (the first tile comes from the
+  // block index, so f = the tiles before the next one - 1) takes slot f % 2, use f / 2.
+  template <class Scheduler>
+  __device__ __forceinline__ WorkTile next_tile(const Scheduler& scheduler, const WorkTile& t,
+                                                const TileRing& ring) const {
+    if constexpr (kHandsOnItems) {
+      // Masked launches split no tile, so this is scheduler.next(t) with the fetch handed on.
+      const bool sends = cluster_rank() == 0;
+      int index;
+      if (!hands_on() || sends) index = scheduler.fetch(t.index);
+      if (hands_on()) {
+        const uint32_t f = ring.tiles() - 1;
+        const int slot = static_cast<int>(f & 1);
+        const uint32_t parity = f >> 1 & 1;
+        // One wait for both roles (with a wait loop in each branch this kernel spilled 8 B): rank 0
+        // until the peers have read the slot's previous item (first use: fresh barriers, parity 1
+        // passes at once), a peer until the item has landed.
+        if (!sends) ptx::mbarrier_arrive_expect_tx(&smem.fetch_full[slot], sizeof(int));
+        ptx::mbarrier_wait(sends ? &smem.fetch_empty[slot] : &smem.fetch_full[slot], parity ^ (sends ? 1u : 0u));
+        if (sends) {
+          for (uint32_t rank = 1; rank < Cfg::kClusterCtas; ++rank)
+            ptx::store_to_cta(&smem.fetched[slot], index, &smem.fetch_full[slot], rank);
+        } else {
+          index = *static_cast<volatile int*>(&smem.fetched[slot]);
+          ptx::mbarrier_arrive_cluster(&smem.fetch_empty[slot], 0);
+        }
+      }
+      return scheduler.at(index, Scheduler::kShareStart, t.batch, t.batch_first);
+    } else {
+      return scheduler.next(t);
+    }
+  }
+
+  // Rank 0 of a cluster with a counter, before it exits: every peer's arrival for the last item
+  // of each slot has landed (at kNoTile, ring.tiles() fetches were made; earlier uses of a slot
+  // were waited for before its next store).
+  __device__ __forceinline__ void wait_fetches_read(const TileRing& ring) const {
+    if (!hands_on() || cluster_rank() != 0) return;
+    const uint32_t fetches = ring.tiles();
+    for (uint32_t f = fetches > 2 ? fetches - 2 : 0; f < fetches; ++f)
+      ptx::mbarrier_wait(&smem.fetch_empty[f & 1], f >> 1 & 1);
+  }
+
   __device__ __forceinline__ void run() const {
     const FwdParams& p = params.p;
     const KVPipeline<Storage> pipe{smem};
@@ -197,20 +254,26 @@ struct Producer {
     };
     constexpr std::integral_constant<int, 0> kK{};
     constexpr std::integral_constant<int, 1> kV{};
-    for (WorkTile t = scheduler.first(params.item_offset);; t = scheduler.next(t)) {
+    for (WorkTile t = scheduler.first(params.item_offset);; t = next_tile(scheduler, t, ring)) {
       const bool valid = scheduler.is_valid(t);
       // Worked out and published before any wait for a buffer: the consumers set the tile up from it
       // while they still wait for its Q.
-      const TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN> mask{p, params.packing, t.len_q, t.len_k};
+      using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN>;
+      static_assert(kMask == MaskKind::kFull || Cfg::kClusterCtas == 1 || Mask::kSlicesSkipBlocks,
+                    "a masked cluster's slices skip the blocks only its later tiles see");
+      const Mask mask{p, params.packing, t.len_q, t.len_k};
       const TileAnnouncement a = announcement_of(mask, t, valid, Cfg::kConsumerWarpgroups, params.split.plan.steps,
-                                                 params.features.narrow_first);
+                                                 params.features.narrow_first, cluster_rank(), Cfg::kClusterCtas);
       const KVBlockRange blocks = a.blocks;
       const int head_kv = t.head / group, kv_batch = params.map_batch(t.batch);
       int n = mask.first_block(blocks);
       publish(a, ring);
       if (!valid) {  // kNoTile is out: the consumers go home
         close_q_ring(ring);
-        if constexpr (Cfg::kClusterCtas > 1) drain(pipe, kv, staged);
+        if constexpr (Cfg::kClusterCtas > 1) {
+          drain(pipe, kv, staged);
+          wait_fetches_read(ring);
+        }
         return;
       }
       if (q_first) load_q(t, a, ring, 0);

@@ -45,6 +45,13 @@ struct SharedStorage {
   // MaskKind::kColumn: per K stage, its block's index and the column mask's cut bit
   // (sm90/column_mask.cuh, ColumnTag). Last, so the other kinds' fields keep their offsets.
   int column_tag[Cfg::kStages];
+  // A masked cluster's dynamic schedule (Producer::next_tile): rank 0's producer stores each item
+  // it fetches into every peer's slot of the fetch (the fetch count's low bit), completing the
+  // peer's fetch_full; the peer's producer arrives on rank 0's fetch_empty once it has read it.
+  // After the column tags, so the other kernels' fields keep their offsets.
+  uint64_t fetch_full[kAnnouncementSlots];
+  uint64_t fetch_empty[kAnnouncementSlots];
+  int fetched[kAnnouncementSlots];
 };
 
 template <typename Element, class Cfg>

@@ -54,10 +54,14 @@ struct AnnouncedTile {
 // batch; a variable-length one's tiles differ, the plan models the longest). The cut blocks stay
 // the tile's: the sequence end still cuts the last block, which the tile's last part runs. mask:
 // the tile's (its sequence's lengths). narrow: whether slices may take their first block narrow
-// (Features::narrow_first).
+// (Features::narrow_first). In a cluster (cluster_ctas > 1; this CTA's rank there) the tile's blocks
+// are those of the cluster's query tiles together, which every CTA of it loads in step; each
+// slice's visible blocks stay its own rows' (under a mask they then skip the blocks only the
+// later tiles see, Consumer::mma_tile).
 template <class Mask>
 __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, const WorkTile& t, bool valid,
-                                                            int consumer_warpgroups, int steps, bool narrow) {
+                                                            int consumer_warpgroups, int steps, bool narrow,
+                                                            int cluster_rank = 0, int cluster_ctas = 1) {
   TileAnnouncement a{};
   a.index = valid ? t.index : kNoTile;
   if (!valid) return a;
@@ -69,7 +73,7 @@ __device__ __forceinline__ TileAnnouncement announcement_of(const Mask& mask, co
   a.q_start = t.q_start;
   a.len_q = t.len_q;
   a.len_k = t.len_k;
-  a.blocks = mask.kv_blocks(t.first_row);
+  a.blocks = mask.kv_blocks(t.first_row - cluster_rank * consumer_warpgroups * kWarpgroupRows, cluster_ctas);
   if (t.part != kWholeTile) {
     // A dense batch's tiles have count == steps; a variable-length one splits only where
     // steps x steps fits 32 bits (fwd_work), so count x step does.

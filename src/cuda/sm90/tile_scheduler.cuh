@@ -62,10 +62,13 @@ struct WorkTile {
 // pairs of adjacent query blocks of one (head, batch), a pair per cluster at a time in round
 // robin, and the CTA of rank r takes the pair's block r. A split pair's shares are the pair's:
 // both CTAs run the same steps of their two blocks (the K/V blocks they share), each with a
-// workspace slot of its own, 2 x the pair's tail item + r (SplitCombine::workspace_slot). A (head,
-// batch) with an odd number of query blocks ends on a pair whose second block lies past the
-// sequence: that CTA's warpgroups pass the tile through (Consumer::slice_is_empty) and only load
-// their share of its K/V.
+// workspace slot of its own, 2 x the pair's tail item + r (SplitCombine::workspace_slot). Under a
+// mask (d256's causal and window pairs, fwd_split.h: pairs_masked) the pairs go in the grouped
+// longest-first order above, a pair counting as one item of a (head, batch) with half the blocks,
+// and where the launch has a counter rank 0 fetches each next item and hands it to its peer
+// (Producer::next_tile). A (head, batch) with an odd number of query blocks ends on a pair whose
+// second block lies past the sequence: that CTA's warpgroups pass the tile through
+// (Consumer::slice_is_empty) and only load their share of its K/V.
 template <bool kSplits, int kClusterCtas = 1>
 class TileScheduler {
  public:
@@ -96,18 +99,20 @@ class TileScheduler {
     return at(goes_on ? t.index : fetch(t.index), goes_on ? end : kShareStart, t.batch, t.batch_first);
   }
 
-  // The CTA's next work item after `index`.
+  // The CTA's (or the cluster's) next work item after `index`; in a masked cluster with a counter
+  // only rank 0 calls it (its peers take what it hands them, Producer::next_tile).
   __device__ int fetch(int index) const {
-    const int grid = static_cast<int>(gridDim.x);
-    if constexpr (kClusterCtas > 1) return index + grid / kClusterCtas;  // static only: the pair's CTAs agree
-    if (counter_ == nullptr) return index + grid;
+    const int slots = static_cast<int>(gridDim.x) / kClusterCtas;  // CTAs, or clusters
+    if constexpr (kClusterCtas > 1 && kSplits) return index + slots;  // full masks' clusters: static only
+    if (counter_ == nullptr) return index + slots;
     const int taken = atomicAdd(counter_, 1);
-    // Every CTA ends with exactly one fetch past the last item, so a launch makes
-    // (total - grid) + grid = total fetches: the one that returns total - 1 is the launch's last,
-    // and it leaves the counter at zero for the next launch on the stream. (A variable-length
-    // launch's total is only a bound on its fetches; a memset behind it zeroes the counter.)
+    // Every slot ends with exactly one fetch past the last item, so a launch makes
+    // (total - slots) + slots = total fetches: the one that returns total - 1 is the launch's
+    // last, and it leaves the counter at zero for the next launch on the stream. (A
+    // variable-length launch's total is only a bound on its fetches; a memset behind it zeroes
+    // the counter.)
     if (taken == plan_.items() - 1) atomicExch(counter_, 0);
-    return grid + taken;
+    return slots + taken;
   }
 
   __device__ bool is_valid(const WorkTile& t) const { return t.index < plan_.items(); }
@@ -146,8 +151,15 @@ class TileScheduler {
     if constexpr (kClusterCtas > 1) {
       const int pairs = cluster_items(order_.blocks, kClusterCtas);  // per (head, batch)
       const int rank = static_cast<int>(ptx::cluster_ctarank());
-      item.pair = it.tile / pairs;
-      m_block = (it.tile - item.pair * pairs) * kClusterCtas + rank;
+      int cluster_block;  // the item's place among its (head, batch)'s clusters of query blocks
+      if constexpr (kSplits) {  // full masks: equal items, head-major
+        item.pair = it.tile / pairs;
+        cluster_block = it.tile - item.pair * pairs;
+      } else {  // masked: the longest (last) query blocks first, as unclustered
+        item = scheduled_item({pairs, order_.shift}, it.tile);
+        cluster_block = pairs - 1 - item.rank;
+      }
+      m_block = cluster_block * kClusterCtas + rank;
     } else {
       item = scheduled_item(order_, it.tile);
       m_block = order_.blocks - 1 - item.rank;
