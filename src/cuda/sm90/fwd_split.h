@@ -346,7 +346,10 @@ inline int mix_cluster_ctas(int64_t blocks) {
   return blocks % kOctetCluster == 0 && !quads_forced ? kOctetCluster : kQuadCluster;
 }
 inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
-  if (!has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
+  // Full masks only: the mix's clusters are compiled for them, and a masked launch's tile follows
+  // the keys its rows see (masked pairs on the 64-key tile, wip/causal-pairs-64.patch, once pulled
+  // causal launches with query blocks in fours onto that tile here).
+  if (mask != MaskKind::kFull || !has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
     return false;
   const TileShape shape = block64_tile(instance_head_dim);
