@@ -301,8 +301,9 @@ TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
 }
 
 // Pairs under causal and window masks (pairs_masked): on by default, only on d256's 80-key tile
-// (rows that see more than kBlock64MaxKeys keys) with dense K/V; FUSEDATTN_SM90_CAUSAL_PAIRS=0
-// turns them off.
+// (rows that see more than kBlock64MaxKeys keys) with dense K/V and at least two query blocks per
+// (head, batch); FUSEDATTN_SM90_CAUSAL_PAIRS=0 turns them off. d128's only with
+// FUSEDATTN_SM90_CAUSAL_PAIRS_128=1.
 TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
   {
     const testing::ScopedEnv off("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
@@ -323,6 +324,27 @@ TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
   const int32_t seqused[2] = {8192, 8000};
   used.seqused_k = seqused;
   EXPECT_EQ(cluster_of(used, 256), 1);
+  // One query block per (head, batch) leaves a pair's second CTA idle: unpaired; two pair.
+  const auto few_queries = [](int64_t seqlen_q, int head_dim) {
+    FwdParams p;
+    testing::set_shape(p, testing::dense(4, 32, 32, seqlen_q, 8192, head_dim));
+    p.window_left = -1;
+    p.window_right = 0;
+    fold_unbounded_window(p);
+    return p;
+  };
+  EXPECT_EQ(cluster_of(few_queries(128, 256), 256), 1);
+  EXPECT_EQ(cluster_of(few_queries(129, 256), 256), 2);
+  // d128's pairs: only with FUSEDATTN_SM90_CAUSAL_PAIRS_128=1, and not with the pairs off.
+  EXPECT_EQ(cluster_of(few_queries(300, 128), 128), 1);
+  const testing::ScopedEnv d128_pairs("FUSEDATTN_SM90_CAUSAL_PAIRS_128", "1");
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 2);
+  EXPECT_EQ(cluster_of(windowed(2048, 500, 0, 128), 128), 2);
+  EXPECT_EQ(cluster_of(few_queries(300, 128), 128), 2);
+  EXPECT_EQ(cluster_of(few_queries(128, 128), 128), 1);
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 192), 192), 1);
+  const testing::ScopedEnv off("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
+  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 1);
 }
 
 // The quad mix (uses_quad_mix): d256's full-mask pairs split with clusters of four where every

@@ -264,15 +264,24 @@ TEST(GpuSanitizer, OctetMix) {
 // first query block's slices skip the blocks only the second sees, and an odd number of query
 // blocks leaves the last pair's second CTA a tile to pass through. Keys past 4096 take d256's
 // 80-key tile; with it forced at 300 keys (FUSEDATTN_SM90_D256_TILE=80), 68 heads of two query
-// blocks put more pairs than clusters (second fetches) and the pairs stage O in K/V.
+// blocks put more pairs than clusters (second fetches) and the pairs stage O in K/V. Then d128's
+// pairs (FUSEDATTN_SM90_CAUSAL_PAIRS_128=1), whose square tile's slices skip the pair's added block.
 TEST(GpuSanitizer, MaskedPairs) {
   FUSEDATTN_REQUIRE_GPU();
   const ScopedEnv paired("FUSEDATTN_SM90_CAUSAL_PAIRS", "1");
   FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 2, 2, 384, 4200, 256), true, -1, -1), DType::kFloat16));
   FUSEDATTN_RUN_OR_SKIP(
       check_forward_gpu(with_mask(dense(1, 2, 2, 256, 4500, 256), false, 4200, 30), DType::kBFloat16));
-  const ScopedEnv long_tile("FUSEDATTN_SM90_D256_TILE", "80");
-  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 68, 68, 256, 300, 256), true, -1, -1), DType::kFloat16));
+  {
+    const ScopedEnv long_tile("FUSEDATTN_SM90_D256_TILE", "80");
+    FUSEDATTN_RUN_OR_SKIP(
+        check_forward_gpu(with_mask(dense(1, 68, 68, 256, 300, 256), true, -1, -1), DType::kFloat16));
+  }
+  // d128's pairs (FUSEDATTN_SM90_CAUSAL_PAIRS_128=1): three query blocks, and a window.
+  const ScopedEnv d128_pairs("FUSEDATTN_SM90_CAUSAL_PAIRS_128", "1");
+  FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(with_mask(dense(1, 68, 68, 384, 1000, 128), true, -1, -1), DType::kBFloat16));
+  FUSEDATTN_RUN_OR_SKIP(
+      check_forward_gpu(with_mask(dense(1, 2, 2, 512, 1500, 128), false, 600, 0), DType::kFloat16));
 }
 
 }  // namespace

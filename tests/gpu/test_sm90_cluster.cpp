@@ -278,6 +278,19 @@ std::vector<Problem> short_masked_pair_shapes() {
           with_mask(dense(1, 3, 3, 640, 900, 256), !kCausal, 300, 0)};
 }
 
+// d128's pairs (FUSEDATTN_SM90_CAUSAL_PAIRS_128=1) on its square tile, whose slices skip only the
+// block the pair's second query block adds: causal with Sq < Sk and Sq == Sk, an odd number of
+// query blocks, a partial last one, GQA, a sliding window, a local window with a right edge, and
+// keys short enough that the pairs stage O in K/V.
+std::vector<Problem> d128_masked_pair_shapes() {
+  return {with_mask(dense(1, 2, 2, 640, 2000, 128), kCausal, -1, -1),
+          with_mask(dense(1, 2, 2, 1024, 1024, 128), kCausal, -1, -1),
+          with_mask(dense(1, 4, 2, 300, 900, 128), kCausal, -1, -1),
+          with_mask(dense(1, 2, 2, 512, 3000, 128), !kCausal, 700, 0),
+          with_mask(dense(1, 2, 2, 384, 1800, 128), !kCausal, 500, 100),
+          with_mask(dense(1, 68, 68, 256, 300, 128), kCausal, -1, -1)};
+}
+
 TEST(Sm90Cluster, MaskedPairsMatchReference) {
   SKIP_UNLESS_HOPPER();
   const ScopedEnv on("FUSEDATTN_SM90_CAUSAL_PAIRS", "1");
@@ -292,6 +305,13 @@ TEST(Sm90Cluster, MaskedPairsMatchReference) {
         FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
       }
   }
+  const ScopedEnv d128_pairs("FUSEDATTN_SM90_CAUSAL_PAIRS_128", "1");
+  for (const DType dtype : kGpuDtypes)
+    for (const Problem& pr : d128_masked_pair_shapes()) {
+      SCOPED_TRACE(pr.str() + " " + dtype_name(dtype) + " FUSEDATTN_SM90_CAUSAL_PAIRS_128=1");
+      if (!expect_paired(pr, dtype, skipped, Split::kNone)) continue;
+      FUSEDATTN_RUN_OR_SKIP(check_forward_gpu(pr, dtype));
+    }
   FUSEDATTN_RUN_OR_SKIP(skipped);
 }
 
@@ -307,7 +327,9 @@ TEST(Sm90Cluster, MaskedPairsMatchUnpairedToTheBit) {
   for (const DType dtype : kGpuDtypes)
     for (const Problem& pr : {with_mask(dense(1, 68, 68, 256, 4200, 256), kCausal, -1, -1),
                               with_mask(dense(2, 8, 4, 1000, 5000, 256), kCausal, -1, -1),
-                              with_mask(dense(1, 16, 16, 640, 6000, 256), !kCausal, 5000, 0)}) {
+                              with_mask(dense(1, 16, 16, 640, 6000, 256), !kCausal, 5000, 0),
+                              with_mask(dense(1, 68, 68, 256, 2000, 128), kCausal, -1, -1),  // d128
+                              with_mask(dense(2, 8, 4, 1000, 3000, 128), !kCausal, 1000, 0)}) {
       SCOPED_TRACE(pr.str() + " " + dtype_name(dtype));
       std::mt19937_64 rng = fresh_rng();
       HostCase c = make_case(pr, dtype, Layout::kBSHD, rng);
@@ -320,7 +342,9 @@ TEST(Sm90Cluster, MaskedPairsMatchUnpairedToTheBit) {
       if (!unpaired) continue;
       const auto& [out, lse] = *unpaired;
       for (const char* dynamic : {"", "0"}) {
-        const ScopedEnvs paired({{"FUSEDATTN_SM90_CAUSAL_PAIRS", "1"}, {"FUSEDATTN_SM90_DYNAMIC", dynamic}});
+        const ScopedEnvs paired({{"FUSEDATTN_SM90_CAUSAL_PAIRS", "1"},
+                                 {"FUSEDATTN_SM90_CAUSAL_PAIRS_128", "1"},
+                                 {"FUSEDATTN_SM90_DYNAMIC", dynamic}});
         if (!expect_paired(pr, dtype, skipped, Split::kNone)) continue;
         for (int run = 0; run < 2; ++run) {
           FUSEDATTN_RUN_OR_SKIP(dc.forward());

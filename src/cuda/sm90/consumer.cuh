@@ -211,7 +211,7 @@ struct Consumer {
     return *reinterpret_cast<float (*)[kCount]>(&s[0]);
   }
 
-  using Mask = TileMask<kMask, kBlockM, kBlockN>;
+  using Mask = TileMask<kMask, kBlockM, kBlockN, Cfg::kClusterCtas>;
   // Registers per consumer thread (setmaxnreg, kernel.cuh): fewer under a column mask, whose
   // producer takes more (tile_config.h, kColumnProducerRegisters).
   static constexpr int kRegisters =

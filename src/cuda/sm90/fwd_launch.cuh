@@ -251,7 +251,7 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
     // Warpgroup 0 zeroes the unused V rows of a sequence's last block before its P V turn, and
     // the GEMM turns order the others' after it (Consumer::clear_unused_v_rows): that needs the
     // turns, and every warpgroup reading every block. Dispatch sends nothing else here.
-    using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN>;
+    using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterCtas>;
     if (Cfg::kCtasPerSm != 1 || Mask::kSlicesSkipBlocks)
       throw Error(ErrorCode::kRuntime, p.seqused_k != nullptr ? "seqused_k" : "block_table",
                   "this Hopper tile cannot clear a block's unused rows");

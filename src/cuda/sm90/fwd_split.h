@@ -301,19 +301,33 @@ constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_di
 // +5.3%, medians +2-3%; windows of 4k-8k keys over 8k-16k queries +1.6 to +4.8%. Half the K/V
 // reads bounded it at +3-7% (docs/hopper.md, session 112). FUSEDATTN_SM90_CAUSAL_PAIRS=0 turns
 // them off.
+// d128's square tile pairs the same way, its slices then skipping the block only the pair's later
+// tile sees (TileMask::kSlicesSkipBlocks). H100, paired / unpaired in one process (bench_points,
+// medians of 7 and 9; bench_power, 2 s runs), fp16 and bf16: causal 4k +0.2 to +3.3%, 8k +1.2 to
+// +2.8%, 16k +1.1 to +5.2%, windows of 2k-4k keys over 16k queries +1.4 to +3.2%; 2k -1.7 to
+// +1.2% (docs/hopper.md, session 113). The default stays off until the whole GPU suite has run on
+// it: FUSEDATTN_SM90_CAUSAL_PAIRS_128=1 runs them.
+// A (head, batch) of one query block leaves the pair's second CTA without a tile throughout: H100
+// fp16, 128 queries over 8192 keys, 4 x 32 heads, TFLOP/s paired / unpaired, d256 185.3 / 189.9,
+// d128 169.9 / 180.8; three query blocks 286.5 / 279.1 and 255.3 / 250.7; five (d256, 16k keys)
+// 261.0 / 258.4 (session 113). So masked pairs need kMaskedPairMinBlocks.
+constexpr int64_t kMaskedPairMinBlocks = kPairCluster;
 constexpr bool has_masked_pair_cluster(int instance_head_dim, int block_n) {
-  return instance_head_dim == 256 && block_n == tile_shape(256).block_n;
+  return (instance_head_dim == 256 && block_n == tile_shape(256).block_n) ||
+         (instance_head_dim == 128 && block_n == tile_shape(128).block_n);
 }
-inline bool pairs_masked(const FwdParams& p, int instance_head_dim, TileShape shape) {
-  return has_masked_pair_cluster(instance_head_dim, shape.block_n) && !loads_unwritten_rows(p) &&
-         env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS", true);
+inline bool pairs_masked(const FwdParams& p, int instance_head_dim, const TiledRows& rows, TileShape shape) {
+  if (!has_masked_pair_cluster(instance_head_dim, shape.block_n) || loads_unwritten_rows(p) ||
+      rows.blocks(shape.block_m) < kMaskedPairMinBlocks || !env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS", true))
+    return false;
+  return instance_head_dim != 128 || env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS_128", false);
 }
 inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows,
                               TileShape shape) {
   if (!has_pair_cluster(instance_head_dim) || (mask != MaskKind::kFull && mask != MaskKind::kWindow) ||
       p.cu_seqlens_q != nullptr || shape.ctas_per_sm != 1 || shape.consumer_warpgroups != 2)
     return false;
-  if (mask == MaskKind::kWindow) return pairs_masked(p, instance_head_dim, shape);
+  if (mask == MaskKind::kWindow) return pairs_masked(p, instance_head_dim, rows, shape);
   if (const std::optional<bool> forced = env_switch("FUSEDATTN_SM90_CLUSTER")) return *forced;
   const int64_t m_blocks = rows.blocks(shape.block_m);
   return pairs_by_default(instance_head_dim) && p.seqlen_k >= kPairClusterMinKeys &&

@@ -45,7 +45,7 @@ struct MaskedSlice {
   int len_q, len_k;  // the tile's sequence
 };
 
-template <MaskKind kMask, int kBlockM, int kBlockN>
+template <MaskKind kMask, int kBlockM, int kBlockN, int kClusterCtas = 1>
 struct TileMask {
   // Whether a consumer warpgroup skips the blocks of its tile that its 64 rows do not see at all
   // (Consumer::mma_tile; the producer then announces each slice's blocks). Under a causal mask
@@ -56,12 +56,16 @@ struct TileMask {
   // whose slices see every block) keep the plain loop and the producer works out no per-slice
   // ranges for them. Nor do column masks: their producer walks a tile's seen blocks
   // (column_mask.cuh), and a slice that sees none of a block's keys masks the whole block.
-  static constexpr bool kSlicesSkipBlocks = kMask != MaskKind::kFull && kMask != MaskKind::kColumn && kBlockN < kBlockM;
+  // In a masked cluster every tile's slices skip too: a CTA loads the blocks of the cluster's
+  // query tiles together, and its own rows see only some of them (tile_announcement.cuh).
+  static constexpr bool kMasked = kMask != MaskKind::kFull && kMask != MaskKind::kColumn;
+  static constexpr bool kOwnSlicesSkipBlocks = kMasked && kBlockN < kBlockM;
+  static constexpr bool kSlicesSkipBlocks = kOwnSlicesSkipBlocks || (kMasked && kClusterCtas > 1);
 
   // The order of a tile's KV blocks. Masked tiles of 128 rows or fewer whose slices skip blocks
-  // (kSlicesSkipBlocks: d256's and d192's 64/80/112-key tiles, d64's pair tile) take them lowest
-  // first; the others highest first. Two reasons to expect lowest first to pay under a causal
-  // mask (docs/hopper.md, sessions 41-43):
+  // of their own tile (kOwnSlicesSkipBlocks: d256's and d192's 64/80/112-key tiles, d64's pair
+  // tile) take them lowest first; the others highest first (d128's pairs too). Two reasons to
+  // expect lowest first to pay under a causal mask (docs/hopper.md, sessions 41-43):
   // - the concurrent tiles of one head then read the same K/V block at about the same time, as
   //   a full mask's do; highest first, a head's tiles of consecutive lengths are a block apart
   //   throughout, and the causal launch put twice the full mask's L2 load per unit of time;
@@ -74,8 +78,8 @@ struct TileMask {
   static constexpr int kAscendingMaxRows = 128;
   static constexpr bool kAscending =
       kMask != MaskKind::kFull && kBlockM <= kAscendingMaxRows &&
-      (FUSEDATTN_SM90_ASCENDING_MASKED == 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kSlicesSkipBlocks) ||
-       (FUSEDATTN_SM90_ASCENDING_MASKED == 3 && kSlicesSkipBlocks));
+      (FUSEDATTN_SM90_ASCENDING_MASKED == 2 || (FUSEDATTN_SM90_ASCENDING_MASKED == 1 && !kOwnSlicesSkipBlocks) ||
+       (FUSEDATTN_SM90_ASCENDING_MASKED == 3 && kOwnSlicesSkipBlocks));
   // A loop over `blocks` in that order: first_block, then next_block while block_in_loop;
   // is_last_block(n): n is the last.
   __device__ __forceinline__ static int first_block(const KVBlockRange& blocks) {

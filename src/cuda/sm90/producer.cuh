@@ -258,7 +258,7 @@ struct Producer {
       const bool valid = scheduler.is_valid(t);
       // Worked out and published before any wait for a buffer: the consumers set the tile up from it
       // while they still wait for its Q.
-      using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN>;
+      using Mask = TileMask<kMask, Cfg::kBlockM, Cfg::kBlockN, Cfg::kClusterCtas>;
       static_assert(kMask == MaskKind::kFull || Cfg::kClusterCtas == 1 || Mask::kSlicesSkipBlocks,
                     "a masked cluster's slices skip the blocks only its later tiles see");
       const Mask mask{p, params.packing, t.len_q, t.len_k};
