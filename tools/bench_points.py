@@ -9,7 +9,8 @@ from ../shared/bench and carried with the device call).
   tools/bench_points.py --points fwd:128:causal:4096,bwd:256:full:2048 [--providers sdpa_flash,ours]
       [--dtype float16] [--env [PROVIDER@]NAME=VALUE[+NAME=VALUE...] ...]
 A point is mode:head_dim:mask:seqlen on the FA grid (16k tokens, model dim 2048), or any shape as
-mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv; mask is full, causal or windowN (a causal
+mode:head_dim:mask:seqlen_q:seqlen_k:batch:heads_q:heads_kv (causal with seqlen_q != seqlen_k: ours
+only, since SDPA's is_causal aligns top-left); mask is full, causal or windowN (a causal
 sliding window of N keys to the left: window_size=(N, 0), ours only, its FLOPs counted over the
 visible pairs); `fa-fwd` or `fa-bwd` names every
 forward or backward point of that grid, `decode` every point of peers.py's decode suite. --out FILE appends one JSON line per
@@ -83,6 +84,13 @@ def forward_inputs(text, dtype):
     k = torch.randn(batch, hkv, sk, d, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     return point, q, k, v
+
+
+def peer_mask_differs(provider, causal, sq, sk):
+    """Whether a peer provider runs another mask than ours at this point: SDPA's is_causal aligns
+    the diagonal top-left, ours (as flash_attn) bottom-right, so at Sq != Sk a causal point is a
+    different problem for the peers and no ratio to them means anything."""
+    return causal and sq != sk and not provider.startswith("ours")
 
 
 def point_window(text):
@@ -175,6 +183,8 @@ def measure(text, provider, env, dtype_name, rep, out, sampler=None):
     left = point_window(text)
     if left is not None and provider != "ours":
         return float("nan")  # no peer takes a sliding window
+    if peer_mask_differs(provider, causal, sq, sk):
+        return float("nan")
     dtype = getattr(torch, dtype_name)
     start = time.perf_counter()
     with apply_env(env):

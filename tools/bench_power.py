@@ -35,7 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbui
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import peers  # noqa: E402
-from bench_points import forward_inputs, apply_env, expand_points, parse_point  # noqa: E402
+from bench_points import forward_inputs, apply_env, expand_points, parse_point, peer_mask_differs  # noqa: E402
 import perf_table  # noqa: E402
 from gpu_sampler import Sampler  # noqa: E402
 
@@ -82,7 +82,10 @@ def main():
         scale = 1.0 / math.sqrt(d)
         flop = peers.flops(batch, hq, sq, sk, d, causal, "fwd")
         results = {}
-        for name, env in columns + columns[::-1]:
+        runnable = [c for c in columns if not peer_mask_differs(c[0], causal, sq, sk)]
+        if len(runnable) < len(columns):
+            print(f"{text}: the peers left out (their causal mask aligns top-left at Sq != Sk)")
+        for name, env in runnable + runnable[::-1]:
             fn = peers.PROVIDERS[name]
             with torch.no_grad(), apply_env(env):
                 calls, wall, t0, t1 = sustained(lambda: fn(q, k, v, causal, scale), args.seconds, args.warmup)
