@@ -281,7 +281,8 @@ std::vector<Problem> short_masked_pair_shapes() {
 // d128's pairs (FUSEDATTN_SM90_CAUSAL_PAIRS_128=1) on its square tile, whose slices skip only the
 // block the pair's second query block adds: causal with Sq < Sk and Sq == Sk, an odd number of
 // query blocks, a partial last one, GQA, a sliding window, a local window with a right edge, and
-// keys short enough that the pairs stage O in K/V.
+// 68 heads of two query blocks (more pairs than clusters). With two Q buffers the d128 tile does
+// not stage O in K/V (tile_config.h, kStagesOInKV), paired or not.
 std::vector<Problem> d128_masked_pair_shapes() {
   return {with_mask(dense(1, 2, 2, 640, 2000, 128), kCausal, -1, -1),
           with_mask(dense(1, 2, 2, 1024, 1024, 128), kCausal, -1, -1),
