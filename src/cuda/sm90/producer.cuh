@@ -92,7 +92,7 @@ struct Producer {
   __device__ __forceinline__ void load_cluster_share(const CUtensorMap* map, Element* dst, int row, int head, int batch,
                                                      uint64_t* bar) const {
     constexpr uint16_t kEveryCta = (1u << Cfg::kClusterCtas) - 1;
-    const int share = static_cast<int>(ptx::cluster_ctarank()) * Cfg::kClusterBlockRows;
+    const int share = cluster_rank() * Cfg::kClusterBlockRows;
 #pragma unroll
     for (int s = 0; s < Cfg::kSlabs; ++s)
       ptx::tma_load_4d_multicast(dst + s * kKVSlabElems + share * Cfg::kSlabCols, map, s * Cfg::kSlabCols, row + share,
