@@ -268,8 +268,8 @@ int cluster_of(const FwdParams& p, int instance_head_dim) { return chosen(p, ins
 
 // CTA pairs (kPairCluster) by default for full masks of dense batches at d256 from
 // kPairClusterMinKeys keys, where the query blocks pair up (an even count, or enough that an idle
-// last CTA costs little); never for variable-length batches, d64, d128 or d192, and under masks
-// only on d256's 80-key tile (MaskedPairsByDefaultOnD256sLongTile). By
+// last CTA costs little); never for variable-length batches, d64, d128 or d192 (under masks d256's
+// 80-key tile and d128 pair: MaskedPairsByDefaultOnD256sLongTile). By
 // default d256 pairs its 64-key tile from kPairClusterMinKeys to 4096 keys (where 64-key blocks
 // end) and above it where the quad mix runs (query blocks in fours), its 80-key tile elsewhere;
 // forced, either at any length.
@@ -300,10 +300,10 @@ TEST(Sm90TileChoice, PairClustersForLongFullMasks) {
   EXPECT_EQ(cluster_of(full(8192, 8192, 128), 128), 2);
 }
 
-// Pairs under causal and window masks (pairs_masked): on by default, only on d256's 80-key tile
-// (rows that see more than kBlock64MaxKeys keys) with dense K/V and at least two query blocks per
-// (head, batch); FUSEDATTN_SM90_CAUSAL_PAIRS=0 turns them off. d128's only with
-// FUSEDATTN_SM90_CAUSAL_PAIRS_128=1.
+// Pairs under causal and window masks (pairs_masked): on by default on d256's 80-key tile (rows
+// that see more than kBlock64MaxKeys keys) and at d128 where rows see more than kD128PairMinKeys,
+// with dense K/V and at least two query blocks per (head, batch); FUSEDATTN_SM90_CAUSAL_PAIRS=0
+// turns them all off, FUSEDATTN_SM90_CAUSAL_PAIRS_128 d128's alone.
 TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
   {
     const testing::ScopedEnv off("FUSEDATTN_SM90_CAUSAL_PAIRS", "0");
@@ -314,7 +314,6 @@ TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
   EXPECT_EQ(cluster_of(windowed(8192, 6000, 0, 256), 256), 2);           // a sliding window
   EXPECT_EQ(cluster_of(windowed(4096, -1, 0, 256), 256), 1);             // the 64-key tile
   EXPECT_EQ(cluster_of(windowed(8192, 1000, 0, 256), 256), 1);           // short windows: 64-key too
-  EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 1);
   EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 192), 192), 1);
   FwdParams varlen = windowed(8192, -1, 0, 256);
   const int32_t offsets[2] = {0, 8192};
@@ -335,8 +334,16 @@ TEST(Sm90TileChoice, MaskedPairsByDefaultOnD256sLongTile) {
   };
   EXPECT_EQ(cluster_of(few_queries(128, 256), 256), 1);
   EXPECT_EQ(cluster_of(few_queries(129, 256), 256), 2);
-  // d128's pairs: only with FUSEDATTN_SM90_CAUSAL_PAIRS_128=1, and not with the pairs off.
-  EXPECT_EQ(cluster_of(few_queries(300, 128), 128), 1);
+  // d128's pairs: by default where rows see more than 2048 keys; FUSEDATTN_SM90_CAUSAL_PAIRS_128=0
+  // turns them off, 1 on at any length; not with the pairs off.
+  EXPECT_EQ(cluster_of(few_queries(300, 128), 128), 2);
+  EXPECT_EQ(cluster_of(windowed(4096, -1, 0, 128), 128), 2);
+  EXPECT_EQ(cluster_of(windowed(2048, -1, 0, 128), 128), 1);
+  EXPECT_EQ(cluster_of(windowed(8192, 1000, 0, 128), 128), 1);  // a short window
+  {
+    const testing::ScopedEnv d128_off("FUSEDATTN_SM90_CAUSAL_PAIRS_128", "0");
+    EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 1);
+  }
   const testing::ScopedEnv d128_pairs("FUSEDATTN_SM90_CAUSAL_PAIRS_128", "1");
   EXPECT_EQ(cluster_of(windowed(8192, -1, 0, 128), 128), 2);
   EXPECT_EQ(cluster_of(windowed(2048, 500, 0, 128), 128), 2);

@@ -305,13 +305,17 @@ constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_di
 // tile sees (TileMask::kSlicesSkipBlocks). H100, paired / unpaired in one process (bench_points,
 // medians of 7 and 9; bench_power, 2 s runs), fp16 and bf16: causal 4k +0.2 to +3.3%, 8k +1.2 to
 // +2.8%, 16k +1.1 to +5.2%, windows of 2k-4k keys over 16k queries +1.4 to +3.2%; 2k -1.7 to
-// +1.2% (docs/hopper.md, session 113). The default stays off until the whole GPU suite has run on
-// it: FUSEDATTN_SM90_CAUSAL_PAIRS_128=1 runs them.
+// +1.2% (docs/hopper.md, session 113); again in session 114, causal 4k-16k medians of 5: fp16
+// +2.0 to +3.2%, bf16 -1.4 to +2.3%, sustained +1.7% at 8k and 16k. So on by default where rows
+// see more than kD128PairMinKeys keys; FUSEDATTN_SM90_CAUSAL_PAIRS_128=0|1 turns them off, or on
+// at any length.
 // A (head, batch) of one query block leaves the pair's second CTA without a tile throughout: H100
 // fp16, 128 queries over 8192 keys, 4 x 32 heads, TFLOP/s paired / unpaired, d256 185.3 / 189.9,
 // d128 169.9 / 180.8; three query blocks 286.5 / 279.1 and 255.3 / 250.7; five (d256, 16k keys)
 // 261.0 / 258.4 (session 113). So masked pairs need kMaskedPairMinBlocks.
 constexpr int64_t kMaskedPairMinBlocks = kPairCluster;
+// d128 pairs run where rows see more than this many keys: at 2048 they read even (above).
+constexpr int64_t kD128PairMinKeys = 2048;
 constexpr bool has_masked_pair_cluster(int instance_head_dim, int block_n) {
   return (instance_head_dim == 256 && block_n == tile_shape(256).block_n) ||
          (instance_head_dim == 128 && block_n == tile_shape(128).block_n);
@@ -320,7 +324,8 @@ inline bool pairs_masked(const FwdParams& p, int instance_head_dim, const TiledR
   if (!has_masked_pair_cluster(instance_head_dim, shape.block_n) || loads_unwritten_rows(p) ||
       rows.blocks(shape.block_m) < kMaskedPairMinBlocks || !env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS", true))
     return false;
-  return instance_head_dim != 128 || env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS_128", false);
+  return instance_head_dim != 128 ||
+         env_switch_or("FUSEDATTN_SM90_CAUSAL_PAIRS_128", keys_per_row(p) > kD128PairMinKeys);
 }
 inline bool uses_pair_cluster(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows,
                               TileShape shape) {
