@@ -93,6 +93,9 @@ def peer_mask_differs(provider, causal, sq, sk):
     return causal and sq != sk and not provider.startswith("ours")
 
 
+PEERS_LEFT_OUT = "the peers left out (their causal mask aligns top-left at Sq != Sk)"
+
+
 def point_window(text):
     """The left window of a windowN point, else None."""
     mask = text.split(":")[2]

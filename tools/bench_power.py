@@ -35,7 +35,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbui
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import torch  # noqa: E402
 import peers  # noqa: E402
-from bench_points import forward_inputs, apply_env, expand_points, parse_point, peer_mask_differs  # noqa: E402
+from bench_points import (PEERS_LEFT_OUT, apply_env, expand_points, forward_inputs, parse_point,  # noqa: E402
+                          peer_mask_differs)
 import perf_table  # noqa: E402
 from gpu_sampler import Sampler  # noqa: E402
 
@@ -84,7 +85,7 @@ def main():
         results = {}
         runnable = [c for c in columns if not peer_mask_differs(c[0], causal, sq, sk)]
         if len(runnable) < len(columns):
-            print(f"{text}: the peers left out (their causal mask aligns top-left at Sq != Sk)")
+            print(f"{text}: {PEERS_LEFT_OUT}")
         for name, env in runnable + runnable[::-1]:
             fn = peers.PROVIDERS[name]
             with torch.no_grad(), apply_env(env):

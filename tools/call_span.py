@@ -93,7 +93,11 @@ def main():
     print(f"{torch.cuda.get_device_name()}  {args.dtype}  medians of {args.iters} calls, each after an L2 flush")
     print(f"{'point':34s} {'column':34s} {'event us':>9s} {'gap us':>7s} {'span us':>8s} {'TFLOP/s':>8s}")
     for text in args.points.split(","):
-        for provider, env in columns:
+        _, _, causal, sq, sk, *_ = bench_points.parse_point(text)
+        runnable = [c for c in columns if not bench_points.peer_mask_differs(c[0], causal, sq, sk)]
+        if len(runnable) < len(columns):
+            print(f"{text}: {bench_points.PEERS_LEFT_OUT}")
+        for provider, env in runnable:
             event_us, gap, span, tflops = measure(text, provider, env, dtype, args.iters)
             label = provider + (f" {env}" if env else "")
             print(f"{text:34s} {label:34s} {event_us:9.1f} {gap:7.1f} {span:8.1f} {tflops:8.1f}")

@@ -85,7 +85,9 @@ def main():
     print("%-32s" % "point" + bp.header_cells(names) + "%10s" % "copy" + "   ratios to the first column")
     for text in bp.expand_points(args.points):
         point, q_src, k, v = bp.forward_inputs(text, dtype)
-        _, d, causal, *_ = point
+        _, d, causal, sq, sk, *_ = point
+        if any(bp.peer_mask_differs(provider, causal, sq, sk) for provider, _ in columns):
+            print(f"  {text}: {bp.PEERS_LEFT_OUT}")
         scale = d ** -0.5
         q = torch.empty_like(q_src)
         readings = [[] for _ in columns]
@@ -95,6 +97,9 @@ def main():
                 order = range(len(columns)) if rep % 2 == 0 else reversed(range(len(columns)))
                 for i in order:
                     provider, env = columns[i]
+                    if bp.peer_mask_differs(provider, causal, sq, sk):
+                        readings[i].append(float("nan"))
+                        continue
                     with bp.apply_env(env):
                         try:
                             readings[i].append(per_pair_us(peers.PROVIDERS[provider], q, q_src, k, v, causal, scale,

@@ -36,8 +36,11 @@ def main():
     peers.OURS["mod"] = __import__(args.ours_module)
     dtype = getattr(torch, args.dtype)
     for text in args.points.split(","):
-        (_, d, causal, *_), q, k, v = bench_points.forward_inputs(text, dtype)
+        (_, d, causal, sq, sk, *_), q, k, v = bench_points.forward_inputs(text, dtype)
         for provider in args.providers.split(","):
+            if bench_points.peer_mask_differs(provider, causal, sq, sk):
+                print(f"{text} {provider}: {bench_points.PEERS_LEFT_OUT}", flush=True)
+                continue
             fn = peers.PROVIDERS[provider]
             for _ in range(WARMUP_CALLS):
                 fn(q, k, v, causal, 1 / math.sqrt(d))

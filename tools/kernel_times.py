@@ -39,13 +39,16 @@ def main():
     ap.add_argument("--module", default="fusedattn")
     ap.add_argument("--top", type=int, default=9, help="the longest kernels printed per call")
     args = ap.parse_args()
-    from bench_points import expand_points, parse_point, peers  # peers.py: .devbuild/carry on the path
+    from bench_points import PEERS_LEFT_OUT, expand_points, parse_point, peer_mask_differs, peers  # peers.py: carried
     peers.OURS["mod"] = __import__(args.module)
     dtype = getattr(torch, args.dtype)
     for text in expand_points(args.points):
         mode, d, causal, sq, sk, batch, hq, hkv = parse_point(text)
         flop = peers.flops(batch, hq, sq, sk, d, causal, mode)
         for name in args.providers.split(","):
+            if peer_mask_differs(name, causal, sq, sk):
+                print(f"{text} {name}: {PEERS_LEFT_OUT}")
+                continue
             fn = peers.PROVIDERS[name]
             grad = mode == "bwd"
             q = torch.randn(batch, hq, sq, d, device="cuda", dtype=dtype, requires_grad=grad)
