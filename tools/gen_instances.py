@@ -27,8 +27,8 @@ BWD_MASKS = {"sm90": ("full", "window")}
 # one per head dim x tile shape it pairs, named by the shape's KV block width; and the quad mix's
 # clusters (launch_cluster_mix, which launches them) per head dim x tile shape x cluster size.
 PAIRED = {128: (("tile_shape(128)", 128),), 256: (("tile_shape(256)", 80), ("kD256Block64", 64))}
-# Pairs under causal and window masks (fwd_split.h, pairs_masked): d256's 80-key tile, and d128's
-# (only with FUSEDATTN_SM90_CAUSAL_PAIRS_128=1).
+# Pairs under causal and window masks (fwd_split.h, pairs_masked): d256's 80-key tile and d128's
+# square one.
 MASKED_PAIRED = {128: (("tile_shape(128)", 128),), 256: (("tile_shape(256)", 80),)}
 QUAD_MIX = {256: (("kD256Block64", 64),)}
 # The mix's cluster sizes (tile_config.h): a unit name's word for each and its constant.

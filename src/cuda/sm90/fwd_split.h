@@ -316,9 +316,9 @@ constexpr bool pairs_by_default(int instance_head_dim) { return instance_head_di
 constexpr int64_t kMaskedPairMinBlocks = kPairCluster;
 // d128 pairs run where rows see more than this many keys: at 2048 they read even (above).
 constexpr int64_t kD128PairMinKeys = 2048;
+// Every paired head dim pairs masked launches on its own tile (gen_instances.py, MASKED_PAIRED).
 constexpr bool has_masked_pair_cluster(int instance_head_dim, int block_n) {
-  return (instance_head_dim == 256 && block_n == tile_shape(256).block_n) ||
-         (instance_head_dim == 128 && block_n == tile_shape(128).block_n);
+  return has_pair_cluster(instance_head_dim) && block_n == tile_shape(instance_head_dim).block_n;
 }
 inline bool pairs_masked(const FwdParams& p, int instance_head_dim, const TiledRows& rows, TileShape shape) {
   if (!has_masked_pair_cluster(instance_head_dim, shape.block_n) || loads_unwritten_rows(p) ||
@@ -366,7 +366,7 @@ inline int mix_cluster_ctas(int64_t blocks) {
 }
 inline bool uses_quad_mix(const FwdParams& p, MaskKind mask, int instance_head_dim, const TiledRows& rows) {
   // Full masks only: the mix's clusters are compiled for them, and a masked launch's tile follows
-  // the keys its rows see (masked pairs on the 64-key tile, wip/causal-pairs-64.patch, once pulled
+  // the keys its rows see (masked pairs on the 64-key tile, branch exp/pairs64-run, once pulled
   // causal launches with query blocks in fours onto that tile here).
   if (mask != MaskKind::kFull || !has_quad_mix(instance_head_dim) || forced_block64(instance_head_dim) == false ||
       !env_switch_or("FUSEDATTN_SM90_QUAD_MIX", true))
