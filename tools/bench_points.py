@@ -51,7 +51,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / ".devbui
 import torch  # noqa: E402
 import peers  # noqa: E402
 
-FA_TOKENS, FA_MODEL_DIM = 16384, 2048
+from perf_table import FA_MODEL_DIM, FA_TOKENS  # noqa: E402
 
 
 def parse_point(text):

@@ -18,8 +18,9 @@ import collections
 import json
 import sys
 
+from perf_table import FA_MODEL_DIM, FA_TOKENS
+
 # A call's FLOPs per thousand keys on an FA-grid row: 4 * tokens * model_dim * 1024, full mask.
-FA_TOKENS, FA_MODEL_DIM = 16384, 2048
 PFLOP_PER_KILOKEY = 4 * FA_TOKENS * FA_MODEL_DIM * 1024 / 1e15
 
 
@@ -53,13 +54,11 @@ def main():
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
     records = [json.loads(line) for path in args.files for line in open(path) if line.strip()]
-    rows = rows_of(records)
-    if not any(len({s for s, _ in pts}) >= 2 for pts in rows.values()):
+    rows = {key: pts for key, pts in rows_of(records).items() if len({s for s, _ in pts}) >= 2}
+    if not rows:
         sys.exit("energy_fit: no grid row with two lengths or more in the records")
     print(f"{'row':<14}{'column':<44}{'a J/PFLOP':>10}{'b':>8}{'fixed mJ':>10}  residuals at each length")
     for (d, mask, column), pts in sorted(rows.items()):
-        if len({s for s, _ in pts}) < 2:
-            continue
         a, b = fit(pts)
         residuals = " ".join(f"{s:g}k {e - (a + b / s):+.1f}" for s, e in sorted(pts))
         # The fixed part's joules per call: (b / S) J/PFLOP times the call's S * PFLOP_PER_KILOKEY.

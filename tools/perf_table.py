@@ -12,6 +12,11 @@ import argparse
 import json
 import statistics
 
+# The FA grid's shape (peers.py's fa suite): every point has 16k tokens (batch 16384 / seqlen) and
+# model dim 2048 (heads 2048 / head_dim). bench_points.py builds its points from it, energy_fit.py its
+# FLOPs per call.
+FA_TOKENS, FA_MODEL_DIM = 16384, 2048
+
 
 def read_readings(path):
     """Every reading of a peers.py JSON lines file: {(mode, head dim, causal, seqlen): {provider:
