@@ -33,7 +33,8 @@ def main():
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--ours-module", default="fusedattn")
     args = ap.parse_args()
-    peers.OURS["mod"] = __import__(args.ours_module)
+    if "ours" in args.providers.split(","):  # peers alone need no build of ours
+        peers.OURS["mod"] = __import__(args.ours_module)
     dtype = getattr(torch, args.dtype)
     for text in args.points.split(","):
         (_, d, causal, sq, sk, *_), q, k, v = bench_points.forward_inputs(text, dtype)
