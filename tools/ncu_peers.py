@@ -36,7 +36,7 @@ COLUMNS = [
     ("lts__t_sectors_srcunit_tex_op_read.sum", "L2 rd MB", 1e6 / 32),
     ("lts__t_sectors_srcunit_tex_op_write.sum", "L2 wr MB", 1e6 / 32),
     ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", "tensor %", 1),
-    ("sm__cycles_elapsed.avg", "kcycles", 1e3),  # to compare lengths: Mcycles read 0.6 / 0.7
+    ("sm__cycles_elapsed.avg", "kcycles", 1e3),  # thousands: fine enough to compare a 2k call with a 16k one
     ("smsp__inst_executed.sum", "Minst", 1e6),
 ]
 
