@@ -284,8 +284,15 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.o_one_box = stores_o_as_one_box(p, Epilogue<Element, Cfg, kMask == MaskKind::kFull>::kOneBoxStaging,
                                      rows.packing.shift, Cfg::kTileCols);
   const OperandView o_view = operand_view(p, p.o, rows_q, p.heads_q, p.o_stride);
-  kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kWarpgroupRows)
-                          : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kWarpgroupRows);
+  if constexpr (Cfg::kWarpStaging) {
+    // Each warp stores its own rows, a chunk of slabs at a time (Epilogue::store_by_warp).
+    constexpr int kRows = Cfg::kWarpStagingRows;
+    kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kRows, Cfg::kWarpStagingSlabs)
+                            : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kRows, std::min(group, kRows));
+  } else {
+    kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kWarpgroupRows)
+                            : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kWarpgroupRows);
+  }
 
   const auto stream = slice != nullptr ? slice->stream : static_cast<cudaStream_t>(p.stream);
   if constexpr (kMask == MaskKind::kColumn) {
