@@ -256,7 +256,7 @@ struct Epilogue {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         // Every address and coordinate below is derived anew per chunk from the thread index
-        // (volatile): kept live across the chunks, they spilled the tile state (188 B at d256).
+        // (volatile, as in stage_and_store), so that none is held across a chunk's wait.
         const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
         const uint32_t lane_now = thread_now % 32;
         Element* buffer = warp_staging(thread_now);

@@ -237,6 +237,8 @@ struct KernelConfig {
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
       2 * kQTileBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
+  // One Q tile is all that fits beside the K/V stages, for two warpgroups whose 64-row slices each
+  // fit in a K/V tile: the tiles that stage O in K/V (kStagesOInKV, below) or split Q by warpgroup.
   static constexpr bool kOneQTile = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
   // Q per warpgroup (kWarpgroupQ): where one Q tile is all that fits beside the K/V stages but
   // three 64-row slots do (d256's 64-key tile: 3 x 32 KiB + 4 x 32 KiB of K/V = 224 KiB), Q lives
