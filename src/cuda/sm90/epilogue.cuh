@@ -49,6 +49,10 @@ struct Epilogue {
   // than by bytes: with a request per slab warpgroup 1's stores waited ~1000 cycles behind
   // warpgroup 0's to issue, with one ~170 (docs/hopper.md, session 74).
   static constexpr bool kOneBoxStaging = Cfg::kWarpgroupQ;
+  // The rows and slabs one TMA store takes (the O map's box, fwd_launch.cuh): a warpgroup's rows,
+  // every slab in the one-box form; with kWarpStaging a warp's rows, a chunk's slabs.
+  static constexpr int kStoreRows = Cfg::kWarpStaging ? Cfg::kWarpStagingRows : kWarpgroupRows;
+  static constexpr int kStoreSlabs = Cfg::kWarpStaging ? Cfg::kWarpStagingSlabs : Cfg::kSlabs;
   static_assert(!kOneBoxStaging || (Cfg::kQSlotRows == kWarpgroupRows && Cfg::kBlockN == kWarpgroupRows),
                 "one box needs every staging's slabs to be 64 rows each, back to back");
 
