@@ -347,12 +347,14 @@ if has chain; then
 fi
 
 if has trace; then
-  # A build of its own (the stamps are compiled in), the CLI only; each point's stamps go to
-  # $dest as CSV and tools/sm90_trace.py's medians to the summary.
+  # A build of its own (the stamps are compiled in), the CLI only, with GPU_CUDA_FLAGS as the main
+  # build has them (a compile-time switch's kernels traced); each point's stamps go to $dest as
+  # CSV and tools/sm90_trace.py's medians to the summary.
   tbuild=$root/build-trace
   TRACE_POINTS=${TRACE_POINTS:-256:2048,256:16384,128:2048}
   step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" "${config[@]}" \
-    -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON
+    -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON \
+    -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}"
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
   # The stamps take registers: a trace kernel that spills reloads from L2 where the stamps
   # sit, which the medians then count as boundary time (session 71: 260 B in the paired d256
