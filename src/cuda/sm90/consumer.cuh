@@ -386,7 +386,6 @@ struct Consumer {
   // Q slot, or with O staged in K/V (o_in_kv) the stage of that tile's last block, the one
   // before kv's (kv has not moved past this tile's first block yet where this is called).
   __device__ __forceinline__ void release_pending(PendingStore& pending, const KVRing& kv) const {
-    if constexpr (Cfg::kWarpStaging) return;  // no store holds a Q slot or a stage (Epilogue::store_by_warp)
     if (stages_own_o_in_kv<Cfg>(params.features, warpgroup))
       pending.release_staged_o(smem, kv.k().previous_stage(params.features.num_stages), warpgroup);
     else
@@ -588,20 +587,14 @@ struct Consumer {
 
   // Whether tiles with KV blocks stage O in their last block's stage (KernelConfig::kStagesOInKV).
   __device__ __forceinline__ bool o_in_kv() const { return stages_o_in_kv<Cfg>(params.features); }
-  // Whether the epilogue of a tile with KV blocks finds its Q slot given back (last_qk_done), or,
-  // where that is so, O staged in the last block's stage.
-  __device__ __forceinline__ bool q_back_before_epilogue() const {
-    return Cfg::kWarpStaging ? gives_q_back_after_last_qk<Cfg>(params.features, warpgroup) : o_in_kv();
-  }
 
   // With o_in_kv, once this warpgroup's last Q K^T of a tile has completed (or, passing through,
   // at once): each warp gives the Q slot back, so the next tile's Q loads during this tile's
   // last P V and epilogue, and warpgroup 1 tells warpgroup 0 it has read the last block's K,
   // where warpgroup 0 stages its O (Epilogue::meet). With kWarpgroupQ warpgroup 0 stages its O
-  // in its own slot: it keeps the slot, and needs no word from warpgroup 1. With kWarpStaging both
-  // warpgroups give their own slots back here.
+  // in its own slot: it keeps the slot, and needs no word from warpgroup 1.
   __device__ __forceinline__ void last_qk_done() const {
-    if (!gives_q_back_after_last_qk<Cfg>(params.features, warpgroup)) return;
+    if (!stages_own_o_in_kv<Cfg>(params.features, warpgroup)) return;
     if (lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
     if (warpgroup == 1 && !Cfg::kWarpgroupQ)
       ptx::named_barrier_arrive(barrier_id(NamedBarrier::kKStageRead, 0), 2 * kWarpgroupThreads);

@@ -7,13 +7,10 @@
 // end are the next sequence's, which the TMA cannot clip: a slice that reaches past its
 // sequence's end is copied row by row instead (store_rows). LSE (natural log) goes straight from
 // registers. A split tile of few rows skips all of this: split_combine.cuh writes its combined rows.
-// With KernelConfig::kWarpStaging each warp stages its own 16 rows in a buffer of its own and
-// stores them itself, a chunk of columns at a time (store_by_warp): no barrier, no meet.
 #pragma once
 
 #include <cstdint>
 
-#include "cuda/common/element.cuh"
 #include "cuda/common/swizzle.cuh"
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
@@ -49,10 +46,6 @@ struct Epilogue {
   // than by bytes: with a request per slab warpgroup 1's stores waited ~1000 cycles behind
   // warpgroup 0's to issue, with one ~170 (docs/hopper.md, session 74).
   static constexpr bool kOneBoxStaging = Cfg::kWarpgroupQ;
-  // The rows and slabs one TMA store takes (the O map's box, fwd_launch.cuh): a warpgroup's rows,
-  // every slab in the one-box form; with kWarpStaging a warp's rows, a chunk's slabs.
-  static constexpr int kStoreRows = Cfg::kWarpStaging ? Cfg::kWarpStagingRows : kWarpgroupRows;
-  static constexpr int kStoreSlabs = Cfg::kWarpStaging ? Cfg::kWarpStagingSlabs : Cfg::kSlabs;
   static_assert(!kOneBoxStaging || (Cfg::kQSlotRows == kWarpgroupRows && Cfg::kBlockN == kWarpgroupRows),
                 "one box needs every staging's slabs to be 64 rows each, back to back");
 
@@ -104,7 +97,6 @@ struct Epilogue {
   // split tile stores them) still signs off its staging: q_empty counts one arrival per warp, the
   // o_read barrier one per warpgroup; with no store reading the slot, that goes at once.
   __device__ __forceinline__ void release_unstored(int q_stage, int o_stage) const {
-    if constexpr (Cfg::kWarpStaging) return;  // its Q slot went back in give_q_back, no staging holds it
     if (warp != 0 || lane != 0) return;
     if (in_kv(o_stage))
       ptx::mbarrier_arrive_every_cta<Cfg::kClusterCtas>(&smem.o_read[o_stage][warpgroup]);
@@ -112,16 +104,8 @@ struct Epilogue {
       ptx::mbarrier_arrive(&smem.q_empty[q_stage], kWarpsPerWarpgroup);
   }
 
-  // kWarpStaging: a Q slot not given back after the last Q K^T (o_stage < 0: a tile without KV
-  // blocks, or the loop without the overlap) goes back here, each warp's arrival once its own
-  // wgmma reads are done (they completed before the epilogue), since O never goes into it.
-  __device__ __forceinline__ void give_q_back(int q_stage, int o_stage) const {
-    if (o_stage < 0 && lane == 0) ptx::mbarrier_arrive(&smem.q_empty[q_stage]);
-  }
-
   // A warpgroup whose slice of the tile lies past the sequence end (Consumer::slice_is_empty).
   __device__ __forceinline__ void skip(int q_stage, int o_stage) const {
-    if constexpr (Cfg::kWarpStaging) give_q_back(q_stage, o_stage);
     meet(o_stage);
     release_unstored(q_stage, o_stage);
   }
@@ -130,7 +114,6 @@ struct Epilogue {
   // with KV blocks), else -1 (the Q buffer q_stage).
   __device__ __forceinline__ void store(const WorkTile& t, int q_stage, int o_stage, float (&o)[kOAcc],
                                         OnlineSoftmax& softmax, PendingStore& pending) const {
-    if constexpr (Cfg::kWarpStaging) give_q_back(q_stage, o_stage);
     meet(o_stage);
     stamp(TraceEvent::kEpilogueMet);
     float inv_sum[2], lse[2];
@@ -158,8 +141,7 @@ struct Epilogue {
         stamp(TraceEvent::kPartsCombined);
       }
     }
-    if constexpr (Cfg::kWarpStaging) store_by_warp(t, o, lse);
-    else stage_and_store(t, q_stage, o_stage, o, lse, pending);
+    stage_and_store(t, q_stage, o_stage, o, lse, pending);
   }
 
   // O (normalised) staged (see staging) and stored by TMA; the LSE from registers.
@@ -184,7 +166,7 @@ struct Epilogue {
     if (p.cu_seqlens_q != nullptr && slice_row + kWarpgroupRows > params.packing.rows(int64_t{t.len_q})) {
       // Generic stores to generic reads: the barrier alone orders them.
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);
-      store_rows<kWarpgroupThreads>(t, to, slice_row, thread_now, 0, static_cast<int>(p.head_dim));
+      store_rows(t, to, slice_row, thread_now);
       ptx::named_barrier_sync(epilogue_barrier, kWarpgroupThreads);  // the staging rows are read
       release_unstored(q_stage, o_stage);
     } else {
@@ -218,13 +200,6 @@ struct Epilogue {
       }
     }
 
-    write_lse(t, lse, thread_now, lane_now);
-  }
-
-  // The LSE of the thread's two rows, straight from registers.
-  __device__ __forceinline__ void write_lse(const WorkTile& t, const float (&lse)[2], uint32_t thread_now,
-                                            uint32_t lane_now) const {
-    const FwdParams& p = params.p;
     if (p.lse != nullptr && lane % 4 == 0) {
       // The thread's accumulator rows (ptx/wgmma.cuh): row0 and row0 + 8 of the warp's 16, each a
       // (query head, position) of the packing.
@@ -239,97 +214,16 @@ struct Epilogue {
     }
   }
 
-  // kWarpStaging: each warp stages its kWarpStagingRows rows of O in its own buffer
-  // (SharedStorage::o_staging), a chunk of kWarpStagingCols columns at a time, and its first lane
-  // stores them by TMA (a box of the warp's rows per slab, or one of the chunk's slabs where
-  // KernelParams::o_one_box); before a chunk overwrites the buffer, that lane waits until its
-  // previous store (this tile's previous chunk, or the last tile's) has read it. Nothing waits on
-  // another warp: the buffer is no operand of any GEMM. A warp whose rows cross the end of a
-  // sequence of a variable-length batch copies its rows in use instead (store_rows); one whose
-  // rows lie past that end stores nothing.
-  __device__ __forceinline__ void store_by_warp(const WorkTile& t, const float (&o)[kOAcc], const float (&lse)[2]) const {
-    constexpr int kChunks = Cfg::kSlabs / Cfg::kWarpStagingSlabs;
-    constexpr int kChunkRegs = kOAcc / 2 / kChunks;  // a chunk's columns are a run of the accumulator's values
-    if (warp_first_row(t, ptx::thread_index_here()) < params.packing.rows(int64_t{t.len_q})) {
-      // O converted at once, and pinned there: the later chunks wait for the earlier ones' stores
-      // in half the registers.
-      uint32_t packed[kOAcc / 2];
-#pragma unroll
-      for (int i = 0; i < kOAcc / 2; ++i) packed[i] = pack2<Element>(o[2 * i], o[2 * i + 1]);
-      ptx::fence_operands(packed);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        // Every address and coordinate below is derived anew per chunk from the thread index
-        // (volatile, as in stage_and_store), so that none is held across a chunk's wait.
-        const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-        const uint32_t lane_now = thread_now % 32;
-        Element* buffer = warp_staging(thread_now);
-        if (lane == 0) ptx::tma_store_wait_read();
-        __syncwarp();
-        const uint32_t(&chunk)[kChunkRegs] = *reinterpret_cast<const uint32_t(*)[kChunkRegs]>(&packed[c * kChunkRegs]);
-        Stmatrix::store_packed(ptx::smem_addr(buffer + Stmatrix::row(0u, lane_now) * Cfg::kSlabCols),
-                               Stmatrix::lane_chunk(lane_now), kWarpStagingSlabElems, chunk);
-        if (c == 0) stamp(TraceEvent::kOWritten);
-        const int warp_row = warp_first_row(t, static_cast<int>(thread_now));
-        if (params.p.cu_seqlens_q != nullptr && warp_row + Cfg::kWarpStagingRows > params.packing.rows(int64_t{t.len_q})) {
-          __syncwarp();  // generic stores to generic reads
-          const int first_col = c * Cfg::kWarpStagingCols;
-          store_rows<32>(t, {buffer, kWarpStagingSlabElems}, warp_row, lane_now, first_col,
-                         min(static_cast<int>(params.p.head_dim) - first_col, Cfg::kWarpStagingCols));
-          __syncwarp();  // read before the next chunk overwrites the buffer
-          continue;
-        }
-        // Ordinary stores -> TMA (async proxy) reads: fence in every writing lane, then meet.
-        ptx::fence_proxy_async_shared();
-        __syncwarp();
-        if (lane == 0) store_warp_chunk(t, buffer, warp_row, c);
-      }
-      stamp(TraceEvent::kOStoreIssued);
-    }
-    const uint32_t thread_now = static_cast<uint32_t>(ptx::thread_index_here()) % kWarpgroupThreads;
-    write_lse(t, lse, thread_now, thread_now % 32);
-  }
-
-  // kWarpStaging: a warp's staging, its first row's place among the tiled rows, and the store of
-  // its chunk c by TMA: a box of the warp's rows per slab, or one of the chunk's slabs where
-  // KernelParams::o_one_box. In the O map's grouped form a 16-row box of a GQA group larger than
-  // 16 starts inside the group (the query head's index in it).
-  static constexpr int kWarpStagingSlabElems = Cfg::kWarpStagingRows * Cfg::kSlabCols;
-  __device__ __forceinline__ Element* warp_staging(uint32_t thread_now) const {
-    if constexpr (Cfg::kWarpStaging)
-      return smem.o_staging.warp[static_cast<uint32_t>(warpgroup) * kWarpsPerWarpgroup + thread_now / 32];
-    else
-      return nullptr;
-  }
-  __device__ __forceinline__ int warp_first_row(const WorkTile& t, int thread) const {
-    return t.first_row + warpgroup * kWarpgroupRows + thread % kWarpgroupThreads / 32 * Cfg::kWarpStagingRows;
-  }
-  __device__ __forceinline__ void store_warp_chunk(const WorkTile& t, const Element* buffer, int warp_row, int c) const {
-    const bool one_box = params.o_one_box;
-    const int group_row = warp_row & ((1 << params.packing.shift) - 1);
-    const int position = t.q_start + params.packing.position(warp_row);
-    const int first_slab = c * Cfg::kWarpStagingSlabs;
-#pragma unroll
-    for (int s = 0; s < Cfg::kWarpStagingSlabs; ++s)
-      if (s == 0 || !one_box)
-        ptx::tma_store_5d(&params.tma_o, buffer + s * kWarpStagingSlabElems, one_box ? 0 : (first_slab + s) * Cfg::kSlabCols,
-                          one_box ? position : group_row, one_box ? first_slab : position, t.head,
-                          params.map_batch(t.batch));
-    ptx::tma_store_commit();
-  }
-
   // The slice's rows before its sequence's end (a variable-length batch), copied from the staging
-  // in 16-byte chunks of the columns in use (`cols` from first_col, which the staging's first slab
-  // holds), each row where RowPacking::query_row puts it; by kThreads threads, `thread` among them.
-  template <int kThreads>
-  __device__ __forceinline__ void store_rows(const WorkTile& t, const Staging& from, int slice_row, uint32_t thread,
-                                             int first_col, int cols) const {
+  // in 16-byte chunks of the head_dim columns in use, each row where RowPacking::query_row puts it.
+  __device__ __forceinline__ void store_rows(const WorkTile& t, const Staging& from, int slice_row,
+                                             uint32_t thread) const {
     const FwdParams& p = params.p;
     const RowPacking packing = params.packing;
     const int rows = static_cast<int>(packing.rows(int64_t{t.len_q})) - slice_row;
-    const int chunks = cols / kSwizzleChunkElems;
-    Element* out = static_cast<Element*>(p.o) + first_col;
-    for (int i = static_cast<int>(thread); i < rows * chunks; i += kThreads) {
+    const int chunks = static_cast<int>(p.head_dim) / kSwizzleChunkElems;
+    Element* out = static_cast<Element*>(p.o);
+    for (int i = static_cast<int>(thread); i < rows * chunks; i += kWarpgroupThreads) {
       const int r = i / chunks, c = i - r * chunks;
       const int swizzled = swizzle_chunk(r, c % kChunksPerSlab);
       const Element* staged = from.base + c / kChunksPerSlab * from.slab_elems + r * Cfg::kSlabCols;

@@ -281,14 +281,11 @@ bool launch_fwd(const FwdParams& p, const TiledRows& rows, int num_sms, const Cl
   kp.tma_v = make_tensor_map(kv_view(p.v, p.v_stride), Cfg::kSlabCols, Cfg::kClusterBlockRows, kv_promotion);
   kp.one_row = env_switch_or("FUSEDATTN_SM90_ONE_ROW", true);
   kp.warp_split = env_switch_or("FUSEDATTN_SM90_WARP_SPLIT", true);
-  using OStore = Epilogue<Element, Cfg, kMask == MaskKind::kFull>;
-  kp.o_one_box = stores_o_as_one_box(p, OStore::kOneBoxStaging, rows.packing.shift, Cfg::kTileCols);
+  kp.o_one_box = stores_o_as_one_box(p, Epilogue<Element, Cfg, kMask == MaskKind::kFull>::kOneBoxStaging,
+                                     rows.packing.shift, Cfg::kTileCols);
   const OperandView o_view = operand_view(p, p.o, rows_q, p.heads_q, p.o_stride);
-  // A box of the rows one store takes (a warpgroup's, or with per-warp staging a warp's), of a GQA
-  // group's heads or as many as the box has rows.
-  kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, OStore::kStoreRows, OStore::kStoreSlabs)
-                          : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, OStore::kStoreRows,
-                                                    std::min(group, OStore::kStoreRows));
+  kp.tma_o = kp.o_one_box ? make_slab_tensor_map(o_view, Cfg::kSlabs, Cfg::kSlabCols, kWarpgroupRows)
+                          : make_grouped_tensor_map(o_view, group, Cfg::kSlabCols, kWarpgroupRows);
 
   const auto stream = slice != nullptr ? slice->stream : static_cast<cudaStream_t>(p.stream);
   if constexpr (kMask == MaskKind::kColumn) {

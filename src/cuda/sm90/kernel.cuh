@@ -131,12 +131,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
       release(r);
       return a;
     };
-    // Where a tile with KV blocks stages O: its last block's stage (kStagesOInKV), else -1. With
-    // kWarpStaging, >= 0 where the warpgroup gave its Q slot back after its last Q K^T.
+    // Where a tile with KV blocks stages O: its last block's stage (kStagesOInKV), else -1.
     const auto o_stage = [&](const AnnouncedTile& t) {
-      return mainloop.q_back_before_epilogue() && t.blocks.count() > 0
-                 ? kv.k().previous_stage(params.features.num_stages)
-                 : -1;
+      return mainloop.o_in_kv() && t.blocks.count() > 0 ? kv.k().previous_stage(params.features.num_stages) : -1;
     };
     if constexpr (Consumer<Element, Cfg, kMask>::kCarryTileState) {
       // Registers to spare (every tile but d64's 192-row one): a tile carries its announcement
@@ -191,9 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtasPerSm) fwd_kernel(con
     // a cluster every producer's drain waits for it (Producer::drain), so it is signed off here.
     if constexpr (Cfg::kStagesOInKV && Cfg::kClusterCtas > 1)
       if (mainloop.o_in_kv()) mainloop.release_pending(pending, kv);
-    // The thread that issued O's stores waits until they are done: warp 0's first lane, or with
-    // kWarpStaging each warp's.
-    if ((Cfg::kWarpStaging || warp == 0) && lane == 0) ptx::tma_store_wait_all();
+    if (warp == 0 && lane == 0) ptx::tma_store_wait_all();
   }
 }
 

@@ -131,10 +131,7 @@ struct QSlot {
 };
 template <class Cfg>
 __device__ __forceinline__ QSlot q_slot(const TileRing& ring, int warpgroup, const Features& f) {
-  if constexpr (Cfg::kWarpStaging) {
-    // A slot a warpgroup, used by every tile: the ring of one buffer's parity.
-    return {warpgroup, ring.q_phase(1)};
-  } else if constexpr (Cfg::kWarpgroupQ) {
+  if constexpr (Cfg::kWarpgroupQ) {
     return {ring.warpgroup_q_slot(warpgroup), ring.warpgroup_q_phase(warpgroup)};
   } else {
     const int depth = q_ring_depth<Cfg>(f);
@@ -153,16 +150,6 @@ __device__ __forceinline__ int q_slot_first_row(int warpgroup) {
 template <class Cfg>
 __device__ __forceinline__ bool stages_own_o_in_kv(const Features& f, int warpgroup) {
   return stages_o_in_kv<Cfg>(f) && !(Cfg::kWarpgroupQ && warpgroup == 0);
-}
-
-// Whether warpgroup `warpgroup` gives its Q slot back once its last Q K^T of a tile has completed
-// (Consumer::last_qk_done), not in the epilogue: where it stages O in K/V, or with per-warp
-// staging (KernelConfig::kWarpStaging, where no O goes into a Q slot) wherever the overlapped loop
-// runs, the loop whose paths all end in last_qk_done.
-template <class Cfg>
-__device__ __forceinline__ bool gives_q_back_after_last_qk(const Features& f, int warpgroup) {
-  if constexpr (Cfg::kWarpStaging) return f.overlap;
-  else return stages_own_o_in_kv<Cfg>(f, warpgroup);
 }
 
 // Whether warpgroup `warpgroup`'s Q slot, holding its staged O, goes back only behind the next

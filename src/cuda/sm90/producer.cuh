@@ -231,9 +231,8 @@ struct Producer {
     StagedO staged;
     // With one Q buffer, Q waits for the previous tile's epilogue (unless o_in_kv gives it back
     // earlier), so the first K goes out before that wait; with two, Q's buffer is free long
-    // before and goes first, as does warpgroup 0's slot with warpgroup Q slots (not with per-warp
-    // staging, whose slots go back after the last Q K^T, later than the stage of the next first K).
-    const bool q_first = (Cfg::kWarpgroupQ && !Cfg::kWarpStaging) || q_ring_depth<Cfg>(params.features) > 1;
+    // before and goes first, as does warpgroup 0's slot with warpgroup Q slots.
+    const bool q_first = Cfg::kWarpgroupQ || q_ring_depth<Cfg>(params.features) > 1;
     using Scheduler = TileScheduler<kMask == MaskKind::kFull, Cfg::kClusterCtas>;
     const Scheduler scheduler(p, params.num_m_blocks, Cfg::kBlockM, tile_heads, params.packing, params.schedule_shift,
                               params.split, params.tile_counter);

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/sm90/mask.cuh"
 #include "cuda/sm90/tile_announcement.cuh"
@@ -24,13 +23,6 @@ struct SharedStorage {
   alignas(1024) Element q[Cfg::kQSlots][kQSlotElems];
   alignas(1024) Element k[Cfg::kStages][kKVElems];
   alignas(1024) Element v[Cfg::kVStages][kKVElems];
-  // With Cfg::kWarpStaging: each consumer warp's O staging, [slab][row] of kWarpStagingRows rows
-  // (two 1024-byte swizzle atoms a slab), in the third Q slot's place; nothing otherwise.
-  struct alignas(1024) WarpStaging {
-    Element warp[Cfg::kConsumerWarps][Cfg::kWarpStagingElems];
-  };
-  struct NoWarpStaging {};
-  [[no_unique_address]] std::conditional_t<Cfg::kWarpStaging, WarpStaging, NoWarpStaging> o_staging;
   uint64_t q_full[Cfg::kQSlots];   // TMA -> consumers: Q landed
   // consumers -> producer: Q slot free for a later tile (its O stored, or with kStagesOInKV the
   // last Q K^T done); one arrival per warp that reads it.
@@ -66,10 +58,8 @@ template <typename Element, class Cfg>
 constexpr int shared_bytes() {
   constexpr int bytes = static_cast<int>(sizeof(SharedStorage<Element, Cfg>));
   static_assert(bytes <= Cfg::kSharedBytesLimit, "tile configuration exceeds its share of an SM's shared memory");
-  constexpr int kWarpStagingBytes =
-      Cfg::kWarpStaging ? Cfg::kConsumerWarps * Cfg::kWarpStagingElems * static_cast<int>(sizeof(Element)) : 0;
   static_assert(bytes <= Cfg::kQSlots * Cfg::kQSlotRows * Cfg::kTileCols * static_cast<int>(sizeof(Element)) +
-                             (Cfg::kStages + Cfg::kVStages) * Cfg::kKVTileBytes + kWarpStagingBytes + Cfg::kBarrierBytes,
+                             (Cfg::kStages + Cfg::kVStages) * Cfg::kKVTileBytes + Cfg::kBarrierBytes,
                 "kBarrierBytes in tile_config.h is too small: the Q buffer count was chosen on a wrong size");
   return bytes;
 }

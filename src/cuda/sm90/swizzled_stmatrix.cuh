@@ -47,35 +47,15 @@ struct SwizzledStmatrix {
     static_assert(kValues % kValuesPerStore == 0, "whole chunk pairs");
 #pragma unroll
     for (int i = 0; i < kValues / kValuesPerStore; ++i) {
+      const int first_chunk = 2 * i;
+      const uint32_t slab = static_cast<uint32_t>(first_chunk / kChunksPerSlab);
+      const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ chunk_term;
       const int v = kValuesPerStore * i;
       const uint32_t regs[kMatricesPerStore] = {
           pack2<Element>(acc[v] * scale, acc[v + 1] * scale), pack2<Element>(acc[v + 2] * scale, acc[v + 3] * scale),
           pack2<Element>(acc[v + 4] * scale, acc[v + 5] * scale), pack2<Element>(acc[v + 6] * scale, acc[v + 7] * scale)};
-      ptx::stmatrix_x4(address(row_address, chunk_term, slab_elems, i), regs);
+      ptx::stmatrix_x4(row_address + (slab * slab_elems + position * kSwizzleChunkElems) * sizeof(Element), regs);
     }
-  }
-
-  // The same for values already packed in pairs (pack2), kRegs of them: where a caller converts
-  // its accumulator ahead of storing it in parts, which halves the registers it holds meanwhile.
-  template <int kRegs>
-  __device__ __forceinline__ static void store_packed(uint32_t row_address, uint32_t chunk_term, int slab_elems,
-                                                      const uint32_t (&packed)[kRegs]) {
-    static_assert(kRegs % kMatricesPerStore == 0, "whole chunk pairs");
-#pragma unroll
-    for (int i = 0; i < kRegs / kMatricesPerStore; ++i) {
-      const int r = kMatricesPerStore * i;
-      const uint32_t regs[kMatricesPerStore] = {packed[r], packed[r + 1], packed[r + 2], packed[r + 3]};
-      ptx::stmatrix_x4(address(row_address, chunk_term, slab_elems, i), regs);
-    }
-  }
-
- private:
-  // Where store i (a pair of chunks) of a thread's values goes.
-  __device__ __forceinline__ static uint32_t address(uint32_t row_address, uint32_t chunk_term, int slab_elems, int i) {
-    const int first_chunk = 2 * i;
-    const uint32_t slab = static_cast<uint32_t>(first_chunk / kChunksPerSlab);
-    const uint32_t position = static_cast<uint32_t>(first_chunk % kChunksPerSlab) ^ chunk_term;
-    return row_address + (slab * slab_elems + position * kSwizzleChunkElems) * sizeof(Element);
   }
 };
 

@@ -68,19 +68,17 @@ CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows,
   return encode<4>(view.dtype, view.base, dims, strides, box, promotion);
 }
 
-CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows, int box_group) {
-  if (box_group == 0) box_group = group;
+CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows) {
   const cuuint64_t dims[] = {static_cast<cuuint64_t>(view.head_dim), static_cast<cuuint64_t>(group),
                              static_cast<cuuint64_t>(view.rows), static_cast<cuuint64_t>(view.heads / group),
                              static_cast<cuuint64_t>(view.batch)};
   const int64_t strides[] = {view.strides.head, view.strides.row, view.strides.head * group, view.strides.batch};
-  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_group),
-                            static_cast<cuuint32_t>(box_rows / box_group), 1, 1};
+  const cuuint32_t box[] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(group),
+                            static_cast<cuuint32_t>(box_rows / group), 1, 1};
   return encode<5>(view.dtype, view.base, dims, strides, box);
 }
 
-CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows, int box_slabs) {
-  if (box_slabs == 0) box_slabs = slabs;
+CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows) {
   if (view.head_dim != int64_t{slabs} * slab_cols)
     throw Error(ErrorCode::kRuntime, "", "a slab tensor map needs head_dim = slabs x slab columns");
   const cuuint64_t dims[] = {static_cast<cuuint64_t>(slab_cols), static_cast<cuuint64_t>(view.rows),
@@ -88,7 +86,7 @@ CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_co
                              static_cast<cuuint64_t>(view.batch)};
   const int64_t strides[] = {view.strides.row, slab_cols, view.strides.head, view.strides.batch};
   const cuuint32_t box[] = {static_cast<cuuint32_t>(slab_cols), static_cast<cuuint32_t>(box_rows),
-                            static_cast<cuuint32_t>(box_slabs), 1, 1};
+                            static_cast<cuuint32_t>(slabs), 1, 1};
   return encode<5>(view.dtype, view.base, dims, strides, box);
 }
 

@@ -40,18 +40,15 @@ CUtensorMap make_tensor_map(const OperandView& view, int box_cols, int box_rows,
 // The same operand as [batch, heads / group, rows, group, head_dim] (5-D, innermost last): the
 // query heads of a GQA group side by side per row, so a box of [box_rows / group positions x
 // group heads] lands as box_rows tiled rows, position-major (fwd_split.h, TiledRows). group must
-// divide heads and box_rows; group = 1 is the plain operand. A box of fewer rows than a group
-// (the per-warp O stores, Epilogue::store_by_warp) takes box_rows heads of one position: pass
-// box_group = box_rows.
-CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows, int box_group = 0);
+// divide heads and box_rows; group = 1 is the plain operand.
+CUtensorMap make_grouped_tensor_map(const OperandView& view, int group, int box_cols, int box_rows);
 
 // The same operand with each row's head_dim seen as `slabs` slabs of slab_cols columns: 5-D over
 // (column, row, slab, head, batch), innermost first, box [slabs x box_rows x slab_cols], so one
 // TMA request moves box_rows whole rows, laid out in shared memory [slab][row][column] as the
 // per-slab boxes of make_grouped_tensor_map (group 1) lie back to back. head_dim must be slabs *
-// slab_cols. box_slabs (default: all) narrows the box to that many slabs (a per-warp chunk of
-// columns, Epilogue::store_by_warp).
-CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows, int box_slabs = 0);
+// slab_cols.
+CUtensorMap make_slab_tensor_map(const OperandView& view, int slabs, int slab_cols, int box_rows);
 
 // The backward's fp32 dQ workspace at d64/d128: `rows` rows of `cols` floats, `pitch` floats
 // apart (every (batch, head)'s padded rows back to back), for tensor reductions of [box_rows x

@@ -192,12 +192,6 @@ constexpr int shared_bytes_per_cta(int ctas_per_sm) {
 #ifndef FUSEDATTN_SM90_WARPGROUP_Q
 #define FUSEDATTN_SM90_WARPGROUP_Q 1
 #endif
-// Per-warp O staging on the warpgroup-Q tiles (KernelConfig::kWarpStaging). A compile-time
-// experiment switch, off by default: -DFUSEDATTN_SM90_WARP_STAGING=1 builds it, so that
-// tools/ab_build.sh can time it against the default.
-#ifndef FUSEDATTN_SM90_WARP_STAGING
-#define FUSEDATTN_SM90_WARP_STAGING 0
-#endif
 constexpr int kSwizzleBytes = 128;                   // TMA/wgmma 128-byte swizzle span (one smem row)
 
 template <typename Element, int kHeadDim_, TileShape kShape_ = tile_shape(kHeadDim_)>
@@ -237,9 +231,14 @@ struct KernelConfig {
   static constexpr int kBarrierBytes = 1024;
   static constexpr int kQBuffers =
       2 * kQTileBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit ? 2 : 1;
-  // One Q tile is all that fits beside the K/V stages, for two warpgroups whose 64-row slices each
-  // fit in a K/V tile: the tiles that stage O in K/V (kStagesOInKV, below) or split Q by warpgroup.
-  static constexpr bool kOneQTile = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
+  // With one Q buffer (d256) the next tile's Q could load only after this tile's O had been
+  // staged in it and stored, so its whole latency sat on every tile boundary. There each
+  // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
+  // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
+  // KV tile), which the producer refills only for the next tile's second block.
+  // In a cluster every CTA's producer refills the stage in all of them (multicast), so each waits
+  // until the stores of every CTA have read their O there (o_read counts them all).
+  static constexpr bool kStagesOInKV = kQBuffers == 1 && kConsumerWarpgroups == 2 && kBlockN >= kWarpgroupRows;
   // Q per warpgroup (kWarpgroupQ): where one Q tile is all that fits beside the K/V stages but
   // three 64-row slots do (d256's 64-key tile: 3 x 32 KiB + 4 x 32 KiB of K/V = 224 KiB), Q lives
   // in slots of one warpgroup's rows, each with its own barriers. Warpgroup 0 takes slots 0 and 1
@@ -251,35 +250,11 @@ struct KernelConfig {
   static constexpr int kWarpgroupQSlotBytes = kWarpgroupRows * kTileCols * static_cast<int>(sizeof(Element));
   static constexpr int kWarpgroupQSlots = 3;
   static constexpr bool kWarpgroupQ =
-      FUSEDATTN_SM90_WARPGROUP_Q != 0 && kOneQTile &&
+      FUSEDATTN_SM90_WARPGROUP_Q != 0 && kStagesOInKV &&
       kWarpgroupQSlots * kWarpgroupQSlotBytes + (kStages + kVStages) * kKVTileBytes + kBarrierBytes <= kSharedBytesLimit;
-  // Per-warp O staging (kWarpStaging, FUSEDATTN_SM90_WARP_STAGING): the warpgroup-Q tile with
-  // one Q slot per warpgroup, each given back after its warpgroup's last Q K^T, and in the third
-  // slot's place a staging buffer per consumer warp (kWarpStagingRows x kWarpStagingCols), where
-  // each warp stages and stores its own rows, a chunk of columns at a time: no barrier between
-  // the warps or the warpgroups, no O in the K/V stages (cuDNN's epilogue form, docs/hopper.md,
-  // session 116).
-  static constexpr bool kWarpStaging = FUSEDATTN_SM90_WARP_STAGING != 0 && kWarpgroupQ;
-  static constexpr int kWarpStagingRows = kWarpgroupRows / kWarpsPerWarpgroup;  // a warp's accumulator rows
-  static constexpr int kWarpStagingSlabs = 2;
-  static constexpr int kWarpStagingCols = kWarpStagingSlabs * kSlabCols;
-  static constexpr int kWarpStagingElems = kWarpStagingRows * kWarpStagingCols;
-  static_assert(!kWarpStaging || (kConsumerWarpgroups * kWarpsPerWarpgroup * kWarpStagingElems *
-                                      static_cast<int>(sizeof(Element)) <= kWarpgroupQSlotBytes &&
-                                  kSlabs % kWarpStagingSlabs == 0),
-                "the warps' staging takes the third Q slot's place, whole chunks of slabs");
-  // With one Q buffer (d256) the next tile's Q could load only after this tile's O had been
-  // staged in it and stored, so its whole latency sat on every tile boundary. There each
-  // warpgroup gives Q back after its last Q K^T instead, and the two warpgroups stage O in the
-  // stage of the tile's last KV block (warpgroup 0 in its K, 1 in its V; a 64-row slice fits in a
-  // KV tile), which the producer refills only for the next tile's second block (not with
-  // kWarpStaging: the warps' own buffers take O).
-  // In a cluster every CTA's producer refills the stage in all of them (multicast), so each waits
-  // until the stores of every CTA have read their O there (o_read counts them all).
-  static constexpr bool kStagesOInKV = kOneQTile && !kWarpStaging;
   // The Q slots in shared memory: whole tiles (kQBuffers of kBlockM rows, both warpgroups' rows
-  // in each) or, with kWarpgroupQ, one warpgroup's 64 rows each (one a warpgroup with kWarpStaging).
-  static constexpr int kQSlots = kWarpgroupQ ? (kWarpStaging ? kConsumerWarpgroups : kWarpgroupQSlots) : kQBuffers;
+  // in each) or, with kWarpgroupQ, one warpgroup's 64 rows each.
+  static constexpr int kQSlots = kWarpgroupQ ? kWarpgroupQSlots : kQBuffers;
   static constexpr int kQSlotRows = kWarpgroupQ ? kWarpgroupRows : kBlockM;
   static_assert(!kStagesOInKV || kVStages == kStages, "O staged in a K/V stage pairs a K stage with the V stage of its index");
   static_assert(kHeadDim % kSlabCols == 0 || kHeadDim % kSlabCols == kSlabCols / 2,
