@@ -833,8 +833,8 @@ TEST(Sm90Fwd, PackedGqaGroups) {
                                            {make_problem(1, 8, 1, 64, 3, 300, false), true},
                                            {make_problem(2, 32, 4, 256, 5, 777, true), true},
                                            {make_problem(1, 64, 1, 128, 2, 513, false), true},
-                                           // Groups of 32 and 64 heads at d256: a whole 64-row warpgroup of
-                                           // one position, and half of one (the O map's grouped box).
+                                           // Groups of 32 and 64 query heads at d256: two positions, or one,
+                                           // in each 64-row warpgroup (the O map's grouped box).
                                            {make_problem(1, 32, 1, 256, 3, 300, false), true},
                                            {make_problem(1, 64, 1, 256, 2, 500, true), true},
                                            {make_problem(3, 4, 2, 64, 37, 200, false, 50, 0), true},
