@@ -150,15 +150,14 @@ heads=${GPU_HEAD_DIMS:-$heads}
 
 # Configure options both builds share (the trace build's are these plus its own).
 config=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DFUSEDATTN_CUDA=ON -DFUSEDATTN_SM90=ON -DFUSEDATTN_FULL=OFF
-        -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90)
+        -DFUSEDATTN_HEAD_DIMS="$heads" -DFUSEDATTN_SM80_ARCHS=90 -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}")
 # The steps that run the main build's binaries (trace has a build of its own).
 uses_build() { has tests || has sanitize || has cli || has pytest || has peers || has points || has power || has span || has chain; }
 if has build || { uses_build && [ ! -x "$build/tests/fusedattn_gpu_tests" ]; }; then
   # Every option named: a build folder left by an earlier call with other settings (the machine is
   # shared by every call of a session) must not change what this one builds.
   step configure 120 configure.log cmake -S "$root" -B "$build" "${config[@]}" \
-    -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF \
-    -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}"
+    -DFUSEDATTN_BUILD_TESTS=ON -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=ON -DFUSEDATTN_SM90_TRACE=OFF
   step build 480 build.log cmake --build "$build" -j "$(nproc)" || { tail -40 "$out/build.log"; }
   ptxas_spills "$out/build.log" > "$out/spills.txt"
   note "ptxas lines reporting spills or stack: $(grep -cE '[1-9][0-9]* bytes spill' "$out/spills.txt")"
@@ -347,14 +346,13 @@ if has chain; then
 fi
 
 if has trace; then
-  # A build of its own (the stamps are compiled in), the CLI only, with GPU_CUDA_FLAGS as the main
-  # build has them (a compile-time switch's kernels traced); each point's stamps go to $dest as
-  # CSV and tools/sm90_trace.py's medians to the summary.
+  # A build of its own (the stamps are compiled in), the CLI only, with the main build's options
+  # (GPU_CUDA_FLAGS included: a compile-time switch's kernels can be traced); each point's stamps
+  # go to $dest as CSV and tools/sm90_trace.py's medians to the summary.
   tbuild=$root/build-trace
   TRACE_POINTS=${TRACE_POINTS:-256:2048,256:16384,128:2048}
   step trace-configure 120 trace_configure.log cmake -S "$root" -B "$tbuild" "${config[@]}" \
-    -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON \
-    -DCMAKE_CUDA_FLAGS="${GPU_CUDA_FLAGS:-}"
+    -DFUSEDATTN_BUILD_TESTS=OFF -DFUSEDATTN_BUILD_CLI=ON -DFUSEDATTN_BUILD_PYTHON=OFF -DFUSEDATTN_SM90_TRACE=ON
   step trace-build 480 trace_build.log cmake --build "$tbuild" -j "$(nproc)" --target fusedattn_cli
   # The stamps take registers: a trace kernel that spills reloads from L2 where the stamps
   # sit, which the medians then count as boundary time (session 71: 260 B in the paired d256
