@@ -2,10 +2,10 @@
 """peers.py's FA grid for one head dim, run by peers.py's own code in its own order, with every
 timed call kept: why a point reads low in the grid but not in tools/bench_points.py.
 
-Sessions 107-115 read ours at fp16 d256 causal 16k 567-649 TFLOP/s in peers.py's order (right after
-cuDNN) and 709-773 when it ran first or after FA2, while bench_points in the same order read it
-1.19-1.26x cuDNN; the low readings did not follow the sampled clock (docs/hopper.md, sessions 110
-and 111). peers.py keeps only each do_bench median, so whether ours is slow all through its turn
+peers.py's grids read ours at fp16 d256 causal 16k 567-649 TFLOP/s right after cuDNN and 709-773
+when it ran first or after FA2, while bench_points in the same provider order read it 1.19-1.26x
+cuDNN, and its low readings did not follow the sampled clock (docs/hopper.md, sessions 110, 111
+and 115). peers.py keeps only each do_bench median, so whether ours is slow all through its turn
 (a state the kernel meets) or at its start (a transient it inherits) was never seen.
 
 This wraps triton's do_bench to keep each timed call (return_mode "all") while peers.bench_one
@@ -20,6 +20,7 @@ the bench (tools/gpu_sampler.py); --calls-at lists the points whose every call g
       --tail sdpa_cudnn,ours,ours --tail sdpa_cudnn,sleep2,ours --out probe.jsonl
 """
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -44,12 +45,13 @@ def main():
     ap.add_argument("--tail", action="append", default=[],
                     help="providers run in this order at --point after the row; sleepN waits N seconds")
     ap.add_argument("--calls-at", default="fwd:causal:16384", help="comma list of mode:mask:seqlen")
-    ap.add_argument("--passes", type=int, default=1, help="times the whole row runs before the tails")
+    ap.add_argument("--passes", type=int, default=1, help="times the row runs before the tails")
+    ap.add_argument("--min-seqlen", type=int, default=0, help="the row from this length on (its grid context)")
     ap.add_argument("--edge", type=int, default=5)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    peers.OURS["mod"] = __import__("fusedattn")
+    peers.OURS["mod"] = importlib.import_module("fusedattn")
     dtype = getattr(torch, args.dtype)
     kept = {}
     do_bench = triton.testing.do_bench
@@ -67,21 +69,26 @@ def main():
 
     def bench(name, shape, phase):
         B, Hq, Hkv, Sq, Sk, D, causal, mode = shape
+        key = f"{mode}:{'causal' if causal else 'full'}:{Sq}"
+        rec = {"phase": phase, "provider": name, "point": key, "D": D, "dtype": args.dtype}
         t0 = time.perf_counter()
-        ms = peers.bench_one(name, B, Hq, Hkv, Sq, Sk, D, causal, mode, dtype)
+        try:
+            ms = peers.bench_one(name, B, Hq, Hkv, Sq, Sk, D, causal, mode, dtype)
+        except Exception as e:  # as peers.py: a provider that cannot run this shape says why
+            ms, rec["error"] = None, f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
         t1 = time.perf_counter()
         torch.cuda.empty_cache()  # as peers.py does after every provider
-        times = kept.pop("times")
-        mhz, watts, _ = sampler.mean(t0, t1)
-        key = f"{mode}:{'causal' if causal else 'full'}:{Sq}"
-        rec = {"phase": phase, "provider": name, "point": key, "D": D, "dtype": args.dtype,
-               "ms": round(ms, 4), "tflops": round(peers.flops(B, Hq, Sq, Sk, D, causal, mode) / ms * 1e-9, 1),
-               "calls": len(times), "min": round(min(times), 4), "max": round(max(times), 4),
-               "first": round(statistics.mean(times[:args.edge]), 4),
-               "last": round(statistics.mean(times[-args.edge:]), 4),
-               "mhz": round(mhz), "watts": round(watts), "wall_s": round(t1 - t0, 2)}
-        if key in calls_at:
-            rec["times"] = [round(t, 4) for t in times]
+        times = kept.pop("times", None)
+        if ms is not None and times:
+            mhz, watts, _ = sampler.mean(t0, t1)
+            rec.update({"ms": round(ms, 4),
+                        "tflops": round(peers.flops(B, Hq, Sq, Sk, D, causal, mode) / ms * 1e-9, 1),
+                        "calls": len(times), "min": round(min(times), 4), "max": round(max(times), 4),
+                        "first": round(statistics.mean(times[:args.edge]), 4),
+                        "last": round(statistics.mean(times[-args.edge:]), 4),
+                        "mhz": round(mhz), "watts": round(watts), "wall_s": round(t1 - t0, 2)})
+            if key in calls_at:
+                rec["times"] = [round(t, 4) for t in times]
         line = json.dumps(rec)
         print(line, flush=True)
         if out:
@@ -91,7 +98,7 @@ def main():
     providers = args.providers.split(",")
     for p in range(args.passes):
         for shape in peers.suites("fa"):
-            if shape[5] == args.head_dim:
+            if shape[5] == args.head_dim and shape[3] >= args.min_seqlen:
                 for name in providers:
                     bench(name, shape, f"row{p}")
 
