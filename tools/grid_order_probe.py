@@ -30,8 +30,8 @@ import torch
 import triton
 
 import peers
+from bench_points import parse_point
 from gpu_sampler import Sampler
-from perf_table import FA_MODEL_DIM, FA_TOKENS
 
 SAMPLE_PERIOD_MS = 20
 
@@ -41,10 +41,10 @@ def main():
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--providers", default="sdpa_flash,sdpa_cudnn,ours")
-    ap.add_argument("--point", default="fwd:causal:16384", help="mode:mask:seqlen of the --tail runs")
+    ap.add_argument("--point", default="fwd:256:causal:16384", help="the --tail runs' point (bench_points.py's form)")
     ap.add_argument("--tail", action="append", default=[],
                     help="providers run in this order at --point after the row; sleepN waits N seconds")
-    ap.add_argument("--calls-at", default="fwd:causal:16384", help="comma list of mode:mask:seqlen")
+    ap.add_argument("--calls-at", default="fwd:256:causal:16384", help="comma list of mode:head_dim:mask:seqlen")
     ap.add_argument("--passes", type=int, default=1, help="times the row runs before the tails")
     ap.add_argument("--min-seqlen", type=int, default=0, help="the row from this length on (its grid context)")
     ap.add_argument("--edge", type=int, default=5)
@@ -69,7 +69,7 @@ def main():
 
     def bench(name, shape, phase):
         B, Hq, Hkv, Sq, Sk, D, causal, mode = shape
-        key = f"{mode}:{'causal' if causal else 'full'}:{Sq}"
+        key = f"{mode}:{D}:{'causal' if causal else 'full'}:{Sq}"
         rec = {"phase": phase, "provider": name, "point": key, "D": D, "dtype": args.dtype}
         t0 = time.perf_counter()
         try:
@@ -102,10 +102,8 @@ def main():
                 for name in providers:
                     bench(name, shape, f"row{p}")
 
-    mode, mask, s = args.point.split(":")
-    s = int(s)
-    heads = FA_MODEL_DIM // args.head_dim
-    shape = (FA_TOKENS // s, heads, heads, s, s, args.head_dim, mask == "causal", mode)
+    mode, d, causal, sq, sk, batch, hq, hkv = parse_point(args.point)
+    shape = (batch, hq, hkv, sq, sk, d, causal, mode)
     for i, tail in enumerate(args.tail):
         for name in tail.split(","):
             if name.startswith("sleep"):
