@@ -1,5 +1,6 @@
 """nvidia-smi's SM clock, board power and temperature sampled in the background, for the tools that
-say what clock a measurement ran at (bench_power.py, bench_l2_power.py, bench_points.py --clocks)."""
+say what clock a measurement ran at (bench_power.py, bench_l2_power.py, bench_points.py --clocks),
+and on request why the clock is held down (grid_order_probe.py)."""
 import math
 import subprocess
 import threading
@@ -8,13 +9,40 @@ import time
 import torch
 
 
-class Sampler:
-    """nvidia-smi's clock/power/temperature lines, stamped with this process's clock on arrival."""
+# nvidia-smi's clocks_event_reasons.active bits (NVML's clocksEventReasons) that hold the SM clock
+# below its boost clock under load.
+CLOCK_EVENT_BITS = {
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+}
 
-    def __init__(self, period_ms):
-        self.samples = []  # (time, MHz, W, C)
+
+def _number(field):
+    """An optional field of a sample: the reasons' "0x..." bitmask as an int, a reading as a float,
+    NaN where the driver reports none ("[N/A]")."""
+    field = field.strip()
+    try:
+        return int(field, 16) if field.startswith("0x") else float(field)
+    except ValueError:
+        return math.nan
+
+
+class Sampler:
+    """nvidia-smi's clock/power/temperature lines, stamped with this process's clock on arrival.
+
+    With reasons=True each sample also carries the instantaneous board power (power.draw is
+    averaged over about a second, so it lags a short bench) and the clock event reasons bitmask."""
+
+    def __init__(self, period_ms, reasons=False):
+        self.samples = []  # (time, MHz, W, C[, instant W, reasons bitmask])
+        fields = "clocks.sm,power.draw,temperature.gpu"
+        if reasons:
+            fields += ",power.draw.instant,clocks_event_reasons.active"
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader,nounits",
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits",
              f"-lms={period_ms}", "-i", str(torch.cuda.current_device())],
             stdout=subprocess.PIPE, text=True)
         self.thread = threading.Thread(target=self._read, daemon=True)
@@ -22,17 +50,22 @@ class Sampler:
 
     def _read(self):
         for line in self.proc.stdout:
+            fields = line.split(",")
             try:
-                mhz, watts, temp = (float(x) for x in line.split(","))
+                mhz, watts, temp = (float(x) for x in fields[:3])
             except ValueError:
-                continue
-            self.samples.append((time.perf_counter(), mhz, watts, temp))
+                continue  # not a sample line, or one without the readings every tool averages
+            self.samples.append((time.perf_counter(), mhz, watts, temp, *(_number(x) for x in fields[3:])))
 
     def mean(self, t0, t1):
-        rows = [s for s in self.samples if t0 <= s[0] <= t1]
+        rows = self.window(t0, t1)
         if not rows:
             return math.nan, math.nan, math.nan
         return tuple(sum(r[i] for r in rows) / len(rows) for i in (1, 2, 3))
+
+    def window(self, t0, t1):
+        """The samples that arrived between t0 and t1."""
+        return [s for s in self.samples if t0 <= s[0] <= t1]
 
     def stop(self):
         self.proc.terminate()

@@ -13,8 +13,10 @@ gets the median it always gets, then runs the whole grid row of --head-dim (ever
 causal, forward and backward, the providers in the given order, as `peers.py --suite fa` runs
 them), --passes times, then --tail sequences at --point (e.g. `sdpa_cudnn,ours,ours` or `sdpa_cudnn,sleep2,ours`).
 Each bench prints one JSON line: the median peers.py would report, the spread of the timed calls,
-the mean of the first and last --edge calls, and nvidia-smi's mean SM clock and board power over
-the bench (tools/gpu_sampler.py); --calls-at lists the points whose every call goes to the line.
+the mean of the first and last --edge calls, nvidia-smi's mean SM clock, board power (averaged over
+~1 s by the driver) and instantaneous power over the bench, and the share of its samples in which
+each clock event reason (power cap, power brake, thermal) held the clock down (tools/gpu_sampler.py);
+--calls-at lists the points whose every call, and every clock sample, go to the line.
 
   PYTHONPATH=build/python:.devbuild/carry tools/grid_order_probe.py --head-dim 256 \
       --tail sdpa_cudnn,ours,ours --tail sdpa_cudnn,sleep2,ours --out probe.jsonl
@@ -22,6 +24,7 @@ the bench (tools/gpu_sampler.py); --calls-at lists the points whose every call g
 import argparse
 import importlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -31,7 +34,7 @@ import triton
 
 import peers
 from bench_points import parse_point
-from gpu_sampler import Sampler
+from gpu_sampler import CLOCK_EVENT_BITS, Sampler
 
 SAMPLE_PERIOD_MS = 20
 
@@ -63,7 +66,7 @@ def main():
         return statistics.median(kept["times"])
 
     triton.testing.do_bench = keeping_do_bench
-    sampler = Sampler(SAMPLE_PERIOD_MS)
+    sampler = Sampler(SAMPLE_PERIOD_MS, reasons=True)
     out = open(args.out, "a") if args.out else None
     calls_at = set(args.calls_at.split(","))
 
@@ -87,8 +90,17 @@ def main():
                         "first": round(statistics.mean(times[:args.edge]), 4),
                         "last": round(statistics.mean(times[-args.edge:]), 4),
                         "mhz": round(mhz), "watts": round(watts), "wall_s": round(t1 - t0, 2)})
+            # (time, MHz, W, C, instant W, reasons): a field the driver does not report is NaN.
+            window = [s for s in sampler.window(t0, t1) if len(s) == 6 and isinstance(s[5], int)]
+            if window:
+                instant = [s[4] for s in window if not math.isnan(s[4])]
+                if instant:
+                    rec["watts_now"] = round(statistics.mean(instant), 1)
+                rec["held"] = {name: round(sum(1 for s in window if s[5] & bit) / len(window), 2)
+                               for name, bit in CLOCK_EVENT_BITS.items() if any(s[5] & bit for s in window)}
             if key in calls_at:
                 rec["times"] = [round(t, 4) for t in times]
+                rec["clock_trace"] = [[round((s[0] - t0) * 1e3), s[1], s[4], hex(s[5])] for s in window]
         line = json.dumps(rec)
         print(line, flush=True)
         if out:
