@@ -5,6 +5,7 @@ import math
 import subprocess
 import threading
 import time
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -20,14 +21,29 @@ CLOCK_EVENT_BITS = {
 }
 
 
-def _number(field):
-    """An optional field of a sample: the reasons' "0x..." bitmask as an int, a reading as a float,
-    NaN where the driver reports none ("[N/A]")."""
-    field = field.strip()
+class Sample(NamedTuple):
+    """One nvidia-smi line; watts_now and reasons only where the sampler was asked for them
+    (NaN / None also where the driver reports none, "[N/A]")."""
+    time: float
+    mhz: float
+    watts: float
+    temp: float
+    watts_now: float = math.nan
+    reasons: Optional[int] = None
+
+
+def _reading(field):
     try:
-        return int(field, 16) if field.startswith("0x") else float(field)
+        return float(field)
     except ValueError:
         return math.nan
+
+
+def _bitmask(field):
+    try:
+        return int(field.strip(), 16)
+    except ValueError:
+        return None
 
 
 class Sampler:
@@ -37,7 +53,7 @@ class Sampler:
     averaged over about a second, so it lags a short bench) and the clock event reasons bitmask."""
 
     def __init__(self, period_ms, reasons=False):
-        self.samples = []  # (time, MHz, W, C[, instant W, reasons bitmask])
+        self.samples = []  # Sample
         fields = "clocks.sm,power.draw,temperature.gpu"
         if reasons:
             fields += ",power.draw.instant,clocks_event_reasons.active"
@@ -55,13 +71,16 @@ class Sampler:
                 mhz, watts, temp = (float(x) for x in fields[:3])
             except ValueError:
                 continue  # not a sample line, or one without the readings every tool averages
-            self.samples.append((time.perf_counter(), mhz, watts, temp, *(_number(x) for x in fields[3:])))
+            extra = {}
+            if len(fields) == 5:
+                extra = {"watts_now": _reading(fields[3]), "reasons": _bitmask(fields[4])}
+            self.samples.append(Sample(time.perf_counter(), mhz, watts, temp, **extra))
 
     def mean(self, t0, t1):
         rows = self.window(t0, t1)
         if not rows:
             return math.nan, math.nan, math.nan
-        return tuple(sum(r[i] for r in rows) / len(rows) for i in (1, 2, 3))
+        return tuple(sum(values) / len(rows) for values in zip(*((r.mhz, r.watts, r.temp) for r in rows)))
 
     def window(self, t0, t1):
         """The samples that arrived between t0 and t1."""

@@ -90,17 +90,16 @@ def main():
                         "first": round(statistics.mean(times[:args.edge]), 4),
                         "last": round(statistics.mean(times[-args.edge:]), 4),
                         "mhz": round(mhz), "watts": round(watts), "wall_s": round(t1 - t0, 2)})
-            # (time, MHz, W, C, instant W, reasons): a field the driver does not report is NaN.
-            window = [s for s in sampler.window(t0, t1) if len(s) == 6 and isinstance(s[5], int)]
+            window = [s for s in sampler.window(t0, t1) if s.reasons is not None]
             if window:
-                instant = [s[4] for s in window if not math.isnan(s[4])]
+                instant = [s.watts_now for s in window if not math.isnan(s.watts_now)]
                 if instant:
                     rec["watts_now"] = round(statistics.mean(instant), 1)
-                rec["held"] = {name: round(sum(1 for s in window if s[5] & bit) / len(window), 2)
-                               for name, bit in CLOCK_EVENT_BITS.items() if any(s[5] & bit for s in window)}
+                rec["held"] = {reason: round(sum(1 for s in window if s.reasons & bit) / len(window), 2)
+                               for reason, bit in CLOCK_EVENT_BITS.items() if any(s.reasons & bit for s in window)}
             if key in calls_at:
                 rec["times"] = [round(t, 4) for t in times]
-                rec["clock_trace"] = [[round((s[0] - t0) * 1e3), s[1], s[4], hex(s[5])] for s in window]
+                rec["clock_trace"] = [[round((s.time - t0) * 1e3), s.mhz, s.watts_now, hex(s.reasons)] for s in window]
         line = json.dumps(rec)
         print(line, flush=True)
         if out:
