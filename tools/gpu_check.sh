@@ -58,6 +58,8 @@
 # The steps run in the order build, tests, sanitize, cli, pytest: sanitize (~260 s for its Hopper
 # set) and pytest together overrun a call's 600 s with the machine's start, so give each a call.
 # CPU_TESTS=0 leaves the CPU suite out of the tests step (~45 s; CI runs it on every change).
+# GPU_REQUIRE (a part of the card's name, e.g. H200) stops the call before the build on any card
+# whose name lacks it.
 # The build folder (build-gpu/) is reused when it is there, so a second call on a warm machine
 # can run the peers alone. Logs are packed into $OUT/logs-<steps>.tgz (the device tool returns at
 # most 8 files), with summary.txt and the peers' JSON lines beside it. peers.py is read from
@@ -139,6 +141,13 @@ PY
 }
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$summary"
+# A call meant for one kind of card (the pool may answer a request for an H200 with an H100) stops
+# here, before the build, on any other: only the machine's start is spent.
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+if [ -n "${GPU_REQUIRE:-}" ] && [[ "$gpu_name" != *"$GPU_REQUIRE"* ]]; then
+  note "GPU_REQUIRE=$GPU_REQUIRE: this card is '$gpu_name'; nothing run"
+  exit 0
+fi
 heads="64;128"
 [ "$mode" = full ] && heads="32;64;96;128;192;256"
 # The sm90 mode builds every head dim the Hopper forward has an instance for, read from
