@@ -140,10 +140,12 @@ PY
   return $rc
 }
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader | tee -a "$summary"
+gpu_info=$(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader)
+echo "$gpu_info" | tee -a "$summary"
 # A call meant for one kind of card (the pool may answer a request for an H200 with an H100) stops
-# here, before the build, on any other: only the machine's start is spent.
-gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+# here, before the build, on any other: only the machine's start is spent. The name is the first
+# card's first field.
+gpu_name=${gpu_info%%,*}
 if [ -n "${GPU_REQUIRE:-}" ] && [[ "$gpu_name" != *"$GPU_REQUIRE"* ]]; then
   note "GPU_REQUIRE=$GPU_REQUIRE: this card is '$gpu_name'; nothing run"
   exit 0
